@@ -1,0 +1,37 @@
+"""The dpmf exception hierarchy (bottom layer: imports nothing from dpmf).
+
+Every error dpmf raises on purpose is a :class:`DPMFError`. Messages name the argument, the
+value it had, and what would have been valid, so a CLI can print them as one line.
+"""
+
+from __future__ import annotations
+
+
+class DPMFError(Exception):
+    """Base class of every error raised by dpmf on purpose."""
+
+
+class InvalidParameterError(DPMFError, ValueError):
+    """An argument is out of range, of the wrong shape, NaN, or inconsistent with another."""
+
+
+class UnsupportedConfigurationError(DPMFError):
+    """The inputs are valid, but no sound method covers this combination (for example an
+    amplification analysis asked for an encoder with negative entries)."""
+
+
+class NumericalError(DPMFError, ArithmeticError):
+    """A computation could not reach a sound result (no bracket, no convergence, overflow)."""
+
+
+class CalibrationError(NumericalError):
+    """No parameter value in the search range meets the privacy target."""
+
+
+__all__ = [
+    "DPMFError",
+    "InvalidParameterError",
+    "UnsupportedConfigurationError",
+    "NumericalError",
+    "CalibrationError",
+]

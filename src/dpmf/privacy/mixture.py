@@ -1,0 +1,363 @@
+"""Mixture-of-Gaussians (MoG) mechanisms: a Gaussian mechanism whose sensitivity is random.
+
+Definition (MMCC paper, Defs. 4.1-4.2; ``notes/mmcc.md`` §2.6). Without the example the output is
+``N(0, sigma^2)``; with it, a sensitivity ``c`` is drawn (``c = c_i`` with probability ``p_i``,
+``c_i >= 0``) and the output is ``N(c, sigma^2)``. The Poisson-subsampled Gaussian is
+``c in {0, 1}``, ``p = {1-q, q}``; MMCC's rows, group-level DP-SGD and last-iterate analyses
+(App. F.5) are mixtures with many components.
+
+Conventions (this module uses the paper's orientation, mixture at ``+c``):
+
+* remove direction, P = with, Q = without:
+  ``L(x) = log sum_i p_i exp((2 c_i x - c_i^2) / (2 sigma^2))``, increasing and convex in ``x``;
+* add direction, P = without, Q = with: the loss is ``-L(x)`` with ``x ~ N(0, sigma^2)``.
+
+dp_accounting's ``MixtureGaussianPrivacyLoss`` mirrors the remove mixture to ``-c``; its remove
+loss at ``x`` equals ours at ``-x``; the add losses agree.
+
+How the PLD is built (fast and pessimistic)
+-------------------------------------------
+On the loss grid ``eps_j = j * Delta`` we need the inverse losses ``x_j = L^{-1}(eps_j)`` for the
+whole grid at once. ``L`` is convex and increasing, so (1) a monotone table of ``L`` on a few
+thousand points gives, by chord interpolation, starting points to the *left* of every root, and
+(2) vectorized Newton steps then overshoot once to the right and converge monotonically. No
+per-point bisection.
+
+Between consecutive thresholds, each loss interval ``(eps_j, eps_{j+1}]`` carries P-mass ``a_j``
+and Q-mass ``b_j`` (Gaussian interval probabilities, computed from the smaller tail so they keep
+relative accuracy). Its mass is split between the two end points so that *both* the P- and the
+Q-mass are preserved: ``v = (a - e^{eps_j} b) e^Delta / (e^Delta - 1)`` goes to ``eps_{j+1}``,
+``a - v`` to ``eps_j``. This is exactly the connect-the-dots PMF (its hockey-stick curve is the
+chord of the true one in ``e^eps``, which lies above it by convexity), so it dominates the exact
+PLD. Mass below the grid goes to the lowest point; of the mass above it,
+``delta(eps_max) <= 1e-22`` goes to ``+inf``. A relative ``1e-9`` of each interval's mass is
+moved to the upper end point on top of the split to cover floating-point error in it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from dpmf import validation as _v
+from dpmf.errors import NumericalError
+from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, dense_pmf
+
+#: Standard-normal quantile beyond which mass is treated as tail (Phi(-10) ~ 7.6e-24).
+_TAIL_Z = 10.0
+#: Extra relative mass moved to the upper end point of each interval (floating-point cover).
+_SPLIT_SLACK = 1e-9
+#: Points x components evaluated per chunk (bounds memory to ~64 MB of float64).
+_CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class GaussianMixture:
+    """A validated mixture-of-Gaussians mechanism (see the module docstring).
+
+    Components with zero probability are dropped and equal sensitivities merged; ``create``
+    validates. ``sensitivities`` are sorted increasingly.
+    """
+
+    sensitivities: np.ndarray
+    probabilities: np.ndarray
+    noise_multiplier: float
+
+    @classmethod
+    def create(cls, sensitivities, probabilities, noise_multiplier: float) -> "GaussianMixture":
+        """Validate and normalize: ``c_i >= 0`` finite, ``p_i in [0, 1]`` summing to 1, ``sigma > 0``."""
+        sigma = _v.positive("noise_multiplier", noise_multiplier)
+        c, p = _v.distribution("sensitivities", sensitivities, "probabilities", probabilities)
+        keep = p > 0
+        c, p = c[keep], p[keep]
+        uniq, inverse = np.unique(c, return_inverse=True)
+        merged = np.bincount(inverse, weights=p, minlength=uniq.size)
+        uniq, merged = _prune_upward(uniq, merged / merged.sum())
+        return cls(uniq, merged, sigma)
+
+    # ------------------------------------------------------------- standardized units
+    @property
+    def _s(self) -> np.ndarray:
+        return self.sensitivities / self.noise_multiplier
+
+    @property
+    def _a(self) -> np.ndarray:
+        s = self._s
+        return np.log(self.probabilities) - 0.5 * s * s
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when every sensitivity is 0 (the mechanism reveals nothing)."""
+        return bool(self.sensitivities[-1] == 0)
+
+    @property
+    def min_loss(self) -> float:
+        """Infimum of the remove-direction loss: ``log p_0`` if ``c_0 = 0``, else ``-inf``."""
+        return float(np.log(self.probabilities[0])) if self.sensitivities[0] == 0 else -math.inf
+
+    # ------------------------------------------------------------- losses
+    def privacy_loss(self, x, direction: str = "remove") -> np.ndarray:
+        """Privacy loss at output ``x`` (original units) in the given direction."""
+        u = np.asarray(x, dtype=np.float64) / self.noise_multiplier
+        loss = _lse(u, self._a, self._s)[0]
+        if direction == "remove":
+            return loss
+        if direction == "add":
+            return -loss
+        raise _v.InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+
+    def inverse_privacy_loss(self, losses) -> np.ndarray:
+        """``x`` (original units) with remove-direction loss ``L(x) = loss``, vectorized.
+
+        Losses must exceed :attr:`min_loss`.
+        """
+        target = np.asarray(losses, dtype=np.float64)
+        if np.any(target <= self.min_loss):
+            raise _v.InvalidParameterError(f"losses must exceed the minimum loss {self.min_loss!r}")
+        return _inverse_loss(self._a, self._s, target) * self.noise_multiplier
+
+    # ------------------------------------------------------------- exact profile
+    def delta(self, epsilon: float, direction: str | None = None) -> float:
+        """Exact hockey-stick divergence at ``epsilon`` (worst direction unless one is named)."""
+        epsilon = _v.non_negative("epsilon", epsilon)
+        if direction is None:
+            return max(self.delta(epsilon, "remove"), self.delta(epsilon, "add"))
+        if self.is_trivial:
+            return 0.0
+        s, p = self._s, self.probabilities
+        if direction == "remove":
+            if epsilon <= self.min_loss:
+                return -math.expm1(epsilon)
+            u = float(_inverse_loss(self._a, s, np.array([epsilon]))[0])
+            val = float(np.dot(p, special.ndtr(s - u))) - math.exp(epsilon) * special.ndtr(-u)
+        elif direction == "add":
+            if -epsilon <= self.min_loss:
+                return 0.0
+            y = float(_inverse_loss(self._a, s, np.array([-epsilon]))[0])
+            val = special.ndtr(y) - math.exp(epsilon) * float(np.dot(p, special.ndtr(y - s)))
+        else:
+            raise _v.InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+        return min(1.0, max(0.0, float(val)))
+
+    # ------------------------------------------------------------- PLD
+    def pld(self, discretization: float = DEFAULT_DISCRETIZATION) -> PrivacyLossDistribution:
+        """The pessimistic PLD (both directions) on the grid ``k * discretization``."""
+        disc = _v.positive("discretization", discretization)
+        if self.is_trivial:
+            return PrivacyLossDistribution.identity(disc)
+        return PrivacyLossDistribution(self._pmf_remove(disc), self._pmf_add(disc))
+
+    def _pmf_remove(self, disc: float):
+        a, s, p = self._a, self._s, self.probabilities
+        lo_u, hi_u = s[0] - _TAIL_Z, s[-1] + _TAIL_Z
+        l_lo, l_hi = _lse(np.array([lo_u, hi_u]), a, s)[0]
+        j_lo = math.floor(l_lo / disc)
+        j_hi = math.ceil(l_hi / disc)
+        if j_lo * disc <= self.min_loss:  # keep every threshold strictly inside the range
+            j_lo = math.floor(self.min_loss / disc) + 1
+        eps = np.arange(j_lo, j_hi + 1) * disc
+        u = _inverse_loss(a, s, eps, table_range=(lo_u, hi_u))
+        q_below, q_mid, q_above = _gaussian_interval_masses(u)
+        p_below, p_mid, p_above = _mixture_interval_masses(u, s, p)
+        probs, inf_mass = _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above)
+        return dense_pmf(j_lo, probs, inf_mass, disc)
+
+    def _pmf_add(self, disc: float):
+        a, s, p = self._a, self._s, self.probabilities
+        lo_y, hi_y = -_TAIL_Z, _TAIL_Z
+        # add loss is -L(y): largest at small y
+        l_small, l_large = _lse(np.array([lo_y, hi_y]), a, s)[0]
+        j_lo = math.floor(-l_large / disc)
+        j_hi = math.ceil(-l_small / disc)
+        if -j_hi * disc <= self.min_loss:
+            j_hi = math.ceil(-self.min_loss / disc) - 1
+        eps = np.arange(j_lo, j_hi + 1) * disc
+        # thresholds y_j = L^{-1}(-eps_j) decrease in j; work on the increasing reversal
+        y = _inverse_loss(a, s, -eps[::-1], table_range=(lo_y, hi_y))
+        p_below_r, p_mid_r, p_above_r = _gaussian_interval_masses(y)  # P = N(0, 1)
+        q_below_r, q_mid_r, q_above_r = _mixture_interval_masses(y, s, p)  # Q = mixture
+        # reversing: loss below eps_0 <=> y above y_0 (= last of the reversal)
+        probs, inf_mass = _connect_the_dots(
+            eps, disc, p_above_r, p_mid_r[::-1], p_below_r, q_mid_r[::-1], q_below_r
+        )
+        return dense_pmf(j_lo, probs, inf_mass, disc)
+
+
+def mixture_of_gaussians(
+    sensitivities,
+    probabilities,
+    noise_multiplier: float,
+    *,
+    discretization: float = DEFAULT_DISCRETIZATION,
+) -> PrivacyLossDistribution:
+    """Pessimistic PLD of the mixture-of-Gaussians mechanism, both adjacency directions.
+
+    Parameters mirror dp_accounting's ``from_mixture_gaussian_mechanism(standard_deviation,
+    sensitivities, sampling_probs)``: ``sensitivities`` ``c_i >= 0``, ``probabilities`` ``p_i``
+    summing to 1, Gaussian noise with standard deviation ``noise_multiplier``.
+
+    >>> pld = mixture_of_gaussians([0, 1], [0.99, 0.01], 1.0).self_compose(1000)
+    >>> round(pld.epsilon(1e-6), 3)   # DP-SGD, q = 0.01, sigma = 1, 1000 steps
+    2.125
+    """
+    mech = GaussianMixture.create(sensitivities, probabilities, noise_multiplier)
+    return mech.pld(discretization)
+
+
+# ============================================================================ numerics
+#: Mass that pruning may move up on each side of the support (changes any delta by <= this, upward).
+PRUNE_MASS = 1e-24
+
+
+def _prune_upward(c: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Drop negligible components by moving their mass to a *larger* sensitivity.
+
+    The lowest components holding together <= ``PRUNE_MASS`` go into the next kept component; the
+    highest components (below the maximum) holding <= ``PRUNE_MASS`` go into the maximum one. The
+    result stochastically dominates the input (MMCC Cor. B.3), so its PLD dominates too; any delta
+    grows by at most ``2 * PRUNE_MASS``. The maximum sensitivity is always kept.
+    """
+    if c.size <= 2:
+        return c, p
+    low = np.cumsum(p)
+    i_lo = int(np.searchsorted(low, PRUNE_MASS, side="right"))  # p[:i_lo] sum <= PRUNE_MASS
+    high = np.cumsum(p[-2::-1])  # masses of p[-2], p[-3], ... accumulated from the top
+    n_hi = int(np.searchsorted(high, PRUNE_MASS, side="right"))  # p[-1-n_hi:-1] sum <= PRUNE_MASS
+    i_hi = c.size - 1 - n_hi  # exclusive end of the kept middle block
+    if i_lo >= i_hi:
+        return c, p
+    mid_c, mid_p = c[i_lo:i_hi].copy(), p[i_lo:i_hi].copy()
+    mid_p[0] += p[:i_lo].sum()
+    top_p = p[i_hi:].sum()
+    return np.append(mid_c, c[-1]), np.append(mid_p, top_p)
+
+
+def _lse(u: np.ndarray, a: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``L(u) = logsumexp_i(a_i + s_i u)`` and ``L'(u) = sum_i softmax_i * s_i``, chunked."""
+    u = np.asarray(u, dtype=np.float64)
+    flat = u.ravel()
+    loss = np.empty_like(flat)
+    slope = np.empty_like(flat)
+    step = max(1, _CHUNK // max(1, a.size))
+    for start in range(0, flat.size, step):
+        chunk = flat[start : start + step]
+        z = a[None, :] + chunk[:, None] * s[None, :]
+        zmax = z.max(axis=1, keepdims=True)
+        w = np.exp(z - zmax)
+        tot = w.sum(axis=1)
+        loss[start : start + step] = zmax[:, 0] + np.log(tot)
+        slope[start : start + step] = (w @ s) / tot
+    return loss.reshape(u.shape), slope.reshape(u.shape)
+
+
+def _inverse_loss(
+    a: np.ndarray, s: np.ndarray, target: np.ndarray, table_range: tuple[float, float] | None = None
+) -> np.ndarray:
+    """Solve ``L(u) = target`` for every entry (standardized units), vectorized Newton.
+
+    Start: chord interpolation in a monotone table of ``L`` (left of the root, by convexity),
+    then Newton steps: the first overshoots to the right of the root, later ones decrease
+    monotonically onto it. Each step is clamped to the table bracket.
+    """
+    target = np.asarray(target, dtype=np.float64)
+    if s.size == 1 or np.all(s == s[0]):  # single Gaussian: L is linear
+        return (target - (np.log(np.sum(np.exp(a))))) / s[0]
+    lo, hi = table_range if table_range is not None else _bracket(a, s, target)
+    lo, hi = _widen(a, s, target, lo, hi)
+    grid = np.linspace(lo, hi, 16385)
+    table = _lse(grid, a, s)[0]
+    table = np.maximum.accumulate(table)  # enforce monotone against round-off
+    u = np.interp(target, table, grid)
+    idx = np.clip(np.searchsorted(table, target, side="left"), 1, grid.size - 1)
+    left, right = grid[idx - 1], grid[idx]
+    active = np.ones(target.shape, dtype=bool)
+    for _ in range(60):
+        ua = u[active]
+        val, der = _lse(ua, a, s)
+        resid = val - target[active]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            new = ua - resid / der
+        new = np.where(np.isfinite(new), new, ua)
+        new = np.clip(new, left[active], right[active])
+        moved = np.abs(new - ua)
+        u[active] = new
+        # Done when the loss matched to a few ulps, or the step was below 1e-9: Newton's quadratic
+        # convergence then leaves an error of order 1e-18 (harmless next to float rounding).
+        still = (moved > 1e-9 * np.maximum(1.0, np.abs(new))) & (
+            np.abs(resid) > 8 * np.finfo(float).eps * np.maximum(1.0, np.abs(target[active]))
+        )
+        idx_active = np.flatnonzero(active)
+        active[idx_active[~still]] = False
+        if not active.any():
+            return u
+    raise NumericalError("inverse privacy loss: Newton iteration did not converge")
+
+
+def _bracket(a: np.ndarray, s: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    return float(-_TAIL_Z - 1.0), float(s[-1] + _TAIL_Z + 1.0)
+
+
+def _widen(a, s, target, lo, hi):
+    """Grow ``[lo, hi]`` until ``L(lo) <= min(target)`` and ``L(hi) >= max(target)``."""
+    tmin, tmax = float(np.min(target)), float(np.max(target))
+    width = max(1.0, hi - lo)
+    for _ in range(200):
+        llo, lhi = _lse(np.array([lo, hi]), a, s)[0]
+        if llo <= tmin and lhi >= tmax:
+            return lo, hi
+        if llo > tmin:
+            lo -= width
+        if lhi < tmax:
+            hi += width
+        width *= 2
+    raise NumericalError("inverse privacy loss: could not bracket the target losses")
+
+
+def _gaussian_interval_masses(z: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """Standard-normal masses below ``z[0]``, in each ``[z_j, z_{j+1}]``, and above ``z[-1]``.
+
+    Each mass is formed from the smaller tail ``ndtr(-|z|)``, so it keeps relative accuracy in
+    both tails (no ``1 - 1`` cancellation).
+    """
+    tail = special.ndtr(-np.abs(z))
+    neg = z < 0
+    lo_t, hi_t = tail[:-1], tail[1:]
+    both_neg = neg[1:]  # z_j < z_{j+1} < 0 (z increasing)
+    both_pos = ~neg[:-1]
+    mid = np.where(both_neg, hi_t - lo_t, np.where(both_pos, lo_t - hi_t, 1.0 - lo_t - hi_t))
+    mid = np.maximum(mid, 0.0)
+    below = float(tail[0] if neg[0] else 1.0 - tail[0])
+    above = float(tail[-1] if not neg[-1] else 1.0 - tail[-1])
+    return below, mid, above
+
+
+def _mixture_interval_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray):
+    """:func:`_gaussian_interval_masses` of the mixture ``sum_i p_i N(s_i, 1)``."""
+    below, mid, above = 0.0, np.zeros(u.size - 1), 0.0
+    for si, pi in zip(s, p):
+        b, m, a = _gaussian_interval_masses(u - si)
+        below += pi * b
+        mid += pi * m
+        above += pi * a
+    return below, mid, above
+
+
+def _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above):
+    """Connect-the-dots masses on the grid ``eps`` from interval P/Q masses (module docstring)."""
+    probs = np.zeros(eps.size)
+    probs[0] += p_below
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        qt = np.where(q_mid > 0, np.exp(eps[:-1] + np.log(np.where(q_mid > 0, q_mid, 1.0))), 0.0)
+    factor = math.exp(disc) / math.expm1(disc)
+    upper = (p_mid - qt) * factor + _SPLIT_SLACK * p_mid
+    upper = np.clip(np.nan_to_num(upper, nan=0.0, posinf=0.0), 0.0, p_mid)
+    upper = np.where(qt == 0, p_mid, upper)  # Q-mass underflowed: all to the upper end
+    probs[:-1] += p_mid - upper
+    probs[1:] += upper
+    top_q = math.exp(eps[-1] + math.log(q_above)) if q_above > 0 else 0.0
+    inf_mass = min(p_above, max(0.0, p_above - top_q) + _SPLIT_SLACK * p_above)
+    probs[-1] += p_above - inf_mass
+    return probs, inf_mass

@@ -1,0 +1,203 @@
+"""Privacy-loss distributions (PLDs): a thin, explicit layer over ``dp_accounting.pld``.
+
+A PLD of a dominating pair (P, Q) is the law of ``L = log(P(o)/Q(o))`` with ``o ~ P``. The
+hockey-stick divergence is ``delta(eps) = E[(1 - exp(eps - L))_+] + Pr[L = +inf]``.
+
+dpmf keeps **both adjacency directions** (zero-out adjacency, DESIGN.md):
+
+* ``remove``: P = output *with* the example, Q = output without it;
+* ``add``: P = output without the example, Q = output with it.
+
+Every epsilon/delta this module reports is the worst over the two directions, and the
+per-direction values are available. PMFs live on the grid ``k * discretization`` and are
+*pessimistic*: every rounding moves privacy loss up, and truncated tail mass goes to
+``+inf``. Composition is dp_accounting's FFT convolution (our composition engine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld import privacy_loss_distribution as _dpa_pld
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError
+
+#: Default spacing of the privacy-loss grid (same as dp_accounting's default).
+DEFAULT_DISCRETIZATION = 1e-4
+#: Default tail mass moved to +inf at each composition (pessimistic truncation).
+DEFAULT_TAIL_MASS_TRUNCATION = 1e-15
+
+DIRECTIONS = ("remove", "add")
+
+
+@dataclass(frozen=True)
+class PrivacyLossDistribution:
+    """A pessimistic PLD for both adjacency directions.
+
+    Build one with :func:`dpmf.privacy.gaussian`, :func:`~dpmf.privacy.subsampled_gaussian`,
+    :func:`~dpmf.privacy.mixture_of_gaussians`, :func:`from_probability_mass_functions` or
+    :meth:`identity`; combine with :meth:`compose` and :meth:`self_compose`.
+    """
+
+    remove: pld_pmf.PLDPmf
+    add: pld_pmf.PLDPmf
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def identity(cls, discretization: float = DEFAULT_DISCRETIZATION) -> "PrivacyLossDistribution":
+        """The PLD of a mechanism that reveals nothing (loss 0 with probability 1)."""
+        return cls.from_dp_accounting(_dpa_pld.identity(discretization))
+
+    @classmethod
+    def from_dp_accounting(cls, pld: _dpa_pld.PrivacyLossDistribution) -> "PrivacyLossDistribution":
+        """Wrap a ``dp_accounting`` PLD (it must be a pessimistic estimate)."""
+        remove, add = pld._pmf_remove, pld._pmf_add  # noqa: SLF001 - documented fields
+        if not remove._pessimistic_estimate:  # noqa: SLF001
+            raise InvalidParameterError("only pessimistic dp_accounting PLDs can be wrapped")
+        return cls(remove=remove, add=add)
+
+    def to_dp_accounting(self) -> _dpa_pld.PrivacyLossDistribution:
+        """The same PLD as a ``dp_accounting.pld.PrivacyLossDistribution``."""
+        return _dpa_pld.PrivacyLossDistribution(self.remove, self.add)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def discretization(self) -> float:
+        """Spacing of the privacy-loss grid."""
+        return float(self.remove._discretization)  # noqa: SLF001
+
+    @property
+    def symmetric(self) -> bool:
+        """True when both directions share one PMF object."""
+        return self.add is self.remove
+
+    def pmf(self, direction: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """``(losses, probabilities, infinity_mass)`` of one direction, densely."""
+        dense = self._direction(direction).to_dense_pmf()
+        probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
+        losses = (np.arange(probs.size) + dense._lower_loss) * dense._discretization  # noqa: SLF001
+        return losses, probs, float(dense._infinity_mass)  # noqa: SLF001
+
+    # ----------------------------------------------------------------- composition
+    def compose(
+        self, other: "PrivacyLossDistribution", tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
+    ) -> "PrivacyLossDistribution":
+        """The PLD of running both mechanisms on independent randomness (convolution)."""
+        if not isinstance(other, PrivacyLossDistribution):
+            raise InvalidParameterError(f"other must be a PrivacyLossDistribution, got {type(other).__name__}")
+        if not math.isclose(self.discretization, other.discretization, rel_tol=0, abs_tol=0):
+            raise InvalidParameterError(
+                "cannot compose PLDs with different discretizations: "
+                f"{self.discretization!r} and {other.discretization!r}"
+            )
+        tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
+        remove = pld_pmf.compose_pmfs(self.remove, other.remove, tail)
+        if self.symmetric and other.symmetric:
+            return PrivacyLossDistribution(remove, remove)
+        return PrivacyLossDistribution(remove, pld_pmf.compose_pmfs(self.add, other.add, tail))
+
+    def self_compose(
+        self, count: int, tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
+    ) -> "PrivacyLossDistribution":
+        """The PLD of ``count`` independent runs of this mechanism."""
+        count = _v.positive_int("count", count)
+        tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
+        if count == 1:
+            return self
+        remove = self.remove.self_compose(count, tail)
+        if self.symmetric:
+            return PrivacyLossDistribution(remove, remove)
+        return PrivacyLossDistribution(remove, self.add.self_compose(count, tail))
+
+    # ----------------------------------------------------------------- queries
+    def epsilon_by_direction(self, delta: float) -> dict[str, float]:
+        """Smallest epsilon >= 0 with hockey-stick divergence <= delta, per direction."""
+        delta = _v.open_unit("delta", delta)
+        return {d: float(self._direction(d).get_epsilon_for_delta(delta)) for d in DIRECTIONS}
+
+    def delta_by_direction(self, epsilon: float) -> dict[str, float]:
+        """Hockey-stick divergence at ``epsilon``, per direction."""
+        epsilon = _v.non_negative("epsilon", epsilon)
+        return {d: float(self._direction(d).get_delta_for_epsilon(epsilon)) for d in DIRECTIONS}
+
+    def epsilon(self, delta: float) -> float:
+        """Worst epsilon over both adjacency directions at ``delta`` (inf if none is finite)."""
+        return max(self.epsilon_by_direction(delta).values())
+
+    def delta(self, epsilon: float) -> float:
+        """Worst delta over both adjacency directions at ``epsilon``."""
+        return max(self.delta_by_direction(epsilon).values())
+
+    def _direction(self, direction: str) -> pld_pmf.PLDPmf:
+        if direction == "remove":
+            return self.remove
+        if direction == "add":
+            return self.add
+        raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+
+
+def dense_pmf(
+    lower_index: int, probs: np.ndarray, infinity_mass: float, discretization: float
+) -> pld_pmf.DensePLDPmf:
+    """A pessimistic dp_accounting PMF with masses ``probs`` at losses ``(lower_index + i) * disc``.
+
+    Leading and trailing zeros are trimmed.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    nz = np.flatnonzero(probs > 0)
+    if nz.size == 0:
+        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), float(infinity_mass), True)
+    probs = probs[nz[0] : nz[-1] + 1].copy()
+    return pld_pmf.DensePLDPmf(discretization, int(lower_index + nz[0]), probs, float(infinity_mass), True)
+
+
+def from_probability_mass_functions(
+    with_example: Mapping[object, float] | np.ndarray,
+    without_example: Mapping[object, float] | np.ndarray,
+    *,
+    discretization: float = DEFAULT_DISCRETIZATION,
+) -> PrivacyLossDistribution:
+    """The PLD of a discrete mechanism given its output PMFs with and without the example.
+
+    Each privacy loss ``log(P(o)/Q(o))`` is rounded **up** to the grid and outcomes with
+    ``Q(o) = 0`` carry infinite loss, so the result dominates the exact pair in both directions.
+    The PMFs may be dicts ``{outcome: probability}`` or aligned arrays over the same outcomes.
+    """
+    disc = _v.positive("discretization", discretization)
+    if isinstance(with_example, Mapping) or isinstance(without_example, Mapping):
+        if not (isinstance(with_example, Mapping) and isinstance(without_example, Mapping)):
+            raise InvalidParameterError("with_example and without_example must both be dicts or both arrays")
+        outcomes = sorted(set(with_example) | set(without_example), key=repr)
+        p = np.array([float(with_example.get(o, 0.0)) for o in outcomes])
+        q = np.array([float(without_example.get(o, 0.0)) for o in outcomes])
+    else:
+        p = _v.finite_array("with_example", with_example)
+        q = _v.finite_array("without_example", without_example)
+        if p.shape != q.shape:
+            raise InvalidParameterError(
+                f"with_example and without_example must have the same length, got {p.size} and {q.size}"
+            )
+    for name, arr in (("with_example", p), ("without_example", q)):
+        if np.any(~np.isfinite(arr)) or np.any(arr < 0):
+            raise InvalidParameterError(f"{name} must hold finite probabilities >= 0")
+        if abs(math.fsum(arr.tolist()) - 1.0) > 1e-9:
+            raise InvalidParameterError(f"{name} must sum to 1, got {math.fsum(arr.tolist())!r}")
+    return PrivacyLossDistribution(_pmf_rounded_up(p, q, disc), _pmf_rounded_up(q, p, disc))
+
+
+def _pmf_rounded_up(p: np.ndarray, q: np.ndarray, disc: float) -> pld_pmf.DensePLDPmf:
+    """PMF of ``log(p/q)`` under ``p`` with losses rounded up; ``q = 0`` goes to +inf."""
+    support = p > 0
+    inf_mass = math.fsum(p[support & (q == 0)].tolist())
+    finite = support & (q > 0)
+    if not np.any(finite):
+        return dense_pmf(0, np.zeros(1), inf_mass, disc)
+    idx = np.ceil(np.log(p[finite] / q[finite]) / disc).astype(np.int64)
+    lo = int(idx.min())
+    probs = np.bincount(idx - lo, weights=p[finite])
+    return dense_pmf(lo, probs, inf_mass, disc)
