@@ -1,0 +1,6 @@
+"""Amplification analyses: (strategy, sampling scheme, noise) -> PrivacyReport."""
+
+from dpmf.accounting.dispatch import METHODS, Calibration, account, calibrate, valid_methods
+from dpmf.accounting.report import PrivacyReport
+
+__all__ = ["account", "calibrate", "Calibration", "PrivacyReport", "METHODS", "valid_methods"]

@@ -1,0 +1,149 @@
+"""``dpmf.account`` and ``dpmf.calibrate``: one entry point over every valid accountant.
+
+Each accountant module exposes ``NAME``, ``supports(strategy, scheme) -> reason | None`` and a
+function returning a :class:`PrivacyReport`. ``method="auto"`` runs every method that is valid
+for the (strategy, scheme) pair and returns the tightest report; all of them are sound upper
+bounds, so the minimum is one too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from dpmf import validation as _v
+from dpmf.accounting import dpsgd, unamplified
+from dpmf.accounting.report import PrivacyReport
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
+
+
+@dataclass(frozen=True)
+class AccountingMethod:
+    """A registered accountant."""
+
+    name: str
+    description: str
+    supports: Callable[[object, object], str | None]
+    run: Callable[..., PrivacyReport]
+    exact_calibration: Callable[..., float] | None = None
+
+
+METHODS: dict[str, AccountingMethod] = {
+    m.name: m
+    for m in (
+        AccountingMethod(
+            dpsgd.NAME,
+            "PLD of Poisson-subsampled Gaussian steps (DP-SGD, tight up to discretization)",
+            dpsgd.supports,
+            dpsgd.account_dpsgd,
+        ),
+        AccountingMethod(
+            unamplified.NAME,
+            "Gaussian mechanism with the strategy's worst-case sensitivity (no amplification)",
+            unamplified.supports,
+            unamplified.account_unamplified,
+            unamplified.calibrate_unamplified,
+        ),
+    )
+}
+
+
+def valid_methods(strategy, scheme) -> dict[str, str | None]:
+    """For every registered method: ``None`` if it applies, else why not."""
+    return {name: m.supports(strategy, scheme) for name, m in METHODS.items()}
+
+
+def _check_common(strategy, scheme, delta: float) -> float:
+    delta = _v.open_unit("delta", delta)
+    if not isinstance(scheme, (PoissonSampling, FixedOrderSampling)):
+        raise InvalidParameterError(f"scheme must be a dpmf.sampling scheme, got {type(scheme).__name__}")
+    n = getattr(strategy, "n", None)
+    if n is not None and n != scheme.steps:
+        raise InvalidParameterError(
+            f"the strategy has n={n} steps but the sampling scheme has steps={scheme.steps}"
+        )
+    return delta
+
+
+def _select(strategy, scheme, method: str) -> list[AccountingMethod]:
+    reasons = valid_methods(strategy, scheme)
+    if method == "auto":
+        chosen = [METHODS[name] for name, why in reasons.items() if why is None]
+        if not chosen:
+            detail = "; ".join(f"{k}: {v}" for k, v in reasons.items())
+            raise UnsupportedConfigurationError(f"no accountant covers this configuration ({detail})")
+        return chosen
+    if method not in METHODS:
+        raise InvalidParameterError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
+    if reasons[method] is not None:
+        raise UnsupportedConfigurationError(f"method {method!r} does not apply: {reasons[method]}")
+    return [METHODS[method]]
+
+
+def account(strategy, scheme, noise_multiplier: float, delta: float, method: str = "auto") -> PrivacyReport:
+    """Privacy of running ``strategy`` with batches from ``scheme`` and noise ``noise_multiplier``.
+
+    >>> from dpmf.strategies import Identity
+    >>> from dpmf.sampling import PoissonSampling
+    >>> r = account(Identity(1000), PoissonSampling(0.01, 1000), 1.0, 1e-6)
+    >>> round(r.epsilon, 3), r.method, r.certified
+    (2.125, 'pld', True)
+    """
+    delta = _check_common(strategy, scheme, delta)
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    reports = [m.run(strategy, scheme, sigma, delta) for m in _select(strategy, scheme, method)]
+    best = min(reports, key=lambda r: r.epsilon)
+    if len(reports) > 1:
+        others = {r.method: r.epsilon for r in reports}
+        best = PrivacyReport(**{**best.__dict__, "diagnostics": {**best.diagnostics, "all_methods": others}})
+    return best
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibrated noise multiplier and the report that certifies it."""
+
+    noise_multiplier: float
+    report: PrivacyReport
+    evaluations: int
+
+
+def calibrate(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    method: str = "auto",
+    *,
+    rel_tol: float = 1e-4,
+    callback: ProgressCallback | None = None,
+) -> Calibration:
+    """Smallest noise multiplier whose *reported* epsilon is <= ``target_epsilon``.
+
+    With ``method="auto"`` every valid method is calibrated and the smallest noise wins. The
+    returned report is recomputed at the returned noise and always satisfies the target.
+    """
+    delta = _check_common(strategy, scheme, delta)
+    target = _v.positive("target_epsilon", target_epsilon)
+    best: Calibration | None = None
+    for m in _select(strategy, scheme, method):
+        if m.exact_calibration is not None:
+            sigma = m.exact_calibration(strategy, scheme, target, delta)
+            report, evals = m.run(strategy, scheme, sigma, delta), 1
+            while report.epsilon > target:  # float rounding: step to the safe side
+                sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)
+                report, evals = m.run(strategy, scheme, sigma, delta), evals + 1
+        else:
+            res = smallest_noise(
+                lambda s, m=m: m.run(strategy, scheme, s, delta).epsilon, target, rel_tol=rel_tol, callback=callback
+            )
+            sigma, evals = res.value, res.evaluations
+            report = m.run(strategy, scheme, sigma, delta)
+        cal = Calibration(sigma, report, evals)
+        if best is None or cal.noise_multiplier < best.noise_multiplier:
+            best = cal
+    assert best is not None
+    return best
