@@ -1,0 +1,3 @@
+from dpmf.cli.main import run
+
+run()

@@ -1,0 +1,142 @@
+"""The planner behind ``dpmf plan``: which (strategy, sampler, accountant) should a run use?
+
+Given a training run (dataset size, batch size, epochs, target (epsilon, delta)), every
+configuration dpmf can account for is calibrated to the target and ranked by the error the noise
+causes in the model updates: the RMSE of the prefix sums of the noisy gradient sums, in units of
+the clip norm (the utility measure of the matrix-factorization papers). Lower is better.
+Later capabilities (MMCC, b-min-sep, random allocation) add candidates here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from dpmf import validation as _v
+from dpmf.accounting.dispatch import calibrate
+from dpmf.errors import InvalidParameterError
+from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
+from dpmf.strategies.identity import Identity
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """A training run to plan for. Defaults: a CIFAR-10-sized run (50k examples, 5 epochs)."""
+
+    dataset_size: int = 50_000
+    batch_size: int = 500
+    epochs: int = 5
+    epsilon: float = 2.0
+    delta: float = 1e-6
+
+    def __post_init__(self) -> None:
+        n = _v.positive_int("dataset_size", self.dataset_size)
+        b = _v.positive_int("batch_size", self.batch_size)
+        if b > n:
+            raise InvalidParameterError(f"batch_size must be <= dataset_size, got {b} > {n}")
+        object.__setattr__(self, "dataset_size", n)
+        object.__setattr__(self, "batch_size", b)
+        object.__setattr__(self, "epochs", _v.positive_int("epochs", self.epochs))
+        object.__setattr__(self, "epsilon", _v.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", _v.open_unit("delta", self.delta))
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.dataset_size // self.batch_size
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    @property
+    def sampling_prob(self) -> float:
+        return self.batch_size / self.dataset_size
+
+
+@dataclass(frozen=True)
+class Candidate:
+    label: str
+    strategy: object
+    scheme: object
+    method: str
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One calibrated configuration."""
+
+    strategy: str
+    sampling: str
+    method: str
+    noise_multiplier: float
+    epsilon: float
+    certified: bool
+    prefix_sum_rmse: float
+    rmse_per_example_in_batch: float
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def candidates(run: TrainingRun) -> list[Candidate]:
+    """Every configuration dpmf can account for, for this run."""
+    steps = run.steps
+    out = [
+        Candidate("DP-SGD, Poisson sampling", Identity(steps), PoissonSampling(run.sampling_prob, steps), "pld"),
+        Candidate(
+            "DP-SGD, shuffled fixed order",
+            Identity(steps),
+            FixedOrderSampling(run.epochs, steps),
+            "unamplified",
+        ),
+    ]
+    return out
+
+
+def plan(run: TrainingRun, *, on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:
+    """Calibrate every candidate to ``(run.epsilon, run.delta)``; rows sorted best first."""
+    rows = []
+    for cand in candidates(run):
+        start = time.perf_counter()
+        cal = calibrate(cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method)
+        rmse = cal.noise_multiplier * cand.strategy.prefix_sum_rmse()
+        row = PlanRow(
+            strategy=cand.strategy.name,
+            sampling=cand.scheme.name,
+            method=cal.report.method,
+            noise_multiplier=cal.noise_multiplier,
+            epsilon=cal.report.epsilon,
+            certified=cal.report.certified,
+            prefix_sum_rmse=rmse,
+            rmse_per_example_in_batch=rmse / run.batch_size,
+            seconds=time.perf_counter() - start,
+        )
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return sorted(rows, key=lambda r: r.prefix_sum_rmse)
+
+
+def plot_plan(run: TrainingRun, rows: list[PlanRow], path: str) -> None:
+    """Save a PNG: each configuration's noise-induced RMSE, best first, at the target epsilon."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.strategy} / {r.sampling}\n({r.method}, sigma={r.noise_multiplier:.3g})" for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.7 * len(rows)))
+    ax.barh(range(len(rows)), [r.prefix_sum_rmse for r in rows], color="tab:blue")
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("RMSE of prefix sums of noisy gradient sums (clip-norm units; lower is better)")
+    ax.set_title(
+        f"dpmf plan: N={run.dataset_size}, batch={run.batch_size}, epochs={run.epochs}, "
+        f"(eps={run.epsilon:g}, delta={run.delta:g})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
