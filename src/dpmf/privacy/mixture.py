@@ -148,42 +148,50 @@ class GaussianMixture:
         disc = _v.positive("discretization", discretization)
         if self.is_trivial:
             return PrivacyLossDistribution.identity(disc)
-        return PrivacyLossDistribution(self._pmf_remove(disc), self._pmf_add(disc))
+        remove, add = self._pmfs(disc)
+        return PrivacyLossDistribution(remove, add)
 
-    def _pmf_remove(self, disc: float):
+    def _pmfs(self, disc: float):
+        """Both directions' PMFs from one shared set of thresholds.
+
+        The remove direction needs ``L^{-1}(j Delta)``, the add direction ``L^{-1}(-j Delta)``:
+        the same lattice of loss levels. We solve and integrate once over the union.
+        """
         a, s, p = self._a, self._s, self.probabilities
-        lo_u, hi_u = s[0] - _TAIL_Z, s[-1] + _TAIL_Z
+        lo_u, hi_u = _mixture_tail_points(s, p)  # remove: P = mixture
         l_lo, l_hi = _lse(np.array([lo_u, hi_u]), a, s)[0]
-        j_lo = math.floor(l_lo / disc)
-        j_hi = math.ceil(l_hi / disc)
-        if j_lo * disc <= self.min_loss:  # keep every threshold strictly inside the range
-            j_lo = math.floor(self.min_loss / disc) + 1
-        eps = np.arange(j_lo, j_hi + 1) * disc
-        u = _inverse_loss(a, s, eps, table_range=(lo_u, hi_u))
-        q_below, q_mid, q_above = _gaussian_interval_masses(u)
-        p_below, p_mid, p_above = _mixture_interval_masses(u, s, p)
-        probs, inf_mass = _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above)
-        return dense_pmf(j_lo, probs, inf_mass, disc)
+        y_lo, y_hi = -_TAIL_Z, _TAIL_Z  # add: P = N(0, 1)
+        l_ylo, l_yhi = _lse(np.array([y_lo, y_hi]), a, s)[0]
+        floor_idx = math.floor(self.min_loss / disc) + 1 if math.isfinite(self.min_loss) else -(1 << 62)
+        # remove grid j*disc, add grid j*disc (its L-levels are -j*disc); all L-levels > min_loss
+        jr_lo, jr_hi = max(math.floor(l_lo / disc), floor_idx), math.ceil(l_hi / disc)
+        ja_lo, ja_hi = math.floor(-l_yhi / disc), min(math.ceil(-l_ylo / disc), -floor_idx)
+        i0, i1 = min(jr_lo, -ja_hi), max(jr_hi, -ja_lo)
+        levels = np.arange(i0, i1 + 1) * disc
+        u = _inverse_loss(a, s, levels, table_range=(min(lo_u, y_lo), max(hi_u, y_hi)))
+        _, g_mid, _ = _gaussian_interval_masses(u)
+        m_mid = _mixture_interval_masses(u, s, p)
 
-    def _pmf_add(self, disc: float):
-        a, s, p = self._a, self._s, self.probabilities
-        lo_y, hi_y = -_TAIL_Z, _TAIL_Z
-        # add loss is -L(y): largest at small y
-        l_small, l_large = _lse(np.array([lo_y, hi_y]), a, s)[0]
-        j_lo = math.floor(-l_large / disc)
-        j_hi = math.ceil(-l_small / disc)
-        if -j_hi * disc <= self.min_loss:
-            j_hi = math.ceil(-self.min_loss / disc) - 1
-        eps = np.arange(j_lo, j_hi + 1) * disc
-        # thresholds y_j = L^{-1}(-eps_j) decrease in j; work on the increasing reversal
-        y = _inverse_loss(a, s, -eps[::-1], table_range=(lo_y, hi_y))
-        p_below_r, p_mid_r, p_above_r = _gaussian_interval_masses(y)  # P = N(0, 1)
-        q_below_r, q_mid_r, q_above_r = _mixture_interval_masses(y, s, p)  # Q = mixture
-        # reversing: loss below eps_0 <=> y above y_0 (= last of the reversal)
+        # remove: P = mixture, Q = N(0, 1), grid j in [jr_lo, jr_hi] = union block [r0, r1]
+        r0, r1 = jr_lo - i0, jr_hi - i0
+        m_below, _ = _point_tails(u[r0], s, p)
+        _, m_above = _point_tails(u[r1], s, p)
+        _, g_above = _point_tails(u[r1], np.zeros(1), np.ones(1))
+        eps_r = levels[r0 : r1 + 1]
+        probs, inf_mass = _connect_the_dots(eps_r, disc, m_below, m_mid[r0:r1], m_above, g_mid[r0:r1], g_above)
+        remove = dense_pmf(jr_lo, probs, inf_mass, disc)
+
+        # add: P = N(0, 1), Q = mixture; add loss j*disc sits at union index -j - i0 (reversed)
+        a0, a1 = -ja_hi - i0, -ja_lo - i0
+        _, g_above_a1 = _point_tails(u[a1], np.zeros(1), np.ones(1))
+        g_below_a0, _ = _point_tails(u[a0], np.zeros(1), np.ones(1))
+        m_below_a0, _ = _point_tails(u[a0], s, p)
+        eps_a = np.arange(ja_lo, ja_hi + 1) * disc
         probs, inf_mass = _connect_the_dots(
-            eps, disc, p_above_r, p_mid_r[::-1], p_below_r, q_mid_r[::-1], q_below_r
+            eps_a, disc, g_above_a1, g_mid[a0:a1][::-1], g_below_a0, m_mid[a0:a1][::-1], m_below_a0
         )
-        return dense_pmf(j_lo, probs, inf_mass, disc)
+        add = dense_pmf(ja_lo, probs, inf_mass, disc)
+        return remove, add
 
 
 def mixture_of_gaussians(
@@ -316,6 +324,37 @@ def _widen(a, s, target, lo, hi):
     raise NumericalError("inverse privacy loss: could not bracket the target losses")
 
 
+def _mixture_tail_points(s: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """``(lo, hi)`` with mixture mass below ``lo`` and above ``hi`` each <= ``Phi(-_TAIL_Z)``.
+
+    Bisection on the mixture tails (not ``s_max + z``), so a far component with negligible
+    probability does not stretch the loss grid. The mass outside is handled pessimistically by
+    the caller (below: to the lowest grid point; above: split by ``delta(eps_max)`` to +inf).
+    """
+    log_tau = float(special.log_ndtr(-_TAIL_Z))
+    log_p = np.log(p)
+
+    def log_upper(u: float) -> float:
+        return float(special.logsumexp(log_p + special.log_ndtr(s - u)))
+
+    def log_lower(u: float) -> float:
+        return float(special.logsumexp(log_p + special.log_ndtr(u - s)))
+
+    def bisect(f, lo: float, hi: float, want_low_side: bool) -> float:
+        # f is monotone; return the end of [lo, hi] on the safe side after narrowing
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            if (f(mid) <= log_tau) == want_low_side:
+                hi = mid
+            else:
+                lo = mid
+        return hi if want_low_side else lo
+
+    hi = bisect(log_upper, s[0] - _TAIL_Z, s[-1] + _TAIL_Z, True)  # smallest hi with upper <= tau
+    lo = bisect(log_lower, s[0] - _TAIL_Z, s[-1] + _TAIL_Z, False)  # largest lo with lower <= tau
+    return lo, hi
+
+
 def _gaussian_interval_masses(z: np.ndarray) -> tuple[float, np.ndarray, float]:
     """Standard-normal masses below ``z[0]``, in each ``[z_j, z_{j+1}]``, and above ``z[-1]``.
 
@@ -334,15 +373,20 @@ def _gaussian_interval_masses(z: np.ndarray) -> tuple[float, np.ndarray, float]:
     return below, mid, above
 
 
-def _mixture_interval_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray):
-    """:func:`_gaussian_interval_masses` of the mixture ``sum_i p_i N(s_i, 1)``."""
-    below, mid, above = 0.0, np.zeros(u.size - 1), 0.0
+def _mixture_interval_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Masses of the mixture ``sum_i p_i N(s_i, 1)`` in each ``[u_j, u_{j+1}]``."""
+    mid = np.zeros(u.size - 1)
     for si, pi in zip(s, p):
-        b, m, a = _gaussian_interval_masses(u - si)
-        below += pi * b
-        mid += pi * m
-        above += pi * a
-    return below, mid, above
+        mid += pi * _gaussian_interval_masses(u - si)[1]
+    return mid
+
+
+def _point_tails(u: float, s: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """``(mass below u, mass above u)`` of the mixture ``sum_i p_i N(s_i, 1)``, from log tails."""
+    log_p = np.log(p)
+    below = float(np.exp(special.logsumexp(log_p + special.log_ndtr(u - s))))
+    above = float(np.exp(special.logsumexp(log_p + special.log_ndtr(s - u))))
+    return below, above
 
 
 def _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above):
