@@ -76,13 +76,33 @@ def smallest_noise(
             lo /= 2
             if lo < 1e-6:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
+    # Illinois (modified regula falsi) on log(epsilon) vs log(sigma), with bisection safeguards.
+    # The bracket invariant: epsilon(lo) > target >= epsilon(hi); hi is always a passing point.
+    eps_lo = next(e for x, e in reversed(trace) if x == lo)
+    f_lo = math.log(max(eps_lo, 1e-300)) - math.log(target)
+    f_hi = math.log(max(eps_hi, 1e-300)) - math.log(target)
+    side = 0
     while hi - lo > rel_tol * hi:
-        mid = 0.5 * (lo + hi)
-        eps_mid = ev(mid)
-        if eps_mid <= target:
-            hi, eps_hi = mid, eps_mid
+        x_lo, x_hi = math.log(lo), math.log(hi)
+        if f_lo > 0 > f_hi and math.isfinite(f_lo):
+            guess = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
         else:
-            lo = mid
+            guess = 0.5 * (x_lo + x_hi)
+        width = x_hi - x_lo
+        guess = min(max(guess, x_lo + 0.02 * width), x_hi - 0.02 * width)
+        mid = math.exp(guess)
+        eps_mid = ev(mid)
+        f_mid = math.log(max(eps_mid, 1e-300)) - math.log(target)
+        if eps_mid <= target:
+            hi, eps_hi, f_hi = mid, eps_mid, f_mid
+            if side == 1:
+                f_lo /= 2
+            side = 1
+        else:
+            lo, f_lo = mid, f_mid
+            if side == -1:
+                f_hi /= 2
+            side = -1
     return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
 
 
