@@ -14,6 +14,16 @@ from dpmf.privacy.gaussian import gaussian, subsampled_gaussian
 from dpmf.privacy.gdp import gaussian_delta, gaussian_epsilon, gdp_delta, gdp_epsilon, gdp_mu
 from dpmf.privacy.mixture import GaussianMixture, mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution, from_probability_mass_functions
+from dpmf.privacy.product_mixture import GridDistribution, product_mixture
+from dpmf.privacy.random_sensitivity import group_dpsgd, last_iterate_linear
+from dpmf.privacy.rdp import (
+    DEFAULT_ORDERS,
+    epsilon_subsampled_gaussian_rdp,
+    gaussian_rdp,
+    rdp_to_delta,
+    rdp_to_epsilon,
+    subsampled_gaussian_rdp,
+)
 
 __all__ = [
     "PrivacyLossDistribution",
@@ -30,4 +40,14 @@ __all__ = [
     "smallest_noise",
     "largest_count",
     "CalibrationResult",
+    "product_mixture",
+    "GridDistribution",
+    "last_iterate_linear",
+    "group_dpsgd",
+    "DEFAULT_ORDERS",
+    "gaussian_rdp",
+    "subsampled_gaussian_rdp",
+    "rdp_to_epsilon",
+    "rdp_to_delta",
+    "epsilon_subsampled_gaussian_rdp",
 ]
