@@ -23,16 +23,7 @@ def gaussian(
     For a single Gaussian the exact profile is also available in closed form:
     :func:`dpmf.privacy.gaussian_epsilon`.
     """
-    sigma = _v.positive("noise_multiplier", noise_multiplier)
-    sens = _v.positive("sensitivity", sensitivity)
-    disc = _v.positive("discretization", discretization)
-    pld = _dpa_pld.from_gaussian_mechanism(
-        standard_deviation=sigma,
-        sensitivity=sens,
-        pessimistic_estimate=True,
-        value_discretization_interval=disc,
-    )
-    return PrivacyLossDistribution.from_dp_accounting(pld)
+    return subsampled_gaussian(noise_multiplier, 1.0, sensitivity, discretization=discretization)
 
 
 def subsampled_gaussian(
@@ -42,7 +33,8 @@ def subsampled_gaussian(
     *,
     discretization: float = DEFAULT_DISCRETIZATION,
 ) -> PrivacyLossDistribution:
-    """PLD of one Poisson-subsampled Gaussian step (one DP-SGD step).
+    """PLD of one Poisson-subsampled Gaussian step (one DP-SGD step); ``sampling_prob = 1`` is
+    the plain Gaussian mechanism.
 
     The dominating pair is ``N(0, sigma^2)`` vs ``(1-q) N(0, sigma^2) + q N(s, sigma^2)``; it is the
     mixture of Gaussians with sensitivities ``[0, s]`` and probabilities ``[1-q, q]``, built here
