@@ -113,3 +113,43 @@ def gdp_delta_array(mu: float, epsilons: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.exp(log_a) * -np.expm1(np.minimum(log_b - log_a, 0.0))
     return np.where(log_b < log_a, out, 0.0)
+
+
+def gdp_epsilon_array(mu, delta: float, *, iterations: int = 80) -> np.ndarray:
+    """Vectorized :func:`gdp_epsilon` for many mu at one delta (e.g. one per example).
+
+    Bisection on ``log delta_mu(eps)``, returning the *upper* end of each final bracket, so every
+    entry satisfies ``delta_mu(eps) <= delta``. ``mu = 0`` gives 0.
+    """
+    delta = _v.open_unit("delta", delta)
+    mu = np.asarray(mu, dtype=np.float64)
+    if np.any(~np.isfinite(mu)) or np.any(mu < 0):
+        raise _v.InvalidParameterError("mu must be finite and >= 0")
+    log_target = math.log(delta)
+    flat = mu.ravel()
+    out = np.zeros_like(flat)
+    pos = flat > 0
+    m = flat[pos]
+    if m.size:
+
+        def log_d(eps: np.ndarray) -> np.ndarray:
+            log_a = special.log_ndtr(-eps / m + m / 2)
+            log_b = eps + special.log_ndtr(-eps / m - m / 2)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                val = log_a + np.log(-np.expm1(np.minimum(log_b - log_a, 0.0)))
+            return np.where(log_b < log_a, val, -np.inf)
+
+        lo = np.zeros_like(m)
+        hi = m * (m / 2 - special.ndtri(delta)) + 1.0
+        while np.any(bad := log_d(hi) > log_target):
+            hi = np.where(bad, hi * 2, hi)
+        passes_at_zero = log_d(lo) <= log_target
+        for _ in range(iterations):
+            if np.all(hi - lo <= 1e-12 * np.maximum(hi, 1e-300)):
+                break
+            mid = 0.5 * (lo + hi)
+            ok = log_d(mid) <= log_target
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid)
+        out[pos] = np.where(passes_at_zero, 0.0, hi)
+    return out.reshape(mu.shape)
