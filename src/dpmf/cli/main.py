@@ -32,7 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 out = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 #: API argument names -> CLI option names, so errors name what the user typed.
 _OPTION_NAMES = {
@@ -255,6 +255,15 @@ def plan(
     )
     if plot:
         out.print(f"plot written to {plot}")
+
+
+def _register_subcommands() -> None:
+    from dpmf.cli.individual import app as individual_app
+
+    app.add_typer(individual_app, name="individual")
+
+
+_register_subcommands()
 
 
 def run() -> None:
