@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger
+from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger, _mu_array
 from dpmf.errors import InvalidParameterError
 
 
@@ -55,15 +55,12 @@ def filtered_step(
         raise InvalidParameterError(
             f"grad_norms must have one entry per example ({ledger.num_examples}), got shape {norms.shape}"
         )
-    if not np.all(np.isfinite(norms)):
-        raise InvalidParameterError("grad_norms must be finite (found NaN or inf)")
-    if np.any(norms < 0):
-        raise InvalidParameterError("grad_norms must be >= 0")
-    clipped = np.minimum(norms, c)
-    mu = clipped / (sigma * c)
-    eff = ledger.step(mu, exhaust_budget=exhaust_budget)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # contribution norm must be eff * sigma * C; weight = that / ||g||
-        weights = np.where(norms > 0, eff * sigma * c / norms, 0.0)
-    weights = np.minimum(weights, np.where(norms > 0, c / np.where(norms > 0, norms, 1.0), 0.0))
+    norms = _mu_array("grad_norms", norms)  # finite and >= 0
+    mu = np.minimum(norms, c)
+    mu *= 1.0 / (sigma * c)
+    eff = ledger._step(mu, exhaust_budget)  # noqa: SLF001 - validated above
+    # contribution norm is eff * sigma * C; as eff <= min(||g||, C)/(sigma C) this weight is at
+    # most the clipping factor min(1, C/||g||)
+    weights = np.zeros_like(norms)
+    np.divide(eff * (sigma * c), norms, out=weights, where=norms > 0)
     return FilteredStep(active=eff > 0, weights=weights, mu=eff, noise_std=sigma * c, normalizer=norm_const)

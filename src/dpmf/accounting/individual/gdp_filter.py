@@ -44,10 +44,13 @@ def _mu_array(name: str, mu, size: int | None = None) -> np.ndarray:
         raise InvalidParameterError(f"{name} must be a 1-d array, got shape {arr.shape}")
     if size is not None and arr.size != size:
         raise InvalidParameterError(f"{name} must have one entry per example ({size}), got {arr.size}")
-    if not np.all(np.isfinite(arr)):
-        raise InvalidParameterError(f"{name} must be finite (found NaN or inf)")
-    if np.any(arr < 0):
-        raise InvalidParameterError(f"{name} must be >= 0, got min {arr.min()!r}")
+    if arr.size:
+        # two reductions instead of elementwise masks: NaN/inf poison the sum, negatives the min
+        low = arr.min()
+        if np.isnan(low) or not np.isfinite(arr.sum()):
+            raise InvalidParameterError(f"{name} must be finite (found NaN or inf)")
+        if low < 0:
+            raise InvalidParameterError(f"{name} must be >= 0, got min {low!r}")
     return arr
 
 
@@ -170,10 +173,16 @@ class IndividualGDPLedger:
     # ------------------------------------------------------------------ the filter
     def step(self, mu, *, exhaust_budget: bool = False) -> np.ndarray:
         """Admit one step; returns the effective mu per example (see class docstring)."""
-        mu = _mu_array("mu", mu, self.num_examples)
+        return self._step(_mu_array("mu", mu, self.num_examples), exhaust_budget)
+
+    def _step(self, mu: np.ndarray, exhaust_budget: bool) -> np.ndarray:
+        """:meth:`step` on an already validated array."""
         b2 = self.budget**2
-        new = self.spent_sq + mu * mu
-        fits = (new <= b2) & ~self.dropped
+        new = mu * mu
+        new += self.spent_sq
+        fits = new <= b2
+        if self.permanent_drop:
+            fits &= ~self.dropped
         eff = np.where(fits, mu, 0.0)
         spent = np.where(fits, new, self.spent_sq)
         if exhaust_budget:
