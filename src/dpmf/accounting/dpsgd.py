@@ -12,7 +12,7 @@ import time
 
 from dpmf import validation as _v
 from dpmf.accounting.report import PrivacyReport
-from dpmf.privacy.gaussian import subsampled_gaussian
+from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
 from dpmf.sampling.schemes import PoissonSampling
 from dpmf.strategies.identity import Identity

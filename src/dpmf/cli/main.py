@@ -68,6 +68,7 @@ def _fail(message: str) -> None:
     for api, opt in _OPTION_NAMES.items():
         message = re.sub(rf"^{api}\b", opt, message)
         message = re.sub(rf"(?<=[ (]){api}(?==)", opt, message)
+        message = re.sub(rf"(?<=<= ){api}\b", opt, message)
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code=2)
 
@@ -267,12 +268,32 @@ _register_subcommands()
 
 
 def run() -> None:
-    """Console entry point."""
+    """Console entry point: every usage error is one line on stderr and exit status 2."""
+    try:  # typer >= 0.16 vendors click; older versions use click itself
+        from typer._click import exceptions as cx
+    except ImportError:  # pragma: no cover
+        from click import exceptions as cx
+    no_args = getattr(cx, "NoArgsIsHelpError", ())
+    abort = getattr(cx, "Abort", ())
     try:
-        app()
+        rv = app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
+    except no_args as exc:  # the help text, as for --help
+        print(str(exc.format_message()))
+        sys.exit(0)
+    except abort:
+        err.print("aborted")
+        sys.exit(1)
+    except cx.ClickException as exc:
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        err.print(f"[bold red]error:[/] {exc.format_message()}{hint}", highlight=False, markup=True)
+        sys.exit(2)
     except DPMFError as exc:  # pragma: no cover - commands catch their own
         err.print(f"error: {exc}")
         sys.exit(2)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -60,7 +60,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
         if hi > 1e12:
             raise NumericalError(f"gdp_epsilon: no epsilon found for mu={mu!r}, delta={delta!r}")
     root = optimize.brentq(lambda e: _log_delta(mu, e) - log_target, 0.0, hi, xtol=1e-14, rtol=1e-15)
-    return _step_until(lambda e: _log_delta(mu, e) <= log_target, root, +1)
+    return _step_until(lambda e: math.exp(_log_delta(mu, e)) <= delta, root, +1)
 
 
 def gdp_mu(epsilon: float, delta: float) -> float:
@@ -74,7 +74,7 @@ def gdp_mu(epsilon: float, delta: float) -> float:
         if hi > 1e8:
             raise NumericalError(f"gdp_mu: delta stays below target for epsilon={epsilon!r}")
     root = optimize.brentq(lambda m: _log_delta(m, epsilon) - log_target, lo, hi, xtol=1e-300, rtol=1e-15)
-    return _step_until(lambda m: _log_delta(m, epsilon) <= log_target, root, -1)
+    return _step_until(lambda m: math.exp(_log_delta(m, epsilon)) <= delta, root, -1)
 
 
 def _step_until(ok, x: float, direction: int) -> float:

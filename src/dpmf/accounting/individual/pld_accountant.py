@@ -42,7 +42,7 @@ from dp_accounting.pld import pld_pmf
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
-from dpmf.privacy.gaussian import subsampled_gaussian
+from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.gdp import gdp_delta_array, gdp_mu
 from dpmf.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon, subsampled_gaussian_rdp
 

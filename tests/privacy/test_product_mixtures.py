@@ -1,4 +1,4 @@
-"""Tests of dpmf.privacy.product_mixture (MMCC App. F.2 per-row sensitivity distribution).
+"""Tests of dpmf.privacy.product_mixtures (MMCC App. F.2 per-row sensitivity distribution).
 
 The oracles are exact: probabilities are float64 numbers, i.e. dyadic rationals, so the exact
 law of ``S`` (rounded or not) is computed with Python integers scaled by a power of two, and the
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from scipy import fft as sfft
 
 from dpmf.errors import InvalidParameterError
-from dpmf.privacy import product_mixture as pm_mod
-from dpmf.privacy.product_mixture import (
+from dpmf.privacy import product_mixtures as pm_mod
+from dpmf.privacy.product_mixtures import (
     METHODS,
     GridDistribution,
     dominates,

@@ -1,0 +1,188 @@
+"""The `dpmf` command line: the acceptance commands, JSON output, one-line errors naming the
+option (no tracebacks), `plan` with a plot, and the installed console script."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dp_accounting
+import pytest
+from typer.testing import CliRunner
+
+from dpmf import __version__
+from dpmf.cli.main import app
+
+runner = CliRunner()
+
+ACCOUNT = (
+    "account --strategy identity --sampling poisson --sampling-prob 0.01 --steps 1000 "
+    "--noise-multiplier 1.0 --delta 1e-6 --json"
+).split()
+CALIBRATE = (
+    "calibrate --strategy identity --sampling poisson --sampling-prob 0.01 --steps 1000 "
+    "--epsilon 1 --delta 1e-6 --json"
+).split()
+FIXED_ORDER = (
+    "account --strategy identity --sampling fixed-order --epochs 4 --steps 1000 "
+    "--noise-multiplier 2.0 --delta 1e-6"
+).split()
+
+
+def invoke(args):
+    return runner.invoke(app, list(args))
+
+
+def test_version():
+    res = invoke(["--version"])
+    assert res.exit_code == 0
+    assert res.stdout.strip() == f"dpmf {__version__}"
+
+
+def test_acceptance_account():
+    res = invoke(ACCOUNT)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["epsilon"] == pytest.approx(2.1245, abs=2e-3)
+    assert data["method"] == "pld" and data["certified"] is True
+    assert data["delta"] == 1e-6 and data["noise_multiplier"] == 1.0
+
+
+def test_acceptance_calibrate():
+    res = invoke(CALIBRATE)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["noise_multiplier"] == pytest.approx(1.5627, abs=5e-3)
+    assert data["epsilon"] <= 1.0
+    assert data["target_epsilon"] == 1.0
+    assert data["evaluations"] >= 1
+
+
+def test_fixed_order_account_text_and_json():
+    expected = dp_accounting.get_epsilon_gaussian(1.0, 1e-6)  # sigma 2 / sqrt(4 epochs)
+    res = invoke(FIXED_ORDER + ["--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert data["method"] == "unamplified"
+    text = invoke(FIXED_ORDER)
+    assert text.exit_code == 0
+    assert f"epsilon = {expected:.6g}" in text.stdout
+    assert "remove direction" in text.stdout and "certified upper bound" in text.stdout
+
+
+def test_fixed_order_calibrate_text():
+    res = invoke("calibrate --sampling fixed-order --epochs 4 --steps 1000 --epsilon 1 --delta 1e-6".split())
+    assert res.exit_code == 0, res.output
+    sigma = 2.0 * dp_accounting.get_sigma_gaussian(1.0, 1e-6)
+    assert f"noise multiplier {sigma:.6g}" in res.stdout
+
+
+def _replace(args, option, value):
+    args = list(args)
+    i = args.index(option)
+    args[i + 1] = value
+    return args
+
+
+BAD_INPUTS = [
+    (_replace(ACCOUNT, "--noise-multiplier", "0"), "--noise-multiplier"),
+    (_replace(ACCOUNT, "--noise-multiplier", "-1"), "--noise-multiplier"),
+    (_replace(ACCOUNT, "--noise-multiplier", "nan"), "--noise-multiplier"),
+    (_replace(ACCOUNT, "--sampling-prob", "1.5"), "--sampling-prob"),
+    (_replace(ACCOUNT, "--sampling-prob", "0"), "--sampling-prob"),
+    (_replace(ACCOUNT, "--sampling-prob", "nan"), "--sampling-prob"),
+    (_replace(ACCOUNT, "--delta", "0"), "--delta"),
+    (_replace(ACCOUNT, "--delta", "1"), "--delta"),
+    (_replace(ACCOUNT, "--steps", "0"), "--steps"),
+    ([a for a in ACCOUNT if a not in ("--sampling-prob", "0.01")], "--sampling-prob"),
+    ([a for a in ACCOUNT if a not in ("--steps", "1000")], "--steps"),
+    (_replace(CALIBRATE, "--epsilon", "0"), "--epsilon"),
+    (_replace(CALIBRATE, "--epsilon", "nan"), "--epsilon"),
+    (_replace(CALIBRATE, "--sampling-prob", "1.5"), "--sampling-prob"),
+    (_replace(CALIBRATE, "--delta", "1"), "--delta"),
+    ([a for a in FIXED_ORDER if a not in ("--epochs", "4")], "--epochs"),
+    ("plan --dataset-size 0".split(), "--dataset-size"),
+    ("plan --epsilon -1".split(), "--epsilon"),
+]
+
+
+@pytest.mark.parametrize("args,option", BAD_INPUTS, ids=[" ".join(a[-6:]) for a, _ in BAD_INPUTS])
+def test_bad_input_one_line_error_naming_option(args, option):
+    res = invoke(args)
+    assert res.exit_code == 2
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert res.stdout == ""  # errors go to stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error:") and option in lines[0]
+
+
+def test_long_error_message_stays_on_one_line():
+    # regression: rich used to soft-wrap stderr at 80 columns when it is not a terminal
+    # 'steps must be a multiple of epochs for fixed-order sampling, got steps=1000, epochs=3'
+    res = invoke(_replace(FIXED_ORDER, "--epochs", "3"))
+    assert res.exit_code == 2
+    assert "--epochs" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+# -------------------------------------------------------------------------------- plan
+PLAN = "plan --dataset-size 2000 --batch-size 100 --epochs 2 --epsilon 1 --delta 1e-6 --json".split()
+
+
+@pytest.fixture(scope="module")
+def plan_result(tmp_path_factory):
+    png = tmp_path_factory.mktemp("plan") / "plan.png"
+    res = invoke(PLAN + ["--plot", str(png)])
+    return res, png
+
+
+def test_plan_json_rows(plan_result):
+    res, _ = plan_result
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["run"]["steps"] == 40 and data["run"]["sampling_prob"] == pytest.approx(0.05)
+    rows = data["rows"]
+    assert {(r["strategy"], r["sampling"]) for r in rows} == {("identity", "poisson"), ("identity", "fixed-order")}
+    rmse = [r["prefix_sum_rmse"] for r in rows]
+    assert rmse == sorted(rmse)
+    for r in rows:
+        assert r["epsilon"] <= 1.0
+        assert r["certified"] is True
+        # RMSE = sigma * sqrt((n + 1) / 2) for the identity over n = 40 steps
+        assert r["prefix_sum_rmse"] == pytest.approx(r["noise_multiplier"] * math.sqrt(41 / 2), rel=1e-12)
+    # Poisson amplification beats no amplification at this target
+    assert rows[0]["sampling"] == "poisson"
+
+
+def test_plan_plot_writes_png(plan_result):
+    res, png = plan_result
+    assert res.exit_code == 0
+    assert png.is_file() and png.stat().st_size > 1000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------- installed console script
+def test_installed_console_script():
+    script = Path(sys.executable).with_name("dpmf")
+    exe = str(script) if script.exists() else shutil.which("dpmf")
+    assert exe, "the dpmf console script is not installed"
+    proc = subprocess.run(
+        [exe, *FIXED_ORDER, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["epsilon"] == pytest.approx(dp_accounting.get_epsilon_gaussian(1.0, 1e-6), rel=1e-9)
+    assert data["dpmf_version"] == __version__
+    assert "Traceback" not in proc.stderr

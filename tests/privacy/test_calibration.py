@@ -1,0 +1,98 @@
+"""Calibration on closed-form accountants: the result passes, a slightly smaller noise (or one
+more step) fails, the exact answer is bracketed, impossible targets raise, callbacks fire."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dpmf.errors import CalibrationError, InvalidParameterError
+from dpmf.privacy import gaussian_epsilon, gdp_mu, largest_count, smallest_noise
+
+DELTA = 1e-6
+
+
+def gaussian_accountant(sensitivity: float):
+    return lambda sigma: gaussian_epsilon(sigma, DELTA, sensitivity)
+
+
+@pytest.mark.parametrize("sensitivity", [1.0, 3.0, 40.0])
+@pytest.mark.parametrize("target", [0.1, 1.0, 8.0])
+@pytest.mark.parametrize("initial", [0.01, 1.0, 100.0])  # grow and shrink branches
+@pytest.mark.parametrize("rel_tol", [1e-4, 1e-7])
+def test_smallest_noise_passes_and_is_smallest(sensitivity, target, initial, rel_tol):
+    eps_of = gaussian_accountant(sensitivity)
+    res = smallest_noise(eps_of, target, initial=initial, rel_tol=rel_tol)
+    assert eps_of(res.value) <= target
+    assert res.epsilon == eps_of(res.value)
+    assert eps_of(res.value * (1 - 2 * rel_tol)) > target
+    # the exact smallest noise is sens / mu*(eps, delta)
+    exact = sensitivity / gdp_mu(target, DELTA)
+    assert exact * (1 - 1e-12) <= res.value <= exact * (1 + 2 * rel_tol)
+    assert res.evaluations == len(res.trace)
+    assert (res.value, res.epsilon) in res.trace
+
+
+def test_smallest_noise_calls_callback_for_every_evaluation():
+    calls = []
+    res = smallest_noise(gaussian_accountant(2.0), 1.0, callback=lambda s, e: calls.append((s, e)))
+    assert len(calls) == res.evaluations >= 2
+    assert tuple(calls) == res.trace
+    assert all(e == gaussian_epsilon(s, DELTA, 2.0) for s, e in calls)
+
+
+def test_smallest_noise_impossible_target_raises():
+    # epsilon never drops below 1 for this accountant
+    with pytest.raises(CalibrationError):
+        smallest_noise(lambda s: 1.0 + 1.0 / s, 0.5)
+    # the Gaussian needs sigma ~ 5e4 for epsilon 1e-4: more than max_value
+    with pytest.raises(CalibrationError, match="noise_multiplier"):
+        smallest_noise(gaussian_accountant(1.0), 1e-4, max_value=100.0)
+
+
+def test_smallest_noise_nan_accountant_raises():
+    with pytest.raises(CalibrationError, match="NaN"):
+        smallest_noise(lambda s: math.nan, 1.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_smallest_noise_bad_target_raises(bad):
+    with pytest.raises(InvalidParameterError):
+        smallest_noise(gaussian_accountant(1.0), bad)
+
+
+# ------------------------------------------------------------------------- largest count
+@pytest.mark.parametrize("sigma", [6.0, 15.0, 37.3])
+@pytest.mark.parametrize("target", [1.0, 4.0])
+def test_largest_count_for_repeated_gaussian(sigma, target):
+    """n Gaussian releases of sensitivity 1 are one Gaussian of sensitivity sqrt(n)."""
+
+    def eps_of(n: int) -> float:
+        return gaussian_epsilon(sigma, DELTA, math.sqrt(n))
+
+    res = largest_count(eps_of, target)
+    n = int(res.value)
+    assert n == res.value >= 1
+    assert eps_of(n) <= target and res.epsilon == eps_of(n)
+    assert eps_of(n + 1) > target
+    # closed form: largest n with sqrt(n)/sigma <= mu*
+    assert abs(n - math.floor((sigma * gdp_mu(target, DELTA)) ** 2)) <= 1
+
+
+def test_largest_count_caps_at_max_count():
+    res = largest_count(lambda n: 0.0 * n, 1.0, max_count=1000)
+    assert res.value == 1000
+
+
+def test_largest_count_callback_and_impossible():
+    calls = []
+    res = largest_count(lambda n: 0.1 * n, 1.05, callback=lambda n, e: calls.append((n, e)))
+    assert res.value == 10
+    assert tuple(calls) == res.trace and len(calls) == res.evaluations
+    with pytest.raises(CalibrationError):
+        largest_count(lambda n: 2.0 * n, 1.0)
+    with pytest.raises(CalibrationError):  # one sigma = 1 Gaussian already costs 4.89
+        largest_count(lambda n: gaussian_epsilon(1.0, DELTA, math.sqrt(n)), 4.0)
+    with pytest.raises(InvalidParameterError):
+        largest_count(lambda n: 0.1 * n, -1.0)
