@@ -244,3 +244,66 @@ def test_bad_input():
         filtered_step(led, [np.nan, 1, 1], clip_norm=1, noise_multiplier=1, normalizer=3)
     with pytest.raises(InvalidParameterError, match="noise_multiplier"):
         gdp_steps(-1, 1, 1e-5)
+
+
+# ------------------------------------------------------------------ derived oracles D1-D12
+def test_d1_d3_gdp_profile():
+    assert gdp_delta(1.0, 0.0) == pytest.approx(0.3829249225, abs=1e-10)
+    assert gdp_delta(1.0, 1.0) == pytest.approx(0.1269367375, abs=1e-10)
+    assert gdp_epsilon(1.0, 1e-5) == pytest.approx(4.377178, abs=1e-6)
+    assert gdp_epsilon(0.5, 1e-5) == pytest.approx(1.993091, abs=1e-6)
+    assert gdp_epsilon(1.0, 1e-6) == pytest.approx(4.886554, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "eps,d_rdp,d_gdp",
+    [(0.1, 7.511e-2, 4.331e-2), (0.3, 1.724e-2, 7.545e-3), (0.5, 1.873e-3, 6.319e-4),
+     (0.7, 8.819e-5, 2.360e-5), (0.8, 1.367e-5, 3.319e-6), (0.9, 1.696e-6, 3.755e-7)],
+)
+def test_d4_figure3_curves(eps, d_rdp, d_gdp):
+    from dpmf.privacy.rdp import rdp_to_delta
+
+    orders = np.arange(2, 33, dtype=float)
+    assert rdp_to_delta(orders, orders * 420 / (2 * 100**2), eps)[0] == pytest.approx(d_rdp, rel=2e-3)
+    assert gdp_delta(math.sqrt(420) / 100, eps) == pytest.approx(d_gdp, rel=2e-3)
+
+
+@pytest.mark.parametrize("k,e_rdp,e_gdp", [(300, 0.6798, 0.6200), (500, 0.8970, 0.8197), (900, 1.2349, 1.1318)])
+def test_d5_figure4(k, e_rdp, e_gdp):
+    orders = np.arange(2, 33, dtype=float)
+    assert rdp_to_epsilon(orders, orders * k / (2 * 100**2), 1e-5)[0] == pytest.approx(e_rdp, abs=1e-4)
+    assert gdp_epsilon(math.sqrt(k) / 100, 1e-5) == pytest.approx(e_gdp, abs=1e-4)
+
+
+def test_d7_d8_d9_mnist_worst_case():
+    """MNIST setting (q = 0.005, sigma = 2, T = 10000), every step clipped."""
+    from dpmf.privacy.rdp import epsilon_subsampled_gaussian_rdp
+
+    acc = IndividualPLDAccountant(0.005, 2.0, 10000, grid_size=2, max_ratio=2.0, discretization=1e-4)
+    counts = np.array([10000, 0])
+    assert acc.epsilon(counts, 1e-5) == pytest.approx(1.00424, abs=2e-5)  # D7
+    assert acc.epsilon(counts, 1e-6) == pytest.approx(1.15032, abs=2e-5)
+    assert epsilon_subsampled_gaussian_rdp(2.0, 0.005, 10000, 1e-5) == pytest.approx(1.09888, abs=1e-5)  # D8
+    mu_paper_range, _ = acc.fit_mu(counts, eps_range=(0.01, 0.3))
+    assert 0.26622 <= mu_paper_range <= 0.2675  # D9: the paper's fit range gives mu ~ 0.267
+    mu_all, _ = acc.fit_mu(counts)
+    assert mu_all >= mu_paper_range  # checking every epsilon can only raise mu
+
+
+def test_d10_gaussian_pld_equals_gdp():
+    from dpmf.privacy import gaussian
+
+    # dp_accounting composes k Gaussians as one with sigma / sqrt(k): same here
+    pld_eps = gaussian(100.0 / math.sqrt(420)).epsilon(1e-5)
+    assert pld_eps == pytest.approx(0.7451383, abs=2e-6)
+    exact = gdp_epsilon(math.sqrt(420) / 100, 1e-5)
+    assert exact == pytest.approx(0.7451382, abs=1e-6)
+    # composing 420 discretized PLDs accumulates (pessimistic) discretization error
+    composed = gaussian(100.0).self_compose(420).epsilon(1e-5)
+    assert exact <= composed <= exact + 1e-4
+
+
+def test_d12_direction_of_the_subsampled_pair():
+    d = subsampled_gaussian(1.0, 0.5).delta_by_direction(0.5)
+    assert d["remove"] == pytest.approx(0.0799446, abs=1e-6)
+    assert d["add"] == pytest.approx(0.0091571, abs=1e-6)

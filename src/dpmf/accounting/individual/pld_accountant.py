@@ -156,20 +156,28 @@ class IndividualPLDAccountant:
         return max(float(self.pmf(counts, d).get_epsilon_for_delta(delta)) for d in ("remove", "add"))
 
     def fit_mu(
-        self, counts, *, eps_max: float = 20.0, points: int = 2000, delta_floor: float = 1e-12
+        self,
+        counts,
+        *,
+        eps_max: float = 20.0,
+        points: int = 2000,
+        delta_floor: float = 1e-12,
+        eps_range: tuple[float, float] | None = None,
     ) -> tuple[float, float]:
         """``(mu, slack)``: the smallest mu (bisection) whose GDP profile dominates this example's
         PLD up to the additive ``slack``.
 
         ``slack`` is the PLD's infinity mass (truncation and round-off) plus ``delta_floor``.
         Checked on ``points`` epsilons in ``[0, eps_top]``, ``eps_top`` being where the PLD's delta
-        falls to the slack, with the monotone sandwich of the module docstring.
+        falls to the slack, with the monotone sandwich of the module docstring. ``eps_range``
+        restricts the check to an interval, as the paper's code does with ``(0.01, 0.3)``: the
+        result then dominates only there (an approximation, not a bound elsewhere).
         """
         pmfs = [self.pmf(counts, d) for d in ("remove", "add")]
         slack = max(float(p._infinity_mass) for p in pmfs) + delta_floor  # noqa: SLF001
         e_top = max(float(p.get_epsilon_for_delta(min(2 * slack, 0.5))) for p in pmfs)
         e_top = min(max(e_top, 1e-3), eps_max)
-        grid = np.linspace(0.0, e_top, points)
+        grid = np.linspace(0.0, e_top, points) if eps_range is None else np.linspace(*eps_range, points)
         d_pld = np.max([np.asarray(p.get_delta_for_epsilon(grid)) for p in pmfs], axis=0)
         if d_pld.max() <= slack:
             return 0.0, slack
