@@ -30,7 +30,10 @@ Q-mass are preserved: ``v = (a - e^{eps_j} b) e^Delta / (e^Delta - 1)`` goes to 
 ``a - v`` to ``eps_j``. This is exactly the connect-the-dots PMF (its hockey-stick curve is the
 chord of the true one in ``e^eps``, which lies above it by convexity), so it dominates the exact
 PLD. Mass below the grid goes to the lowest point; of the mass above it,
-``delta(eps_max) <= 1e-22`` goes to ``+inf``. A relative ``1e-9`` of each interval's mass is
+``delta(eps_max) <= 1e-22`` goes to ``+inf``; when the add-direction loss is bounded
+(``c_0 = 0``: it never exceeds ``-log p_0``) the last interval instead ends at the grid point
+above that bound and nothing goes to ``+inf`` (otherwise composition would charge that mass to
+every delta: 4.5e-4 in epsilon after 1000 DP-SGD steps). A relative ``1e-9`` of each interval's mass is
 moved to the upper end point on top of the split to cover floating-point error in it.
 """
 
@@ -187,9 +190,15 @@ class GaussianMixture:
         g_below_a0, _ = _point_tails(u[a0], np.zeros(1), np.ones(1))
         m_below_a0, _ = _point_tails(u[a0], s, p)
         eps_a = np.arange(ja_lo, ja_hi + 1) * disc
-        probs, inf_mass = _connect_the_dots(
-            eps_a, disc, g_above_a1, g_mid[a0:a1][::-1], g_below_a0, m_mid[a0:a1][::-1], m_below_a0
-        )
+        p_mid_a, q_mid_a = g_mid[a0:a1][::-1], m_mid[a0:a1][::-1]
+        p_top, q_top = g_below_a0, m_below_a0
+        if math.isfinite(self.min_loss):
+            # the add loss never exceeds -log p_0 <= (1 - floor_idx) * disc: the remaining mass is
+            # one more interval ending at that grid point, not mass at +inf
+            eps_a = np.append(eps_a, (1 - floor_idx) * disc)
+            p_mid_a, q_mid_a = np.append(p_mid_a, p_top), np.append(q_mid_a, q_top)
+            p_top, q_top = 0.0, 0.0
+        probs, inf_mass = _connect_the_dots(eps_a, disc, g_above_a1, p_mid_a, p_top, q_mid_a, q_top)
         add = dense_pmf(ja_lo, probs, inf_mass, disc)
         return remove, add
 
