@@ -1,0 +1,408 @@
+"""Lower-triangular Toeplitz strategies: an encoder ``C`` that is its coefficient vector.
+
+A lower-triangular Toeplitz matrix of size ``n`` is ``C[i, j] = c[i - j]`` for ``i >= j`` and 0
+above the diagonal (0-based indices everywhere in this module; a paper's ``C_{i,j} = f(i - j)``
+with 1-based ``i, j`` is the same matrix). A coefficient vector shorter than ``n`` means the
+remaining coefficients are 0: the encoder is *banded* (``len(c)`` nonzero diagonals). Such
+matrices form a commutative algebra (they are truncated power series ``c(x) = sum_k c_k x^k``):
+products and inverses are again lower-triangular Toeplitz, so ``C^{-1}`` and the prefix-sum
+decoder ``B = A C^{-1}`` are coefficient vectors too.
+
+The optimal continual-counting matrix (Fichtenberger et al. 2023; Henzinger et al. 2023; the
+"square-root" factorization; MMCC paper App. E, digest ``notes/mmcc.md`` Sec. 4.3) is::
+
+    f(0) = 1,   f(k) = f(k - 1) * (1 - 1 / (2 k))   (k >= 1),   i.e. f(k) = binom(2k, k) / 4^k,
+
+the coefficients of ``(1 - x)^{-1/2}``. With ``C = B = Toeplitz(f)`` we get ``C @ C = A``, the
+all-ones lower-triangular prefix-sum matrix, and ``C^{-1}`` has the coefficients of
+``(1 - x)^{1/2}``: ``g(0) = 1``, ``g(k) = g(k - 1) * (k - 3/2) / k``.
+
+Mechanism convention (DESIGN.md): release ``C x + z`` with ``z ~ N(0, sigma^2 I)``; training adds
+``sigma * C^{-1} z`` to the clipped gradient sums. :class:`ToeplitzNoise` generates that noise one
+step at a time (streaming), holding only the history it needs.
+
+Mirrors ``jax_privacy.matrix_factorization.toeplitz`` in spirit (``materialize_lower_triangular``,
+``inverse_coef``); no code is shared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import scipy.fft as _fft
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError
+
+__all__ = [
+    "sqrt_prefix_coefficients",
+    "materialize_lower_toeplitz",
+    "toeplitz_inverse_coefficients",
+    "lower_toeplitz_matmul",
+    "ToeplitzStrategy",
+    "ToeplitzNoise",
+]
+
+# Above this many multiply-adds the O(n * band) recursion hands over to Newton iteration with FFTs.
+_RECURSION_MAX_WORK = 4_000_000
+
+
+def _coefficients(name: str, coefs: object) -> np.ndarray:
+    return _v.finite_array(name, coefs, ndim=1).copy()
+
+
+def _band(coefs: np.ndarray) -> int:
+    """Number of leading coefficients up to the last nonzero one (0 if all are zero)."""
+    nz = np.flatnonzero(coefs)
+    return int(nz[-1]) + 1 if nz.size else 0
+
+
+def sqrt_prefix_coefficients(n: int) -> np.ndarray:
+    """The first ``n`` coefficients of ``(1 - x)^{-1/2}``: ``f(0) = 1, f(k) = f(k-1)(1 - 1/(2k))``.
+
+    ``Toeplitz(f) @ Toeplitz(f)`` is the ``n x n`` prefix-sum matrix (optimal continual counting,
+    Fichtenberger et al. 2023; Henzinger et al. 2023). ``f(k) = binom(2k, k) / 4^k ~ 1/sqrt(pi k)``.
+    """
+    n = _v.positive_int("n", n)
+    k = np.arange(1, n, dtype=np.float64)
+    return np.cumprod(np.concatenate(([1.0], 1.0 - 1.0 / (2.0 * k))))
+
+
+def materialize_lower_toeplitz(coefs: object, n: int | None = None) -> np.ndarray:
+    """The dense ``n x n`` matrix ``C[i, j] = coefs[i - j]`` (``i >= j``), 0 above the diagonal.
+
+    ``n`` defaults to ``len(coefs)``. Shorter coefficient vectors are padded with zeros (banded
+    matrix); longer ones are cut to their first ``n`` entries (the leading ``n x n`` block).
+    """
+    c = _coefficients("coefs", coefs)
+    n = c.size if n is None else _v.positive_int("n", n)
+    col = np.zeros(n)
+    m = min(n, c.size)
+    col[:m] = c[:m]
+    idx = np.arange(n)
+    diff = idx[:, None] - idx[None, :]
+    return np.where(diff >= 0, col[np.clip(diff, 0, None)], 0.0)
+
+
+def _inverse_by_recursion(c: np.ndarray, n: int) -> np.ndarray:
+    # sum_{j=0}^{k} c_j g_{k-j} = [k == 0]  =>  g_k = -(1/c_0) sum_{j=1}^{min(k, m-1)} c_j g_{k-j}
+    # rev[n - 1 - k] = g_k, so g_{k-1}, g_{k-2}, ... is the contiguous slice rev[n - k:].
+    m = min(c.size, n)
+    rev = np.zeros(n)
+    rev[n - 1] = 1.0 / c[0]
+    tail = c[1:m]
+    for k in range(1, n):
+        j = min(k, m - 1)
+        if j:
+            rev[n - 1 - k] = -np.dot(tail[:j], rev[n - k : n - k + j]) / c[0]
+    return rev[::-1].copy()
+
+
+def _inverse_by_newton(c: np.ndarray, n: int) -> np.ndarray:
+    # Power-series Newton iteration g <- g (2 - c g) mod x^{2m}: doubles the number of exact
+    # coefficients per step; each step is two FFT convolutions, O(n log n) in total.
+    g = np.array([1.0 / c[0]])
+    m = 1
+    while m < n:
+        m = min(2 * m, n)
+        cm = c[:m]
+        size = _fft.next_fast_len(2 * m, real=True)
+        cg = _fft.irfft(_fft.rfft(cm, size) * _fft.rfft(g, size), size)[:m]
+        cg = -cg
+        cg[0] += 2.0
+        g = _fft.irfft(_fft.rfft(g, size) * _fft.rfft(cg, size), size)[:m]
+    return g
+
+
+def toeplitz_inverse_coefficients(
+    coefs: object, n: int | None = None, *, method: Literal["auto", "recursion", "newton"] = "auto"
+) -> np.ndarray:
+    """Coefficients ``g`` (length ``n``) of ``C^{-1}`` for ``C = Toeplitz(coefs)`` of size ``n``.
+
+    ``C^{-1}`` is lower-triangular Toeplitz because the inverse of the power series ``c(x)`` is a
+    power series. ``method="recursion"`` is the forward recursion
+    ``g_k = -(1/c_0) sum_{j=1}^{k} c_j g_{k-j}`` (``O(n * band)``); ``"newton"`` is Newton's
+    iteration on power series with FFT products (``O(n log n)``). ``"auto"`` takes the
+    recursion unless it would exceed a few million multiply-adds. Requires ``coefs[0] != 0``.
+    """
+    c = _coefficients("coefs", coefs)
+    n = c.size if n is None else _v.positive_int("n", n)
+    if c[0] == 0:
+        raise InvalidParameterError("coefs[0] must be nonzero for C to be invertible, got 0.0")
+    c = c[:n]
+    band = max(_band(c), 1)
+    if method == "auto":
+        method = "recursion" if n * band <= _RECURSION_MAX_WORK else "newton"
+    if method == "recursion":
+        return _inverse_by_recursion(c[:band], n)
+    if method == "newton":
+        padded = np.zeros(n)
+        padded[: c.size] = c
+        return _inverse_by_newton(padded, n)
+    raise InvalidParameterError(f"method must be 'auto', 'recursion' or 'newton', got {method!r}")
+
+
+def lower_toeplitz_matmul(coefs: object, x: object, *, transpose: bool = False) -> np.ndarray:
+    """``C @ x`` (or ``C.T @ x``) for ``C = Toeplitz(coefs)`` of size ``len(x)``, by FFT.
+
+    ``x`` has shape ``(n,)`` or ``(n, d)``; the columns are transformed independently in
+    ``O(n log n)`` each. ``coefs`` shorter than ``n`` mean a banded ``C``.
+    """
+    c = _coefficients("coefs", coefs)
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim not in (1, 2) or x.shape[0] == 0:
+        raise InvalidParameterError(f"x must have shape (n,) or (n, d) with n >= 1, got {x.shape}")
+    return _toeplitz_matmul(c, x, transpose)
+
+
+def _toeplitz_matmul(c: np.ndarray, x: np.ndarray, transpose: bool) -> np.ndarray:
+    # No validation: internal fast path. C.T = J C J with J the reversal.
+    n = x.shape[0]
+    c = c[:n]
+    if transpose:
+        x = x[::-1]
+    size = _fft.next_fast_len(n + c.size - 1, real=True)
+    cf = _fft.rfft(c, size)
+    if x.ndim == 2:
+        cf = cf[:, None]
+    y = _fft.irfft(cf * _fft.rfft(x, size, axis=0), size, axis=0)[:n]
+    return y[::-1].copy() if transpose else y
+
+
+@dataclass(frozen=True, eq=False)
+class ToeplitzStrategy:
+    """A lower-triangular Toeplitz encoder ``C`` of size ``n`` given by its coefficients.
+
+    ``coefs`` has length ``<= n`` (shorter: banded, the missing coefficients are 0; longer input is
+    cut to ``n``). ``coefs[0]`` must be nonzero so that ``C`` is invertible. The strategy is held
+    *as given*, not normalized to any sensitivity: ``noise_multiplier`` sigma refers to this ``C``.
+
+    Instances compare by identity (they hold arrays).
+    """
+
+    coefs: np.ndarray
+    n: int
+
+    name = "toeplitz"
+
+    def __post_init__(self) -> None:
+        n = _v.positive_int("n", self.n)
+        c = _coefficients("coefs", self.coefs)[:n]
+        if c[0] == 0:
+            raise InvalidParameterError("coefs[0] must be nonzero for C to be invertible, got 0.0")
+        c.setflags(write=False)
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "coefs", c)
+
+    @classmethod
+    def sqrt_prefix_sum(cls, n: int) -> "ToeplitzStrategy":
+        """The square-root factorization ``C = B = Toeplitz(f)`` of the prefix sum (``C @ C = A``)."""
+        return cls(sqrt_prefix_coefficients(n), n)
+
+    @property
+    def band(self) -> int:
+        """Number of nonzero diagonals up to the last nonzero coefficient (``n`` if not banded)."""
+        return _band(self.coefs)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "n": self.n, "band": self.band}
+
+    def encoder(self) -> np.ndarray:
+        """The dense ``n x n`` encoder ``C`` (materialize only when needed)."""
+        return materialize_lower_toeplitz(self.coefs, self.n)
+
+    def noising_coefficients(self) -> np.ndarray:
+        """Coefficients (length ``n``) of ``C^{-1}``, the operator applied to the noise in training."""
+        return toeplitz_inverse_coefficients(self.coefs, self.n)
+
+    def decoder_coefficients(self) -> np.ndarray:
+        """Coefficients of the prefix-sum decoder ``B = A C^{-1}``: the running sums of ``C^{-1}``'s."""
+        return np.cumsum(self.noising_coefficients())
+
+    def column_norms(self) -> np.ndarray:
+        """L2 norms of the ``n`` columns of ``C``: column ``j`` holds ``coefs[0 .. n-1-j]``.
+
+        Non-increasing in ``j``; ``column_norms()[0]`` is the single-participation sensitivity.
+        """
+        sq = np.zeros(self.n)
+        sq[: self.coefs.size] = self.coefs**2
+        return np.sqrt(np.cumsum(sq)[::-1])
+
+    def prefix_sum_rmse(self) -> float:
+        """RMSE over the ``n`` prefix sums per unit noise multiplier, for ``C`` as given.
+
+        With ``B = A C^{-1}`` (Toeplitz, coefficients ``b``), query ``i`` gets noise variance
+        ``sigma^2 sum_{j<=i} b_j^2``, so ``rmse = sqrt(sum_j (n - j) b_j^2 / n)`` at ``sigma = 1``.
+        Not normalized to a participation schema: multiply by the sensitivity of ``C`` to compare
+        strategies at equal privacy.
+        """
+        b = self.decoder_coefficients()
+        weights = np.arange(self.n, 0, -1, dtype=np.float64)
+        return math.sqrt(float(np.dot(weights, b**2)) / self.n)
+
+
+def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if rng is None or isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
+        raise InvalidParameterError(
+            f"rng must be a numpy.random.Generator or an integer seed (dpmf never draws hidden "
+            f"seeds), got {rng!r}"
+        )
+    return np.random.default_rng(int(rng))
+
+
+class ToeplitzNoise:
+    """Streaming correlated noise ``w_t = (C^{-1} z)_t`` for a :class:`ToeplitzStrategy` ``C``.
+
+    ``z_t in R^dim`` are the i.i.d. Gaussian vectors of the mechanism ``C x + z``; the ``t``-th
+    output (``t = 0 .. n-1``) is ``w_t = sum_{j<=t} g_j z_{t-j}`` with ``g`` the coefficients of
+    ``C^{-1}`` — the noise that training adds to the clipped gradient sum of step ``t``.
+
+    * ``next(noise)`` draws ``z_t = noise_multiplier * N(0, I_dim)`` from ``rng`` and returns
+      ``w_t`` (iteration stops after ``n`` steps).
+    * ``noise.step(z_t)`` takes ``z_t`` from the caller (no scaling) and returns ``w_t``; feeding
+      unit vectors materializes ``C^{-1}``.
+
+    Memory (``history_rows * dim`` floats besides the output), chosen from the exact zero
+    pattern of the coefficients:
+
+    * banded encoder (``C`` has ``band`` nonzero diagonals, ``band <=`` the inverse's): solve
+      ``C w = z`` forward, ``w_t = (z_t - sum_{j=1}^{band-1} c_j w_{t-j}) / c_0``, keeping the last
+      ``band - 1`` outputs;
+    * banded inverse (``C^{-1}`` has fewer nonzero diagonals, e.g. from
+      :meth:`from_noising_coefficients`): convolve with ``g``, keeping the last ``band - 1`` inputs;
+    * general (e.g. the square-root strategy): convolve with ``g`` over the full history of
+      ``z``, ``(n - 1) * dim`` floats, and ``O(t * dim)`` work at step ``t``.
+    """
+
+    def __init__(
+        self,
+        strategy: ToeplitzStrategy,
+        dim: int,
+        *,
+        noise_multiplier: float = 1.0,
+        rng: np.random.Generator | int | None = None,
+        _noising_coefficients: object | None = None,
+    ) -> None:
+        if not isinstance(strategy, ToeplitzStrategy):
+            raise InvalidParameterError(
+                f"strategy must be a ToeplitzStrategy, got {type(strategy).__name__}"
+            )
+        self.strategy = strategy
+        self.n = strategy.n
+        self.dim = _v.positive_int("dim", dim)
+        self.noise_multiplier = _v.non_negative("noise_multiplier", noise_multiplier)
+        self._rng = None if rng is None else _rng(rng)
+        if _noising_coefficients is None:
+            g = strategy.noising_coefficients()
+        else:  # exact coefficients of C^{-1} (from_noising_coefficients)
+            g = _coefficients("noising_coefficients", _noising_coefficients)
+            if g.size > self.n:
+                raise InvalidParameterError(
+                    f"noising_coefficients must have length <= n={self.n}, got {g.size}"
+                )
+        c = strategy.coefs
+        band_c = max(_band(c), 1)
+        band_g = max(_band(g), 1)
+        if band_c < band_g:
+            self.mode = "banded-encoder"
+            self._coefs = c[:band_c].copy()
+            history = band_c - 1
+        else:
+            self.mode = "banded-inverse" if band_g < self.n else "full-history"
+            self._coefs = g[:band_g].copy()
+            history = band_g - 1
+        self.history_rows = min(history, self.n - 1)
+        # Double-written ring buffer: row r is stored at r % h and r % h + h, so the last h rows are
+        # always one contiguous slice (oldest first). With full history no wrap is needed.
+        h = self.history_rows
+        if self.mode == "full-history":
+            self._buf = np.zeros((max(h, 1), self.dim))
+        else:
+            self._buf = np.zeros((2 * max(h, 1), self.dim))
+        self._t = 0
+
+    @classmethod
+    def from_noising_coefficients(
+        cls,
+        noising_coefficients: object,
+        n: int,
+        dim: int,
+        *,
+        noise_multiplier: float = 1.0,
+        rng: np.random.Generator | int | None = None,
+    ) -> "ToeplitzNoise":
+        """Build from the coefficients of ``C^{-1}`` directly (exact band for a banded inverse)."""
+        n = _v.positive_int("n", n)
+        g = _coefficients("noising_coefficients", noising_coefficients)[:n]
+        if g[0] == 0:
+            raise InvalidParameterError("noising_coefficients[0] must be nonzero, got 0.0")
+        strategy = ToeplitzStrategy(toeplitz_inverse_coefficients(g, n), n)
+        return cls(strategy, dim, noise_multiplier=noise_multiplier, rng=rng, _noising_coefficients=g)
+
+    @property
+    def steps_done(self) -> int:
+        """How many outputs have been produced (the next one is for step ``steps_done``)."""
+        return self._t
+
+    def _history(self) -> np.ndarray:
+        """The stored rows, oldest first (the last ``min(t, h)`` inputs or outputs)."""
+        h, t = self.history_rows, self._t
+        k = min(t, h)
+        if self.mode == "full-history":
+            return self._buf[:k]
+        start = t % h if h else 0
+        return self._buf[start + h - k : start + h]
+
+    def _store(self, row: np.ndarray) -> None:
+        h, t = self.history_rows, self._t
+        if h == 0:
+            return
+        if self.mode == "full-history":
+            if t < h:
+                self._buf[t] = row
+            return
+        self._buf[t % h] = row
+        self._buf[t % h + h] = row
+
+    def step(self, z: object) -> np.ndarray:
+        """Return ``w_t = (C^{-1} z)_t`` for the caller's ``z_t`` (shape ``(dim,)``), advance ``t``."""
+        if self._t >= self.n:
+            raise InvalidParameterError(f"z: all n={self.n} steps have already been generated")
+        z = np.asarray(z, dtype=np.float64)
+        if z.shape != (self.dim,):
+            raise InvalidParameterError(f"z must have shape ({self.dim},), got {z.shape}")
+        past = self._history()
+        k = past.shape[0]
+        a = self._coefs
+        if self.mode == "banded-encoder":
+            # past holds w_{t-k} .. w_{t-1}; c_1 multiplies w_{t-1}
+            w = z - a[k:0:-1] @ past if k else z.copy()
+            w = w / a[0]
+            self._store(w)
+        else:
+            # past holds z_{t-k} .. z_{t-1}; g_1 multiplies z_{t-1}
+            w = a[0] * z
+            if k:
+                w = w + a[k:0:-1] @ past
+            self._store(z)
+        self._t += 1
+        return w
+
+    def __iter__(self) -> "ToeplitzNoise":
+        return self
+
+    def __next__(self) -> np.ndarray:
+        if self._t >= self.n:
+            raise StopIteration
+        if self._rng is None:
+            raise InvalidParameterError(
+                "rng must be a numpy.random.Generator or an integer seed to draw noise "
+                "(dpmf never draws hidden seeds); or feed z yourself with step(z)"
+            )
+        z = self.noise_multiplier * self._rng.standard_normal(self.dim)
+        return self.step(z)
