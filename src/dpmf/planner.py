@@ -18,6 +18,11 @@ from dpmf.accounting.dispatch import calibrate
 from dpmf.errors import InvalidParameterError
 from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
+from dpmf.strategies.toeplitz import ToeplitzStrategy
+from dpmf.strategies.tree import BinaryTree
+
+#: The tree's sensitivity and optimal decoder use dense (2n-1) x n matrices: skip it above this.
+MAX_TREE_STEPS = 4096
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ class Candidate:
     strategy: object
     scheme: object
     method: str
+    rmse_per_sigma: Callable[[], float] | None = None  # default: strategy.prefix_sum_rmse()
+    strategy_name: str | None = None  # default: strategy.name
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,25 @@ def candidates(run: TrainingRun) -> list[Candidate]:
             "unamplified",
         ),
     ]
+    fixed = FixedOrderSampling(run.epochs, steps)
+    sqrt_toeplitz = ToeplitzStrategy.sqrt_prefix_sum(steps)
+    out.append(
+        Candidate(
+            "sqrt-Toeplitz MF, shuffled fixed order", sqrt_toeplitz, fixed, "unamplified", strategy_name="sqrt-toeplitz"
+        )
+    )
+    if steps <= MAX_TREE_STEPS:
+        tree = BinaryTree(steps)
+        out.append(
+            Candidate(
+                "binary tree (optimal decoder), shuffled fixed order",
+                tree,
+                fixed,
+                "unamplified",
+                lambda tree=tree: tree.prefix_sum_rmse("optimal"),
+                strategy_name="tree",
+            )
+        )
     return out
 
 
@@ -101,9 +127,10 @@ def plan(run: TrainingRun, *, on_row: Callable[[PlanRow], None] | None = None) -
     for cand in candidates(run):
         start = time.perf_counter()
         cal = calibrate(cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method)
-        rmse = cal.noise_multiplier * cand.strategy.prefix_sum_rmse()
+        per_sigma = cand.rmse_per_sigma() if cand.rmse_per_sigma else cand.strategy.prefix_sum_rmse()
+        rmse = cal.noise_multiplier * per_sigma
         row = PlanRow(
-            strategy=cand.strategy.name,
+            strategy=cand.strategy_name or cand.strategy.name,
             sampling=cand.scheme.name,
             method=cal.report.method,
             noise_multiplier=cal.noise_multiplier,

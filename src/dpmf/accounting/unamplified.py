@@ -16,14 +16,15 @@ from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gdp import gaussian_epsilon, gdp_mu
 from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
 from dpmf.strategies.participation import Participation
+from dpmf.strategies.sensitivity import FixedEpochParticipation
 
 NAME = "unamplified"
 
 
-def participation_of(scheme) -> Participation:
+def participation_of(scheme) -> Participation | FixedEpochParticipation:
     """Worst-case participation pattern a scheme allows (no credit for its randomness)."""
-    if isinstance(scheme, FixedOrderSampling):
-        return Participation(scheme.max_participations, scheme.min_sep)
+    if isinstance(scheme, FixedOrderSampling):  # exactly k participations, exactly b apart
+        return FixedEpochParticipation(scheme.max_participations, scheme.min_sep)
     if isinstance(scheme, PoissonSampling):
         return Participation(scheme.steps, 1)  # an example may be drawn every step
     raise TypeError(type(scheme).__name__)

@@ -231,6 +231,14 @@ class ToeplitzStrategy:
         sq[: self.coefs.size] = self.coefs**2
         return np.sqrt(np.cumsum(sq)[::-1])
 
+    def sensitivity(self, participation) -> float:
+        """Sound L2 sensitivity of ``C x`` under ``participation`` (exact for non-negative,
+        non-increasing coefficients and for at most ``min_sep`` bands; see
+        :func:`dpmf.strategies.sensitivity.toeplitz_sensitivity_squared`)."""
+        from dpmf.strategies.sensitivity import toeplitz_sensitivity_squared
+
+        return toeplitz_sensitivity_squared(self.coefs, participation, self.n).sensitivity
+
     def prefix_sum_rmse(self) -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, for ``C`` as given.
 

@@ -167,6 +167,13 @@ class BinaryTree:
             counts[start:stop] += 1.0
         return np.sqrt(counts)
 
+    def sensitivity(self, participation) -> float:
+        """Sound L2 sensitivity of the tree's release under ``participation`` (``C >= 0``, so
+        ``X = C^T C >= 0`` and Eq. 3 of the multi-epoch paper is exact for fixed-epoch order)."""
+        from dpmf.strategies.sensitivity import sensitivity_squared
+
+        return sensitivity_squared(self.encoder(), participation).sensitivity
+
     def prefix_sum_rmse(self, decoder: Literal["online", "optimal"] = "online") -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, ``||B||_F / sqrt(n)``, for
         ``C`` as given (not normalized to a participation schema)."""
