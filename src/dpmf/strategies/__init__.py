@@ -1,6 +1,31 @@
-"""Strategies (encoders C), participation schemas, sensitivity and error."""
+"""Strategies (encoders C), workloads, participation schemas, sensitivity and error.
 
+The multi-epoch matrix-factorization paper (Choquette-Choo et al., ICML 2023) and the strategies
+the amplification papers use. Every strategy exposes ``n``, ``name``, ``describe()``,
+``encoder()`` (dense, on request), ``sensitivity(participation)`` (a sound upper bound, exact
+where documented) and ``prefix_sum_rmse()`` (per unit noise multiplier, for C as given).
+"""
+
+from dpmf.strategies.dense import DenseStrategy
+from dpmf.strategies.fft import FFTMechanism
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.participation import Participation
+from dpmf.strategies.sensitivity import FixedEpochParticipation, SensitivityResult, sensitivity_squared
+from dpmf.strategies.toeplitz import ToeplitzNoise, ToeplitzStrategy
+from dpmf.strategies.tree import BinaryTree
+from dpmf.strategies.workloads import momentum_sgd, prefix_sum
 
-__all__ = ["Identity", "Participation"]
+__all__ = [
+    "Identity",
+    "DenseStrategy",
+    "ToeplitzStrategy",
+    "ToeplitzNoise",
+    "BinaryTree",
+    "FFTMechanism",
+    "Participation",
+    "FixedEpochParticipation",
+    "SensitivityResult",
+    "sensitivity_squared",
+    "prefix_sum",
+    "momentum_sgd",
+]
