@@ -23,6 +23,8 @@ from dpmf.strategies.tree import BinaryTree
 
 #: The tree's sensitivity and optimal decoder use dense (2n-1) x n matrices: skip it above this.
 MAX_TREE_STEPS = 4096
+#: The dense optimal factorization takes ~2 s at n = 512 and grows like n^3: skip it above this.
+MAX_OPTIMAL_STEPS = 1024
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,43 @@ def candidates(run: TrainingRun) -> list[Candidate]:
                 strategy_name="tree",
             )
         )
+    if steps <= MAX_OPTIMAL_STEPS:
+        out.append(
+            Candidate(
+                "optimal multi-epoch MF, shuffled fixed order",
+                _LazyOptimal(steps, run.epochs),
+                fixed,
+                "unamplified",
+                strategy_name="optimal-mf",
+            )
+        )
     return out
+
+
+class _LazyOptimal:
+    """The optimal (k, b) factorization for prefix sums, optimized on first use (a few seconds)."""
+
+    name = "optimal-mf"
+
+    def __init__(self, n: int, epochs: int) -> None:
+        self.n, self.epochs, self._dense = n, epochs, None
+
+    def _strategy(self):
+        if self._dense is None:
+            from dpmf.strategies.dense import DenseStrategy
+            from dpmf.strategies.optimal import optimal_multi_epoch_gram
+
+            self._dense = DenseStrategy(optimal_multi_epoch_gram(self.n, self.epochs).C, name="optimal-mf")
+        return self._dense
+
+    def describe(self) -> dict:
+        return {"name": self.name, "n": self.n, "epochs": self.epochs}
+
+    def sensitivity(self, participation) -> float:
+        return self._strategy().sensitivity(participation)
+
+    def prefix_sum_rmse(self) -> float:
+        return self._strategy().prefix_sum_rmse()
 
 
 def plan(run: TrainingRun, *, on_row: Callable[[PlanRow], None] | None = None) -> list[PlanRow]:

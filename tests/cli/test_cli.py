@@ -165,6 +165,9 @@ def test_plan_json_rows(plan_result):
             # RMSE = sigma * sqrt((n + 1) / 2) for the identity over n = 40 steps
             assert r["prefix_sum_rmse"] == pytest.approx(r["noise_multiplier"] * math.sqrt(41 / 2), rel=1e-12)
     by_key = {(r["strategy"], r["sampling"]): r for r in rows}
+    assert ("optimal-mf", "fixed-order") in by_key
+    # the optimal factorization is never worse than sqrt-Toeplitz under the same pattern
+    assert by_key[("optimal-mf", "fixed-order")]["prefix_sum_rmse"] <= by_key[("sqrt-toeplitz", "fixed-order")]["prefix_sum_rmse"] * (1 + 1e-9)
     # correlated noise beats independent noise when neither is amplified
     assert by_key[("sqrt-toeplitz", "fixed-order")]["prefix_sum_rmse"] < by_key[("identity", "fixed-order")]["prefix_sum_rmse"]
     # Poisson amplification beats no amplification at this target
