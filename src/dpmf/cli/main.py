@@ -49,10 +49,6 @@ _OPTION_NAMES = {
 }
 
 
-class StrategyName(str, Enum):
-    identity = "identity"
-
-
 class SamplingName(str, Enum):
     poisson = "poisson"
     fixed_order = "fixed-order"
@@ -88,9 +84,9 @@ def _main(
     """dpmf command line."""
 
 
-def _build(strategy: StrategyName, sampling: SamplingName, steps, sampling_prob, epochs):
+def _build(strategy: str, sampling: SamplingName, steps, sampling_prob, epochs):
     from dpmf.sampling import FixedOrderSampling, PoissonSampling
-    from dpmf.strategies import Identity
+    from dpmf.strategies import catalog
 
     if steps is None:
         _fail("--steps is required")
@@ -102,10 +98,19 @@ def _build(strategy: StrategyName, sampling: SamplingName, steps, sampling_prob,
         if epochs is None:
             _fail("--epochs is required with --sampling fixed-order")
         scheme = FixedOrderSampling(epochs, steps)
-    return Identity(steps), scheme
+    if strategy.endswith(".npz"):
+        strat = catalog.load(strategy)
+    else:
+        strat = catalog.build(strategy, steps, epochs=epochs or 1)
+    return strat, scheme
 
 
-_STRATEGY = typer.Option(StrategyName.identity, "--strategy", help="Encoder C. identity = DP-SGD (independent noise).")
+_STRATEGY = typer.Option(
+    "identity",
+    "--strategy",
+    help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, optimal, fft, or a "
+    "FILE.npz from 'dpmf strategy build'. Correlated strategies are accounted without amplification.",
+)
 _SAMPLING = typer.Option(
     SamplingName.poisson,
     "--sampling",
@@ -124,7 +129,7 @@ _JSON = typer.Option(False, "--json", help="Print one JSON object instead of tex
 
 @app.command()
 def account(
-    strategy: StrategyName = _STRATEGY,
+    strategy: str = _STRATEGY,
     sampling: SamplingName = _SAMPLING,
     steps: Optional[int] = _STEPS,
     sampling_prob: Optional[float] = _Q,
@@ -156,7 +161,7 @@ def account(
 
 @app.command()
 def calibrate(
-    strategy: StrategyName = _STRATEGY,
+    strategy: str = _STRATEGY,
     sampling: SamplingName = _SAMPLING,
     steps: Optional[int] = _STEPS,
     sampling_prob: Optional[float] = _Q,
@@ -260,8 +265,10 @@ def plan(
 
 def _register_subcommands() -> None:
     from dpmf.cli.individual import app as individual_app
+    from dpmf.cli.strategy import app as strategy_app
 
     app.add_typer(individual_app, name="individual")
+    app.add_typer(strategy_app, name="strategy")
 
 
 _register_subcommands()
