@@ -25,7 +25,7 @@ def test_n128_two_epochs_matches_jax_privacy_table(kind, rmse, max_error):
 
 @pytest.mark.parametrize("kind", catalog.KINDS[:-1])
 def test_save_load_round_trip(kind, tmp_path):
-    strat = catalog.build(kind, 16, epochs=2)
+    strat = catalog.build(kind, 16, epochs=2, bands=4)
     path = tmp_path / f"{kind}.npz"
     catalog.save(strat, path)
     back = catalog.load(path)
@@ -43,6 +43,8 @@ def test_matrix_kind_and_validation(tmp_path):
         catalog.build("matrix", 4, matrix=C)
     with pytest.raises(InvalidParameterError, match="kind must be one of"):
         catalog.build("bogus", 4)
+    with pytest.raises(InvalidParameterError, match="needs bands"):
+        catalog.build("bsr", 8)
     with pytest.raises(InvalidParameterError, match="epochs must divide"):
         catalog.build("optimal", 10, epochs=3)
 

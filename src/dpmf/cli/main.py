@@ -108,7 +108,7 @@ def _build(strategy: str, sampling: SamplingName, steps, sampling_prob, epochs):
 _STRATEGY = typer.Option(
     "identity",
     "--strategy",
-    help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, optimal, fft, or a "
+    help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, bsr, bisr, optimal, fft, or a "
     "FILE.npz from 'dpmf strategy build'. Correlated strategies are accounted without amplification.",
 )
 _SAMPLING = typer.Option(

@@ -26,13 +26,24 @@ from dpmf.strategies.sensitivity import sensitivity_squared
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 
-KINDS = ("identity", "tree", "sqrt-toeplitz", "optimal", "fft", "matrix")
+KINDS = ("identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "bsr", "bisr", "optimal", "fft", "matrix")
 FILE_KIND = "dpmf.strategy"
 
 
-def build(kind: str, steps: int, *, epochs: int = 1, matrix=None):
-    """A strategy of the given kind for ``steps`` steps (``optimal`` uses ``epochs``)."""
+def build(kind: str, steps: int, *, epochs: int = 1, bands: int | None = None, matrix=None):
+    """A strategy of the given kind for ``steps`` steps (``optimal`` and ``banded-toeplitz`` use
+    ``epochs``; ``banded-toeplitz``, ``bsr`` and ``bisr`` need ``bands``)."""
     n = _v.positive_int("steps", steps)
+    if kind in ("banded-toeplitz", "bsr", "bisr"):
+        from dpmf.strategies import banded
+
+        if bands is None:
+            raise InvalidParameterError(f"kind {kind!r} needs bands (1 <= bands <= steps)")
+        if kind == "bsr":
+            return banded.bsr(n, bands)
+        if kind == "bisr":
+            return banded.bisr(n, bands)
+        return banded.optimize_banded_toeplitz(n, bands, epochs)
     if kind == "identity":
         return Identity(n)
     if kind == "tree":
