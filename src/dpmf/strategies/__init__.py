@@ -6,6 +6,8 @@ the amplification papers use. Every strategy exposes ``n``, ``name``, ``describe
 where documented) and ``prefix_sum_rmse()`` (per unit noise multiplier, for C as given).
 """
 
+from dpmf.strategies.banded import bisr, bsr, optimize_banded_toeplitz
+from dpmf.strategies.blt import BLT, optimize_blt
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism
 from dpmf.strategies.identity import Identity
@@ -28,4 +30,9 @@ __all__ = [
     "sensitivity_squared",
     "prefix_sum",
     "momentum_sgd",
+    "bsr",
+    "bisr",
+    "optimize_banded_toeplitz",
+    "BLT",
+    "optimize_blt",
 ]

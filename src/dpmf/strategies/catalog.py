@@ -26,11 +26,13 @@ from dpmf.strategies.sensitivity import sensitivity_squared
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 
-KINDS = ("identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "bsr", "bisr", "optimal", "fft", "matrix")
+KINDS = ("identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "bsr", "bisr", "blt", "optimal", "fft", "matrix")
 FILE_KIND = "dpmf.strategy"
 
 
-def build(kind: str, steps: int, *, epochs: int = 1, bands: int | None = None, matrix=None):
+def build(
+    kind: str, steps: int, *, epochs: int = 1, bands: int | None = None, buffers: int = 2, matrix=None
+):
     """A strategy of the given kind for ``steps`` steps (``optimal`` and ``banded-toeplitz`` use
     ``epochs``; ``banded-toeplitz``, ``bsr`` and ``bisr`` need ``bands``)."""
     n = _v.positive_int("steps", steps)
@@ -44,6 +46,14 @@ def build(kind: str, steps: int, *, epochs: int = 1, bands: int | None = None, m
         if kind == "bisr":
             return banded.bisr(n, bands)
         return banded.optimize_banded_toeplitz(n, bands, epochs)
+    if kind == "blt":
+        from dpmf.strategies.blt import optimize_blt
+
+        k = _v.positive_int("epochs", epochs)
+        if n % k:
+            raise InvalidParameterError(f"epochs must divide steps for the blt strategy, got steps={n}, epochs={k}")
+        blt, _ = optimize_blt(n, _v.positive_int("buffers", buffers), k)
+        return blt.to_toeplitz(n)
     if kind == "identity":
         return Identity(n)
     if kind == "tree":
