@@ -38,11 +38,11 @@ def _participation(schema: Schema, epochs: Optional[int], min_sep: Optional[int]
 @app.command()
 def build(
     kind: str = typer.Argument(
-        ..., help="identity, tree, sqrt-toeplitz, banded-toeplitz, bsr, bisr, blt, optimal, fft or matrix."
+        ..., help="identity, tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, bisr, blt, optimal, fft or matrix."
     ),
     steps: int = typer.Option(..., "--steps", help="Number of steps n (rows of C)."),
     epochs: int = typer.Option(1, "--epochs", help="Epochs k the optimal strategy is optimized for."),
-    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, bsr, bisr."),
+    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr."),
     buffers: int = typer.Option(2, "--buffers", help="Buffers for blt."),
     matrix: Optional[str] = typer.Option(None, "--matrix", help="For kind 'matrix': your encoder as a .npy file."),
     out: str = typer.Option(..., "--out", help="Where to write the strategy (.npz)."),

@@ -26,7 +26,9 @@ from dpmf.strategies.sensitivity import sensitivity_squared
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 
-KINDS = ("identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "bsr", "bisr", "blt", "optimal", "fft", "matrix")
+KINDS = (
+    "identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "banded", "bsr", "bisr", "blt", "optimal", "fft", "matrix",
+)
 FILE_KIND = "dpmf.strategy"
 
 
@@ -36,11 +38,15 @@ def build(
     """A strategy of the given kind for ``steps`` steps (``optimal`` and ``banded-toeplitz`` use
     ``epochs``; ``banded-toeplitz``, ``bsr`` and ``bisr`` need ``bands``)."""
     n = _v.positive_int("steps", steps)
-    if kind in ("banded-toeplitz", "bsr", "bisr"):
+    if kind in ("banded-toeplitz", "banded", "bsr", "bisr"):
         from dpmf.strategies import banded
 
         if bands is None:
             raise InvalidParameterError(f"kind {kind!r} needs bands (1 <= bands <= steps)")
+        if kind == "banded":
+            from dpmf.strategies.bandmf import optimize_bandmf
+
+            return optimize_bandmf(n, bands)
         if kind == "bsr":
             return banded.bsr(n, bands)
         if kind == "bisr":
