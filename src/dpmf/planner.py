@@ -18,6 +18,8 @@ from dpmf.accounting.dispatch import calibrate
 from dpmf.errors import InvalidParameterError
 from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
+from dpmf.strategies.banded import optimize_banded_toeplitz
+from dpmf.strategies.blt import optimize_blt
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 
@@ -108,6 +110,20 @@ def candidates(run: TrainingRun) -> list[Candidate]:
             "sqrt-Toeplitz MF, shuffled fixed order", sqrt_toeplitz, fixed, "unamplified", strategy_name="sqrt-toeplitz"
         )
     )
+    bands = min(64, run.steps_per_epoch)
+    banded_t = optimize_banded_toeplitz(steps, bands, run.epochs)
+    out.append(
+        Candidate(
+            f"banded Toeplitz ({bands} bands), shuffled fixed order",
+            banded_t,
+            fixed,
+            "unamplified",
+            strategy_name=f"banded-toeplitz-{bands}",
+        )
+    )
+    blt, _ = optimize_blt(steps, 2, run.epochs)
+    out.append(Candidate("BLT (2 buffers), shuffled fixed order", blt.to_toeplitz(steps), fixed, "unamplified",
+                         strategy_name="blt-2"))
     if steps <= MAX_TREE_STEPS:
         tree = BinaryTree(steps)
         out.append(
