@@ -8,6 +8,7 @@ bounds, so the minimum is one too.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -98,7 +99,7 @@ def account(strategy, scheme, noise_multiplier: float, delta: float, method: str
     best = min(reports, key=lambda r: r.epsilon)
     if len(reports) > 1:
         others = {r.method: r.epsilon for r in reports}
-        best = PrivacyReport(**{**best.__dict__, "diagnostics": {**best.diagnostics, "all_methods": others}})
+        best = dataclasses.replace(best, diagnostics={**best.diagnostics, "all_methods": others})
     return best
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from dpmf.cli.console import _fail, out
 from dpmf.errors import DPMFError
 
 app = typer.Typer(
@@ -16,12 +17,6 @@ app = typer.Typer(
     "(Koskela, Tobaben & Honkela 2023).",
     no_args_is_help=True,
 )
-
-
-def _console():
-    from dpmf.cli.main import _fail, out
-
-    return out, _fail
 
 
 @app.command()
@@ -38,11 +33,10 @@ def steps(
     """
     from dpmf.accounting.individual import full_gradient_steps
 
-    out, fail = _console()
     try:
         res = full_gradient_steps(noise_multiplier, epsilon, delta)
     except DPMFError as exc:
-        fail(str(exc))
+        _fail(str(exc))
     if as_json:
         out.print_json(json.dumps(res))
         return
@@ -66,12 +60,11 @@ def report(
     from dpmf.accounting.individual import IndividualGDPLedger
     from dpmf.accounting.individual.report import plot_epsilons, summarize
 
-    out, fail = _console()
     try:
         led = IndividualGDPLedger.load(ledger, run_id=run_id)
         summary, eps = summarize(led, delta)
     except DPMFError as exc:
-        fail(str(exc))
+        _fail(str(exc))
     if plot:
         plot_epsilons(eps, summary, plot)
     if as_json:

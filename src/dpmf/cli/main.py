@@ -7,16 +7,15 @@ Commands: ``account`` (epsilon of a configuration), ``calibrate`` (noise for a t
 from __future__ import annotations
 
 import json
-import re
 import sys
 from enum import Enum
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dpmf._version import __version__
+from dpmf.cli.console import _fail, err, out
 from dpmf.errors import DPMFError
 
 app = typer.Typer(
@@ -31,22 +30,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, soft_wrap=True)
-
-#: API argument names -> CLI option names, so errors name what the user typed.
-_OPTION_NAMES = {
-    "sampling_prob": "--sampling-prob",
-    "noise_multiplier": "--noise-multiplier",
-    "target_epsilon": "--epsilon",
-    "epsilon": "--epsilon",
-    "delta": "--delta",
-    "steps": "--steps",
-    "epochs": "--epochs",
-    "dataset_size": "--dataset-size",
-    "batch_size": "--batch-size",
-    "n": "--steps",
-}
 
 
 class SamplingName(str, Enum):
@@ -58,15 +41,6 @@ class MethodName(str, Enum):
     auto = "auto"
     pld = "pld"
     unamplified = "unamplified"
-
-
-def _fail(message: str) -> None:
-    for api, opt in _OPTION_NAMES.items():
-        message = re.sub(rf"^{api}\b", opt, message)
-        message = re.sub(rf"(?<=[ (]){api}(?==)", opt, message)
-        message = re.sub(rf"(?<=<= ){api}\b", opt, message)
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
 
 
 def _version_callback(value: bool) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from dpmf.cli.console import _fail, out
 from dpmf.errors import DPMFError, InvalidParameterError
 
 app = typer.Typer(help="Build and inspect correlated-noise strategies (encoders C).", no_args_is_help=True)
@@ -45,10 +46,9 @@ def build(
     bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr."),
     buffers: int = typer.Option(2, "--buffers", help="Buffers for blt."),
     matrix: Optional[str] = typer.Option(None, "--matrix", help="For kind 'matrix': your encoder as a .npy file."),
-    out: str = typer.Option(..., "--out", help="Where to write the strategy (.npz)."),
+    out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz)."),
 ) -> None:
     """Build a strategy and save it. Example: dpmf strategy build optimal --steps 128 --epochs 2 --out opt.npz"""
-    from dpmf.cli.main import _fail, out as console
     from dpmf.strategies import catalog
 
     try:
@@ -59,10 +59,10 @@ def build(
             except (OSError, ValueError) as exc:
                 raise InvalidParameterError(f"--matrix: cannot read {matrix}: {exc}") from None
         strat = catalog.build(kind, steps, epochs=epochs, bands=bands, buffers=buffers, matrix=mat)
-        catalog.save(strat, out)
+        catalog.save(strat, out_path)
     except DPMFError as exc:
         _fail(str(exc))
-    console.print(f"wrote {strat.describe()['name']} strategy for {steps} steps to {out}", highlight=False)
+    out.print(f"wrote {strat.describe()['name']} strategy for {steps} steps to {out_path}", highlight=False)
 
 
 @app.command()
@@ -75,7 +75,6 @@ def show(
 ) -> None:
     """Sensitivity under a participation schema, and the prefix-sum RMSE and max error per unit
     noise multiplier with the strategy normalized to sensitivity 1."""
-    from dpmf.cli.main import _fail, out as console
     from dpmf.strategies import catalog
 
     try:
@@ -84,7 +83,7 @@ def show(
     except DPMFError as exc:
         _fail(str(exc))
     if as_json:
-        console.print_json(json.dumps(summary))
+        out.print_json(json.dumps(summary))
         return
     table = Table(title=f"{summary['strategy']['name']} strategy, n = {strat.n}")
     table.add_column("quantity")
@@ -93,4 +92,4 @@ def show(
     table.add_row("sensitivity", f"{summary['sensitivity']:.6g} ({exact}, {summary['sensitivity_method']})")
     table.add_row("prefix-sum RMSE per unit sigma (sens. 1)", f"{summary['rmse']:.6g}")
     table.add_row("max error per unit sigma (sens. 1)", f"{summary['max_error']:.6g}")
-    console.print(table)
+    out.print(table)

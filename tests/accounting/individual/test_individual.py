@@ -307,3 +307,18 @@ def test_d12_direction_of_the_subsampled_pair():
     d = subsampled_gaussian(1.0, 0.5).delta_by_direction(0.5)
     assert d["remove"] == pytest.approx(0.0799446, abs=1e-6)
     assert d["add"] == pytest.approx(0.0091571, abs=1e-6)
+
+
+def test_bucketing_rounds_noise_down(small_acc):
+    """A ratio a hair below a grid point must go to the bucket below (less noise: pessimistic)."""
+    g = small_acc.grid
+    for i in (1, 5, g.size - 1):
+        just_below = small_acc.sigma / (g[i] * (1 - 1e-13))  # clipped norm giving ratio g[i](1-1e-13)
+        counts = small_acc.bucket_counts([just_below], clip_norm=1.0)
+        assert counts[i - 1] == 1 and counts.sum() == 1
+    # every assigned grid point is <= the true noise ratio
+    rng = np.random.default_rng(0)
+    norms = rng.uniform(0.01, 1.0, 500)
+    for c in norms:
+        idx = int(np.flatnonzero(small_acc.bucket_counts([c], clip_norm=1.0))[0])
+        assert g[idx] <= small_acc.sigma / c

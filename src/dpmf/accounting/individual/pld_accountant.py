@@ -43,7 +43,7 @@ from dp_accounting.pld import pld_pmf
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
-from dpmf.privacy.gdp import gdp_delta_array, gdp_mu
+from dpmf.privacy.gdp import gdp_delta_array
 from dpmf.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon, subsampled_gaussian_rdp
 
 _TAIL = 1e-15  # mass allowed above the window (added to delta)
@@ -119,7 +119,9 @@ class IndividualPLDAccountant:
             raise InvalidParameterError(f"more steps ({norms.size}) than max_steps={self.max_steps}")
         norms = np.minimum(norms[norms > 0], c)
         ratio = self.sigma * c / norms
-        idx = np.searchsorted(self.grid, ratio * (1 + 1e-12), side="right") - 1
+        # shrink by 1e-12 first so float error in sigma C / c never lands on a grid point above the
+        # true ratio (that bucket would have more noise than the example got: optimistic)
+        idx = np.searchsorted(self.grid, ratio * (1 - 1e-12), side="right") - 1
         idx = np.clip(idx, 0, self.grid.size - 1)
         return np.bincount(idx, minlength=self.grid.size)
 
@@ -212,7 +214,3 @@ class IndividualPLDAccountant:
             eps_rdp.append(rdp_to_epsilon(a, a * mu * mu / 2, delta - slack)[0] if mu > 0 else 0.0)
         return IndividualPLDResult(np.array(eps_pld), np.array(mus), np.array(eps_rdp), delta)
 
-
-def worst_case_mu(epsilon: float, delta: float) -> float:
-    """Convenience: the GDP budget that converts to ``(epsilon, delta)``."""
-    return gdp_mu(epsilon, delta)

@@ -1,0 +1,36 @@
+"""Shared consoles and the one-line error exit of the ``dpmf`` CLI."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import typer
+from rich.console import Console
+
+out = Console(width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, soft_wrap=True)
+
+#: API argument names -> CLI option names, so errors name what the user typed.
+_OPTION_NAMES = {
+    "sampling_prob": "--sampling-prob",
+    "noise_multiplier": "--noise-multiplier",
+    "target_epsilon": "--epsilon",
+    "epsilon": "--epsilon",
+    "delta": "--delta",
+    "steps": "--steps",
+    "epochs": "--epochs",
+    "dataset_size": "--dataset-size",
+    "batch_size": "--batch-size",
+    "n": "--steps",
+}
+
+
+def _fail(message: str) -> None:
+    """Print ``error: message`` (API argument names mapped to CLI options) and exit 2."""
+    for api, opt in _OPTION_NAMES.items():
+        message = re.sub(rf"^{api}\b", opt, message)
+        message = re.sub(rf"(?<=[ (]){api}(?==)", opt, message)
+        message = re.sub(rf"(?<=<= ){api}\b", opt, message)
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code=2)
