@@ -18,7 +18,7 @@ from dpmf.accounting import dpsgd, unamplified
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
-from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
+from dpmf.sampling.schemes import SCHEMES
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def valid_methods(strategy, scheme) -> dict[str, str | None]:
 
 def _check_common(strategy, scheme, delta: float) -> float:
     delta = _v.open_unit("delta", delta)
-    if not isinstance(scheme, (PoissonSampling, FixedOrderSampling)):
+    if not isinstance(scheme, SCHEMES):
         raise InvalidParameterError(f"scheme must be a dpmf.sampling scheme, got {type(scheme).__name__}")
     n = getattr(strategy, "n", None)
     if n is not None and n != scheme.steps:

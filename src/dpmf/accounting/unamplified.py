@@ -14,7 +14,13 @@ import time
 from dpmf import validation as _v
 from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gdp import gaussian_epsilon, gdp_mu
-from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
+from dpmf.sampling.schemes import (
+    BallsInBinsSampling,
+    CyclicPoissonSampling,
+    FixedOrderSampling,
+    MinSepSampling,
+    PoissonSampling,
+)
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import FixedEpochParticipation
 
@@ -23,8 +29,10 @@ NAME = "unamplified"
 
 def participation_of(scheme) -> Participation | FixedEpochParticipation:
     """Worst-case participation pattern a scheme allows (no credit for its randomness)."""
-    if isinstance(scheme, FixedOrderSampling):  # exactly k participations, exactly b apart
+    if isinstance(scheme, (FixedOrderSampling, BallsInBinsSampling)):  # exactly k times, b apart
         return FixedEpochParticipation(scheme.max_participations, scheme.min_sep)
+    if isinstance(scheme, (CyclicPoissonSampling, MinSepSampling)):  # at most ceil(n/b), >= b apart
+        return Participation(scheme.max_participations, scheme.min_sep)
     if isinstance(scheme, PoissonSampling):
         return Participation(scheme.steps, 1)  # an example may be drawn every step
     raise TypeError(type(scheme).__name__)
@@ -33,7 +41,9 @@ def participation_of(scheme) -> Participation | FixedEpochParticipation:
 def supports(strategy, scheme) -> str | None:
     if not hasattr(strategy, "sensitivity"):
         return "the strategy does not expose its sensitivity"
-    if not isinstance(scheme, (FixedOrderSampling, PoissonSampling)):
+    if not isinstance(
+        scheme, (FixedOrderSampling, PoissonSampling, BallsInBinsSampling, CyclicPoissonSampling, MinSepSampling)
+    ):
         return f"no participation pattern known for {type(scheme).__name__}"
     return None
 

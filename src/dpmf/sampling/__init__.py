@@ -1,5 +1,25 @@
 """Sampling schemes: batch generators that are also what the accountants read."""
 
-from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling, SamplingScheme
+from dpmf.sampling.schemes import (
+    SCHEMES,
+    BallsInBinsSampling,
+    CyclicPoissonSampling,
+    FixedOrderSampling,
+    MinSepSampling,
+    PoissonSampling,
+    SamplingScheme,
+    participation_rate,
+    sampling_prob_for_rate,
+)
 
-__all__ = ["PoissonSampling", "FixedOrderSampling", "SamplingScheme"]
+__all__ = [
+    "PoissonSampling",
+    "FixedOrderSampling",
+    "CyclicPoissonSampling",
+    "MinSepSampling",
+    "BallsInBinsSampling",
+    "SamplingScheme",
+    "SCHEMES",
+    "participation_rate",
+    "sampling_prob_for_rate",
+]
