@@ -9,6 +9,7 @@ bounds, so the minimum is one too.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -29,7 +30,17 @@ class AccountingMethod:
     description: str
     supports: Callable[[object, object], str | None]
     run: Callable[..., PrivacyReport]
-    exact_calibration: Callable[..., float] | None = None
+    fast_calibration: Callable[..., float] | None = None  # (strategy, scheme, target, delta, **opts) -> sigma
+    in_auto: bool = True  # False for estimates (Monte Carlo): never chosen silently
+
+    def options(self, options: dict) -> dict:
+        """The subset of ``options`` this method's ``run`` accepts as keyword arguments."""
+        return _accepted(self.run, options)
+
+
+def _accepted(func: Callable, options: dict) -> dict:
+    params = inspect.signature(func).parameters
+    return {k: v for k, v in options.items() if k in params and v is not None}
 
 
 METHODS: dict[str, AccountingMethod] = {
@@ -72,7 +83,7 @@ def _check_common(strategy, scheme, delta: float) -> float:
 def _select(strategy, scheme, method: str) -> list[AccountingMethod]:
     reasons = valid_methods(strategy, scheme)
     if method == "auto":
-        chosen = [METHODS[name] for name, why in reasons.items() if why is None]
+        chosen = [METHODS[name] for name, why in reasons.items() if why is None and METHODS[name].in_auto]
         if not chosen:
             detail = "; ".join(f"{k}: {v}" for k, v in reasons.items())
             raise UnsupportedConfigurationError(f"no accountant covers this configuration ({detail})")
@@ -84,8 +95,14 @@ def _select(strategy, scheme, method: str) -> list[AccountingMethod]:
     return [METHODS[method]]
 
 
-def account(strategy, scheme, noise_multiplier: float, delta: float, method: str = "auto") -> PrivacyReport:
+def account(
+    strategy, scheme, noise_multiplier: float, delta: float, method: str = "auto", **options
+) -> PrivacyReport:
     """Privacy of running ``strategy`` with batches from ``scheme`` and noise ``noise_multiplier``.
+
+    ``options`` (e.g. ``workers=2`` for MMCC, ``num_samples``/``seed`` for Monte Carlo) go to every
+    selected method that takes them; ``None`` values are dropped. ``method="auto"`` never picks an
+    estimate (Monte Carlo) on its own.
 
     >>> from dpmf.strategies import Identity
     >>> from dpmf.sampling import PoissonSampling
@@ -95,7 +112,7 @@ def account(strategy, scheme, noise_multiplier: float, delta: float, method: str
     """
     delta = _check_common(strategy, scheme, delta)
     sigma = _v.positive("noise_multiplier", noise_multiplier)
-    reports = [m.run(strategy, scheme, sigma, delta) for m in _select(strategy, scheme, method)]
+    reports = [m.run(strategy, scheme, sigma, delta, **m.options(options)) for m in _select(strategy, scheme, method)]
     best = min(reports, key=lambda r: r.epsilon)
     if len(reports) > 1:
         others = {r.method: r.epsilon for r in reports}
@@ -121,6 +138,7 @@ def calibrate(
     *,
     rel_tol: float = 1e-4,
     callback: ProgressCallback | None = None,
+    **options,
 ) -> Calibration:
     """Smallest noise multiplier whose *reported* epsilon is <= ``target_epsilon``.
 
@@ -131,18 +149,21 @@ def calibrate(
     target = _v.positive("target_epsilon", target_epsilon)
     best: Calibration | None = None
     for m in _select(strategy, scheme, method):
-        if m.exact_calibration is not None:
-            sigma = m.exact_calibration(strategy, scheme, target, delta)
-            report, evals = m.run(strategy, scheme, sigma, delta), 1
+        opts = m.options(options)
+
+        def run(s: float, m=m, opts=opts) -> PrivacyReport:
+            return m.run(strategy, scheme, s, delta, **opts)
+
+        if m.fast_calibration is not None:
+            sigma = m.fast_calibration(strategy, scheme, target, delta, **_accepted(m.fast_calibration, opts))
+            report, evals = run(sigma), 1
             while report.epsilon > target:  # float rounding: step to the safe side
                 sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)
-                report, evals = m.run(strategy, scheme, sigma, delta), evals + 1
+                report, evals = run(sigma), evals + 1
         else:
-            res = smallest_noise(
-                lambda s, m=m: m.run(strategy, scheme, s, delta).epsilon, target, rel_tol=rel_tol, callback=callback
-            )
+            res = smallest_noise(lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=callback)
             sigma, evals = res.value, res.evaluations
-            report = m.run(strategy, scheme, sigma, delta)
+            report = run(sigma)
         cal = Calibration(sigma, report, evals)
         if best is None or cal.noise_multiplier < best.noise_multiplier:
             best = cal
