@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
@@ -35,12 +36,18 @@ app = typer.Typer(
 class SamplingName(str, Enum):
     poisson = "poisson"
     fixed_order = "fixed-order"
+    cyclic_poisson = "cyclic-poisson"
+    min_sep = "b-min-sep"
+    balls_in_bins = "balls-in-bins"
 
 
 class MethodName(str, Enum):
     auto = "auto"
     pld = "pld"
     unamplified = "unamplified"
+    mmcc = "mmcc"
+    allocation = "allocation"
+    montecarlo = "montecarlo"
 
 
 def _version_callback(value: bool) -> None:
@@ -58,47 +65,101 @@ def _main(
     """dpmf command line."""
 
 
-def _build(strategy: str, sampling: SamplingName, steps, sampling_prob, epochs):
-    from dpmf.sampling import FixedOrderSampling, PoissonSampling
+@dataclass(frozen=True)
+class SchemeArgs:
+    """The sampler options shared by ``account`` and ``calibrate``."""
+
+    sampling: SamplingName
+    steps: Optional[int]
+    sampling_prob: Optional[float]
+    epochs: Optional[int]
+    min_sep: Optional[int]
+    warm_start: bool
+    max_batch_size: Optional[int]
+
+    def _need(self, value, flag: str):
+        if value is None:
+            _fail(f"{flag} is required with --sampling {self.sampling.value}")
+        return value
+
+    def scheme(self):
+        from dpmf.sampling import (
+            BallsInBinsSampling,
+            CyclicPoissonSampling,
+            FixedOrderSampling,
+            MinSepSampling,
+            PoissonSampling,
+        )
+
+        kind, steps = self.sampling, self.steps
+        if kind is SamplingName.poisson:
+            return PoissonSampling(self._need(self.sampling_prob, "--sampling-prob"), steps)
+        if kind is SamplingName.fixed_order:
+            return FixedOrderSampling(self._need(self.epochs, "--epochs"), steps)
+        if kind is SamplingName.balls_in_bins:
+            return BallsInBinsSampling(self._need(self.epochs, "--epochs"), steps)
+        q, b = self._need(self.sampling_prob, "--sampling-prob"), self._need(self.min_sep, "--min-sep")
+        if kind is SamplingName.cyclic_poisson:
+            return CyclicPoissonSampling(q, steps, b)
+        return MinSepSampling(q, steps, b, warm_start=self.warm_start, max_batch_size=self.max_batch_size)
+
+
+def _build(strategy: str, args: SchemeArgs, bands: Optional[int]):
     from dpmf.strategies import catalog
 
-    if steps is None:
+    if args.steps is None:
         _fail("--steps is required")
-    if sampling is SamplingName.poisson:
-        if sampling_prob is None:
-            _fail("--sampling-prob is required with --sampling poisson")
-        scheme = PoissonSampling(sampling_prob, steps)
-    else:
-        if epochs is None:
-            _fail("--epochs is required with --sampling fixed-order")
-        scheme = FixedOrderSampling(epochs, steps)
+    scheme = args.scheme()
     if strategy.endswith(".npz"):
         strat = catalog.load(strategy)
     else:
-        strat = catalog.build(strategy, steps, epochs=epochs or 1)
+        strat = catalog.build(strategy, args.steps, epochs=args.epochs or 1, bands=bands)
     return strat, scheme
 
 
 _STRATEGY = typer.Option(
     "identity",
     "--strategy",
-    help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, bsr, bisr, optimal, fft, or a "
-    "FILE.npz from 'dpmf strategy build'. Correlated strategies are accounted without amplification.",
+    help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, "
+    "bisr (these four need --bands), blt, optimal, fft, or a FILE.npz from 'dpmf strategy build'.",
 )
 _SAMPLING = typer.Option(
     SamplingName.poisson,
     "--sampling",
-    help="Batch sampler: poisson (each example joins each step with --sampling-prob) or "
-    "fixed-order (shuffle once, same order for --epochs epochs).",
+    help="Batch sampler: poisson (each example joins each step with --sampling-prob); cyclic-poisson "
+    "(examples split into --min-sep groups, group t mod b active at step t, Poisson with --sampling-prob "
+    "inside it); b-min-sep (Poisson over the examples that did not join in the last --min-sep - 1 steps; "
+    "per-step rate p0 = 1/(1/p + b - 1)); balls-in-bins (each example one random step per epoch, same every "
+    "epoch, --epochs); fixed-order (shuffle once, same order for --epochs epochs; no amplification).",
 )
-_STEPS = typer.Option(None, "--steps", help="Number of training steps (rows of C).")
-_Q = typer.Option(None, "--sampling-prob", help="Poisson sampling probability q in (0, 1] (batch size / dataset size).")
-_EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order sampling (steps must be a multiple).")
+_STEPS = typer.Option(None, "--steps", help="Number of training steps (columns of C).")
+_Q = typer.Option(
+    None, "--sampling-prob", help="Sampling probability p in (0, 1]: per step (poisson), per active step "
+    "(cyclic-poisson) or per available example (b-min-sep).",
+)
+_EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in-bins sampling (must divide --steps).")
+_MIN_SEP = typer.Option(None, "--min-sep", help="b: steps between two participations (cyclic-poisson, b-min-sep).")
+_WARM = typer.Option(False, "--warm-start", help="b-min-sep: start every example in its stationary state (Alg. 2).")
+_MAXB = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate/pad batches to this size (App. D).")
+_BANDS = typer.Option(None, "--bands", help="Bands of banded-toeplitz / banded / bsr / bisr strategies.")
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (well below 1/dataset size).")
 _METHOD = typer.Option(
-    MethodName.auto, "--method", help="Accountant: auto = tightest valid one; pld; unamplified."
+    MethodName.auto,
+    "--method",
+    help="Accountant: auto = tightest valid proven bound; pld (DP-SGD, Poisson); unamplified (no credit for "
+    "sampling); mmcc (any non-negative C, Poisson or cyclic Poisson); allocation (balls-in-bins, Renyi + "
+    "conditional composition); montecarlo (an ESTIMATE unless calibrated with certification).",
 )
+_SAMPLES = typer.Option(None, "--samples", help="Monte Carlo: number of privacy-loss samples.")
+_SEED = typer.Option(None, "--seed", help="Monte Carlo: seed (default: drawn from the OS and reported).")
+_WORKERS = typer.Option(None, "--workers", help="MMCC: worker processes for the rows.")
+_SCHEDULER = typer.Option(None, "--scheduler", help="MMCC / Monte Carlo: Dask scheduler address (tcp://host:port).")
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
+
+
+def _method_options(samples, seed, workers, scheduler) -> dict:
+    """Method-specific options; each accountant takes the ones it knows (``dpmf.account``)."""
+    return {"num_samples": samples, "seed": seed, "workers": workers, "scheduler": scheduler}
 
 
 @app.command()
@@ -108,9 +169,17 @@ def account(
     steps: Optional[int] = _STEPS,
     sampling_prob: Optional[float] = _Q,
     epochs: Optional[int] = _EPOCHS,
+    min_sep: Optional[int] = _MIN_SEP,
+    warm_start: bool = _WARM,
+    max_batch_size: Optional[int] = _MAXB,
+    bands: Optional[int] = _BANDS,
     noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma)."),
     delta: float = _DELTA,
     method: MethodName = _METHOD,
+    samples: Optional[int] = _SAMPLES,
+    seed: Optional[int] = _SEED,
+    workers: Optional[int] = _WORKERS,
+    scheduler: Optional[str] = _SCHEDULER,
     as_json: bool = _JSON,
 ) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
@@ -121,8 +190,11 @@ def account(
     from dpmf.accounting import account as _account
 
     try:
-        strat, scheme = _build(strategy, sampling, steps, sampling_prob, epochs)
-        report = _account(strat, scheme, noise_multiplier, delta, method=method.value)
+        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size)
+        strat, scheme = _build(strategy, args, bands)
+        opts = _method_options(samples, seed, workers, scheduler)
+        with err.status(f"accounting ({method.value}) ..."):
+            report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
     except DPMFError as exc:
         _fail(str(exc))
     if as_json:
@@ -140,9 +212,17 @@ def calibrate(
     steps: Optional[int] = _STEPS,
     sampling_prob: Optional[float] = _Q,
     epochs: Optional[int] = _EPOCHS,
+    min_sep: Optional[int] = _MIN_SEP,
+    warm_start: bool = _WARM,
+    max_batch_size: Optional[int] = _MAXB,
+    bands: Optional[int] = _BANDS,
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon (> 0)."),
     delta: float = _DELTA,
     method: MethodName = _METHOD,
+    samples: Optional[int] = _SAMPLES,
+    seed: Optional[int] = _SEED,
+    workers: Optional[int] = _WORKERS,
+    scheduler: Optional[str] = _SCHEDULER,
     as_json: bool = _JSON,
 ) -> None:
     """Smallest noise multiplier whose reported epsilon is at most --epsilon.
@@ -153,13 +233,15 @@ def calibrate(
     from dpmf.accounting import calibrate as _calibrate
 
     try:
-        strat, scheme = _build(strategy, sampling, steps, sampling_prob, epochs)
+        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size)
+        strat, scheme = _build(strategy, args, bands)
+        opts = _method_options(samples, seed, workers, scheduler)
         with err.status("calibrating ...") as status:
 
             def progress(sigma: float, eps: float) -> None:
                 status.update(f"calibrating: sigma={sigma:.6g} gives epsilon={eps:.6g}")
 
-            cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, callback=progress)
+            cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, callback=progress, **opts)
     except DPMFError as exc:
         _fail(str(exc))
     if as_json:
