@@ -33,9 +33,22 @@ FIXED_ORDER = (
     "--noise-multiplier 2.0 --delta 1e-6"
 ).split()
 
+MIN_SEP = (
+    "account --sampling b-min-sep --min-sep 10 --sampling-prob 0.01 --max-batch-size 50 --steps 100 "
+    "--noise-multiplier 2.0 --delta 1e-6 --method unamplified --json"
+).split()
+BALLS = "account --sampling balls-in-bins --epochs 2 --steps 100 --noise-multiplier 2.0 --delta 1e-6 --json".split()
+
 
 def invoke(args):
     return runner.invoke(app, list(args))
+
+
+def _replace(args, option, value):
+    args = list(args)
+    i = args.index(option)
+    args[i + 1] = value
+    return args
 
 
 def test_version():
@@ -83,11 +96,24 @@ def test_fixed_order_calibrate_text():
     assert f"noise multiplier {sigma:.6g}" in res.stdout
 
 
-def _replace(args, option, value):
-    args = list(args)
-    i = args.index(option)
-    args[i + 1] = value
-    return args
+@pytest.mark.parametrize(
+    "args,sens",
+    [
+        (MIN_SEP, math.sqrt(10)),  # <= ceil(100/10) = 10 participations of the identity
+        (_replace(MIN_SEP, "--sampling", "cyclic-poisson"), math.sqrt(10)),
+        (BALLS, math.sqrt(2)),  # exactly one step per epoch
+    ],
+    ids=["b-min-sep", "cyclic-poisson", "balls-in-bins"],
+)
+def test_new_samplers_unamplified_identity_is_the_gaussian_with_participation_sensitivity(args, sens):
+    from dpmf.privacy.gdp import gaussian_epsilon
+
+    res = invoke(args)
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["diagnostics"]["sensitivity"] == pytest.approx(sens, rel=1e-12)
+    assert data["epsilon"] == pytest.approx(gaussian_epsilon(2.0, 1e-6, sens), rel=1e-12)
+    assert data["scheme"]["name"] == args[args.index("--sampling") + 1]
 
 
 BAD_INPUTS = [
@@ -107,6 +133,14 @@ BAD_INPUTS = [
     (_replace(CALIBRATE, "--sampling-prob", "1.5"), "--sampling-prob"),
     (_replace(CALIBRATE, "--delta", "1"), "--delta"),
     ([a for a in FIXED_ORDER if a not in ("--epochs", "4")], "--epochs"),
+    ([a for a in MIN_SEP if a not in ("--min-sep", "10")], "--min-sep"),
+    (_replace(MIN_SEP, "--min-sep", "0"), "--min-sep"),
+    (_replace(MIN_SEP, "--sampling-prob", "2"), "--sampling-prob"),
+    (_replace(MIN_SEP, "--max-batch-size", "0"), "--max-batch-size"),
+    ([a for a in _replace(MIN_SEP, "--sampling", "cyclic-poisson") if a not in ("--sampling-prob", "0.01")],
+     "--sampling-prob"),
+    ([a for a in BALLS if a not in ("--epochs", "2")], "--epochs"),
+    (_replace(BALLS, "--epochs", "3"), "--epochs"),
     ("plan --dataset-size 0".split(), "--dataset-size"),
     ("plan --epsilon -1".split(), "--epsilon"),
 ]

@@ -23,6 +23,11 @@ _OPTION_NAMES = {
     "dataset_size": "--dataset-size",
     "batch_size": "--batch-size",
     "n": "--steps",
+    "min_sep": "--min-sep",
+    "cycle_length": "--min-sep",
+    "max_batch_size": "--max-batch-size",
+    "bands": "--bands",
+    "num_samples": "--samples",
 }
 
 
