@@ -2,10 +2,12 @@
 
 from dpmf.sampling.schemes import (
     SCHEMES,
+    Attribution,
     BallsInBinsSampling,
     CyclicPoissonSampling,
     FixedOrderSampling,
     MinSepSampling,
+    MultiAttributionMinSepSampling,
     PoissonSampling,
     SamplingScheme,
     participation_rate,
@@ -18,6 +20,8 @@ __all__ = [
     "CyclicPoissonSampling",
     "MinSepSampling",
     "BallsInBinsSampling",
+    "MultiAttributionMinSepSampling",
+    "Attribution",
     "SamplingScheme",
     "SCHEMES",
     "participation_rate",

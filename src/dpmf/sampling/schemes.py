@@ -324,7 +324,173 @@ class BallsInBinsSampling:
                 yield order[bounds[i] : bounds[i + 1]]
 
 
+def _gather(ptr: np.ndarray, data: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Concatenation of the CSR rows ``data[ptr[r]:ptr[r+1]]`` for ``r`` in ``rows`` (vectorized)."""
+    starts, lens = ptr[rows], ptr[rows + 1] - ptr[rows]
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=data.dtype)
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+    return data[offsets + np.arange(total)]
+
+
+@dataclass(frozen=True, eq=False)
+class Attribution:
+    """Examples <-> users incidence (fixed-graph adjacency, Dong & Ganesh 2026 Sec. 6) in CSR form.
+
+    Build with :meth:`from_user_sets` from one iterable of (hashable) user ids per example.
+    """
+
+    example_ptr: np.ndarray  # example e's users: user_of[example_ptr[e]:example_ptr[e+1]]
+    user_of: np.ndarray
+    user_ptr: np.ndarray  # user u's examples: example_of[user_ptr[u]:user_ptr[u+1]]
+    example_of: np.ndarray
+    user_ids: tuple
+
+    @classmethod
+    def from_user_sets(cls, user_sets) -> "Attribution":
+        ids: dict = {}
+        ptr, users = [0], []
+        for e, us in enumerate(user_sets):
+            try:
+                mapped = sorted({ids.setdefault(u, len(ids)) for u in us})
+            except TypeError:
+                raise InvalidParameterError(
+                    f"attribution[{e}] must be an iterable of hashable user ids, got {us!r}"
+                ) from None
+            if not mapped:
+                raise InvalidParameterError(
+                    f"attribution[{e}] has no user: every example must be attributed to at least one user"
+                )
+            users.extend(mapped)
+            ptr.append(len(users))
+        if len(ptr) == 1:
+            raise InvalidParameterError("attribution must list the users of at least one example")
+        example_ptr = np.asarray(ptr, dtype=np.int64)
+        user_of = np.asarray(users, dtype=np.int64)
+        example_idx = np.repeat(np.arange(len(ptr) - 1), np.diff(example_ptr))
+        order = np.argsort(user_of, kind="stable")
+        counts = np.bincount(user_of, minlength=len(ids))
+        user_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        return cls(example_ptr, user_of, user_ptr, example_idx[order], tuple(ids))
+
+    @property
+    def num_examples(self) -> int:
+        return self.example_ptr.size - 1
+
+    @property
+    def num_users(self) -> int:
+        return self.user_ptr.size - 1
+
+    def examples_per_user(self) -> np.ndarray:
+        return np.diff(self.user_ptr)
+
+    def neighbourhood(self, examples: np.ndarray) -> np.ndarray:
+        """``N(S)``: every example sharing a user with an example of ``examples`` (S included)."""
+        examples = np.asarray(examples, dtype=np.int64)
+        if examples.size == 0:
+            return examples
+        users = np.unique(_gather(self.example_ptr, self.user_of, examples))
+        return np.unique(_gather(self.user_ptr, self.example_of, users))
+
+
+@dataclass(frozen=True)
+class MultiAttributionMinSepSampling:
+    """Multi-attribution b-min-sep sampling (Dong & Ganesh 2026, Sec. 6.1, Algorithm 3).
+
+    Each example may belong to several users (fixed-graph adjacency: neighbouring datasets differ
+    in *all* examples of one user). Every step ``i`` draws an *interim sample* ``S_i`` from **all**
+    examples, each independently with probability ``sampling_prob`` (p); the batch is
+    ``B_i = S_i \\ D_exclude_i`` where ``D_exclude_i`` is the union of the user-sharing
+    neighbourhoods ``N(e)`` (e included) of every ``e`` in the interim samples ``S_j`` of the
+    previous ``min_sep - 1`` steps. Exclusion uses the interim samples, not the batches (Alg. 4,
+    which blocks on batches, is only conjectured private: Conjecture 6.2). Hence each *user*
+    participates at most once in any ``min_sep`` consecutive steps.
+
+    ``max_user_examples`` (k_u) caps every user's examples (contribution bounding is the caller's
+    preprocessing; :meth:`batches` refuses an attribution that violates it). Accounting (Thm. 6.1)
+    uses the cold-start pair with ``x_i ~ Binom(k_u, p)``; ``warmup_steps`` batches are generated
+    and discarded first (the paper's warm start: 2000 generated, last 1000 used), which cold-start
+    accounting dominates. ``min_sep = 1`` is Poisson sampling of examples.
+    """
+
+    sampling_prob: float
+    steps: int
+    min_sep: int
+    max_user_examples: int
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
+        object.__setattr__(self, "steps", _v.positive_int("steps", self.steps))
+        object.__setattr__(self, "min_sep", _v.positive_int("min_sep", self.min_sep))
+        object.__setattr__(self, "max_user_examples", _v.positive_int("max_user_examples", self.max_user_examples))
+        w = self.warmup_steps
+        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or int(w) < 0:
+            raise InvalidParameterError(f"warmup_steps must be an integer >= 0, got {w!r}")
+        object.__setattr__(self, "warmup_steps", int(w))
+
+    name = "multi-attribution-b-min-sep"
+
+    @property
+    def max_participations(self) -> int:
+        """Steps in which one user can participate: ``ceil(steps / min_sep)``."""
+        return -(-self.steps // self.min_sep)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "sampling_prob": self.sampling_prob,
+            "steps": self.steps,
+            "min_sep": self.min_sep,
+            "max_user_examples": self.max_user_examples,
+            "warmup_steps": self.warmup_steps,
+        }
+
+    def attribution(self, user_sets) -> Attribution:
+        """Validated :class:`Attribution` (every user has at most ``max_user_examples`` examples)."""
+        att = user_sets if isinstance(user_sets, Attribution) else Attribution.from_user_sets(user_sets)
+        per_user = att.examples_per_user()
+        if per_user.size and per_user.max() > self.max_user_examples:
+            u = int(np.argmax(per_user))
+            raise InvalidParameterError(
+                f"user {att.user_ids[u]!r} has {int(per_user[u])} examples but max_user_examples="
+                f"{self.max_user_examples}; bound each user's contribution first (e.g. drop examples)"
+            )
+        return att
+
+    def batches(self, attribution, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
+        """Yield each step's sorted example indices (Alg. 3); ``attribution[e]`` = users of example e.
+
+        State is O(examples + attribution size): the number of steps each example stays excluded.
+        """
+        att = self.attribution(attribution)
+        gen = _rng(rng)
+        m, p, b = att.num_examples, self.sampling_prob, self.min_sep
+        barred = np.zeros(m, dtype=np.int64)
+        for step in range(self.warmup_steps + self.steps):
+            interim = np.flatnonzero(gen.random(m) < p)  # S_i over all of D
+            batch = interim[barred[interim] == 0]
+            barred = np.maximum(barred - 1, 0)
+            if b > 1 and interim.size:
+                barred[att.neighbourhood(interim)] = b - 1
+            if step >= self.warmup_steps:
+                yield batch
+
+
 SamplingScheme = (
-    PoissonSampling | FixedOrderSampling | CyclicPoissonSampling | MinSepSampling | BallsInBinsSampling
+    PoissonSampling
+    | FixedOrderSampling
+    | CyclicPoissonSampling
+    | MinSepSampling
+    | BallsInBinsSampling
+    | MultiAttributionMinSepSampling
 )
-SCHEMES = (PoissonSampling, FixedOrderSampling, CyclicPoissonSampling, MinSepSampling, BallsInBinsSampling)
+SCHEMES = (
+    PoissonSampling,
+    FixedOrderSampling,
+    CyclicPoissonSampling,
+    MinSepSampling,
+    BallsInBinsSampling,
+    MultiAttributionMinSepSampling,
+)

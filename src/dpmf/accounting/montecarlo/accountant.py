@@ -1,0 +1,428 @@
+"""The Monte Carlo accountant: epsilon estimates with confidence, and certified noise calibration.
+
+Dong & Ganesh 2026 (``papers/001``): privacy losses of the dominating pair (Sec. 5, App. D, Thm. 6.1;
+sampled by :mod:`dpmf.accounting.montecarlo.losses`), delta(eps) estimated by the hockey-stick mean
+(Sec. 2.5) and, for certification, Algorithm 5 / Thm. A.1 (App. A).
+
+* :func:`account_montecarlo` is an **estimate** (``certified=False``): per direction it reports the
+  smallest epsilon whose Chernoff-Hoeffding *upper* confidence bound on delta is <= ``delta``
+  (each direction at level ``(1 - confidence) / 2``, so both hold jointly with probability >=
+  ``confidence``), plus how many samples it used and how many Algorithm 5 would need to certify
+  this delta (:func:`~dpmf.accounting.montecarlo.certify.minimum_samples`).
+* :func:`calibrate_montecarlo` runs Algorithm 5 over candidate noise multipliers with a fallback
+  noise that a *proved* accountant certifies; only this path reports ``certified=True``, for
+  ``(target_epsilon, delta)`` with the failure probability folded into delta (Thm. A.1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from dpmf import validation as _v
+from dpmf.accounting.montecarlo import certify as _cert
+from dpmf.accounting.montecarlo.run import DIRECTIONS, MonteCarloRun, RunCallback, Sampler, new_entropy
+from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION, DEFAULT_UPPER, kl_upper_confidence
+from dpmf.accounting.report import PrivacyReport
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+
+NAME = "montecarlo"
+EVR_NAME = "montecarlo-evr"
+BOUND = "Chernoff-Hoeffding KL upper confidence bound on the mean of [0, 1] summands (Hoeffding 1963, Thm. 1)"
+
+
+def supports(strategy, scheme) -> str | None:
+    """``None`` when a privacy-loss sampler covers (strategy, scheme), else the reason."""
+    try:
+        from dpmf.accounting.montecarlo.losses import loss_sampler_support
+    except ImportError as exc:  # pragma: no cover - depends on the installed build
+        return f"the Monte Carlo loss sampler is not available ({exc})"
+    return loss_sampler_support(strategy, scheme)
+
+
+def check_supported(strategy, scheme, sampler: Sampler | None) -> None:
+    """Raise :class:`UnsupportedConfigurationError` when no loss sampler covers the pair (skipped
+    for an injected ``sampler``, which is the caller's responsibility)."""
+    if sampler is None:
+        why = supports(strategy, scheme)
+        if why is not None:
+            raise UnsupportedConfigurationError(f"Monte Carlo accounting does not apply: {why}")
+
+
+def account_montecarlo(
+    strategy,
+    scheme,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    num_samples: int = 100_000,
+    seed: int | None = None,
+    confidence: float = 0.99,
+    checkpoint=None,
+    scheduler=None,
+    callback: RunCallback | None = None,
+    sampler: Sampler | None = None,
+    chunk_size: int = 10_000,
+    resolution: float = DEFAULT_RESOLUTION,
+    dataset_size: int | None = None,
+) -> PrivacyReport:
+    """Monte Carlo epsilon (an ESTIMATE, ``certified=False``) from ``num_samples`` losses per direction.
+
+    ``epsilon_d = min{eps >= 0 : UCB_d(eps) <= delta}`` where ``UCB_d`` is the KL upper confidence
+    bound of ``delta_d(eps) = E[(1 - e^{eps - L})_+]`` at level ``(1 - confidence)/2``; epsilon is
+    the max over d in {remove, add}. ``seed=None`` draws OS entropy, recorded in the report.
+    With ``checkpoint`` set, an existing checkpoint of the same configuration is continued.
+    ``dataset_size`` is passed to the sampler (truncated b-min-sep, App. D, needs it).
+
+    >>> from dpmf.privacy import gaussian_epsilon
+    >>> from dpmf.sampling import PoissonSampling
+    >>> from dpmf.strategies import Identity
+    >>> def gauss(strategy, scheme, sigma, m, rng, *, direction="remove"):  # one Gaussian step
+    ...     y = rng.normal(1.0 if direction == "remove" else 0.0, sigma, m)
+    ...     ll = (2 * y - 1) / (2 * sigma**2)
+    ...     return ll if direction == "remove" else -ll
+    >>> r = account_montecarlo(Identity(1), PoissonSampling(1.0, 1), 1.0, 1e-2, num_samples=100_000,
+    ...                        seed=0, sampler=gauss)
+    >>> exact = gaussian_epsilon(1.0, 1e-2, 1.0)
+    >>> r.certified, exact <= r.epsilon < exact + 0.2
+    (False, True)
+    """
+    start = time.perf_counter()
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    delta = _v.open_unit("delta", delta)
+    conf = _v.open_unit("confidence", confidence)
+    check_supported(strategy, scheme, sampler)
+    run = open_run(
+        strategy, scheme, sigma, num_samples, seed, chunk_size, checkpoint, sampler, resolution,
+        sampler_options=_options(dataset_size),
+    )
+    run.run(callback=callback, scheduler=scheduler)
+    return montecarlo_report(run, delta, conf, seconds=time.perf_counter() - start)
+
+
+def montecarlo_report(
+    run: MonteCarloRun, delta: float, confidence: float, *, seconds: float | None = None
+) -> PrivacyReport:
+    """The (uncertified) report of a finished or partial run (used by the CLI ``report``)."""
+    delta = _v.open_unit("delta", delta)
+    conf = _v.open_unit("confidence", confidence)
+    alpha = (1.0 - conf) / len(run.config.directions)
+    by_dir, point, ucb = {}, {}, {}
+    for d, h in run.histograms.items():
+        if h.total == 0:
+            raise InvalidParameterError(f"the run has no {d}-direction samples yet")
+        by_dir[d] = h.epsilon_upper_bound(delta, alpha)
+        point[d] = h.epsilon_estimate(delta)
+        ucb[d] = h.delta_upper_bound(by_dir[d], alpha) if math.isfinite(by_dir[d]) else 1.0
+    eps = max(by_dir.values())
+    try:
+        needed = _cert.minimum_samples(delta)
+    except InvalidParameterError:  # pragma: no cover - only for absurdly small delta
+        needed = None
+    diagnostics = {
+        **run.to_dict(),
+        "estimate": "Monte Carlo estimate, not a proof: epsilon from upper confidence bounds on delta",
+        "confidence": conf,
+        "bound": BOUND,
+        "epsilon_point_estimate": max(point.values()),
+        "epsilon_point_estimate_by_direction": point,
+        "delta_upper_bound_by_direction": ucb,
+        "samples_used": min(h.total for h in run.histograms.values()),
+        "samples_needed_for_certification": needed,
+        "complete": run.complete,
+    }
+    floor = min(kl_upper_confidence(0.0, h.total, alpha) for h in run.histograms.values())
+    if floor > delta:
+        diagnostics["warning"] = (
+            f"too few samples: even with no privacy loss above epsilon the upper confidence bound on delta "
+            f"is {floor:.3g} > delta = {delta:g}; epsilon is infinite until more samples are drawn"
+        )
+    if seconds is not None:
+        diagnostics["seconds"] = seconds
+    if set(by_dir) != set(DIRECTIONS):
+        diagnostics["warning"] = f"only the {sorted(by_dir)} direction(s) were sampled: not an epsilon for both"
+    return PrivacyReport(
+        epsilon=eps,
+        delta=delta,
+        noise_multiplier=run.config.noise_multiplier,
+        method=NAME,
+        certified=False,
+        epsilon_by_direction=by_dir,
+        strategy=None if run.strategy is None else run.strategy.describe(),
+        scheme=None if run.scheme is None else run.scheme.describe(),
+        diagnostics=diagnostics,
+    )
+
+
+def _options(dataset_size) -> dict:
+    return {} if dataset_size is None else {"dataset_size": _v.positive_int("dataset_size", dataset_size)}
+
+
+def open_run(strategy, scheme, sigma, num_samples, seed, chunk_size, checkpoint, sampler,
+             resolution=DEFAULT_RESOLUTION, spawn_key=(), sampler_options=None) -> MonteCarloRun:
+    """A new run, or the run stored at ``checkpoint`` if that file exists and has this configuration
+    (else :class:`InvalidParameterError` naming what differs)."""
+    from pathlib import Path
+
+    if checkpoint is not None and Path(checkpoint).exists():
+        run = MonteCarloRun.load(checkpoint, sampler=sampler)
+        want = {
+            "noise_multiplier": sigma,
+            "num_samples": _v.positive_int("num_samples", num_samples),
+            "chunk_size": _v.positive_int("chunk_size", chunk_size),
+            "resolution": resolution,
+            "sampler_options": tuple(sorted((sampler_options or {}).items())),
+        }
+        have = {k: getattr(run.config, k) for k in want}
+        if seed is not None:
+            want["entropy"], have["entropy"] = int(seed), run.config.entropy
+        mismatch = {k: (have[k], want[k]) for k in want if have[k] != want[k]}
+        if run.scheme is not None and scheme is not None and run.scheme.describe() != scheme.describe():
+            mismatch["scheme"] = (run.scheme.describe(), scheme.describe())
+        if run.strategy is not None and strategy is not None and run.strategy.describe() != strategy.describe():
+            mismatch["strategy"] = (run.strategy.describe(), strategy.describe())
+        if mismatch:
+            raise InvalidParameterError(
+                f"checkpoint {checkpoint} belongs to another configuration: "
+                + "; ".join(f"{k} is {a!r} there, {b!r} here" for k, (a, b) in mismatch.items())
+            )
+        run.strategy, run.scheme = strategy, scheme  # the caller's objects (same description)
+        return run
+    return MonteCarloRun(
+        strategy, scheme, sigma, num_samples, seed=seed, chunk_size=chunk_size, checkpoint=checkpoint,
+        sampler=sampler, resolution=resolution, upper=DEFAULT_UPPER, spawn_key=spawn_key,
+        sampler_options=sampler_options,
+    )
+
+
+@dataclass(frozen=True)
+class MonteCarloCalibration:
+    """Outcome of Algorithm 5: the released noise multiplier and its certified report.
+
+    Attribute names match :class:`dpmf.accounting.Calibration` (``noise_multiplier``, ``report``,
+    ``evaluations`` = number of candidates verified).
+    """
+
+    noise_multiplier: float
+    report: PrivacyReport
+    evaluations: int
+    candidates: tuple[float, ...] = ()
+    verdicts: dict = field(default_factory=dict)
+    fallback: bool = False
+
+
+def certified_fallback(strategy, scheme, target_epsilon: float, delta: float) -> tuple[float, str]:
+    """Smallest noise multiplier a *proved* dpmf accountant gives for (target_epsilon, delta).
+
+    Used as the fallback mechanism M_k of Algorithm 5. Runs every valid registered method except
+    the Monte Carlo ones and keeps the smallest certified noise.
+    """
+    from dpmf.accounting import dispatch
+
+    best: tuple[float, str] | None = None
+    for name, why in dispatch.valid_methods(strategy, scheme).items():
+        if why is not None or name in (NAME, EVR_NAME):
+            continue
+        cal = dispatch.calibrate(strategy, scheme, target_epsilon, delta, method=name)
+        if cal.report.certified and cal.report.epsilon <= target_epsilon and (
+            best is None or cal.noise_multiplier < best[0]
+        ):
+            best = (cal.noise_multiplier, name)
+    if best is None:
+        raise UnsupportedConfigurationError(
+            "no proved accountant covers this configuration, so Algorithm 5 has no fallback mechanism; "
+            "pass fallback_noise_multiplier only with a proof of (epsilon, delta)-DP"
+        )
+    return best
+
+
+PILOT_KEY = 2**31 - 1
+"""Spawn key of the pilot run (candidate ``i`` uses key ``i``; no calibration has 2**31 candidates)."""
+
+
+def pilot_noise(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    base_delta: float,
+    upper: float,
+    *,
+    num_samples: int,
+    seed: int,
+    sampler: Sampler | None = None,
+    chunk_size: int = 10_000,
+    sampler_options: dict | None = None,
+    scheduler=None,
+) -> float:
+    """Point estimate (NOT a guarantee) of the smallest noise whose estimated delta(target_epsilon),
+    worst direction, is <= ``base_delta``: log-bisection below ``upper`` with ``num_samples``-sample
+    runs on the pilot stream (spawn key :data:`PILOT_KEY`, common to all evaluations). Only used to
+    place the candidates of Algorithm 5.
+    """
+    eps = _v.positive("target_epsilon", target_epsilon)
+
+    def estimate(sig: float) -> float:
+        run = MonteCarloRun(
+            strategy, scheme, sig, num_samples, seed=seed, chunk_size=chunk_size, sampler=sampler,
+            spawn_key=(PILOT_KEY,), sampler_options=sampler_options,
+        ).run(scheduler=scheduler)
+        return max(h.delta_estimate(eps) for h in run.histograms.values())
+
+    hi = _v.positive("upper", upper)
+    if estimate(hi) > base_delta:
+        return hi
+    lo = hi / 2
+    for _ in range(30):
+        if estimate(lo) > base_delta:
+            break
+        hi, lo = lo, lo / 2
+    else:
+        return lo
+    while hi / lo > 1.004:
+        mid = math.sqrt(lo * hi)
+        if estimate(mid) <= base_delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def calibrate_montecarlo(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    candidates: Sequence[float] | None = None,
+    num_candidates: int = 12,
+    ratio: float = 1.01,
+    pilot_samples: int | None = None,
+    num_samples: int | None = None,
+    base_delta: float | None = None,
+    fallback_noise_multiplier: float | None = None,
+    seed: int | None = None,
+    scheduler=None,
+    callback: RunCallback | None = None,
+    sampler: Sampler | None = None,
+    chunk_size: int = 10_000,
+    dataset_size: int | None = None,
+) -> MonteCarloCalibration:
+    """Certified noise calibration by Algorithm 5 (Estimate-Verify-Release without empty output).
+
+    Guarantee (Thm. A.1): the released mechanism is ``(target_epsilon, delta)``-DP where
+    ``delta >= delta_o = delta_i + q (1 - delta_i)``, ``q = exp(-s KL(delta' || delta_i))``: see
+    :mod:`dpmf.accounting.montecarlo.certify`. Sample size: by default ``delta' = delta / 2`` and the
+    smallest certifying ``s`` (:func:`~dpmf.accounting.montecarlo.certify.minimum_samples`); given
+    ``num_samples``, the largest certifying ``delta'``. The fallback M_k is the smallest noise a proved
+    accountant gives at ``(target_epsilon, delta_i)`` (:func:`certified_fallback`); a
+    ``fallback_noise_multiplier`` you pass is the *caller's* claim of (target_epsilon, delta_i)-DP.
+    Candidates default to ``num_candidates`` powers of ``ratio`` (1.01 as in the paper) around a
+    pilot estimate, ``pilot * ratio**j`` for ``j = -2 .. num_candidates - 3``, kept below the
+    fallback (:func:`pilot_noise` with ``pilot_samples`` per evaluation, default ``s``; the pilot
+    uses its own random stream, independent of every
+    verification, so choosing candidates with it does not affect Thm. A.1). Each candidate uses independent randomness (spawn key = its index). ``callback(done,
+    total)`` reports the samples of the candidate being verified; verification goes from the largest
+    candidate down and stops at the first failure (:func:`~dpmf.accounting.montecarlo.certify.
+    estimate_verify_release`).
+    """
+    start = time.perf_counter()
+    eps = _v.positive("target_epsilon", target_epsilon)
+    dt = _v.open_unit("delta", delta)
+    check_supported(strategy, scheme, sampler)
+    if num_samples is None:
+        dp = dt / 2 if base_delta is None else _v.open_unit("base_delta", base_delta)
+        s = _cert.minimum_samples(dt, dp)
+    else:
+        s = _v.positive_int("num_samples", num_samples)
+        dp = _cert.base_delta_for(s, dt) if base_delta is None else _v.open_unit("base_delta", base_delta)
+    od = _cert.overall_delta(s, dp)
+    if od.overall > dt:
+        raise InvalidParameterError(
+            f"num_samples={s} with base_delta={dp!r} certifies only delta={od.overall:.4g} > {dt!r}; "
+            f"use at least {_cert.minimum_samples(dt, dp)} samples"
+        )
+    if fallback_noise_multiplier is None:
+        sigma_fb, fb_method = certified_fallback(strategy, scheme, eps, od.delta)
+    else:
+        sigma_fb, fb_method = _v.positive("fallback_noise_multiplier", fallback_noise_multiplier), "given by caller"
+    entropy = new_entropy() if seed is None else int(seed)
+    options = _options(dataset_size)
+    pilot = None
+    if candidates is None:
+        k = _v.positive_int("num_candidates", num_candidates)
+        r = _v.positive("ratio", ratio)
+        if r <= 1:
+            raise InvalidParameterError(f"ratio must be > 1, got {ratio!r}")
+        n_pilot = s if pilot_samples is None else _v.positive_int("pilot_samples", pilot_samples)
+        pilot = pilot_noise(
+            strategy, scheme, eps, dp, sigma_fb, num_samples=n_pilot, seed=entropy, sampler=sampler,
+            chunk_size=chunk_size, sampler_options=options, scheduler=scheduler,
+        )
+        cands = tuple(c for c in (pilot * r**j for j in range(-2, k - 2)) if c < sigma_fb)
+    else:
+        cands = tuple(float(c) for c in candidates)
+    runs: dict[int, MonteCarloRun] = {}
+
+    def verifier(i: int, sigma_i: float) -> bool:
+        run = MonteCarloRun(
+            strategy, scheme, sigma_i, s, seed=entropy, chunk_size=chunk_size, sampler=sampler, spawn_key=(i,),
+            sampler_options=options,
+        ).run(callback=callback, scheduler=scheduler)
+        runs[i] = run
+        return _cert.verify(run.histograms, eps, dp)
+
+    outcome = _cert.estimate_verify_release(cands, verifier)
+    sigma = sigma_fb if outcome.fallback else cands[outcome.index]
+    verified = {
+        f"{cands[i]:.10g}": {
+            "passed": ok,
+            "delta_estimate": {d: h.delta_estimate(eps) for d, h in runs[i].histograms.items()},
+        }
+        for i, ok in sorted(outcome.verdicts.items())
+    }
+    report = PrivacyReport(
+        epsilon=eps,
+        delta=dt,
+        noise_multiplier=sigma,
+        method=EVR_NAME,
+        certified=True,
+        epsilon_by_direction={"remove": eps, "add": eps},
+        strategy=strategy.describe() if strategy is not None else None,
+        scheme=scheme.describe() if scheme is not None else None,
+        diagnostics={
+            "algorithm": "Estimate-Verify-Release without empty output (Dong & Ganesh 2026, Alg. 5, Thm. A.1)",
+            "overall_delta": od.overall,
+            "internal_delta": od.delta,
+            "base_delta": dp,
+            "failure_probability_bound": od.failure_probability,
+            "samples_per_direction_per_candidate": s,
+            "samples_used": s * 2 * len(outcome.verdicts),
+            "samples_needed_for_certification": s,
+            "candidates": list(cands),
+            "pilot_noise_multiplier": pilot,
+            "verified": verified,
+            "released_fallback": outcome.fallback,
+            "fallback_noise_multiplier": sigma_fb,
+            "fallback_method": fb_method,
+            "seed_entropy": entropy,
+            "seconds": time.perf_counter() - start,
+        },
+    )
+    return MonteCarloCalibration(sigma, report, len(outcome.verdicts), cands, dict(outcome.verdicts), outcome.fallback)
+
+
+__all__ = [
+    "NAME",
+    "EVR_NAME",
+    "supports",
+    "account_montecarlo",
+    "montecarlo_report",
+    "open_run",
+    "check_supported",
+    "calibrate_montecarlo",
+    "certified_fallback",
+    "pilot_noise",
+    "MonteCarloCalibration",
+]

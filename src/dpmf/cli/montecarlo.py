@@ -1,0 +1,295 @@
+"""``dpmf montecarlo``: long Monte Carlo accounting runs (run, resume, report) and certified
+calibration (calibrate). Parse, call, print.
+
+``run``/``resume``/``report`` print ESTIMATES (upper confidence bounds), never proofs; only
+``calibrate`` (Algorithm 5) certifies. See :mod:`dpmf.accounting.montecarlo`.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Optional
+
+import typer
+
+from dpmf.cli.console import _fail, err, out
+from dpmf.errors import DPMFError, InvalidParameterError
+
+app = typer.Typer(
+    help="Monte Carlo privacy accounting (Dong & Ganesh 2026): resumable runs with checkpoints, "
+    "optionally on a Dask cluster. Results are estimates with confidence, not proofs.",
+    no_args_is_help=True,
+)
+
+
+class Sampling(str, Enum):
+    poisson = "poisson"
+    cyclic_poisson = "cyclic-poisson"
+    b_min_sep = "b-min-sep"
+    balls_in_bins = "balls-in-bins"
+
+
+_DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1).")
+_CONF = typer.Option(0.99, "--confidence", help="Joint confidence of the upper bounds (both directions).")
+_SCHED = typer.Option(None, "--scheduler", help="Dask scheduler ADDRESS (e.g. tcp://host:8786); default: this process.")
+_JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
+
+
+def _scheme(sampling: Sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs):
+    from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, MinSepSampling, PoissonSampling
+
+    if sampling is Sampling.balls_in_bins:
+        if epochs is None:
+            raise InvalidParameterError("--epochs is required with --sampling balls-in-bins")
+        return BallsInBinsSampling(epochs, steps)
+    if sampling is Sampling.b_min_sep:
+        if min_sep is None:
+            raise InvalidParameterError("--min-sep is required with --sampling b-min-sep")
+        if (sampling_prob is None) == (participation_rate is None):
+            raise InvalidParameterError("give exactly one of --sampling-prob (p) and --participation-rate (p0)")
+        kw = {"warm_start": warm_start, "max_batch_size": max_batch_size}
+        if participation_rate is not None:
+            return MinSepSampling.from_participation_rate(participation_rate, steps, min_sep, **kw)
+        return MinSepSampling(sampling_prob, steps, min_sep, **kw)
+    if sampling_prob is None:
+        raise InvalidParameterError(f"--sampling-prob is required with --sampling {sampling.value}")
+    if sampling is Sampling.cyclic_poisson:
+        if min_sep is None:
+            raise InvalidParameterError("--min-sep (the cycle length) is required with --sampling cyclic-poisson")
+        return CyclicPoissonSampling(sampling_prob, steps, min_sep, partition="independent")
+    return PoissonSampling(sampling_prob, steps)
+
+
+def _strategy(strategy: str, steps: int, epochs: Optional[int], bands: Optional[int]):
+    from dpmf.strategies import catalog
+
+    if strategy.endswith(".npz"):
+        return catalog.load(strategy)
+    return catalog.build(strategy, steps, epochs=epochs or 1, bands=bands)
+
+
+def _progress_callback(progress, task):
+    def callback(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return callback
+
+
+def _execute(run_fn, description: str, total: int, done: int, checkpoint):
+    """Run ``run_fn(callback)`` under a rich progress bar; Ctrl-C leaves a consistent checkpoint."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    try:
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task(description, total=total, completed=done)
+            return run_fn(_progress_callback(progress, task))
+    except KeyboardInterrupt:
+        where = f"; resume with: dpmf montecarlo resume {checkpoint}" if checkpoint else " (no --checkpoint was set)"
+        err.print(f"interrupted{where}", highlight=False)
+        raise typer.Exit(code=130)
+
+
+def _print_report(report, as_json: bool, checkpoint=None) -> None:
+    if as_json:
+        payload = report.to_dict()
+        if checkpoint is not None:
+            payload["checkpoint"] = str(checkpoint)
+        out.print_json(json.dumps(payload))
+        return
+    d = report.diagnostics
+    out.print(report.summary(), highlight=False)
+    by = report.epsilon_by_direction
+    out.print("  " + "   ".join(f"{k} direction: {v:.6g}" for k, v in by.items()), highlight=False)
+    out.print(
+        f"  point estimate {d['epsilon_point_estimate']:.6g}; upper confidence bound at confidence "
+        f"{d['confidence']:g} ({'complete' if d['complete'] else 'PARTIAL'} run)",
+        highlight=False,
+    )
+    needed = d.get("samples_needed_for_certification")
+    out.print(
+        f"  samples used: {d['samples_used']:,} per direction; certification (Algorithm 5) at this delta "
+        f"needs {needed:,} per direction and candidate" if needed else f"  samples used: {d['samples_used']:,}",
+        highlight=False,
+    )
+    out.print(f"  seed entropy: {d['seed_entropy']}", highlight=False)
+    if d.get("warning"):
+        out.print(f"  warning: {d['warning']}", highlight=False)
+    if checkpoint is not None:
+        out.print(f"  checkpoint: {checkpoint}", highlight=False)
+
+
+@app.command()
+def run(
+    strategy: str = typer.Option("identity", "--strategy", help="Encoder C by name (see 'dpmf strategy build') or FILE.npz."),
+    steps: int = typer.Option(..., "--steps", help="Number of training steps n."),
+    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded strategies."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs (balls-in-bins; strategy optimization)."),
+    sampling: Sampling = typer.Option(Sampling.b_min_sep, "--sampling", help="Batch sampler."),
+    sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p: per-step probability (b-min-sep: among available examples)."),
+    participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: marginal rate p0 instead of p."),
+    min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
+    warm_start: bool = typer.Option(True, "--warm-start/--cold-start", help="b-min-sep: stationary start (Alg. 2) or cold (Alg. 1)."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches (App. D)."),
+    dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Number of examples (needed with --max-batch-size)."),
+    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma) for C as given."),
+    delta: float = _DELTA,
+    samples: int = typer.Option(100_000, "--samples", help="Privacy-loss samples per direction."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed entropy (default: fresh OS entropy, recorded)."),
+    confidence: float = _CONF,
+    chunk_size: int = typer.Option(10_000, "--chunk-size", help="Samples per chunk (one checkpoint per chunk)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint file (.npz); an existing one of the same run is continued."),
+    scheduler: Optional[str] = _SCHED,
+    as_json: bool = _JSON,
+) -> None:
+    """Estimate epsilon by Monte Carlo, checkpointing after every chunk.
+
+    Example: dpmf montecarlo run --strategy banded-toeplitz --bands 4 --steps 64 --sampling b-min-sep
+    --min-sep 4 --participation-rate 0.05 --noise-multiplier 1 --delta 1e-5 --samples 100000
+    --checkpoint mc.npz
+    """
+    from dpmf.accounting.montecarlo.accountant import check_supported, open_run, montecarlo_report
+    from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION
+
+    try:
+        strat = _strategy(strategy, steps, epochs, bands)
+        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
+        check_supported(strat, scheme, None)
+        options = {} if dataset_size is None else {"dataset_size": dataset_size}
+        mc = open_run(strat, scheme, noise_multiplier, samples, seed, chunk_size, checkpoint, None,
+                      DEFAULT_RESOLUTION, sampler_options=options)
+        if checkpoint is not None and not mc.samples_done:
+            mc.save(checkpoint)  # the seed is on disk before the first chunk
+        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler), "sampling privacy losses",
+                 mc.samples_total, mc.samples_done, checkpoint)
+        report = montecarlo_report(mc, delta, confidence)
+    except DPMFError as exc:
+        _fail(str(exc))
+    _print_report(report, as_json, checkpoint)
+
+
+@app.command()
+def resume(
+    checkpoint: str = typer.Argument(..., help="A checkpoint written by 'dpmf montecarlo run --checkpoint'."),
+    delta: float = _DELTA,
+    confidence: float = _CONF,
+    scheduler: Optional[str] = _SCHED,
+    as_json: bool = _JSON,
+) -> None:
+    """Continue an interrupted run: compute exactly the missing chunks, then report."""
+    from dpmf.accounting.montecarlo.accountant import montecarlo_report
+    from dpmf.accounting.montecarlo.run import MonteCarloRun
+
+    try:
+        mc = MonteCarloRun.load(checkpoint)
+        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler), "resuming", mc.samples_total,
+                 mc.samples_done, checkpoint)
+        report = montecarlo_report(mc, delta, confidence)
+    except DPMFError as exc:
+        _fail(str(exc))
+    _print_report(report, as_json, checkpoint)
+
+
+@app.command()
+def report(
+    checkpoint: str = typer.Argument(..., help="A checkpoint (complete or partial)."),
+    delta: float = _DELTA,
+    confidence: float = _CONF,
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Also print the delta interval at this epsilon."),
+    as_json: bool = _JSON,
+) -> None:
+    """Report a checkpoint without sampling (a partial run is labelled PARTIAL)."""
+    from dpmf.accounting.montecarlo.accountant import montecarlo_report
+    from dpmf.accounting.montecarlo.run import MonteCarloRun
+
+    try:
+        mc = MonteCarloRun.load(checkpoint, read_only=True)
+        rep = montecarlo_report(mc, delta, confidence)
+        intervals = None
+        if epsilon is not None:
+            intervals = {d: h.delta_interval(epsilon, confidence) for d, h in mc.histograms.items()}
+    except DPMFError as exc:
+        _fail(str(exc))
+    if as_json:
+        payload = rep.to_dict()
+        payload["checkpoint"] = checkpoint
+        if intervals is not None:
+            payload["delta_interval"] = {"epsilon": epsilon, **{d: list(v) for d, v in intervals.items()}}
+        out.print_json(json.dumps(payload))
+        return
+    _print_report(rep, False, checkpoint)
+    if intervals is not None:
+        for d, (lo, est, hi) in intervals.items():
+            out.print(
+                f"  delta({epsilon:g}) {d}: estimate {est:.4g}, {confidence:g} interval [{lo:.4g}, {hi:.4g}]",
+                highlight=False,
+            )
+
+
+
+@app.command()
+def calibrate(
+    strategy: str = typer.Option("identity", "--strategy", help="Encoder C by name or FILE.npz."),
+    steps: int = typer.Option(..., "--steps", help="Number of training steps n."),
+    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded strategies."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs (balls-in-bins; strategy optimization)."),
+    sampling: Sampling = typer.Option(Sampling.b_min_sep, "--sampling", help="Batch sampler."),
+    sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p (see 'run')."),
+    participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: p0 instead of p."),
+    min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
+    warm_start: bool = typer.Option(True, "--warm-start/--cold-start", help="b-min-sep start."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches."),
+    dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Needed with --max-batch-size."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
+    delta: float = _DELTA,
+    samples: Optional[int] = typer.Option(None, "--samples", help="Samples per direction and candidate (default: the fewest that certify --delta)."),
+    candidates: int = typer.Option(12, "--candidates", help="Number of candidate noise multipliers (powers of 1.01)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed entropy (default: fresh OS entropy, recorded)."),
+    chunk_size: int = typer.Option(10_000, "--chunk-size", help="Samples per chunk."),
+    scheduler: Optional[str] = _SCHED,
+    as_json: bool = _JSON,
+) -> None:
+    """Certified noise calibration by Algorithm 5 (Estimate-Verify-Release, Dong & Ganesh 2026 App. A).
+
+    The released noise multiplier is (epsilon, delta)-DP with the Monte Carlo failure probability
+    folded into delta (Thm. A.1); a proved accountant supplies the fallback noise.
+    """
+    from dpmf.accounting.montecarlo.accountant import calibrate_montecarlo
+
+    try:
+        strat = _strategy(strategy, steps, epochs, bands)
+        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
+        with err.status("Algorithm 5: pilot estimate and verification ...") as status:
+
+            def progress(done: int, total: int) -> None:
+                status.update(f"Algorithm 5: verifying a candidate, {done:,}/{total:,} samples")
+
+            cal = calibrate_montecarlo(
+                strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,
+                scheduler=scheduler, callback=progress, chunk_size=chunk_size, dataset_size=dataset_size,
+            )
+    except KeyboardInterrupt:
+        err.print("interrupted (calibration keeps no checkpoint; rerun with the same --seed)")
+        raise typer.Exit(code=130)
+    except DPMFError as exc:
+        _fail(str(exc))
+    if as_json:
+        out.print_json(cal.report.to_json())
+        return
+    d = cal.report.diagnostics
+    out.print(
+        f"noise multiplier {cal.noise_multiplier:.6g} is ({epsilon:g}, {delta:g})-DP "
+        f"(certified by Algorithm 5; {'fallback' if cal.fallback else 'verified candidate'})",
+        highlight=False,
+    )
+    out.print(
+        f"  {d['samples_per_direction_per_candidate']:,} samples per direction and candidate, "
+        f"{cal.evaluations} candidates verified; failure probability bound {d['failure_probability_bound']:.3g} "
+        f"folded into delta (overall {d['overall_delta']:.4g})",
+        highlight=False,
+    )
+    out.print(
+        f"  fallback {d['fallback_noise_multiplier']:.6g} ({d['fallback_method']}); seed entropy {d['seed_entropy']}",
+        highlight=False,
+    )
