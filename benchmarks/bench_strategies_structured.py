@@ -17,7 +17,15 @@
   it. dpmf: ``BLT(...).streaming_noise(10**6, rng)`` / ``ToeplitzNoise(strategy, 10**6, rng=...)``
   calling ``next()`` 32 times (float64). Agreement: both outputs have shape (10^6,) and the
   empirical per-coordinate variance of step 32 is within 2% of the exact ``(C^{-1} C^{-T})[31, 31]``
-  (dense inverse of the 32 x 32 lower Toeplitz matrix of each side's own coefficients).
+  (dense inverse of the leading 32 x 32 block of each side's own encoder).
+  dpmf draws with numpy's default generator (PCG64, ``np.random.default_rng(0)``); the draw and
+  the buffer updates are fused chunk by chunk. ``..._sfc64`` runs the same dpmf code with
+  ``np.random.Generator(np.random.SFC64(0))``, a faster bit generator a user may pass.
+* ``streaming_noise_1e6_bandmf16``: 32 steps for d = 10^6 with the column-normalized 16-band
+  BandMF encoder ``banded.ColumnNormalizedBanded.default(128, 16)``: peer its
+  ``inverse_as_streaming_matrix()`` privatizer as above, dpmf
+  ``DenseStrategy(C).streaming_noise(10**6, rng)`` on the same (materialized) ``C`` (forward
+  substitution keeping 15 past outputs).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from case import Case
 
-from dpmf.strategies import FixedEpochParticipation, ToeplitzNoise, ToeplitzStrategy
+from dpmf.strategies import DenseStrategy, FixedEpochParticipation, ToeplitzNoise, ToeplitzStrategy
 from dpmf.strategies.banded import optimize_banded_toeplitz
 from dpmf.strategies.blt import BLT, optimize_blt
 from dpmf.strategies.toeplitz import materialize_lower_toeplitz
@@ -114,16 +122,20 @@ def _peer_noise(kind: str):
         jax = _x64()
         import jax.numpy as jnp
         from jax_privacy import noise_addition as na
-        from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+        from jax_privacy.matrix_factorization import banded, buffered_toeplitz, toeplitz
 
         if kind == "blt":
             blt = buffered_toeplitz.BufferedToeplitz.build(buf_decay=BUF_DECAY, output_scale=OUTPUT_SCALE)
             M = blt.inverse_as_streaming_matrix()
-            coefs = np.asarray(blt.toeplitz_coefs(STEPS))
+            coefs = materialize_lower_toeplitz(np.asarray(blt.toeplitz_coefs(STEPS)), STEPS)
+        elif kind == "bandmf16":
+            cnb = banded.ColumnNormalizedBanded.default(128, 16)
+            M = cnb.inverse_as_streaming_matrix()
+            coefs = np.asarray(cnb.materialize())[:STEPS, :STEPS]
         else:
             coef = toeplitz.optimize_banded_toeplitz(128, bands=16)
             M = toeplitz.inverse_as_streaming_matrix(coef)
-            coefs = np.asarray(coef)
+            coefs = materialize_lower_toeplitz(np.asarray(coef)[:STEPS], STEPS)
         priv = na.matrix_factorization_privatizer(M, stddev=1.0, prng_key=0)
         params = jnp.zeros((DIM,), jnp.float32)
         upd = jax.jit(priv.update)
@@ -145,34 +157,56 @@ def _peer_noise(kind: str):
     return run
 
 
-def _dpmf_blt_noise():
+def _generator(bitgen: str) -> np.random.Generator:
+    return np.random.default_rng(0) if bitgen == "pcg64" else np.random.Generator(np.random.SFC64(0))
+
+
+def _dpmf_blt_noise(bitgen: str = "pcg64"):
     blt = BLT(BUF_DECAY, OUTPUT_SCALE)
-    coefs = blt.toeplitz_coefs(STEPS)
+    C = materialize_lower_toeplitz(blt.toeplitz_coefs(STEPS), STEPS)
 
     def run():
-        noise = blt.streaming_noise(DIM, rng=np.random.default_rng(0))
+        noise = blt.streaming_noise(DIM, rng=_generator(bitgen))
         for _ in range(STEPS):
             w = next(noise)
-        return w, coefs
+        return w, C
 
     return run
 
 
-def _dpmf_toeplitz_noise():
+def _dpmf_toeplitz_noise(bitgen: str = "pcg64"):
     strategy = ToeplitzStrategy(optimize_banded_toeplitz(128, 16).coefs, 128)
+    C = materialize_lower_toeplitz(strategy.coefs[:STEPS], STEPS)
 
     def run():
-        noise = ToeplitzNoise(strategy, DIM, rng=np.random.default_rng(0))
+        noise = ToeplitzNoise(strategy, DIM, rng=_generator(bitgen))
         for _ in range(STEPS):
             w = next(noise)
-        return w, strategy.coefs
+        return w, C
 
     return run
 
 
-def _exact_var(coefs) -> float:
-    C = materialize_lower_toeplitz(np.asarray(coefs, dtype=np.float64)[:STEPS], STEPS)
-    Cinv = np.linalg.inv(C)
+def _dpmf_bandmf_noise(bitgen: str = "pcg64"):
+    cache: dict = {}
+
+    def run():
+        if "s" not in cache:  # the same C as the peer (its default 16-band column-normalized start)
+            _x64()
+            from jax_privacy.matrix_factorization import banded
+
+            cache["s"] = DenseStrategy(np.asarray(banded.ColumnNormalizedBanded.default(128, 16).materialize()))
+        strategy = cache["s"]
+        noise = strategy.streaming_noise(DIM, rng=_generator(bitgen))
+        for _ in range(STEPS):
+            w = next(noise)
+        return w, strategy.C[:STEPS, :STEPS]
+
+    return run
+
+
+def _exact_var(C) -> float:
+    Cinv = np.linalg.inv(np.asarray(C, dtype=np.float64))
     return float((Cinv @ Cinv.T)[STEPS - 1, STEPS - 1])
 
 
@@ -218,9 +252,25 @@ CASES = [
         peer_name="jax_privacy",
     ),
     Case(
+        name="streaming_noise_1e6_blt_sfc64",
+        peer=_peer_noise("blt"),
+        dpmf=_dpmf_blt_noise("sfc64"),
+        compare=_compare_noise,
+        tolerance=_NOISE_TOL,
+        peer_name="jax_privacy",
+    ),
+    Case(
         name="streaming_noise_1e6_toeplitz16",
         peer=_peer_noise("toeplitz16"),
         dpmf=_dpmf_toeplitz_noise(),
+        compare=_compare_noise,
+        tolerance=_NOISE_TOL,
+        peer_name="jax_privacy",
+    ),
+    Case(
+        name="streaming_noise_1e6_bandmf16",
+        peer=_peer_noise("bandmf16"),
+        dpmf=_dpmf_bandmf_noise(),
         compare=_compare_noise,
         tolerance=_NOISE_TOL,
         peer_name="jax_privacy",

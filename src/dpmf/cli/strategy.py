@@ -36,6 +36,40 @@ def _participation(schema: Schema, epochs: Optional[int], min_sep: Optional[int]
     return Participation(epochs, min_sep if min_sep is not None else n // epochs)
 
 
+class Solver(str, Enum):
+    newton = "newton"
+    fixed_point = "fixed-point"
+
+
+class Constraints(str, Enum):
+    nonneg = "nonneg"
+    orthogonal = "orthogonal"
+    all_signs = "all_signs"
+
+
+def _learning_rates(value: Optional[str], cooldown: Optional[int], steps: int):
+    """``--learning-rates`` (a .npy file or comma-separated numbers) or ``--cooldown``."""
+    from dpmf.strategies.workloads import linear_cooldown
+
+    if value is not None and cooldown is not None:
+        raise InvalidParameterError("give either --learning-rates or --cooldown, not both")
+    if cooldown is not None:
+        return linear_cooldown(steps, cooldown)
+    if value is None:
+        return None
+    if value.endswith(".npy"):
+        try:
+            return np.load(value, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InvalidParameterError(f"--learning-rates: cannot read {value}: {exc}") from None
+    try:
+        return np.array([float(x) for x in value.split(",")])
+    except ValueError:
+        raise InvalidParameterError(
+            f"--learning-rates must be a .npy file or comma-separated numbers, got {value!r}"
+        ) from None
+
+
 @app.command()
 def build(
     kind: str = typer.Argument(
@@ -46,9 +80,28 @@ def build(
     bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr."),
     buffers: int = typer.Option(2, "--buffers", help="Buffers for blt."),
     matrix: Optional[str] = typer.Option(None, "--matrix", help="For kind 'matrix': your encoder as a .npy file."),
+    momentum: float = typer.Option(
+        0.0, "--momentum", help="Workload: SGD with momentum beta in [0, 1) (optimal is optimized for it)."
+    ),
+    learning_rates: Optional[str] = typer.Option(
+        None, "--learning-rates", help="Workload: per-step learning-rate multipliers (> 0), .npy or 'a,b,c,...'."
+    ),
+    cooldown: Optional[int] = typer.Option(
+        None, "--cooldown", help="Workload: learning rate 1 then a linear cooldown to 0.05 over this many last steps."
+    ),
+    solver: Solver = typer.Option(
+        Solver.newton, "--solver", help="optimal: newton (multi-epoch dual) or fixed-point (single epoch, §4.4)."
+    ),
+    constraints: Constraints = typer.Option(
+        Constraints.nonneg, "--constraints", help="optimal with newton: nonneg (Eq. 35), orthogonal, all_signs (scalar)."
+    ),
     out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz)."),
 ) -> None:
-    """Build a strategy and save it. Example: dpmf strategy build optimal --steps 128 --epochs 2 --out opt.npz"""
+    """Build a strategy and save it. Example: dpmf strategy build optimal --steps 128 --epochs 2 --out opt.npz
+
+    With --momentum / --learning-rates / --cooldown the workload is SGD with momentum and that
+    schedule (A = tri(n) diag(lr) M_beta); 'optimal' is optimized for it, every kind records it so
+    that 'dpmf strategy show' reports the error on it."""
     from dpmf.strategies import catalog
 
     try:
@@ -58,8 +111,26 @@ def build(
                 mat = np.load(matrix, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise InvalidParameterError(f"--matrix: cannot read {matrix}: {exc}") from None
-        strat = catalog.build(kind, steps, epochs=epochs, bands=bands, buffers=buffers, matrix=mat)
-        catalog.save(strat, out_path)
+        lr = _learning_rates(learning_rates, cooldown, steps)
+        workload = catalog.workload_spec(steps, momentum, lr)
+        with out.status(f"building {kind} for {steps} steps ...") as status:
+
+            def progress(iteration, loss, gap):
+                status.update(f"optimizing: iteration {iteration}, loss {loss:.6g}, gap {gap:.2e}")
+
+            strat = catalog.build(
+                kind,
+                steps,
+                epochs=epochs,
+                bands=bands,
+                buffers=buffers,
+                matrix=mat,
+                workload=workload,
+                solver=solver.value,
+                constraints=constraints.value,
+                callback=progress,
+            )
+        catalog.save(strat, out_path, workload=workload)
     except DPMFError as exc:
         _fail(str(exc))
     out.print(f"wrote {strat.describe()['name']} strategy for {steps} steps to {out_path}", highlight=False)
@@ -78,8 +149,8 @@ def show(
     from dpmf.strategies import catalog
 
     try:
-        strat = catalog.load(path)
-        summary = catalog.summarize(strat, _participation(participation, epochs, min_sep, strat.n))
+        strat, workload = catalog.read(path)
+        summary = catalog.summarize(strat, _participation(participation, epochs, min_sep, strat.n), workload)
     except DPMFError as exc:
         _fail(str(exc))
     if as_json:
@@ -92,4 +163,10 @@ def show(
     table.add_row("sensitivity", f"{summary['sensitivity']:.6g} ({exact}, {summary['sensitivity_method']})")
     table.add_row("prefix-sum RMSE per unit sigma (sens. 1)", f"{summary['rmse']:.6g}")
     table.add_row("max error per unit sigma (sens. 1)", f"{summary['max_error']:.6g}")
+    if "workload" in summary:
+        w = summary["workload"]
+        table.add_row("workload", f"momentum {w['momentum']:g}" + (", learning-rate schedule" if w["learning_rates"] else ""))
+        table.add_row("workload RMSE per unit sigma (sens. 1)", f"{summary['workload_rmse']:.6g}")
+        table.add_row("workload max error per unit sigma (sens. 1)", f"{summary['workload_max_error']:.6g}")
+        table.add_row("workload total error sqrt(loss) (sens. 1)", f"{summary['workload_total_error']:.6g}")
     out.print(table)

@@ -7,12 +7,13 @@ where documented) and ``prefix_sum_rmse()`` (per unit noise multiplier, for C as
 """
 
 from dpmf.strategies.banded import bisr, bsr, optimize_banded_toeplitz
-from dpmf.strategies.blt import BLT, optimize_blt
+from dpmf.strategies.blt import BLT, BLTNoise, BLTStrategy, optimize_blt
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import FixedEpochParticipation, SensitivityResult, sensitivity_squared
+from dpmf.strategies.streaming import DenseNoise, IdentityNoise, PregeneratedNoise, StreamingNoise, TreeNoise
 from dpmf.strategies.toeplitz import ToeplitzNoise, ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 from dpmf.strategies.workloads import momentum_sgd, prefix_sum
@@ -34,5 +35,12 @@ __all__ = [
     "bisr",
     "optimize_banded_toeplitz",
     "BLT",
+    "BLTStrategy",
+    "BLTNoise",
     "optimize_blt",
+    "StreamingNoise",
+    "IdentityNoise",
+    "DenseNoise",
+    "TreeNoise",
+    "PregeneratedNoise",
 ]

@@ -93,12 +93,13 @@ def bisr_noising_coefficients(n: int, bands: int) -> np.ndarray:
 def bisr(n: int, bands: int) -> ToeplitzStrategy:
     """Banded inverse square root: ``C^{-1} = Toeplitz(r_0, ..., r_{bands-1})`` with ``r`` the
     coefficients of ``(1 - x)^{1/2}``; the returned encoder ``C`` is its Toeplitz inverse (dense,
-    non-negative). ``strategy.noising_coefficients()`` recomputes ``C^{-1}`` numerically (zero
-    beyond ``bands`` up to rounding); :func:`bisr_noising_coefficients` gives the exact band.
+    non-negative). The exact band of ``C^{-1}`` is kept as ``strategy.inverse_coefs``, so
+    ``strategy.streaming_noise`` needs only ``(bands - 1) * dim`` floats of history
+    (:func:`bisr_noising_coefficients` gives the same coefficients).
     """
     n, bands = _check_bands(n, bands)
     r = inverse_sqrt_coefficients(bands)
-    return ToeplitzStrategy(toeplitz_inverse_coefficients(r, n), n)
+    return ToeplitzStrategy(toeplitz_inverse_coefficients(r, n), n, inverse_coefs=r)
 
 
 # ----------------------------------------------------------------------------------------------

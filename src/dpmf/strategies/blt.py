@@ -45,9 +45,10 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
-from dpmf.strategies.toeplitz import ToeplitzStrategy, _rng
+from dpmf.strategies.streaming import CHUNK, StreamingNoise
+from dpmf.strategies.toeplitz import ToeplitzStrategy
 
-__all__ = ["BLT", "BLTNoise", "optimize_blt"]
+__all__ = ["BLT", "BLTStrategy", "BLTNoise", "optimize_blt"]
 
 
 def _params(name: str, value: object) -> np.ndarray:
@@ -108,9 +109,10 @@ class BLT:
         powers = np.power(self.buf_decay[None, :], t[:, None])  # 0**0 == 1
         return np.concatenate(([1.0], powers @ self.output_scale))
 
-    def to_toeplitz(self, n: int) -> ToeplitzStrategy:
-        """The ``n x n`` encoder as a :class:`ToeplitzStrategy`."""
-        return ToeplitzStrategy(self.toeplitz_coefs(n), n)
+    def to_toeplitz(self, n: int) -> "BLTStrategy":
+        """The ``n x n`` encoder as a :class:`BLTStrategy` (a :class:`ToeplitzStrategy` that keeps
+        the BLT parameters, so its streaming noise needs only ``num_buffers * dim`` floats)."""
+        return BLTStrategy.from_blt(self, n)
 
     def inverse(self, *, rtol: float = 1e-12) -> "BLT":
         """The BLT ``(r, w)`` with ``1/C(z) = 1 + sum_j w_j z / (1 - r_j z)`` (module docstring).
@@ -185,22 +187,96 @@ class BLT:
         *,
         n: int | None = None,
         noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
     ) -> "BLTNoise":
-        """A streaming generator of ``w = C^{-1} z`` (see :class:`BLTNoise`)."""
-        return BLTNoise(self, dim, rng=rng, n=n, noise_multiplier=noise_multiplier)
+        """A streaming generator of ``w = C^{-1} z`` (see :class:`BLTNoise`; unbounded unless
+        ``n`` is given)."""
+        return BLTNoise(self, dim, rng=rng, n=n, noise_multiplier=noise_multiplier, dtype=dtype)
 
 
-class BLTNoise:
-    """Streaming correlated noise ``w_t = (C^{-1} z)_t`` for a :class:`BLT` ``C``.
+@dataclass(frozen=True, eq=False)
+class BLTStrategy(ToeplitzStrategy):
+    """The ``n``-step encoder ``scale * C_blt`` of a :class:`BLT`, held as a :class:`ToeplitzStrategy`
+    (``coefs = scale * blt.toeplitz_coefs(n)``) that remembers its BLT parameters.
 
-    Memory: ``num_buffers x dim`` floats of state (``buffers``) besides the output. Per step,
-    ``w_t = z_t - sum_i omega_i s_i`` and ``s_i <- theta_i s_i + w_t`` (forward substitution in
-    ``C w = z``; exact for any number of steps).
+    Everything Toeplitz (sensitivity, errors, ``noising_matrix``) is inherited;
+    :meth:`streaming_noise` uses the BLT recursion (:class:`BLTNoise`, ``num_buffers * dim``
+    floats) instead of the Toeplitz history, and :meth:`normalized` keeps the BLT form. Build with
+    :meth:`from_blt` or :meth:`BLT.to_toeplitz`.
+    """
+
+    blt: BLT | None = None
+    scale: float = 1.0
+
+    name = "blt"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.blt, BLT):
+            raise InvalidParameterError(f"blt must be a BLT, got {type(self.blt).__name__}")
+        scale = _v.positive("scale", self.scale)
+        expected = scale * self.blt.toeplitz_coefs(self.n)
+        if self.coefs.shape != expected.shape or not np.allclose(self.coefs, expected, rtol=1e-12, atol=0):
+            raise InvalidParameterError("coefs must equal scale * blt.toeplitz_coefs(n); use BLTStrategy.from_blt")
+        object.__setattr__(self, "scale", scale)
+
+    @classmethod
+    def from_blt(cls, blt: BLT, n: int, scale: float = 1.0) -> "BLTStrategy":
+        """``scale * C_blt`` over ``n`` steps."""
+        if not isinstance(blt, BLT):
+            raise InvalidParameterError(f"blt must be a BLT, got {type(blt).__name__}")
+        n = _v.positive_int("n", n)
+        scale = _v.positive("scale", scale)
+        return cls(scale * blt.toeplitz_coefs(n), n, blt=blt, scale=scale)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(self.blt.describe())
+        d.update({"name": self.name, "scale": self.scale, "nonnegative": self.blt.nonnegative})
+        return d
+
+    def normalized(self, participation) -> "BLTStrategy":
+        """``C / sens`` keeping the BLT form (``scale`` divided by the sensitivity)."""
+        sens = self.sensitivity(participation)
+        if not sens > 0:
+            raise InvalidParameterError("C has zero sensitivity; it cannot be normalized")
+        return BLTStrategy.from_blt(self.blt, self.n, self.scale / sens)
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+    ) -> "BLTNoise":
+        """Per-step noise ``w = C^{-1} z`` for ``n`` steps by the BLT recursion (:class:`BLTNoise`,
+        ``memory_floats = num_buffers * dim``)."""
+        return BLTNoise(
+            self.blt, dim, rng=rng, n=self.n, noise_multiplier=noise_multiplier, dtype=dtype, scale=self.scale
+        )
+
+
+class BLTNoise(StreamingNoise):
+    """Streaming correlated noise ``w_t = (C^{-1} z)_t`` for a :class:`BLT` ``C`` (times ``1/scale``
+    for the encoder ``scale * C``).
+
+    Memory: ``memory_floats = num_buffers * dim`` floats of state (``buffers``) besides the output.
+    Per step, ``w_t = z_t - sum_i omega_i s_i`` and ``s_i <- theta_i s_i + w_t`` (forward
+    substitution in ``C w = z``; exact for any number of steps). Mirrors ``jax_privacy``'s
+    ``BufferedToeplitz.inverse_as_streaming_matrix`` (Alg. 3 of arXiv 2408.08868).
 
     * ``next(noise)`` draws ``z_t = noise_multiplier * N(0, I_dim)`` from ``rng`` and returns
-      ``w_t`` (stops after ``n`` steps if ``n`` is given, else never).
+      ``w_t`` (stops after ``n`` steps if ``n`` is given, else never). The draw and the buffer
+      updates are fused chunk by chunk (cache-friendly); the numbers are those of
+      ``step(noise_multiplier * rng.standard_normal(dim))``.
     * ``noise.step(z_t)`` takes ``z_t`` from the caller; feeding unit vectors materializes
       ``C^{-1}``.
+
+    ``dtype`` (float64 default, float32 on request) is the dtype of draws, buffers and output.
+    The normal draw dominates the cost for large ``dim``: a faster bit generator, e.g.
+    ``numpy.random.Generator(numpy.random.SFC64(seed))``, is ~20-30% faster than the default
+    PCG64 (see ``benchmarks/bench_strategies_structured.py``).
     """
 
     def __init__(
@@ -211,58 +287,58 @@ class BLTNoise:
         rng: np.random.Generator | int | None = None,
         n: int | None = None,
         noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+        scale: float = 1.0,
     ) -> None:
         if not isinstance(blt, BLT):
             raise InvalidParameterError(f"blt must be a BLT, got {type(blt).__name__}")
+        super().__init__(n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
         self.blt = blt
-        self.dim = _v.positive_int("dim", dim)
-        self.n = None if n is None else _v.positive_int("n", n)
-        self.noise_multiplier = _v.non_negative("noise_multiplier", noise_multiplier)
-        self._rng = None if rng is None else _rng(rng)
+        self.scale = _v.positive("scale", scale)
         self._theta = [float(x) for x in blt.buf_decay]
         self._omega = [float(x) for x in blt.output_scale]
-        self.buffers = np.zeros((blt.num_buffers, self.dim))
-        self._t = 0
+        self.buffers = np.zeros((blt.num_buffers, self.dim), dtype=self.dtype)
+        self._tmp = np.empty(min(self.dim, CHUNK), dtype=self.dtype)
 
     @property
-    def steps_done(self) -> int:
-        return self._t
+    def memory_floats(self) -> int:
+        """Floats of state kept between steps: ``num_buffers * dim``."""
+        return int(self.buffers.size)
 
-    def step(self, z: object) -> np.ndarray:
-        """Return ``w_t = (C^{-1} z)_t`` for the caller's ``z_t`` (shape ``(dim,)``); advance."""
-        if self.n is not None and self._t >= self.n:
-            raise InvalidParameterError(f"z: all n={self.n} steps have already been generated")
-        z = np.asarray(z, dtype=np.float64)
-        if z.shape != (self.dim,):
-            raise InvalidParameterError(f"z must have shape ({self.dim},), got {z.shape}")
-        return self._step(z.copy())
-
-    def _step(self, w: np.ndarray) -> np.ndarray:
-        # w holds z_t on entry (owned by us); in-place to keep passes over memory few.
+    def _update(self, w: np.ndarray, lo: int, hi: int) -> None:
+        # w holds z_t[lo:hi] on entry and w_t[lo:hi] on exit; buffers updated in place.
         buf = self.buffers
+        tmp = self._tmp[: hi - lo]
         if self._t:
             for i, om in enumerate(self._omega):
                 if om:
-                    w -= om * buf[i]
+                    np.multiply(buf[i, lo:hi], om, out=tmp)
+                    w -= tmp
         for i, th in enumerate(self._theta):
-            b = buf[i]
+            b = buf[i, lo:hi]
             b *= th
             b += w
-        self._t += 1
+        if self.scale != 1.0:
+            w /= self.scale
+
+    def _step(self, w: np.ndarray) -> np.ndarray:
+        for lo in range(0, self.dim, CHUNK):
+            hi = min(lo + CHUNK, self.dim)
+            self._update(w[lo:hi], lo, hi)
         return w
 
-    def __iter__(self) -> "BLTNoise":
-        return self
-
-    def __next__(self) -> np.ndarray:
-        if self.n is not None and self._t >= self.n:
-            raise StopIteration
-        if self._rng is None:
-            raise InvalidParameterError("rng is required to draw noise; use step(z) otherwise")
-        z = self._rng.standard_normal(self.dim)
-        if self.noise_multiplier != 1.0:
-            z *= self.noise_multiplier
-        return self._step(z)
+    def _next(self) -> np.ndarray:
+        w = np.empty(self.dim, dtype=self.dtype)
+        sigma = self.noise_multiplier
+        for lo in range(0, self.dim, CHUNK):
+            hi = min(lo + CHUNK, self.dim)
+            ww = w[lo:hi]
+            self._rng.standard_normal(dtype=self.dtype, out=ww)
+            if sigma != 1.0:
+                ww *= sigma
+            self._update(ww, lo, hi)
+        self._t += 1
+        return w
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:

@@ -6,9 +6,11 @@ adaptive (streaming) stream ``C`` must be lower triangular and invertible. Non-s
 (e.g. the FFT mechanism's tall ``2n x n`` ``C_F``, or a symmetric ``C`` for analysis) are allowed
 with ``adaptive=False``; then only a full column rank is required.
 
-Same small method set as :class:`dpmf.strategies.identity.Identity`: ``n``, ``name``,
-``describe()``, ``encoder()``, ``sensitivity(participation)``, ``prefix_sum_rmse()``, plus
-``sensitivity_result``, ``normalized``, ``decoder``. Mirrors ``jax_privacy.matrix_factorization.dense``
+Same small method set as every strategy (:mod:`dpmf.strategies.api`): ``n``, ``name``,
+``describe()``, ``encoder()``, ``sensitivity(participation)``, ``normalized``, ``prefix_sum_rmse()``,
+the workload errors, ``noising_matrix()`` and ``streaming_noise`` (forward substitution keeping the
+last ``band - 1`` outputs: ``O(band * dim)`` memory for BandMF, ``O(n * dim)`` for a dense ``C``),
+plus ``sensitivity_result`` and ``decoder``. Mirrors ``jax_privacy.matrix_factorization.dense``
 (strategy matrix plus ``sensitivity`` / ``per_query_error``).
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
 from dpmf.strategies import error as _error
+from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.sensitivity import SensitivityResult, sensitivity_squared
 from dpmf.strategies.workloads import lower_triangular, prefix_sum
 
@@ -29,7 +32,7 @@ __all__ = ["DenseStrategy"]
 
 
 @dataclass(frozen=True, eq=False)
-class DenseStrategy:
+class DenseStrategy(ErrorMethods):
     """Encoder ``C`` (``n x n`` lower triangular and invertible unless ``adaptive=False``).
 
     The stored matrix is a read-only float64 copy. ``sensitivity(participation)`` is a sound
@@ -112,3 +115,50 @@ class DenseStrategy:
         if not sens > 0:
             raise InvalidParameterError("C has zero sensitivity; it cannot be normalized")
         return DenseStrategy(self.C / sens, adaptive=self.adaptive, name=self.name)
+
+    def _decoder_for(self, workload: object) -> np.ndarray:
+        return self.decoder(workload)
+
+    def noising_matrix(self) -> np.ndarray:
+        """The left inverse ``L`` (``L C = I``) training applies to ``z``: ``C^{-1}`` for an adaptive
+        (square lower-triangular) ``C``, else the pseudo-inverse ``C^+`` (the optimal decoder's
+        noise, not streaming)."""
+        if self.adaptive:
+            import scipy.linalg as _sla
+
+            return _sla.solve_triangular(self.C, np.eye(self.n), lower=True)
+        return np.linalg.pinv(self.C)
+
+    @property
+    def band(self) -> int:
+        """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``n`` for a dense ``C``)."""
+        from dpmf.strategies.streaming import _bandwidth
+
+        return _bandwidth(np.tril(self.C))
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+    ):
+        """Per-step noise ``w = C^{-1} z`` (:class:`~dpmf.strategies.streaming.DenseNoise`: forward
+        substitution keeping the last ``band - 1`` outputs, ``memory_floats = (band - 1) * dim``).
+
+        For a non-adaptive (tall) ``C`` there is no streaming form: the noise ``C^+ z`` is
+        generated up front (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``n * dim``
+        floats)."""
+        from dpmf.strategies.streaming import DenseNoise, PregeneratedNoise, StreamingNoise
+
+        if self.adaptive:
+            return DenseNoise(self.C, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
+        base = StreamingNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
+        if base._rng is None:
+            raise InvalidParameterError("rng is required: a non-streaming strategy draws all its noise up front")
+        z = base._draw((self.C.shape[0], base.dim))
+        rows = (self.noising_matrix() @ z).astype(base.dtype)
+        return PregeneratedNoise(
+            rows, reason=f"the {self.name} encoder is not lower triangular (not streaming)", shape=base.shape
+        )

@@ -50,6 +50,7 @@ import scipy.linalg as _sl
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.toeplitz import _rng
 
 __all__ = ["FFTMechanism", "dft_l1_norm", "fft_sqrt_eigenvalues", "fft_circulant_coefficients"]
@@ -101,12 +102,16 @@ def _columns(name: str, value: object, rows: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class FFTMechanism:
+class FFTMechanism(ErrorMethods):
     """The real FFT factorization ``(B_F, C_F)`` of the ``n``-step prefix sum (App. K).
 
     Structured as its ``2n`` circulant coefficients; dense ``C_F`` (``2n x n``), ``B_F``
     (``n x 2n``) and the optimal decoder (``n x 2n``) only on request. The encoder is held as
-    given (not normalized to a sensitivity).
+    given (not normalized to a sensitivity); :meth:`normalized` returns a dense non-adaptive
+    :class:`~dpmf.strategies.dense.DenseStrategy`. Shares the method set of every strategy
+    (:mod:`dpmf.strategies.api`; the workload errors use the FFT Optimal Decoder ``A C_F^+``).
+    **Not streaming**: every step's noise depends on all ``2n`` Gaussian vectors, so
+    :meth:`streaming_noise` generates the whole noise up front (``n * dim`` floats, §4.6).
     """
 
     n: int
@@ -271,3 +276,72 @@ class FFTMechanism:
             Y = self._gram_solve(S_T)  # G^{-1} A^T
             return math.sqrt(float(np.sum(np.triu(Y))) / self.n)  # tr(A Y) = sum_{j <= i} Y[j, i]
         raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
+
+    # ---- uniform strategy API ----------------------------------------------------------------
+    def normalized(self, participation):
+        """``C_F / sens`` as a non-adaptive :class:`~dpmf.strategies.dense.DenseStrategy` named
+        ``"fft"`` (sensitivity <= 1 under ``participation``; its decoder is the optimal one)."""
+        from dpmf.strategies.dense import DenseStrategy
+        from dpmf.strategies.sensitivity import sensitivity_squared
+
+        sens = sensitivity_squared(self.encoder(), participation).sensitivity
+        return DenseStrategy(self.encoder() / sens, adaptive=False, name=self.name)
+
+    def sensitivity(self, participation) -> float:
+        """Sound L2 sensitivity of ``C_F x`` under ``participation``
+        (:func:`~dpmf.strategies.sensitivity.sensitivity_squared` on the dense ``C_F``: the spectral
+        bound or the SDP certificate, since ``C_F^T C_F`` has negative entries)."""
+        from dpmf.strategies.sensitivity import sensitivity_squared
+
+        return sensitivity_squared(self.encoder(), participation).sensitivity
+
+    def _decoder_for(self, workload: object) -> np.ndarray:
+        return self.optimal_decoder(workload)
+
+    def noising_matrix(self, decoder: Literal["fft", "optimal"] = "fft") -> np.ndarray:
+        """The ``n x 2n`` left inverse ``L`` (``L C_F = I``) whose ``L z`` training adds:
+        ``A^{-1} B_F`` (first differences of the rows of ``B_F``) or ``C_F^+`` (optimal decoder)."""
+        if decoder == "fft":
+            return np.diff(self.decoder(), axis=0, prepend=0.0)
+        if decoder == "optimal":
+            return self.pseudo_inverse()
+        raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+        decoder: Literal["fft", "optimal"] = "fft",
+        z: object = None,
+    ):
+        """The per-step noise ``L z`` (see :meth:`noising_matrix`), generated up front
+        (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``memory_floats = n * dim``) from
+        ``z = noise_multiplier * N(0, I)`` of shape ``(2n, dim)`` drawn from ``rng``, or from a
+        given ``z`` (used as is). ``step(z)`` is unavailable: the FFT mechanism is not streaming."""
+        from dpmf.strategies.streaming import PregeneratedNoise, StreamingNoise
+
+        if decoder not in ("fft", "optimal"):
+            raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
+        base = StreamingNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
+        if z is None:
+            if base._rng is None:
+                raise InvalidParameterError(
+                    "rng is required: the FFT mechanism draws all its noise up front (or pass z)"
+                )
+            zz = base._draw((2 * self.n, base.dim)).astype(np.float64)
+        else:
+            zz = _columns("z", z, 2 * self.n)
+            if zz.shape != (2 * self.n, base.dim):
+                raise InvalidParameterError(f"z must have shape {(2 * self.n, base.dim)}, got {zz.shape}")
+        if decoder == "fft":
+            rows = np.diff(self._circ(zz)[: self.n], axis=0, prepend=0.0)
+        else:
+            rows = self._pinv_apply(zz)
+        return PregeneratedNoise(
+            rows.astype(base.dtype),
+            reason="the FFT mechanism is not streaming (each step needs all 2n z's)",
+            shape=base.shape,
+        )

@@ -13,12 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError
+from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.participation import Participation
 
 
 @dataclass(frozen=True)
-class Identity:
-    """``C = I_n`` (DP-SGD). Non-negative, lower-triangular, columns of norm 1."""
+class Identity(ErrorMethods):
+    """``C = I_n`` (DP-SGD). Non-negative, lower-triangular, columns of norm 1.
+
+    Shares the method set of every strategy (:mod:`dpmf.strategies.api`); the streaming noise is
+    fresh independent noise every step (no state).
+    """
 
     n: int
 
@@ -35,9 +41,48 @@ class Identity:
         return np.eye(self.n)
 
     def sensitivity(self, participation: Participation) -> float:
-        """L2 sensitivity of ``C x`` under the schema: ``sqrt(min(k, ceil(n / b)))``."""
-        k = min(participation.max_participations, math.ceil(self.n / participation.min_sep))
-        return math.sqrt(k)
+        """L2 sensitivity of ``C x`` under the schema: ``sqrt(min(k, ceil(n / b)))`` (exact; a
+        ``min_sep`` beyond ``n`` means a single participation)."""
+        from dpmf.strategies.sensitivity import FixedEpochParticipation
+
+        if not isinstance(participation, (Participation, FixedEpochParticipation)):
+            raise InvalidParameterError(
+                "participation must be a Participation (b-min-sep) or FixedEpochParticipation, "
+                f"got {type(participation).__name__}"
+            )
+        return math.sqrt(min(participation.max_participations, math.ceil(self.n / participation.min_sep)))
+
+    def normalized(self, participation: Participation):
+        """``C / sens = I / sqrt(k')`` as a one-band :class:`~dpmf.strategies.toeplitz.ToeplitzStrategy`
+        (sensitivity exactly 1 under ``participation``). The DP-SGD accountants take
+        ``Identity`` with the noise multiplier instead; this form is for comparing errors."""
+        from dpmf.strategies.toeplitz import ToeplitzStrategy
+
+        return ToeplitzStrategy([1.0 / self.sensitivity(participation)], self.n)
+
+    def per_query_error(self, workload: object = None) -> np.ndarray:
+        """``||A[i, :]||^2`` (``B = A``); prefix sums: ``i + 1`` without materializing ``A``."""
+        if workload is None:
+            return np.arange(1, self.n + 1, dtype=np.float64)
+        return super().per_query_error(workload)
+
+    def noising_matrix(self) -> np.ndarray:
+        """``C^{-1} = I`` (dense)."""
+        return np.eye(self.n)
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+    ):
+        """Independent noise ``w_t = z_t`` each step (:class:`~dpmf.strategies.streaming.IdentityNoise`,
+        ``memory_floats = 0``)."""
+        from dpmf.strategies.streaming import IdentityNoise
+
+        return IdentityNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
 
     def prefix_sum_rmse(self) -> float:
         """RMSE of the ``n`` prefix sums per unit noise multiplier: ``sqrt((n + 1) / 2)``."""

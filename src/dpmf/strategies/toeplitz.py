@@ -36,6 +36,8 @@ import scipy.fft as _fft
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.strategies.api import ErrorMethods
+from dpmf.strategies.streaming import CHUNK, Ring, StreamingNoise, subtract_history
 
 __all__ = [
     "sqrt_prefix_coefficients",
@@ -173,18 +175,22 @@ def _toeplitz_matmul(c: np.ndarray, x: np.ndarray, transpose: bool) -> np.ndarra
 
 
 @dataclass(frozen=True, eq=False)
-class ToeplitzStrategy:
+class ToeplitzStrategy(ErrorMethods):
     """A lower-triangular Toeplitz encoder ``C`` of size ``n`` given by its coefficients.
 
     ``coefs`` has length ``<= n`` (shorter: banded, the missing coefficients are 0; longer input is
-    cut to ``n``). ``coefs[0]`` must be nonzero so that ``C`` is invertible. The strategy is held
+    cut to ``n``). ``coefs[0]`` must be nonzero so that ``C`` is invertible. ``inverse_coefs``
+    (optional) are the exact coefficients of ``C^{-1}`` when they are known and shorter (BISR),
+    checked against the numerical inverse; the streaming noise then keeps only their band. The strategy is held
     *as given*, not normalized to any sensitivity: ``noise_multiplier`` sigma refers to this ``C``.
 
-    Instances compare by identity (they hold arrays).
+    Shares the method set of every strategy (:mod:`dpmf.strategies.api`); the streaming noise is
+    :class:`ToeplitzNoise`. Instances compare by identity (they hold arrays).
     """
 
     coefs: np.ndarray
     n: int
+    inverse_coefs: np.ndarray | None = None
 
     name = "toeplitz"
 
@@ -196,6 +202,21 @@ class ToeplitzStrategy:
         c.setflags(write=False)
         object.__setattr__(self, "n", n)
         object.__setattr__(self, "coefs", c)
+        if self.inverse_coefs is not None:
+            # the exact coefficients of C^{-1} when known (e.g. BISR's banded inverse): must agree
+            # with the numerical inverse of coefs; used for the streaming noise (exact band)
+            g = _coefficients("inverse_coefs", self.inverse_coefs)[:n]
+            num = toeplitz_inverse_coefficients(c, n)
+            full = np.zeros(n)
+            full[: g.size] = g
+            scale = max(1.0, float(np.max(np.abs(num))))
+            if g[0] == 0 or float(np.max(np.abs(full - num))) > 1e-9 * scale:
+                raise InvalidParameterError(
+                    "inverse_coefs must be the coefficients of C^{-1} for the given coefs "
+                    f"(max deviation {float(np.max(np.abs(full - num))):.3g})"
+                )
+            g.setflags(write=False)
+            object.__setattr__(self, "inverse_coefs", g)
 
     @classmethod
     def sqrt_prefix_sum(cls, n: int) -> "ToeplitzStrategy":
@@ -215,7 +236,12 @@ class ToeplitzStrategy:
         return materialize_lower_toeplitz(self.coefs, self.n)
 
     def noising_coefficients(self) -> np.ndarray:
-        """Coefficients (length ``n``) of ``C^{-1}``, the operator applied to the noise in training."""
+        """Coefficients (length ``n``) of ``C^{-1}``, the operator applied to the noise in training
+        (``inverse_coefs`` zero-padded when given, else computed from ``coefs``)."""
+        if self.inverse_coefs is not None:
+            g = np.zeros(self.n)
+            g[: self.inverse_coefs.size] = self.inverse_coefs
+            return g
         return toeplitz_inverse_coefficients(self.coefs, self.n)
 
     def decoder_coefficients(self) -> np.ndarray:
@@ -252,6 +278,38 @@ class ToeplitzStrategy:
         return math.sqrt(float(np.dot(weights, b**2)) / self.n)
 
 
+    def normalized(self, participation) -> "ToeplitzStrategy":
+        """``C / sens`` (coefficients divided by :meth:`sensitivity`): sensitivity <= 1 under
+        ``participation`` (= 1 where the sensitivity is exact)."""
+        sens = self.sensitivity(participation)
+        if not sens > 0:
+            raise InvalidParameterError("C has zero sensitivity; it cannot be normalized")
+        inv = None if self.inverse_coefs is None else self.inverse_coefs * sens
+        return ToeplitzStrategy(self.coefs / sens, self.n, inv)
+
+    def per_query_error(self, workload: object = None) -> np.ndarray:
+        """``||B[i, :]||^2`` for ``C`` as given; for the prefix sum (default) in ``O(n log n)``:
+        ``B = A C^{-1}`` is Toeplitz with coefficients ``b`` and row ``i`` has ``sum_{j<=i} b_j^2``."""
+        if workload is None:
+            return np.cumsum(self.decoder_coefficients() ** 2)
+        return super().per_query_error(workload)
+
+    def noising_matrix(self) -> np.ndarray:
+        """Dense ``C^{-1}`` (lower-triangular Toeplitz with :meth:`noising_coefficients`)."""
+        return materialize_lower_toeplitz(self.noising_coefficients(), self.n)
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+    ) -> "ToeplitzNoise":
+        """Per-step noise ``w = C^{-1} z`` one step at a time (:class:`ToeplitzNoise`; memory
+        ``(band - 1) * dim`` for a banded encoder, ``(n - 1) * dim`` for a dense one)."""
+        return ToeplitzNoise(self, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
+
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
@@ -263,20 +321,21 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     return np.random.default_rng(int(rng))
 
 
-class ToeplitzNoise:
+class ToeplitzNoise(StreamingNoise):
     """Streaming correlated noise ``w_t = (C^{-1} z)_t`` for a :class:`ToeplitzStrategy` ``C``.
 
     ``z_t in R^dim`` are the i.i.d. Gaussian vectors of the mechanism ``C x + z``; the ``t``-th
     output (``t = 0 .. n-1``) is ``w_t = sum_{j<=t} g_j z_{t-j}`` with ``g`` the coefficients of
-    ``C^{-1}`` — the noise that training adds to the clipped gradient sum of step ``t``.
+    ``C^{-1}`` -- the noise that training adds to the clipped gradient sum of step ``t``. Same
+    interface as every generator of :mod:`dpmf.strategies.streaming`:
 
     * ``next(noise)`` draws ``z_t = noise_multiplier * N(0, I_dim)`` from ``rng`` and returns
       ``w_t`` (iteration stops after ``n`` steps).
     * ``noise.step(z_t)`` takes ``z_t`` from the caller (no scaling) and returns ``w_t``; feeding
       unit vectors materializes ``C^{-1}``.
 
-    Memory (``history_rows * dim`` floats besides the output), chosen from the exact zero
-    pattern of the coefficients:
+    Memory (``memory_floats = history_rows * dim`` floats besides the output), chosen from the
+    exact zero pattern of the coefficients:
 
     * banded encoder (``C`` has ``band`` nonzero diagonals, ``band <=`` the inverse's): solve
       ``C w = z`` forward, ``w_t = (z_t - sum_{j=1}^{band-1} c_j w_{t-j}) / c_0``, keeping the last
@@ -285,6 +344,9 @@ class ToeplitzNoise:
       :meth:`from_noising_coefficients`): convolve with ``g``, keeping the last ``band - 1`` inputs;
     * general (e.g. the square-root strategy): convolve with ``g`` over the full history of
       ``z``, ``(n - 1) * dim`` floats, and ``O(t * dim)`` work at step ``t``.
+
+    ``dtype`` (float64 by default; float32 on request) is the dtype of the draws, the state and
+    the output. Mirrors ``jax_privacy``'s ``toeplitz.inverse_as_streaming_matrix``.
     """
 
     def __init__(
@@ -294,17 +356,15 @@ class ToeplitzNoise:
         *,
         noise_multiplier: float = 1.0,
         rng: np.random.Generator | int | None = None,
+        dtype: object = np.float64,
         _noising_coefficients: object | None = None,
     ) -> None:
         if not isinstance(strategy, ToeplitzStrategy):
             raise InvalidParameterError(
                 f"strategy must be a ToeplitzStrategy, got {type(strategy).__name__}"
             )
+        super().__init__(strategy.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
         self.strategy = strategy
-        self.n = strategy.n
-        self.dim = _v.positive_int("dim", dim)
-        self.noise_multiplier = _v.non_negative("noise_multiplier", noise_multiplier)
-        self._rng = None if rng is None else _rng(rng)
         if _noising_coefficients is None:
             g = strategy.noising_coefficients()
         else:  # exact coefficients of C^{-1} (from_noising_coefficients)
@@ -325,14 +385,12 @@ class ToeplitzNoise:
             self._coefs = g[:band_g].copy()
             history = band_g - 1
         self.history_rows = min(history, self.n - 1)
-        # Double-written ring buffer: row r is stored at r % h and r % h + h, so the last h rows are
-        # always one contiguous slice (oldest first). With full history no wrap is needed.
-        h = self.history_rows
-        if self.mode == "full-history":
-            self._buf = np.zeros((max(h, 1), self.dim))
-        else:
-            self._buf = np.zeros((2 * max(h, 1), self.dim))
-        self._t = 0
+        # the last h inputs (or outputs) in h * dim floats; _lagged[j] multiplies lag j + 1
+        self._ring = Ring(self.history_rows, self.dim, self.dtype)
+        lagged = np.zeros(max(self.history_rows, 1))
+        lagged[: self.history_rows] = self._coefs[1 : 1 + self.history_rows]
+        self._lagged = lagged.astype(self.dtype)
+        self._tmp = np.empty(min(self.dim, CHUNK), dtype=self.dtype)
 
     @classmethod
     def from_noising_coefficients(
@@ -343,6 +401,7 @@ class ToeplitzNoise:
         *,
         noise_multiplier: float = 1.0,
         rng: np.random.Generator | int | None = None,
+        dtype: object = np.float64,
     ) -> "ToeplitzNoise":
         """Build from the coefficients of ``C^{-1}`` directly (exact band for a banded inverse)."""
         n = _v.positive_int("n", n)
@@ -350,67 +409,42 @@ class ToeplitzNoise:
         if g[0] == 0:
             raise InvalidParameterError("noising_coefficients[0] must be nonzero, got 0.0")
         strategy = ToeplitzStrategy(toeplitz_inverse_coefficients(g, n), n)
-        return cls(strategy, dim, noise_multiplier=noise_multiplier, rng=rng, _noising_coefficients=g)
+        return cls(
+            strategy, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype, _noising_coefficients=g
+        )
 
     @property
-    def steps_done(self) -> int:
-        """How many outputs have been produced (the next one is for step ``steps_done``)."""
-        return self._t
+    def memory_floats(self) -> int:
+        """Floats of state kept between steps: ``history_rows * dim``."""
+        return int(self._ring.buf.size)
 
-    def _history(self) -> np.ndarray:
-        """The stored rows, oldest first (the last ``min(t, h)`` inputs or outputs)."""
-        h, t = self.history_rows, self._t
-        k = min(t, h)
-        if self.mode == "full-history":
-            return self._buf[:k]
-        start = t % h if h else 0
-        return self._buf[start + h - k : start + h]
-
-    def _store(self, row: np.ndarray) -> None:
-        h, t = self.history_rows, self._t
-        if h == 0:
-            return
-        if self.mode == "full-history":
-            if t < h:
-                self._buf[t] = row
-            return
-        self._buf[t % h] = row
-        self._buf[t % h + h] = row
-
-    def step(self, z: object) -> np.ndarray:
-        """Return ``w_t = (C^{-1} z)_t`` for the caller's ``z_t`` (shape ``(dim,)``), advance ``t``."""
-        if self._t >= self.n:
-            raise InvalidParameterError(f"z: all n={self.n} steps have already been generated")
-        z = np.asarray(z, dtype=np.float64)
-        if z.shape != (self.dim,):
-            raise InvalidParameterError(f"z must have shape ({self.dim},), got {z.shape}")
-        past = self._history()
-        k = past.shape[0]
-        a = self._coefs
+    def _step(self, z: np.ndarray) -> np.ndarray:
         if self.mode == "banded-encoder":
-            # past holds w_{t-k} .. w_{t-1}; c_1 multiplies w_{t-1}
-            w = z - a[k:0:-1] @ past if k else z.copy()
-            w = w / a[0]
-            self._store(w)
-        else:
-            # past holds z_{t-k} .. z_{t-1}; g_1 multiplies z_{t-1}
-            w = a[0] * z
-            if k:
-                w = w + a[k:0:-1] @ past
-            self._store(z)
-        self._t += 1
+            return self._solve(z, None)
+        # w_t = g_0 z_t + sum_{j>=0} g_{j+1} z_{t-1-j}; the ring holds past inputs z
+        t = self._t
+        coef, past = self._ring.weights(self._lagged, t)
+        w = (self._coefs[0] * z).astype(self.dtype, copy=False)
+        if past.shape[0]:
+            subtract_history(w, -coef, past, self._tmp)
+        self._ring.store(z, t)
         return w
 
-    def __iter__(self) -> "ToeplitzNoise":
-        return self
+    def _solve(self, w: np.ndarray, draw) -> np.ndarray:
+        # banded encoder: w_t = (z_t - sum_{j>=0} c_{j+1} w_{t-1-j}) / c_0; the ring holds past w
+        t = self._t
+        coef, past = self._ring.weights(self._lagged, t)
+        subtract_history(
+            w, coef, past, self._tmp, draw=draw, sigma=self.noise_multiplier, divisor=float(self._coefs[0])
+        )
+        self._ring.store(w, t)
+        return w
 
-    def __next__(self) -> np.ndarray:
-        if self._t >= self.n:
-            raise StopIteration
-        if self._rng is None:
-            raise InvalidParameterError(
-                "rng must be a numpy.random.Generator or an integer seed to draw noise "
-                "(dpmf never draws hidden seeds); or feed z yourself with step(z)"
-            )
-        z = self.noise_multiplier * self._rng.standard_normal(self.dim)
-        return self.step(z)
+    def _next(self) -> np.ndarray:
+        if self.mode != "banded-encoder":
+            return super()._next()
+        # fused and chunked: draw z into the output chunk by chunk and apply the recursion while
+        # the chunk is in cache (the same numbers as step(noise_multiplier * standard_normal(dim)))
+        w = self._solve(np.empty(self.dim, dtype=self.dtype), self._rng)
+        self._t += 1
+        return w

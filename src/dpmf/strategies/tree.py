@@ -33,6 +33,11 @@ sums) and ``B_hon[i, r] != 0`` only for rows ``r`` released at or before step ``
 
 Privacy only depends on ``C``; ``C^T C >= 0``, so the exact sensitivity under (k, b)-participation
 is Eq. (3) of the paper, ``max_pi sqrt(1^T X[pi, pi] 1)``.
+
+**Training noise** (streaming): DP-FTRL adds ``L z`` with ``L = A^{-1} B_hon`` (the step-by-step
+increments of the online decoder's prefix-sum noise, ``L C = I``);
+:meth:`BinaryTree.streaming_noise` produces it with one stored estimate per pending dyadic block
+(``ceil(log2 n) * dim`` floats), see :class:`dpmf.strategies.streaming.TreeNoise`.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.stamping import optimal_decoder as _optimal_decoder
 
 __all__ = ["BinaryTree", "tree_nodes", "binary_tree_encoder", "online_honaker_decoder"]
@@ -117,19 +123,25 @@ def online_honaker_decoder(n: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class BinaryTree:
+class BinaryTree(ErrorMethods):
     """The binary-tree encoder over ``n`` steps (any ``n >= 1``; virtual steps complete the tree).
 
     Structured representation: the node list (:meth:`nodes`); dense matrices on request.
-    The encoder is held as given (0/1 entries), not normalized to a sensitivity.
+    The encoder is ``scale`` times the 0/1 node-indicator matrix (``scale = 1`` as built;
+    :meth:`normalized` divides it by the sensitivity). Shares the method set of every strategy
+    (:mod:`dpmf.strategies.api`; the workload errors use the optimal decoder ``A C^+``); the
+    streaming noise is the online Honaker decoder's (:class:`~dpmf.strategies.streaming.TreeNoise`,
+    ``O(log n)`` stored estimates).
     """
 
     n: int
+    scale: float = 1.0
 
     name = "binary_tree"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n", _v.positive_int("n", self.n))
+        object.__setattr__(self, "scale", _v.positive("scale", self.scale))
 
     @property
     def levels(self) -> int:
@@ -142,19 +154,24 @@ class BinaryTree:
         return sum(-(-self.n // (1 << h)) for h in range(self.levels + 1))
 
     def describe(self) -> dict:
-        return {"name": self.name, "n": self.n, "levels": self.levels, "rows": self.num_rows}
+        d = {"name": self.name, "n": self.n, "levels": self.levels, "rows": self.num_rows}
+        if self.scale != 1.0:
+            d["scale"] = self.scale
+        return d
 
     def nodes(self) -> np.ndarray:
         """``(m, 5)`` int array ``level, index, start, stop, release`` in release order."""
         return tree_nodes(self.n)
 
     def encoder(self) -> np.ndarray:
-        """The dense ``m x n`` 0/1 encoder (rows in release order)."""
-        return binary_tree_encoder(self.n)
+        """The dense ``m x n`` encoder: ``scale`` times the 0/1 node indicators (release order)."""
+        C = binary_tree_encoder(self.n)
+        return C * self.scale if self.scale != 1.0 else C
 
     def online_decoder(self) -> np.ndarray:
         """The dense ``n x m`` online Honaker decoder (prefix-sum workload only)."""
-        return online_honaker_decoder(self.n)
+        B = online_honaker_decoder(self.n)
+        return B / self.scale if self.scale != 1.0 else B
 
     def optimal_decoder(self, workload: object | None = None) -> np.ndarray:
         """``A C^+`` for the workload ``A`` (default: the ``n x n`` prefix sum)."""
@@ -165,7 +182,7 @@ class BinaryTree:
         counts = np.zeros(self.n)
         for _, _, start, stop, _ in self.nodes():
             counts[start:stop] += 1.0
-        return np.sqrt(counts)
+        return self.scale * np.sqrt(counts)
 
     def sensitivity(self, participation) -> float:
         """Sound L2 sensitivity of the tree's release under ``participation`` (``C >= 0``, so
@@ -184,3 +201,34 @@ class BinaryTree:
         else:
             raise InvalidParameterError(f"decoder must be 'online' or 'optimal', got {decoder!r}")
         return float(np.linalg.norm(B) / math.sqrt(self.n))
+
+    def normalized(self, participation) -> "BinaryTree":
+        """The tree with ``scale / sens``: sensitivity <= 1 under ``participation`` (= 1 when the
+        sensitivity is exact, as it is for fixed-epoch participation)."""
+        sens = self.sensitivity(participation)
+        if not sens > 0:
+            raise InvalidParameterError("C has zero sensitivity; it cannot be normalized")
+        return BinaryTree(self.n, self.scale / sens)
+
+    def _decoder_for(self, workload: object) -> np.ndarray:
+        return self.optimal_decoder(workload)
+
+    def noising_matrix(self) -> np.ndarray:
+        """``L = A^{-1} B_hon`` (``n x m``): row ``t`` is the first difference of the online Honaker
+        decoder's rows ``t`` and ``t - 1``; ``L C = I``. This is what training adds, ``L z``."""
+        return np.diff(self.online_decoder(), axis=0, prepend=0.0)
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+    ):
+        """Per-step noise ``(L z)_t`` of the online Honaker decoder
+        (:class:`~dpmf.strategies.streaming.TreeNoise`; ``step`` takes the noises of the nodes
+        released at that step; ``memory_floats = levels * dim``)."""
+        from dpmf.strategies.streaming import TreeNoise
+
+        return TreeNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype, scale=self.scale)

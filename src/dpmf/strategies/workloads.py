@@ -63,7 +63,7 @@ def momentum_sgd(n: int, momentum: float = 0.0, learning_rates: object = None) -
             raise InvalidParameterError(f"learning_rates must have length n={n}, got shape {lr.shape}")
         if np.any(lr <= 0):
             raise InvalidParameterError(
-                f"learning_rates must all be > 0 (a zero rate makes A singular), got min {lr.min()!r}"
+                f"learning_rates must all be > 0 (a zero rate makes A singular), got min {float(lr.min())!r}"
             )
     lag = np.subtract.outer(np.arange(n), np.arange(n))  # i - j
     with np.errstate(under="ignore"):
@@ -113,7 +113,7 @@ def lower_triangular(value: object, name: str = "A", *, invertible: bool = False
         i, j = np.unravel_index(int(np.argmax(np.abs(upper))), upper.shape)
         raise InvalidParameterError(
             f"{name} must be lower triangular (query i may only use steps 0..i), "
-            f"got {name}[{i}, {j}] = {arr[i, j]!r} above the diagonal"
+            f"got {name}[{i}, {j}] = {float(arr[i, j])!r} above the diagonal"
         )
     if invertible and np.any(np.diag(arr) == 0):
         i = int(np.flatnonzero(np.diag(arr) == 0)[0])
