@@ -76,6 +76,7 @@ class SchemeArgs:
     min_sep: Optional[int]
     warm_start: bool
     max_batch_size: Optional[int]
+    dataset_size: Optional[int] = None
 
     def _need(self, value, flag: str):
         if value is None:
@@ -101,7 +102,9 @@ class SchemeArgs:
         q, b = self._need(self.sampling_prob, "--sampling-prob"), self._need(self.min_sep, "--min-sep")
         if kind is SamplingName.cyclic_poisson:
             return CyclicPoissonSampling(q, steps, b)
-        return MinSepSampling(q, steps, b, warm_start=self.warm_start, max_batch_size=self.max_batch_size)
+        return MinSepSampling(
+            q, steps, b, warm_start=self.warm_start, max_batch_size=self.max_batch_size, dataset_size=self.dataset_size
+        )
 
 
 def _build(strategy: str, args: SchemeArgs, bands: Optional[int]):
@@ -141,6 +144,9 @@ _EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in
 _MIN_SEP = typer.Option(None, "--min-sep", help="b: steps between two participations (cyclic-poisson, b-min-sep).")
 _WARM = typer.Option(False, "--warm-start", help="b-min-sep: start every example in its stationary state (Alg. 2).")
 _MAXB = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate/pad batches to this size (App. D).")
+_DATASET = typer.Option(
+    None, "--dataset-size", help="b-min-sep with --max-batch-size: number of examples (needed to account truncation)."
+)
 _BANDS = typer.Option(None, "--bands", help="Bands of banded-toeplitz / banded / bsr / bisr strategies.")
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (well below 1/dataset size).")
 _METHOD = typer.Option(
@@ -172,6 +178,7 @@ def account(
     min_sep: Optional[int] = _MIN_SEP,
     warm_start: bool = _WARM,
     max_batch_size: Optional[int] = _MAXB,
+    dataset_size: Optional[int] = _DATASET,
     bands: Optional[int] = _BANDS,
     noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma)."),
     delta: float = _DELTA,
@@ -190,7 +197,7 @@ def account(
     from dpmf.accounting import account as _account
 
     try:
-        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size)
+        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size, dataset_size)
         strat, scheme = _build(strategy, args, bands)
         opts = _method_options(samples, seed, workers, scheduler)
         with err.status(f"accounting ({method.value}) ..."):
@@ -215,6 +222,7 @@ def calibrate(
     min_sep: Optional[int] = _MIN_SEP,
     warm_start: bool = _WARM,
     max_batch_size: Optional[int] = _MAXB,
+    dataset_size: Optional[int] = _DATASET,
     bands: Optional[int] = _BANDS,
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon (> 0)."),
     delta: float = _DELTA,
@@ -233,7 +241,7 @@ def calibrate(
     from dpmf.accounting import calibrate as _calibrate
 
     try:
-        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size)
+        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size, dataset_size)
         strat, scheme = _build(strategy, args, bands)
         opts = _method_options(samples, seed, workers, scheduler)
         with err.status("calibrating ...") as status:

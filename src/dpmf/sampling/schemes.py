@@ -208,7 +208,8 @@ class MinSepSampling:
     :meth:`from_participation_rate`. ``warm_start=True`` starts every example from the stationary
     state of its availability chain (Alg. 2), so every step has expected batch ``m * p0``.
     ``max_batch_size`` truncates larger batches to a uniform subset and pads smaller ones (App. D;
-    a truncated-away example stays barred). ``min_sep=1`` is Poisson; warm start with ``p=1`` is
+    a truncated-away example stays barred); accounting truncated batches needs ``dataset_size``
+    (the number of examples m). ``min_sep=1`` is Poisson; warm start with ``p=1`` is
     balls-in-bins with ``min_sep`` steps per epoch.
     """
 
@@ -217,6 +218,7 @@ class MinSepSampling:
     min_sep: int
     warm_start: bool = False
     max_batch_size: int | None = None
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
@@ -225,6 +227,8 @@ class MinSepSampling:
         object.__setattr__(self, "warm_start", bool(self.warm_start))
         if self.max_batch_size is not None:
             object.__setattr__(self, "max_batch_size", _v.positive_int("max_batch_size", self.max_batch_size))
+        if self.dataset_size is not None:
+            object.__setattr__(self, "dataset_size", _v.positive_int("dataset_size", self.dataset_size))
 
     name = "b-min-sep"
 
@@ -250,6 +254,7 @@ class MinSepSampling:
             "min_sep": self.min_sep,
             "warm_start": self.warm_start,
             "max_batch_size": self.max_batch_size,
+            "dataset_size": self.dataset_size,
         }
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
