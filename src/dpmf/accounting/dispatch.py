@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dpmf import validation as _v
-from dpmf.accounting import dpsgd, montecarlo, unamplified
+from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, unamplified
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -61,6 +61,22 @@ METHODS: dict[str, AccountingMethod] = {
             unamplified.supports,
             unamplified.account_unamplified,
             unamplified.calibrate_unamplified,
+        ),
+        AccountingMethod(
+            mmcc.NAME,
+            "MMCC: conditional composition of per-row mixture-of-Gaussians PLDs (any non-negative "
+            "lower-triangular C; Poisson or cyclic Poisson sampling)",
+            mmcc.supports,
+            mmcc.account_mmcc,
+            fast_calibration=mmcc.calibrate_mmcc,
+        ),
+        AccountingMethod(
+            allocation.NAME,
+            "random allocation (balls-in-bins), sampling-free: the tighter of the Renyi dynamic program and "
+            "conditional composition",
+            allocation.supports,
+            allocation.account_allocation,
+            fast_calibration=allocation.calibrate_allocation,
         ),
         AccountingMethod(
             montecarlo.NAME,
@@ -173,7 +189,8 @@ def calibrate(
                 best = cal
             continue
         if m.fast_calibration is not None:
-            sigma = m.fast_calibration(strategy, scheme, target, delta, **_accepted(m.fast_calibration, opts))
+            extra = {**opts, "rel_tol": rel_tol, "callback": callback}
+            sigma = m.fast_calibration(strategy, scheme, target, delta, **_accepted(m.fast_calibration, extra))
             report, evals = run(sigma), 1
             while report.epsilon > target:  # float rounding: step to the safe side
                 sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)

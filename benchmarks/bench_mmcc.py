@@ -1,0 +1,120 @@
+"""MMCC (matrix-mechanism amplification, Choquette-Choo et al. ICLR 2024): time and peak memory.
+
+No public library implements MMCC (notes/peer-public-code.md §0), so the "peer" column of these
+cases is a reference dpmf computes another way:
+
+* ``mmcc_identity_n512``: C = I, q = 1/512, sigma = 1: MMCC must *equal* dpmf's DP-SGD PLD
+  accountant (peer), per direction, exactly.
+* ``mmcc_tree_n512`` / ``mmcc_sqrt_toeplitz_n512``: binary tree (n = 512, 1023 rows) and the
+  square-root Toeplitz factorization (n = 512), p = 1/n, sigma = c * (largest column norm) with
+  c = 20 (the paper's Fig. 2 / Fig. 8 settings), delta = 1e-6. Peer: the unamplified
+  single-participation Gaussian epsilon (closed form); the check is that MMCC's epsilon is
+  finite and below it (amplification helps at this c) and that max p~/p is below 1.5.
+  The dpmf side runs with ``workers=None`` (auto: processes from 256 distinct rows) and
+  ``heuristic=False`` (the bound only), and returns its wall time and peak Python-heap memory of the main process (tracemalloc; numpy arrays included;
+  the worker processes hold one row at a time).
+* ``mmcc_*_n2048``: the same at n = 2048, only when ``DPMF_BENCH_MMCC_2048=1`` is set (minutes).
+
+Targets (issue 4): n = 512 in <= 60 s, n = 2048 in <= 10 min on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import tracemalloc
+
+import dpmf
+from case import Case
+from dpmf.accounting.dpsgd import dpsgd_epsilon_by_direction
+from dpmf.accounting.mmcc import account_mmcc
+from dpmf.privacy import gaussian_epsilon
+from dpmf.sampling import PoissonSampling
+from dpmf.strategies import BinaryTree, Identity, ToeplitzStrategy
+
+DELTA = 1e-6
+C_FACTOR = 20.0
+WORKERS = None  # auto: serial below 256 distinct rows, else one process per CPU
+
+
+def _identity_peer() -> dict:
+    return dpsgd_epsilon_by_direction(1.0, 1 / 512, 512, DELTA)
+
+
+def _identity_dpmf() -> dict:
+    return account_mmcc(Identity(512), PoissonSampling(1 / 512, 512), 1.0, DELTA).epsilon_by_direction
+
+
+def _compare_identity(peer: dict, ours: dict) -> tuple[bool, str]:
+    return peer == ours, f"dpmf MMCC {ours} vs DP-SGD PLD {peer}"
+
+
+def _strategy(kind: str, n: int):
+    if kind == "tree":
+        s = BinaryTree(n)
+        return s, float(s.column_norms().max())
+    s = ToeplitzStrategy.sqrt_prefix_sum(n)
+    return s, float(s.column_norms()[0])
+
+
+def _unamplified(kind: str, n: int):
+    def run() -> float:
+        _, norm = _strategy(kind, n)
+        return gaussian_epsilon(C_FACTOR * norm, DELTA, norm)
+
+    return run
+
+
+def _mmcc(kind: str, n: int):
+    def run() -> dict:
+        strategy, norm = _strategy(kind, n)
+        tracemalloc.start()
+        start = time.perf_counter()
+        rep = account_mmcc(
+            strategy, PoissonSampling(1 / n, n), C_FACTOR * norm, DELTA, heuristic=False, workers=WORKERS
+        )
+        seconds = time.perf_counter() - start
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        d = rep.diagnostics
+        return {
+            "epsilon": rep.epsilon,
+            "seconds": seconds,
+            "peak_mb": peak / 2**20,
+            "max_ratio": d["max_probability_ratio"],
+            "computed": d["distinct_units_computed"],
+            "reused": d["units_reused"],
+            "setup_seconds": d["setup_seconds"],
+        }
+
+    return run
+
+
+def _compare_mmcc(unamplified: float, res: dict) -> tuple[bool, str]:
+    ok = math.isfinite(res["epsilon"]) and res["epsilon"] < unamplified and res["max_ratio"] < 1.5
+    return ok, (
+        f"eps MMCC={res['epsilon']:.5f} unamplified={unamplified:.5f} ratio={unamplified / res['epsilon']:.3f}; "
+        f"max p~/p={res['max_ratio']:.3f}; rows computed {res['computed']}, reused {res['reused']}; "
+        f"{res['seconds']:.1f} s (setup {res['setup_seconds']:.1f} s), peak {res['peak_mb']:.0f} MiB"
+    )
+
+
+CASES = [
+    Case("mmcc_identity_n512", _identity_peer, _identity_dpmf, _compare_identity, "equal per direction",
+         peer_name="dpmf DP-SGD PLD"),
+]
+for _kind in ("tree", "sqrt_toeplitz"):
+    CASES.append(
+        Case(f"mmcc_{_kind}_n512", _unamplified(_kind, 512), _mmcc(_kind, 512), _compare_mmcc,
+             "MMCC eps < unamplified eps, max p~/p < 1.5", peer_name="unamplified (closed form)",
+             slow=_kind != "tree")
+    )
+if os.environ.get("DPMF_BENCH_MMCC_2048") == "1":
+    for _kind in ("tree", "sqrt_toeplitz"):
+        CASES.append(
+            Case(f"mmcc_{_kind}_n2048", _unamplified(_kind, 2048), _mmcc(_kind, 2048), _compare_mmcc,
+                 "MMCC eps < unamplified eps, max p~/p < 1.5", peer_name="unamplified (closed form)", slow=True)
+        )
+
+__all__ = ["CASES", "dpmf"]

@@ -1,0 +1,39 @@
+"""Random-allocation (balls-in-bins) accounting for matrix mechanisms, sampling-free.
+
+Schuchardt & Kalinin, "Sampling-free privacy accounting for matrix mechanisms under random
+allocation" (arXiv 2601.21636); digest ``notes/random-allocation.md``. Two sound accountants on
+the dominating pair of :mod:`.dominating_pair`: the Rényi dynamic program (:mod:`.renyi`, Sec. 3)
+and conditional composition (:mod:`.conditional`, Sec. 4); :mod:`.accountant` reports the tighter.
+"""
+
+from dpmf.accounting.allocation.dominating_pair import (
+    band_truncation,
+    cyclic_bandwidth,
+    gram_matrix,
+    mixture_means,
+)
+from dpmf.accounting.allocation.renyi import RenyiAllocation, add_rdp, remove_rdp
+from dpmf.accounting.allocation.conditional import conditional_epsilon
+from dpmf.accounting.allocation.accountant import (
+    NAME,
+    AllocationProblem,
+    account_allocation,
+    calibrate_allocation,
+    supports,
+)
+
+__all__ = [
+    "mixture_means",
+    "gram_matrix",
+    "band_truncation",
+    "cyclic_bandwidth",
+    "remove_rdp",
+    "add_rdp",
+    "RenyiAllocation",
+    "conditional_epsilon",
+    "NAME",
+    "supports",
+    "AllocationProblem",
+    "account_allocation",
+    "calibrate_allocation",
+]

@@ -1,0 +1,241 @@
+r"""The random-allocation accountant: the tighter of the Rényi and conditional-composition bounds.
+
+Schuchardt & Kalinin (arXiv 2601.21636); digest ``notes/random-allocation.md`` §3.8. Both
+accountants are sound upper bounds on the same privacy profile, so per direction the smaller
+epsilon at the same delta is one too; the reported epsilon is the worst direction
+(zero-out adjacency: remove = P with the example, add = the reverse).
+
+Applies to :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps, each example in
+one uniformly random step per epoch, reused) with a lower-triangular, entrywise non-negative encoder
+``C`` (Lemma 2.8). ``noise_multiplier`` is ``sigma`` for ``C`` as given (clip norm 1).
+
+>>> from dpmf.strategies import Identity
+>>> from dpmf.sampling import BallsInBinsSampling
+>>> r = account_allocation(Identity(8), BallsInBinsSampling(1, 8), 1.0, 1e-8, which="renyi")
+>>> round(r.epsilon, 3), r.certified    # Feldman & Shenfeld's direct RDP bound: 4.036
+(4.036, True)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from dpmf import validation as _v
+from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
+from dpmf.accounting.allocation.dominating_pair import gram_matrix, mixture_means
+from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
+from dpmf.accounting.report import PrivacyReport
+from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
+from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.rdp import rdp_to_epsilon
+from dpmf.sampling.schemes import BallsInBinsSampling
+
+__all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation"]
+
+NAME = "allocation"
+WHICH = ("combined", "renyi", "conditional")
+#: Conditional composition is skipped in "combined" mode when its estimated time exceeds this
+#: many seconds (:func:`~dpmf.accounting.allocation.conditional.conditional_cost`: about N = 150
+#: steps); ``which="conditional"`` always runs.
+DEFAULT_CONDITIONAL_BUDGET = 30.0
+
+
+def _describe(strategy) -> dict:
+    if hasattr(strategy, "describe"):
+        return strategy.describe()
+    return {"name": type(strategy).__name__}
+
+
+def supports(strategy, scheme) -> str | None:
+    """``None`` when the accountant applies, else the reason it does not."""
+    if not isinstance(scheme, BallsInBinsSampling):
+        return f"random allocation needs BallsInBinsSampling, got {type(scheme).__name__}"
+    try:
+        mixture_means(strategy, scheme.epochs, scheme.steps)
+    except DPMFError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass(frozen=True)
+class AllocationProblem:
+    """The sigma-independent parts: means (``b x N``), Gram matrix and the Rényi program's levels."""
+
+    means: np.ndarray = field(repr=False)
+    gram: np.ndarray = field(repr=False)
+    epochs: int
+    steps_per_epoch: int
+    renyi: RenyiAllocation
+    strategy: dict
+    scheme: dict
+
+    @classmethod
+    def create(
+        cls,
+        strategy,
+        scheme,
+        *,
+        bandwidth: int | None = None,
+        orders=None,
+        budget: float = DEFAULT_BUDGET,
+        max_bandwidth: int = DEFAULT_MAX_BANDWIDTH,
+    ) -> "AllocationProblem":
+        if not isinstance(scheme, BallsInBinsSampling):
+            raise UnsupportedConfigurationError(
+                f"random allocation needs BallsInBinsSampling, got {type(scheme).__name__}"
+            )
+        n = getattr(strategy, "n", None)
+        if n is not None and n != scheme.steps:
+            raise InvalidParameterError(
+                f"the strategy has n={n} steps but the scheme has steps={scheme.steps} (k * b must equal N)"
+            )
+        means = mixture_means(strategy, scheme.epochs, scheme.steps)
+        gram = gram_matrix(means)
+        renyi = RenyiAllocation.create(
+            gram, bandwidth=bandwidth, orders=orders, budget=budget, max_bandwidth=max_bandwidth
+        )
+        return cls(means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, _describe(strategy), scheme.describe())
+
+
+def _renyi(problem: AllocationProblem, sigma: float, delta: float, conversion: str) -> dict:
+    out = problem.renyi.epsilon(sigma, delta)
+    if conversion == "joint":  # the paper's Alg. 3: convert max(rho_remove, rho_add)
+        rho_r, _ = problem.renyi.remove(sigma)
+        rho = np.maximum(rho_r, problem.renyi.add(sigma))
+        eps, order = rdp_to_epsilon(problem.renyi.orders, rho, delta)
+        out = {**out, "epsilon": eps, "epsilon_by_direction": {"remove": eps, "add": eps}, "order": order}
+    return out
+
+
+def account_allocation(
+    strategy,
+    scheme,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    which: str = "combined",
+    bandwidth: int | None = None,
+    orders=None,
+    budget: float = DEFAULT_BUDGET,
+    max_bandwidth: int = DEFAULT_MAX_BANDWIDTH,
+    delta_e: float | None = None,
+    temperatures=DEFAULT_TEMPERATURES,
+    discretization: float | None = None,
+    conditional_budget: float = DEFAULT_CONDITIONAL_BUDGET,
+    renyi_conversion: str = "per-direction",
+    callback: Callable[[int, int], None] | None = None,
+    problem: AllocationProblem | None = None,
+) -> PrivacyReport:
+    """Epsilon of ``strategy`` under balls-in-bins ``scheme`` at ``delta`` (module docstring).
+
+    Args:
+      strategy: encoder ``C`` (``N x N``, lower triangular, ``C >= 0``): any dpmf strategy with
+        ``encoder()``, a ``ToeplitzStrategy``/``BLT`` (kept structured), or an array.
+      scheme: :class:`~dpmf.sampling.BallsInBinsSampling` with ``steps = N``.
+      noise_multiplier: ``sigma > 0``.
+      delta: target delta in (0, 1).
+      which: ``"combined"`` (default; per direction the smaller of the two), ``"renyi"``
+        (Sec. 3) or ``"conditional"`` (Sec. 4).
+      bandwidth: effective bandwidth ``p`` of the Rényi program (default: automatic levels, see
+        :meth:`RenyiAllocation.create`); must be in ``[1, b]``.
+      orders: integer Rényi orders ``>= 2`` (default ``2..64``).
+      budget: work budget per automatic bandwidth level.
+      max_bandwidth: widest automatic bandwidth level.
+      delta_e: conditional composition's failure budget (default ``delta / 2``).
+      temperatures, discretization: see :func:`conditional_epsilon`.
+      conditional_budget: in ``"combined"`` mode, conditional composition is skipped (and the
+        report says so) when its estimated time exceeds this many seconds.
+      renyi_conversion: ``"per-direction"`` (default, never looser) or ``"joint"`` (Alg. 3).
+      callback: ``callback(step, steps)`` during conditional composition.
+      problem: a precomputed :class:`AllocationProblem` (reused by calibration).
+
+    Returns:
+      A certified :class:`PrivacyReport`; diagnostics hold both accountants' epsilons, the Rényi
+      order(s), bandwidth ``p`` and ``tau``, ``delta_E`` and timings.
+    """
+    start = time.perf_counter()
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    d = _v.open_unit("delta", delta)
+    if which not in WHICH:
+        raise InvalidParameterError(f"which must be one of {WHICH}, got {which!r}")
+    if renyi_conversion not in ("per-direction", "joint"):
+        raise InvalidParameterError(f"renyi_conversion must be 'per-direction' or 'joint', got {renyi_conversion!r}")
+    if problem is None:
+        problem = AllocationProblem.create(
+            strategy, scheme, bandwidth=bandwidth, orders=orders, budget=budget, max_bandwidth=max_bandwidth
+        )
+    diag: dict = {"epochs": problem.epochs, "steps_per_epoch": problem.steps_per_epoch}
+    by_dir = {"remove": math.inf, "add": math.inf}
+    if which in ("combined", "renyi"):
+        r = _renyi(problem, sigma, d, renyi_conversion)
+        diag["renyi"] = r
+        by_dir = {k: min(by_dir[k], v) for k, v in r["epsilon_by_direction"].items()}
+    if which in ("combined", "conditional"):
+        cost = conditional_cost(problem.steps_per_epoch, problem.means.shape[1], 1 + len(tuple(temperatures)))
+        if which == "conditional" or cost <= conditional_budget:
+            c = conditional_epsilon(
+                problem.means,
+                sigma,
+                d,
+                delta_e=delta_e,
+                temperatures=temperatures,
+                discretization=discretization,
+                callback=callback,
+            )
+            diag["conditional"] = c
+            by_dir = {k: min(by_dir[k], v) for k, v in c["epsilon_by_direction"].items()}
+        else:
+            diag["conditional"] = {
+                "skipped": f"estimated time {cost:.3g} s > conditional_budget {conditional_budget:.3g} s"
+            }
+    diag["seconds"] = time.perf_counter() - start
+    return PrivacyReport(
+        epsilon=max(by_dir.values()),
+        delta=d,
+        noise_multiplier=sigma,
+        method=NAME,
+        certified=True,
+        epsilon_by_direction=by_dir,
+        strategy=problem.strategy,
+        scheme=problem.scheme,
+        diagnostics={"which": which, **diag},
+    )
+
+
+def calibrate_allocation(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    which: str = "combined",
+    rel_tol: float = 1e-4,
+    callback: ProgressCallback | None = None,
+    **kwargs,
+) -> float:
+    """Smallest noise multiplier whose reported epsilon (:func:`account_allocation`) is ``<= target``.
+
+    The Gram matrix and the program's shape are built once (:class:`AllocationProblem`). In
+    ``"combined"`` mode the Rényi calibration runs first (cheap) and seeds the combined search,
+    whose answer can only be smaller. ``callback(sigma, epsilon)`` after each evaluation. Other
+    keyword arguments go to :func:`account_allocation`.
+    """
+    target = _v.positive("target_epsilon", target_epsilon)
+    d = _v.open_unit("delta", delta)
+    build = {k: kwargs.pop(k) for k in ("bandwidth", "orders", "budget", "max_bandwidth") if k in kwargs}
+    problem = AllocationProblem.create(strategy, scheme, **build)
+
+    def eps_of(mode):
+        return lambda s: account_allocation(strategy, scheme, s, d, which=mode, problem=problem, **kwargs).epsilon
+
+    initial = 1.0
+    if which == "combined":
+        initial = smallest_noise(eps_of("renyi"), target, rel_tol=rel_tol, callback=callback).value
+    elif which not in WHICH:
+        raise InvalidParameterError(f"which must be one of {WHICH}, got {which!r}")
+    return smallest_noise(eps_of(which), target, initial=initial, rel_tol=rel_tol, callback=callback).value

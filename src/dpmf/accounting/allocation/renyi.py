@@ -1,0 +1,448 @@
+r"""Rényi accountant for random allocation: the dynamic program of Alg. 1 and the add bound.
+
+Schuchardt & Kalinin (arXiv 2601.21636), Sec. 3 and App. B.1/C; digest
+``notes/random-allocation.md`` §3.1-§3.3 (typos T1, T4, T5, T15 corrected here).
+
+**Remove direction** (Lemma 3.2, T1 corrected). For the pair of
+:mod:`~dpmf.accounting.allocation.dominating_pair` with Gram matrix ``G`` (``b x b``),
+
+    R_a(P || Q) = (1/(a-1)) [ log sum_{(r_1..r_a) in [b]^a} exp( sum_{j1 != j2} G_{r_j1 r_j2} / (2 s^2) )
+                              - a log b ],
+
+or, with per-step counts ``c_j`` (``sum_j c_j = a``),
+``log a! + log sum_c prod_j (1/c_j!) exp( sum_j c_j (c_j - 1) G_jj / (2 s^2) + sum_{i<j} G_ij c_i c_j / s^2 )``
+in place of the log of the tuple sum. When ``G`` is cyclically ``p``-banded the sum over ``c`` is a
+cyclic chain: a dynamic program over positions ``0..b-1`` keeps the running total ``m`` and the
+last ``p - 1`` counts, after fixing the first ``p - 1`` counts (the prefix) so that the pairs
+closing the cycle can be added at the end (Alg. 1, updates T4/T5 corrected).
+
+*Exactness.* The paper's closure adds ``G_{i, b-1-j} l_i r_j`` for *every* prefix position ``i``
+and every last-window position ``b-1-j``; when ``b < 3p - 3`` some of those pairs lie within
+distance ``p - 1`` and were already counted by the forward pass (T15: an over-estimate, still
+sound). We add a closure pair only when its linear distance is ``>= p`` (``closure="exact"``,
+the default), which makes the program exact for every cyclically ``p``-banded ``G`` with
+``p <= b``; ``closure="paper"`` reproduces Alg. 1 literally (exact iff ``b >= 3p - 3``).
+
+*One pass, every order.* The interaction terms do not depend on the order ``a``: the program run
+up to a total of ``A`` counts yields the sum for every ``a <= A`` at once (read off at ``m = a``).
+
+*Effective bandwidth* (App. B.1). For a non-banded (or widely banded) ``G`` the program runs on
+``G^(p)`` (:func:`~dpmf.accounting.allocation.dominating_pair.band_truncation`) and adds
+``a tau / (2 s^2)``: an upper bound. Cost: about ``b * C(A + 2p, 2p)`` log-sum-exp terms
+(``O(b p A^{2p})`` in the paper's words); memory ``O(C(A + 2p - 1, 2p - 1))``.
+
+**Add direction** (Lemma 3.4, AM-GM): ``R_a(Q || P) <= (1/(2 b s^2)) sum_j G_jj +
+((a - 1)/(2 b^2 s^2)) sum_{ij} G_ij``.
+
+**Conversion** (Thm. 3.1, Canonne-Kamath-Steinke) with
+:func:`dpmf.privacy.rdp.rdp_to_epsilon`, separately per direction (each direction's bound is a
+valid bound on its own hockey-stick divergence; taking the worst epsilon afterwards is never
+looser than the paper's Alg. 3, which converts ``max(rho_remove, rho_add)``).
+
+**Soundness of the floating point.** Each returned ``rho`` carries an allowance of
+``(b + 16) * 4 ulp`` times the magnitudes summed in the log domain, which covers the rounding of
+the log-sum-exp recursion and of the final cancellation ``log S + log a! - a log b``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+import numpy as np
+from scipy import special
+
+from dpmf import validation as _v
+from dpmf.accounting.allocation.dominating_pair import band_truncation, cyclic_bandwidth
+from dpmf.errors import InvalidParameterError
+from dpmf.privacy.rdp import rdp_to_epsilon
+
+__all__ = [
+    "remove_rdp",
+    "add_rdp",
+    "transition_count",
+    "RenyiAllocation",
+    "DEFAULT_MAX_ORDER",
+    "DEFAULT_BUDGET",
+]
+
+#: Largest Rényi order considered by default (integer orders 2..64, as in the digest's O5).
+DEFAULT_MAX_ORDER = 64
+#: Default work budget per bandwidth level: positions x transitions of the program per sigma.
+DEFAULT_BUDGET = 2.0e7
+#: Widest effective bandwidth tried automatically.
+DEFAULT_MAX_BANDWIDTH = 6
+_ULP = np.finfo(np.float64).eps
+#: Orders for the closed-form add bound when the caller does not fix the orders.
+_ADD_ORDERS = np.concatenate([np.arange(2.0, 257.0), [320.0, 384.0, 512.0, 768.0, 1024.0]])
+#: Memory guard: largest program (transitions per position) built on request.
+_MAX_TRANSITIONS = 3e7
+
+
+# --------------------------------------------------------------------------- the program's shape
+def transition_count(bandwidth: int, max_order: int) -> int:
+    """Transitions per position of the program in its steady state: ``C(A + 2p, 2p)``.
+
+    (States ``(prefix, m, window)`` with ``sum(prefix) + sum(window) <= m <= A``, each with
+    ``A - m + 1`` successors.)
+    """
+    return math.comb(max_order + 2 * bandwidth, 2 * bandwidth)
+
+
+def _compositions(width: int, total: int) -> np.ndarray:
+    """All vectors in N^width with sum <= total (rows)."""
+    rows = np.zeros((1, 0), dtype=np.int64)
+    for _ in range(width):
+        sums = rows.sum(axis=1)
+        reps = total - sums + 1
+        base = np.repeat(rows, reps, axis=0)
+        vals = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+        rows = np.concatenate([base, vals[:, None]], axis=1)
+    return rows
+
+
+@dataclass(frozen=True)
+class _Step:
+    src: np.ndarray  # source state of each transition (sorted by target)
+    t: np.ndarray  # count added at the current position (float)
+    t_pairs: np.ndarray  # t (t - 1) / 2
+    log_t_fact: np.ndarray  # log t!
+    window: np.ndarray  # source window counts (transitions x (p-1)), float
+    starts: np.ndarray  # first transition of each target state
+    counts: np.ndarray  # transitions per target state
+    targets: np.ndarray  # target states: columns (prefix..., m, window...)
+
+
+@dataclass(frozen=True)
+class _Shape:
+    width: int  # p - 1
+    max_order: int
+    initial: np.ndarray  # initial states (prefix..., m, window...)
+    steps: tuple[_Step, ...]  # steps[j] is used at the j-th position; the last one repeats
+
+
+@functools.lru_cache(maxsize=32)
+def _shape(bandwidth: int, max_order: int) -> _Shape:
+    w, amax = bandwidth - 1, max_order
+    base = amax + 1
+    if (2 * w + 1) * math.log(base) >= 62 * math.log(2):
+        raise InvalidParameterError(
+            f"bandwidth {bandwidth} with orders up to {max_order} is too large for the dynamic program"
+        )
+    weights = base ** np.arange(2 * w, -1, -1, dtype=np.int64)
+    prefix = _compositions(w, amax)
+    initial = np.concatenate([prefix, prefix.sum(axis=1, keepdims=True), prefix], axis=1)
+    cur, cur_codes = initial, None
+    steps: list[_Step] = []
+    for _ in range(bandwidth + 1):
+        m = cur[:, w]
+        reps = amax - m + 1
+        src = np.repeat(np.arange(cur.shape[0]), reps)
+        t = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+        s = cur[src]
+        if w:
+            new = np.concatenate([s[:, :w], (s[:, w] + t)[:, None], s[:, w + 2 :], t[:, None]], axis=1)
+        else:
+            new = (s[:, 0] + t)[:, None]
+        codes = new @ weights
+        uniq, inv = np.unique(codes, return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        inv_sorted = inv[order]
+        starts = np.flatnonzero(np.r_[True, inv_sorted[1:] != inv_sorted[:-1]])
+        counts = np.diff(np.r_[starts, inv_sorted.size])
+        targets = np.empty((uniq.size, 2 * w + 1), dtype=np.int64)
+        targets[inv_sorted[starts]] = new[order][starts]
+        tf = t[order].astype(np.float64)
+        steps.append(
+            _Step(
+                src=src[order],
+                t=tf,
+                t_pairs=tf * (tf - 1.0) / 2.0,
+                log_t_fact=special.gammaln(tf + 1.0),
+                window=s[order][:, w + 1 :].astype(np.float64),
+                starts=starts,
+                counts=counts,
+                targets=targets,
+            )
+        )
+        stable = cur_codes is not None and np.array_equal(uniq, cur_codes)
+        cur, cur_codes = targets, uniq
+        if stable:
+            break
+    return _Shape(w, amax, initial, tuple(steps))
+
+
+def _segment_lse(vals: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    mx = np.maximum.reduceat(vals, starts)
+    ex = np.exp(vals - np.repeat(mx, counts))
+    return mx + np.log(np.add.reduceat(ex, starts))
+
+
+def _log_sums(gp: np.ndarray, sigma: float, bandwidth: int, max_order: int, closure: str) -> np.ndarray:
+    """``log sum_{c: sum c = m} prod_j (1/c_j!) exp(interactions)`` for ``m = 0..max_order``."""
+    b = gp.shape[0]
+    shape = _shape(bandwidth, max_order)
+    w = shape.width
+    inv_s2 = 1.0 / (sigma * sigma)
+    init = shape.initial.astype(np.float64)
+    pre = init[:, :w]
+    # initial weights: pairs inside the prefix (positions 0..w-1) and the 1/l_i! factors
+    f = -special.gammaln(pre + 1.0).sum(axis=1)
+    for i in range(w):
+        f += gp[i, i] * pre[:, i] * (pre[:, i] - 1.0) * 0.5 * inv_s2
+        for j in range(i + 1, w):
+            f += gp[i, j] * pre[:, i] * pre[:, j] * inv_s2
+    states = init
+    for j, k in enumerate(range(w, b)):
+        st = shape.steps[min(j, len(shape.steps) - 1)]
+        inter = st.window @ gp[k, k - w : k] if w else 0.0
+        vals = f[st.src] + (gp[k, k] * st.t_pairs + st.t * inter) * inv_s2 - st.log_t_fact
+        f = _segment_lse(vals, st.starts, st.counts)
+        states = st.targets
+    states = states.astype(np.float64) if states.dtype != np.float64 else states
+    if w:
+        pre, win = states[:, :w], states[:, w + 1 :]
+        pos = b - w + np.arange(w)  # positions of the window entries
+        coupling = gp[:w][:, pos].copy()  # coupling[i, q] = G^(p)[i, pos_q]
+        if closure == "exact":  # only pairs the forward pass did not count (distance >= p)
+            coupling[(pos[None, :] - np.arange(w)[:, None]) < bandwidth] = 0.0
+        f = f + np.einsum("si,iq,sq->s", pre, coupling, win) * inv_s2
+    totals = states[:, w].astype(np.int64)
+    out = np.full(max_order + 1, -np.inf)
+    order = np.argsort(totals, kind="stable")
+    tot_sorted = totals[order]
+    starts = np.flatnonzero(np.r_[True, tot_sorted[1:] != tot_sorted[:-1]])
+    counts = np.diff(np.r_[starts, tot_sorted.size])
+    out[tot_sorted[starts]] = _segment_lse(f[order], starts, counts)
+    return out
+
+
+def remove_rdp(
+    gram: np.ndarray,
+    noise_multiplier: float,
+    bandwidth: int,
+    max_order: int,
+    *,
+    closure: str = "exact",
+) -> np.ndarray:
+    r"""Upper bounds on ``R_a(P || Q)`` (remove direction) for every integer order ``a = 2..max_order``.
+
+    Alg. 1 of the paper with the corrections of the module docstring, run once for all orders:
+
+        rho(a) = (log S_a + log a! - a log b) / (a - 1) + a tau / (2 sigma^2),
+
+    where ``S_a`` is the count-form sum of Lemma 3.2 over ``G^(p)`` (``p = bandwidth``). Exact
+    (up to floating point, rounded up) when ``G`` is cyclically ``p``-banded, an upper bound
+    otherwise.
+
+    Args:
+      gram: the ``b x b`` Gram matrix of the mixture means (entries >= 0).
+      noise_multiplier: ``sigma > 0``.
+      bandwidth: effective bandwidth ``p`` in ``[1, b]``.
+      max_order: largest order (integer >= 2).
+      closure: ``"exact"`` (default) or ``"paper"`` (Alg. 1 literally; see module docstring).
+
+    Returns:
+      float64 array ``rho`` of length ``max_order - 1``; ``rho[a - 2]`` is the bound at order ``a``.
+
+    >>> import numpy as np
+    >>> rho = remove_rdp(np.eye(100), 1.0, 1, 2)   # DP-SGD, b = 100: log(1 + (e - 1)/100)
+    >>> round(float(rho[0]), 10)
+    0.0170368632
+    """
+    g = _v.finite_array("gram", gram, ndim=2)
+    if g.shape[0] != g.shape[1]:
+        raise InvalidParameterError(f"gram must be square, got shape {g.shape}")
+    if np.any(g < 0):
+        raise InvalidParameterError(f"gram must have entries >= 0 (non-negative C), got min {float(g.min())!r}")
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    amax = _check_order("max_order", max_order)
+    if closure not in ("exact", "paper"):
+        raise InvalidParameterError(f"closure must be 'exact' or 'paper', got {closure!r}")
+    gp, tau = band_truncation(g, bandwidth)
+    return _remove_rdp(gp, tau, sigma, int(bandwidth), amax, closure)
+
+
+def _remove_rdp(gp: np.ndarray, tau: float, sigma: float, p: int, amax: int, closure: str = "exact") -> np.ndarray:
+    b = gp.shape[0]
+    log_s = _log_sums(gp, sigma, p, amax, closure)[2:]
+    a = np.arange(2, amax + 1, dtype=np.float64)
+    lf, alb = special.gammaln(a + 1.0), a * math.log(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        rho = (log_s + lf - alb) / (a - 1.0)
+        slack = (b + 16) * 4.0 * _ULP * (np.abs(log_s) + lf + alb) / (a - 1.0)
+        rho = rho + slack + a * tau / (2.0 * sigma * sigma)
+    rho = np.where(np.isnan(rho), np.inf, rho)
+    return np.maximum(rho, 0.0)
+
+
+def add_rdp(gram: np.ndarray, noise_multiplier: float, orders) -> np.ndarray:
+    r"""Lemma 3.4: ``R_a(Q || P) <= sum_j G_jj / (2 b s^2) + (a - 1) sum_ij G_ij / (2 b^2 s^2)``.
+
+    >>> import numpy as np
+    >>> round(float(add_rdp(np.eye(100), 1.0, [2])[0]), 12)   # DP-SGD, b = 100: 1/2 + 1/200
+    0.505
+    """
+    g = _v.finite_array("gram", gram, ndim=2)
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    a = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if a.size == 0 or np.any(~np.isfinite(a)) or np.any(a <= 1):
+        raise InvalidParameterError(f"orders must all be finite and > 1, got {orders!r}")
+    return _add_rdp(g, sigma, a)
+
+
+def _add_rdp(g: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
+    b = g.shape[0]
+    diag, total = float(np.trace(g)), float(g.sum())
+    rho = diag / (2.0 * b * sigma**2) + (a - 1.0) * total / (2.0 * b * b * sigma**2)
+    return rho * (1.0 + 8.0 * _ULP)  # rounding up
+
+
+def _check_order(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
+        isinstance(value, float) and value.is_integer()
+    ):
+        raise InvalidParameterError(f"{name} must be an integer Rényi order >= 2, got {value!r}")
+    out = int(value)
+    if out < 2:
+        raise InvalidParameterError(f"{name} must be an integer Rényi order >= 2 (alpha >= 2), got {value!r}")
+    return out
+
+
+def _check_orders(orders) -> np.ndarray:
+    arr = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if arr.size == 0 or np.any(~np.isfinite(arr)) or np.any(arr != np.floor(arr)):
+        raise InvalidParameterError(f"orders must be integers >= 2 (the program needs integer alpha), got {orders!r}")
+    if np.any(arr < 2):
+        raise InvalidParameterError(f"orders must be integers >= 2 (alpha >= 2), got min {float(arr.min())!r}")
+    return np.unique(arr.astype(np.int64))
+
+
+# --------------------------------------------------------------------------- the accountant
+@dataclass(frozen=True)
+class _Level:
+    bandwidth: int
+    max_order: int
+    gp: np.ndarray = field(repr=False)
+    tau: float
+
+
+@dataclass(frozen=True)
+class RenyiAllocation:
+    """The Rényi accountant for one Gram matrix, with its sigma-independent parts precomputed.
+
+    ``levels`` are the (effective bandwidth ``p``, largest order) pairs the program runs at; at
+    each order the smallest bound over the levels that reach it is used (each is a valid upper
+    bound). Build with :meth:`create`.
+    """
+
+    gram: np.ndarray = field(repr=False)
+    orders: np.ndarray
+    levels: tuple[_Level, ...]
+    true_bandwidth: int
+    add_orders: np.ndarray = field(repr=False, default=None)
+
+    @classmethod
+    def create(
+        cls,
+        gram: np.ndarray,
+        *,
+        bandwidth: int | None = None,
+        orders=None,
+        budget: float = DEFAULT_BUDGET,
+        max_bandwidth: int = DEFAULT_MAX_BANDWIDTH,
+    ) -> "RenyiAllocation":
+        """Choose the levels.
+
+        ``bandwidth=None`` (automatic): ``p = 1, 2, ...`` up to the true cyclic bandwidth of ``G``
+        (or ``max_bandwidth``); level ``p`` runs up to the largest order whose cost
+        ``b * C(A + 2p, 2p)`` stays within ``budget`` (level 1 always reaches every order). An
+        explicit ``bandwidth`` runs that single level up to the largest requested order, whatever
+        it costs.
+        """
+        g = _v.finite_array("gram", gram, ndim=2)
+        b = g.shape[0]
+        if g.shape != (b, b):
+            raise InvalidParameterError(f"gram must be square, got shape {g.shape}")
+        if np.any(g < 0):
+            raise InvalidParameterError("gram must have entries >= 0 (non-negative C)")
+        ords = _check_orders(np.arange(2, DEFAULT_MAX_ORDER + 1) if orders is None else orders)
+        amax = int(ords.max())
+        p_true = cyclic_bandwidth(g)
+        if bandwidth is not None:
+            p = _v.positive_int("bandwidth", bandwidth)
+            if p > b:
+                raise InvalidParameterError(
+                    f"bandwidth must be an integer in [1, b={b}] (b = steps per epoch), got {p}"
+                )
+            if transition_count(p, amax) > _MAX_TRANSITIONS:
+                raise InvalidParameterError(
+                    f"bandwidth={p} with orders up to {amax} needs {transition_count(p, amax):.3g} program "
+                    f"states x transitions (limit {_MAX_TRANSITIONS:.0e}); pass smaller orders or bandwidth"
+                )
+            gp, tau = band_truncation(g, p)
+            levels = (_Level(p, amax, gp, tau),)
+        else:
+            budget = _v.positive("budget", budget)
+            levels_l = []
+            for p in range(1, min(p_true, _v.positive_int("max_bandwidth", max_bandwidth), b) + 1):
+                if p == 1:
+                    top = amax
+                else:
+                    top = 1
+                    while top < amax and b * transition_count(p, top + 1) <= budget:
+                        top += 1
+                if top < 2 or (p > 1 and top < int(ords.min())):
+                    break
+                gp, tau = band_truncation(g, p)
+                levels_l.append(_Level(p, top, gp, tau))
+            levels = tuple(levels_l)
+        # the add bound is closed form: with default orders it also gets a longer grid (valid for
+        # every order > 1; more orders can only lower the converted epsilon)
+        add_orders = ords.astype(np.float64) if orders is not None else np.union1d(ords, _ADD_ORDERS)
+        return cls(
+            gram=g, orders=ords.astype(np.float64), levels=levels, true_bandwidth=p_true, add_orders=add_orders
+        )
+
+    def remove(self, noise_multiplier: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(rho_remove, bandwidth_used)`` at every order of :attr:`orders`."""
+        sigma = _v.positive("noise_multiplier", noise_multiplier)
+        best = np.full(self.orders.size, np.inf)
+        used = np.zeros(self.orders.size, dtype=np.int64)
+        for lev in self.levels:
+            rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
+            reach = self.orders <= lev.max_order
+            vals = np.full(self.orders.size, np.inf)
+            vals[reach] = rho[self.orders[reach].astype(np.int64) - 2]
+            better = vals < best
+            best[better], used[better] = vals[better], lev.bandwidth
+        return best, used
+
+    def add(self, noise_multiplier: float) -> np.ndarray:
+        """``rho_add`` (Lemma 3.4) at every order of :attr:`orders`."""
+        sigma = _v.positive("noise_multiplier", noise_multiplier)
+        return _add_rdp(self.gram, sigma, self.orders)
+
+    def epsilon(self, noise_multiplier: float, delta: float) -> dict:
+        """Epsilon per direction at ``delta`` and the details (orders, bandwidths, tau)."""
+        start = time.perf_counter()
+        d = _v.open_unit("delta", delta)
+        rho_r, used = self.remove(noise_multiplier)
+        rho_a = _add_rdp(self.gram, _v.positive("noise_multiplier", noise_multiplier), self.add_orders)
+        eps_r, a_r = rdp_to_epsilon(self.orders, rho_r, d)
+        eps_a, a_a = rdp_to_epsilon(self.add_orders, rho_a, d)
+        i_r = int(np.searchsorted(self.orders, a_r)) if math.isfinite(a_r) else 0
+        p_r = int(used[i_r]) if math.isfinite(a_r) else 0
+        tau_r = next((lev.tau for lev in self.levels if lev.bandwidth == p_r), math.nan)
+        return {
+            "epsilon": max(eps_r, eps_a),
+            "epsilon_by_direction": {"remove": eps_r, "add": eps_a},
+            "order": {"remove": a_r, "add": a_a},
+            "bandwidth": p_r,
+            "tau": tau_r,
+            "levels": [(lev.bandwidth, lev.max_order) for lev in self.levels],
+            "true_bandwidth": self.true_bandwidth,
+            "seconds": time.perf_counter() - start,
+        }
+
