@@ -4,7 +4,11 @@ Given a training run (dataset size, batch size, epochs, target (epsilon, delta))
 configuration dpmf can account for is calibrated to the target and ranked by the error the noise
 causes in the model updates: the RMSE of the prefix sums of the noisy gradient sums, in units of
 the clip norm (the utility measure of the matrix-factorization papers). Lower is better.
-Later capabilities (MMCC, b-min-sep, random allocation) add candidates here.
+Amplified rows: generalized MMCC for banded Toeplitz under cyclic Poisson sampling and random
+allocation (balls-in-bins) for DP-SGD and BSR by default; MMCC for the tree and banded Toeplitz
+under Poisson sampling when asked for (``mmcc=True``: each evaluation builds hundreds of
+mixture-of-Gaussians PLDs, minutes at small noise); Monte Carlo rows (b-min-sep) are estimates and
+appear only when asked for (``montecarlo_samples``).
 """
 
 from __future__ import annotations
@@ -16,9 +20,15 @@ from typing import Callable
 from dpmf import validation as _v
 from dpmf.accounting.dispatch import calibrate
 from dpmf.errors import InvalidParameterError
-from dpmf.sampling.schemes import FixedOrderSampling, PoissonSampling
+from dpmf.sampling.schemes import (
+    BallsInBinsSampling,
+    CyclicPoissonSampling,
+    FixedOrderSampling,
+    MinSepSampling,
+    PoissonSampling,
+)
 from dpmf.strategies.identity import Identity
-from dpmf.strategies.banded import optimize_banded_toeplitz
+from dpmf.strategies.banded import bsr, optimize_banded_toeplitz
 from dpmf.strategies.blt import optimize_blt
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
@@ -38,6 +48,8 @@ class TrainingRun:
     epochs: int = 5
     epsilon: float = 2.0
     delta: float = 1e-6
+    montecarlo_samples: int | None = None  # add Monte Carlo (estimate) rows with this many samples
+    mmcc: bool = False  # add MMCC rows under Poisson sampling (minutes for hundreds of steps)
 
     def __post_init__(self) -> None:
         n = _v.positive_int("dataset_size", self.dataset_size)
@@ -49,6 +61,8 @@ class TrainingRun:
         object.__setattr__(self, "epochs", _v.positive_int("epochs", self.epochs))
         object.__setattr__(self, "epsilon", _v.positive("epsilon", self.epsilon))
         object.__setattr__(self, "delta", _v.open_unit("delta", self.delta))
+        if self.montecarlo_samples is not None:
+            object.__setattr__(self, "montecarlo_samples", _v.positive_int("montecarlo_samples", self.montecarlo_samples))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -71,6 +85,7 @@ class Candidate:
     method: str
     rmse_per_sigma: Callable[[], float] | None = None  # default: strategy.prefix_sum_rmse()
     strategy_name: str | None = None  # default: strategy.name
+    options: dict | None = None  # keyword options for the accountant (e.g. Monte Carlo samples)
 
 
 @dataclass(frozen=True)
@@ -124,18 +139,54 @@ def candidates(run: TrainingRun) -> list[Candidate]:
     blt, _ = optimize_blt(steps, 2, run.epochs)
     out.append(Candidate("BLT (2 buffers), shuffled fixed order", blt.to_toeplitz(steps), fixed, "unamplified",
                          strategy_name="blt-2"))
-    if steps <= MAX_TREE_STEPS:
-        tree = BinaryTree(steps)
+    poisson = PoissonSampling(run.sampling_prob, steps)
+    if run.mmcc:
         out.append(
             Candidate(
-                "binary tree (optimal decoder), shuffled fixed order",
-                tree,
-                fixed,
-                "unamplified",
-                lambda tree=tree: tree.prefix_sum_rmse("optimal"),
-                strategy_name="tree",
+                f"banded Toeplitz ({bands} bands), Poisson sampling (MMCC)",
+                banded_t,
+                poisson,
+                "mmcc",
+                strategy_name=f"banded-toeplitz-{bands}",
             )
         )
+    if bands * run.sampling_prob <= 1:  # same expected batch size: rate b*q in the active group
+        out.append(
+            Candidate(
+                f"banded Toeplitz ({bands} bands), cyclic Poisson",
+                banded_t,
+                CyclicPoissonSampling(bands * run.sampling_prob, steps, bands),
+                "auto",  # generalized MMCC or, if tighter, the unamplified Gaussian
+                strategy_name=f"banded-toeplitz-{bands}",
+            )
+        )
+    if run.montecarlo_samples:
+        out.append(
+            Candidate(
+                f"banded Toeplitz ({bands} bands), b-min-sep (Monte Carlo ESTIMATE)",
+                banded_t,
+                MinSepSampling.from_participation_rate(run.sampling_prob, steps, bands, warm_start=True),
+                "montecarlo",
+                strategy_name=f"banded-toeplitz-{bands}",
+                options={"num_samples": run.montecarlo_samples, "seed": 0},
+            )
+        )
+    balls = BallsInBinsSampling(run.epochs, steps)
+    out.append(Candidate("DP-SGD, balls-in-bins", Identity(steps), balls, "auto"))  # allocation or unamplified
+    p = min(4, run.steps_per_epoch)
+    out.append(Candidate(f"BSR ({p} bands), balls-in-bins", bsr(steps, p), balls, "auto",
+                         strategy_name=f"bsr-{p}"))
+    if steps <= MAX_TREE_STEPS:
+        tree = BinaryTree(steps)
+        configs = [("binary tree (optimal decoder), shuffled fixed order", fixed, "unamplified")]
+        if run.mmcc:
+            configs.append(("binary tree (optimal decoder), Poisson sampling (MMCC)", poisson, "mmcc"))
+        for label, scheme, method in configs:
+            out.append(
+                Candidate(
+                    label, tree, scheme, method, lambda tree=tree: tree.prefix_sum_rmse("optimal"), strategy_name="tree"
+                )
+            )
     if steps <= MAX_OPTIMAL_STEPS:
         out.append(
             Candidate(
@@ -147,6 +198,22 @@ def candidates(run: TrainingRun) -> list[Candidate]:
             )
         )
     return out
+
+
+def _estimate_montecarlo(cand: Candidate, run: TrainingRun):
+    """Monte Carlo row: smallest noise whose *estimated* epsilon (fixed seed, upper confidence
+    bound) meets the target. An ESTIMATE (``certified=False``); certify a chosen configuration with
+    ``dpmf calibrate --method montecarlo`` (Estimate-Verify-Release)."""
+    from dpmf.accounting.dispatch import METHODS, Calibration
+    from dpmf.privacy.calibration import smallest_noise
+
+    m = METHODS["montecarlo"]
+
+    def report(sigma: float):
+        return m.run(cand.strategy, cand.scheme, sigma, run.delta, **m.options(cand.options or {}))
+
+    res = smallest_noise(lambda s: report(s).epsilon, run.epsilon, rel_tol=1e-3)
+    return Calibration(res.value, report(res.value), res.evaluations)
 
 
 class _LazyOptimal:
@@ -180,7 +247,10 @@ def plan(run: TrainingRun, *, on_row: Callable[[PlanRow], None] | None = None) -
     rows = []
     for cand in candidates(run):
         start = time.perf_counter()
-        cal = calibrate(cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method)
+        if cand.method == "montecarlo":
+            cal = _estimate_montecarlo(cand, run)
+        else:
+            cal = calibrate(cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method)
         per_sigma = cand.rmse_per_sigma() if cand.rmse_per_sigma else cand.strategy.prefix_sum_rmse()
         rmse = cal.noise_multiplier * per_sigma
         row = PlanRow(

@@ -28,6 +28,7 @@ _OPTION_NAMES = {
     "max_batch_size": "--max-batch-size",
     "bands": "--bands",
     "num_samples": "--samples",
+    "montecarlo_samples": "--montecarlo-samples",
 }
 
 

@@ -274,6 +274,13 @@ def plan(
     delta: float = typer.Option(1e-6, "--delta", help="Target delta."),
     as_json: bool = _JSON,
     plot: Optional[str] = typer.Option(None, "--plot", help="Also save a PNG bar chart to this file."),
+    mmcc: bool = typer.Option(
+        False, "--mmcc", help="Also rank MMCC rows (tree, banded Toeplitz under Poisson sampling); minutes."
+    ),
+    montecarlo_samples: Optional[int] = typer.Option(
+        None, "--montecarlo-samples", help="Also rank b-min-sep rows by Monte Carlo with this many samples "
+        "(ESTIMATES; needs samples >> 1/delta)."
+    ),
 ) -> None:
     """Rank every mechanism dpmf supports for a training run (the main job).
 
@@ -285,7 +292,7 @@ def plan(
     from dpmf.planner import TrainingRun, plan as _plan, plot_plan
 
     try:
-        run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta)
+        run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
         with err.status(f"calibrating candidates for {run.steps} steps ...") as status:
             rows = _plan(run, on_row=lambda r: status.update(f"done: {r.strategy}/{r.sampling} ({r.seconds:.1f}s)"))
     except DPMFError as exc:
