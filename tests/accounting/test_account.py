@@ -55,8 +55,9 @@ def test_dpsgd_equals_self_composed_mixture_of_gaussians(dpsgd_report):
 
 def test_auto_reports_every_method_and_picks_the_smallest(dpsgd_report):
     others = dpsgd_report.diagnostics["all_methods"]
-    assert set(others) == {"pld", "unamplified"}
+    assert set(others) == {"pld", "unamplified", "mmcc"}  # never the Monte Carlo estimate
     assert dpsgd_report.epsilon == min(others.values()) == others["pld"]
+    assert others["mmcc"] == others["pld"]  # MMCC with C = I is exactly DP-SGD
     # unamplified = Gaussian with sensitivity sqrt(T): an example may be drawn every step
     assert others["unamplified"] == pytest.approx(gaussian_epsilon(SIGMA, DELTA, math.sqrt(T)), rel=1e-12)
 

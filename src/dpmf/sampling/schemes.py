@@ -57,28 +57,26 @@ class PoissonSampling:
 
 
 @dataclass(frozen=True)
-class FixedOrderSampling:
-    """Shuffle once, then use the same order every epoch (k epochs of ``steps // epochs`` batches).
+class _EpochScheme:
+    """Shared spec of the epoch-based schemes: ``epochs`` passes of ``steps // epochs`` steps.
 
-    Each example participates exactly ``epochs`` times, exactly ``steps // epochs`` steps apart:
-    the (k, b) fixed-epoch participation of the multi-epoch MF paper, with ``min_sep = b``.
-    There is no amplification: accounting is for the worst-case example.
+    Every example participates exactly ``epochs`` times, exactly ``steps_per_epoch`` steps apart.
     """
 
     epochs: int
     steps: int
+
+    name = "epochs"
 
     def __post_init__(self) -> None:
         epochs = _v.positive_int("epochs", self.epochs)
         steps = _v.positive_int("steps", self.steps)
         if steps % epochs:
             raise InvalidParameterError(
-                f"steps must be a multiple of epochs for fixed-order sampling, got steps={steps}, epochs={epochs}"
+                f"steps must be a multiple of epochs for {self.name} sampling, got steps={steps}, epochs={epochs}"
             )
         object.__setattr__(self, "epochs", epochs)
         object.__setattr__(self, "steps", steps)
-
-    name = "fixed-order"
 
     @property
     def steps_per_epoch(self) -> int:
@@ -95,6 +93,18 @@ class FixedOrderSampling:
 
     def describe(self) -> dict:
         return {"name": self.name, "epochs": self.epochs, "steps": self.steps}
+
+
+@dataclass(frozen=True)
+class FixedOrderSampling(_EpochScheme):
+    """Shuffle once, then use the same order every epoch (k epochs of ``steps // epochs`` batches).
+
+    Each example participates exactly ``epochs`` times, exactly ``steps // epochs`` steps apart:
+    the (k, b) fixed-epoch participation of the multi-epoch MF paper, with ``min_sep = b``.
+    There is no amplification: accounting is for the worst-case example.
+    """
+
+    name = "fixed-order"
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield each step's indices: one shuffle, split into ``steps_per_epoch`` near-equal batches."""
@@ -279,7 +289,7 @@ class MinSepSampling:
 
 
 @dataclass(frozen=True)
-class BallsInBinsSampling:
+class BallsInBinsSampling(_EpochScheme):
     """Balls-in-bins / random allocation: each example picks one uniform step per epoch, reused.
 
     With ``b = steps // epochs`` steps per epoch, example e draws ``s_e ~ Uniform{0..b-1}`` once and
@@ -288,35 +298,7 @@ class BallsInBinsSampling:
     :mod:`dpmf.accounting.allocation` (sampling-free) and Monte Carlo.
     """
 
-    epochs: int
-    steps: int
-
-    def __post_init__(self) -> None:
-        epochs = _v.positive_int("epochs", self.epochs)
-        steps = _v.positive_int("steps", self.steps)
-        if steps % epochs:
-            raise InvalidParameterError(
-                f"steps must be a multiple of epochs for balls-in-bins sampling, got steps={steps}, epochs={epochs}"
-            )
-        object.__setattr__(self, "epochs", epochs)
-        object.__setattr__(self, "steps", steps)
-
     name = "balls-in-bins"
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.steps // self.epochs
-
-    @property
-    def min_sep(self) -> int:
-        return self.steps_per_epoch
-
-    @property
-    def max_participations(self) -> int:
-        return self.epochs
-
-    def describe(self) -> dict:
-        return {"name": self.name, "epochs": self.epochs, "steps": self.steps}
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield each step's sorted indices (examples grouped once by their random step)."""
