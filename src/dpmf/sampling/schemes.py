@@ -17,6 +17,12 @@ from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
 
 
+def _validate(spec, **checks) -> None:
+    """Replace each named field of a frozen spec by ``check(name, value)`` (validated, normalized)."""
+    for name, check in checks.items():
+        object.__setattr__(spec, name, check(name, getattr(spec, name)))
+
+
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
@@ -39,8 +45,7 @@ class PoissonSampling:
     steps: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
-        object.__setattr__(self, "steps", _v.positive_int("steps", self.steps))
+        _validate(self, sampling_prob=_v.probability, steps=_v.positive_int)
 
     name = "poisson"
 
@@ -138,9 +143,7 @@ class CyclicPoissonSampling:
     partition: str = "equal"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
-        object.__setattr__(self, "steps", _v.positive_int("steps", self.steps))
-        object.__setattr__(self, "cycle_length", _v.positive_int("cycle_length", self.cycle_length))
+        _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, cycle_length=_v.positive_int)
         if self.partition not in ("equal", "independent"):
             raise InvalidParameterError(
                 f"partition must be 'equal' or 'independent', got {self.partition!r}"
@@ -231,14 +234,11 @@ class MinSepSampling:
     dataset_size: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
-        object.__setattr__(self, "steps", _v.positive_int("steps", self.steps))
-        object.__setattr__(self, "min_sep", _v.positive_int("min_sep", self.min_sep))
+        _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, min_sep=_v.positive_int)
         object.__setattr__(self, "warm_start", bool(self.warm_start))
-        if self.max_batch_size is not None:
-            object.__setattr__(self, "max_batch_size", _v.positive_int("max_batch_size", self.max_batch_size))
-        if self.dataset_size is not None:
-            object.__setattr__(self, "dataset_size", _v.positive_int("dataset_size", self.dataset_size))
+        for name in ("max_batch_size", "dataset_size"):
+            if getattr(self, name) is not None:
+                _validate(self, **{name: _v.positive_int})
 
     name = "b-min-sep"
 
@@ -408,10 +408,13 @@ class MultiAttributionMinSepSampling:
     warmup_steps: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sampling_prob", _v.probability("sampling_prob", self.sampling_prob))
-        object.__setattr__(self, "steps", _v.positive_int("steps", self.steps))
-        object.__setattr__(self, "min_sep", _v.positive_int("min_sep", self.min_sep))
-        object.__setattr__(self, "max_user_examples", _v.positive_int("max_user_examples", self.max_user_examples))
+        _validate(
+            self,
+            sampling_prob=_v.probability,
+            steps=_v.positive_int,
+            min_sep=_v.positive_int,
+            max_user_examples=_v.positive_int,
+        )
         w = self.warmup_steps
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or int(w) < 0:
             raise InvalidParameterError(f"warmup_steps must be an integer >= 0, got {w!r}")
