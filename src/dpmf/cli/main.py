@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
@@ -17,7 +16,8 @@ from rich.table import Table
 
 from dpmf._version import __version__
 from dpmf.cli.console import _fail, err, out
-from dpmf.errors import DPMFError
+from dpmf.cli.specs import SamplingName, build_scheme, build_strategy
+from dpmf.errors import DPMFError, InvalidParameterError
 
 app = typer.Typer(
     name="dpmf",
@@ -31,14 +31,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class SamplingName(str, Enum):
-    poisson = "poisson"
-    fixed_order = "fixed-order"
-    cyclic_poisson = "cyclic-poisson"
-    min_sep = "b-min-sep"
-    balls_in_bins = "balls-in-bins"
 
 
 class MethodName(str, Enum):
@@ -65,59 +57,11 @@ def _main(
     """dpmf command line."""
 
 
-@dataclass(frozen=True)
-class SchemeArgs:
-    """The sampler options shared by ``account`` and ``calibrate``."""
-
-    sampling: SamplingName
-    steps: Optional[int]
-    sampling_prob: Optional[float]
-    epochs: Optional[int]
-    min_sep: Optional[int]
-    warm_start: bool
-    max_batch_size: Optional[int]
-    dataset_size: Optional[int] = None
-
-    def _need(self, value, flag: str):
-        if value is None:
-            _fail(f"{flag} is required with --sampling {self.sampling.value}")
-        return value
-
-    def scheme(self):
-        from dpmf.sampling import (
-            BallsInBinsSampling,
-            CyclicPoissonSampling,
-            FixedOrderSampling,
-            MinSepSampling,
-            PoissonSampling,
-        )
-
-        kind, steps = self.sampling, self.steps
-        if kind is SamplingName.poisson:
-            return PoissonSampling(self._need(self.sampling_prob, "--sampling-prob"), steps)
-        if kind is SamplingName.fixed_order:
-            return FixedOrderSampling(self._need(self.epochs, "--epochs"), steps)
-        if kind is SamplingName.balls_in_bins:
-            return BallsInBinsSampling(self._need(self.epochs, "--epochs"), steps)
-        q, b = self._need(self.sampling_prob, "--sampling-prob"), self._need(self.min_sep, "--min-sep")
-        if kind is SamplingName.cyclic_poisson:
-            return CyclicPoissonSampling(q, steps, b)
-        return MinSepSampling(
-            q, steps, b, warm_start=self.warm_start, max_batch_size=self.max_batch_size, dataset_size=self.dataset_size
-        )
-
-
-def _build(strategy: str, args: SchemeArgs, bands: Optional[int]):
-    from dpmf.strategies import catalog
-
-    if args.steps is None:
-        _fail("--steps is required")
-    scheme = args.scheme()
-    if strategy.endswith(".npz"):
-        strat = catalog.load(strategy)
-    else:
-        strat = catalog.build(strategy, args.steps, epochs=args.epochs or 1, bands=bands)
-    return strat, scheme
+def _build(strategy: str, sampling: SamplingName, steps, bands, **scheme_options):
+    if steps is None:
+        raise InvalidParameterError("--steps is required")
+    scheme = build_scheme(sampling, steps, **scheme_options)
+    return build_strategy(strategy, steps, epochs=scheme_options.get("epochs"), bands=bands), scheme
 
 
 _STRATEGY = typer.Option(
@@ -197,8 +141,10 @@ def account(
     from dpmf.accounting import account as _account
 
     try:
-        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size, dataset_size)
-        strat, scheme = _build(strategy, args, bands)
+        strat, scheme = _build(
+            strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
+            warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+        )
         opts = _method_options(samples, seed, workers, scheduler)
         with err.status(f"accounting ({method.value}) ..."):
             report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
@@ -241,8 +187,10 @@ def calibrate(
     from dpmf.accounting import calibrate as _calibrate
 
     try:
-        args = SchemeArgs(sampling, steps, sampling_prob, epochs, min_sep, warm_start, max_batch_size, dataset_size)
-        strat, scheme = _build(strategy, args, bands)
+        strat, scheme = _build(
+            strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
+            warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+        )
         opts = _method_options(samples, seed, workers, scheduler)
         with err.status("calibrating ...") as status:
 

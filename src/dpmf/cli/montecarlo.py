@@ -8,13 +8,14 @@ calibration (calibrate). Parse, call, print.
 from __future__ import annotations
 
 import json
-from enum import Enum
 from typing import Optional
 
 import typer
 
 from dpmf.cli.console import _fail, err, out
-from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.cli.specs import build_scheme, build_strategy
+from dpmf.cli.specs import SamplingName as Sampling
+from dpmf.errors import DPMFError
 
 app = typer.Typer(
     help="Monte Carlo privacy accounting (Dong & Ganesh 2026): resumable runs with checkpoints, "
@@ -23,50 +24,17 @@ app = typer.Typer(
 )
 
 
-class Sampling(str, Enum):
-    poisson = "poisson"
-    cyclic_poisson = "cyclic-poisson"
-    b_min_sep = "b-min-sep"
-    balls_in_bins = "balls-in-bins"
-
-
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1).")
 _CONF = typer.Option(0.99, "--confidence", help="Joint confidence of the upper bounds (both directions).")
 _SCHED = typer.Option(None, "--scheduler", help="Dask scheduler ADDRESS (e.g. tcp://host:8786); default: this process.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
 
 
-def _scheme(sampling: Sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs):
-    from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, MinSepSampling, PoissonSampling
-
-    if sampling is Sampling.balls_in_bins:
-        if epochs is None:
-            raise InvalidParameterError("--epochs is required with --sampling balls-in-bins")
-        return BallsInBinsSampling(epochs, steps)
-    if sampling is Sampling.b_min_sep:
-        if min_sep is None:
-            raise InvalidParameterError("--min-sep is required with --sampling b-min-sep")
-        if (sampling_prob is None) == (participation_rate is None):
-            raise InvalidParameterError("give exactly one of --sampling-prob (p) and --participation-rate (p0)")
-        kw = {"warm_start": warm_start, "max_batch_size": max_batch_size}
-        if participation_rate is not None:
-            return MinSepSampling.from_participation_rate(participation_rate, steps, min_sep, **kw)
-        return MinSepSampling(sampling_prob, steps, min_sep, **kw)
-    if sampling_prob is None:
-        raise InvalidParameterError(f"--sampling-prob is required with --sampling {sampling.value}")
-    if sampling is Sampling.cyclic_poisson:
-        if min_sep is None:
-            raise InvalidParameterError("--min-sep (the cycle length) is required with --sampling cyclic-poisson")
-        return CyclicPoissonSampling(sampling_prob, steps, min_sep, partition="independent")
-    return PoissonSampling(sampling_prob, steps)
-
-
-def _strategy(strategy: str, steps: int, epochs: Optional[int], bands: Optional[int]):
-    from dpmf.strategies import catalog
-
-    if strategy.endswith(".npz"):
-        return catalog.load(strategy)
-    return catalog.build(strategy, steps, epochs=epochs or 1, bands=bands)
+def _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs):
+    return build_scheme(
+        sampling, steps, sampling_prob=sampling_prob, participation_rate=participation_rate, min_sep=min_sep,
+        warm_start=warm_start, max_batch_size=max_batch_size, epochs=epochs, partition="independent",
+    )
 
 
 def _progress_callback(progress, task):
@@ -126,7 +94,7 @@ def run(
     steps: int = typer.Option(..., "--steps", help="Number of training steps n."),
     bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded strategies."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs (balls-in-bins; strategy optimization)."),
-    sampling: Sampling = typer.Option(Sampling.b_min_sep, "--sampling", help="Batch sampler."),
+    sampling: Sampling = typer.Option(Sampling.min_sep, "--sampling", help="Batch sampler."),
     sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p: per-step probability (b-min-sep: among available examples)."),
     participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: marginal rate p0 instead of p."),
     min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
@@ -153,7 +121,7 @@ def run(
     from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION
 
     try:
-        strat = _strategy(strategy, steps, epochs, bands)
+        strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         check_supported(strat, scheme, None)
         options = {} if dataset_size is None else {"dataset_size": dataset_size}
@@ -234,7 +202,7 @@ def calibrate(
     steps: int = typer.Option(..., "--steps", help="Number of training steps n."),
     bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded strategies."),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs (balls-in-bins; strategy optimization)."),
-    sampling: Sampling = typer.Option(Sampling.b_min_sep, "--sampling", help="Batch sampler."),
+    sampling: Sampling = typer.Option(Sampling.min_sep, "--sampling", help="Batch sampler."),
     sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p (see 'run')."),
     participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: p0 instead of p."),
     min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
@@ -258,7 +226,7 @@ def calibrate(
     from dpmf.accounting.montecarlo.accountant import calibrate_montecarlo
 
     try:
-        strat = _strategy(strategy, steps, epochs, bands)
+        strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         with err.status("Algorithm 5: pilot estimate and verification ...") as status:
 
