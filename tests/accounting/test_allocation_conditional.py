@@ -173,3 +173,20 @@ def test_conditional_monotone_in_sigma_and_delta_e_budget():
     out = conditional_epsilon(M, 1.0, 1e-5)
     assert out["epsilon"] > conditional_epsilon(M, 2.0, 1e-5)["epsilon"]
     assert out["delta_e"] == 5e-6 and out["beta"] == pytest.approx(5e-6 / (19 * 9))
+
+
+
+def test_remove_tail_bound_with_rounded_up_xi_holds_for_every_smaller_xi():
+    # the caller rounds xi up; that is safe only because tau stays below every component mean
+    from scipy import special
+
+    from dpmf.accounting.allocation.conditional import _tau_remove
+
+    for nu, beta in (([-3.0, 0.0, 4.0], 0.05), ([-2.0, 0.0, 0.0], 0.35), ([1.0, 1.5, 9.0], 1e-6)):
+        nu_k = np.array([nu])
+        mult = np.ones(3)
+        tau = _tau_remove(nu_k, mult, np.array([1.0]), beta, 3)[0]
+        assert tau <= min(nu)
+        for xi in np.linspace(0.5, 1.0, 26):
+            lhs = (special.ndtr((tau - nu_k[0]) / xi) * mult).sum() / 3
+            assert lhs <= beta * (1 + 1e-9), (nu, xi)

@@ -94,7 +94,12 @@ def _tau_add(nu: np.ndarray, xi: np.ndarray, beta: float) -> np.ndarray:
 
 
 def _tau_remove(nu_k: np.ndarray, mult: np.ndarray, xi: np.ndarray, beta: float, b: int) -> np.ndarray:
-    """Largest tau (from below) with ``(1/b) sum_k mult_k Phi((tau - nu_k)/xi) <= beta``, per row."""
+    """Largest tau (from below) with ``(1/b) sum_k mult_k Phi((tau - nu_k)/xi) <= beta``, per row.
+
+    The search never goes above ``min_k nu_k`` (``hi`` below), so every term has
+    ``tau - nu_k <= 0`` and is non-decreasing in ``xi``: the rounded-up ``xi`` of the caller is
+    therefore the pessimistic side for every component.
+    """
     nu_min = nu_k.min(axis=1)
     pos = xi > 0
     out = nu_min.copy()  # xi = 0: the bound is the constant nu_k, never below min_k nu_k
