@@ -82,9 +82,11 @@ __all__ = [
     "privacy_loss_samples",
     "log_likelihood_ratio",
     "DIRECTIONS",
+    "BACKENDS",
 ]
 
 DIRECTIONS = ("remove", "add")
+BACKENDS = ("compiled", "numpy")
 _CHUNK_ELEMENTS = 1 << 21  # values of y (n x S) per chunk: 16 MiB per float64 array (more if n > 2048)
 _MAX_CHUNK = 8192
 _MIN_CHUNK = 1024
@@ -280,11 +282,13 @@ def _participations(n: int, b: int, q: float, start: np.ndarray, rng: np.random.
 def _chunks(num_samples: int, n: int):
     # at least _MIN_CHUNK samples per vector operation: the DP makes ~3 numpy calls per step
     size = int(min(_MAX_CHUNK, max(_MIN_CHUNK, _CHUNK_ELEMENTS // max(n, 1))))
-    done = 0
-    while done < num_samples:
-        m = min(size, num_samples - done)
-        yield done, m
-        done += m
+    return _chunks_of(num_samples, size)
+
+
+def _chunks_of(total: int, size: int):
+    """``(start, length)`` of consecutive chunks of at most ``size`` samples."""
+    for lo in range(0, total, size):
+        yield lo, min(size, total - lo)
 
 
 # ============================================================================ log P/Q given y
@@ -446,13 +450,14 @@ def _factor(G: np.ndarray) -> np.ndarray:
         return V * np.sqrt(np.clip(lam, 0.0, None))
 
 
-def _sample_modes(bands, scheme, sigma, S, rng, direction) -> np.ndarray:
+def _sample_modes(bands, scheme, sigma, S, rng, direction, state=None) -> np.ndarray:
     """Losses of a uniform mixture of ``K`` modes from ``K`` normals per sample.
 
     ``u = M y`` with ``M`` the mode means (rows ``C x^(s)``) is all the loss depends on:
     ``ln P/Q = logsumexp_s(ln w_s + (2 u_s - G_ss)/(2 sigma^2))`` with ``G = M M^T``. Under P
     (mode ``s*``) ``u ~ N(G[:, s*], sigma^2 G)``; under Q ``u ~ N(0, sigma^2 G)``. With
-    ``R R^T = G`` this is ``u = G[:, s*] + sigma R w``, ``w ~ N(0, I_K)``.
+    ``R R^T = G`` this is ``u = G[:, s*] + sigma R w``, ``w ~ N(0, I_K)``. With ``state`` (the
+    compiled backend) ``w`` and ``s*`` come from xoshiro256++ instead of ``rng``.
     """
     M, logw = _modes(bands, scheme)
     G = M @ M.T
@@ -462,9 +467,21 @@ def _sample_modes(bands, scheme, sigma, S, rng, direction) -> np.ndarray:
     h = logw - np.diag(G) / (2 * sigma**2)
     out = np.empty(S)
     for lo, m in _chunks(S, K):
-        X = rng.standard_normal((m, K)) @ A
+        if state is None:
+            W = rng.standard_normal((m, K))
+            star = rng.integers(0, K, size=m) if (direction == "remove" and K > 1) else None
+        else:
+            from dpmf.accounting.montecarlo import _compiled
+
+            W = np.empty((m, K))
+            _compiled.fill_normals(state, W)
+            star = None
+            if direction == "remove" and K > 1:
+                star = np.empty(m, dtype=np.int64)
+                _compiled.fill_indices(state, K, star)
+        X = W @ A
         if direction == "remove":
-            X += Gs[rng.integers(0, K, size=m)] if K > 1 else Gs[0]
+            X += Gs[star] if star is not None else Gs[0]
         X += h
         top = X.max(axis=1)
         X -= top[:, None]
@@ -472,6 +489,56 @@ def _sample_modes(bands, scheme, sigma, S, rng, direction) -> np.ndarray:
         L = np.log(X.sum(axis=1)) + top
         out[lo : lo + m] = L if direction == "remove" else -L
     return out
+
+
+# ============================================================================ compiled kernels
+def _compiled_ok(plan: _Plan, scheme) -> bool:
+    if plan.method == "modes":
+        return True
+    return plan.method in ("minsep", "minsep-bound") and getattr(scheme, "max_user_examples", None) is None
+
+
+def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarray:
+    """The fused numba kernels (``_compiled.py``); ``S`` losses, xoshiro256++ seeded from ``rng``."""
+    from dpmf.accounting.montecarlo import _compiled
+    from dpmf.accounting.montecarlo._xoshiro import seed_state
+
+    state = seed_state(rng)
+    out = np.empty(S)
+    remove = direction == "remove"
+    if plan.method == "modes":
+        return _sample_modes(bands, scheme, sigma, S, rng, direction, state=state)
+    b, p = int(scheme.min_sep), float(scheme.sampling_prob)
+    warm = bool(getattr(scheme, "warm_start", False)) and b > 1
+    colsT, coefs, toeplitz = _kernel_bands(bands)
+    n = bands.n
+    size = int(min(S, max(64, _KERNEL_CHUNK_ELEMENTS // n)))
+    Y = np.empty((size, n))
+    F = np.empty((n + b, size))
+    h = (bands.sq / (2 * sigma**2) - math.log(p))[:, None]
+    for lo, m in _chunks_of(S, size):
+        _compiled.minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y[:m])
+        X = bands.dots_sm(Y[:m])  # time-major (n, m)
+        X *= 1.0 / sigma**2
+        X -= h
+        np.maximum(X, -700.0, out=X)
+        with np.errstate(over="ignore"):  # e^{x} = inf sends a sample to the log-space fallback
+            E = np.exp(X)
+        _compiled.minsep_dp(X, E, p, b, warm, F[:, :m], out[lo : lo + m])
+    if not remove:
+        np.negative(out, out=out)
+    return out
+
+
+_KERNEL_CHUNK_ELEMENTS = 1 << 16  # outputs per compiled chunk (512 KiB per array: stays in L2)
+
+
+def _kernel_bands(bands: Bands) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``(colsT, coefs, toeplitz)`` for the compiled kernels: the coefficient vector of a Toeplitz
+    ``C`` (then ``colsT`` is a dummy), else the bands as rows ``colsT[k, i] = C[i + k, i]``."""
+    if bands.toeplitz is not None:
+        return np.zeros((1, 1)), np.ascontiguousarray(bands.toeplitz, dtype=np.float64), True
+    return np.ascontiguousarray(bands.cols.T), np.zeros(1), False
 
 
 # ============================================================================ cyclic, equal partition
@@ -580,6 +647,7 @@ def privacy_loss_samples(
     *,
     direction: str = "remove",
     dataset_size: int | None = None,
+    backend: str = "compiled",
 ) -> np.ndarray:
     """``num_samples`` i.i.d. privacy losses of the dominating pair (float64, ``+inf`` allowed).
 
@@ -590,8 +658,12 @@ def privacy_loss_samples(
     docstring. ``dataset_size`` (number of examples; default ``scheme.dataset_size`` if the scheme
     has that field) is needed by truncated b-min-sep (``scheme.max_batch_size`` set; App. D).
 
-    Deterministic given the state of ``rng`` (a ``numpy.random.Generator``). Memory is bounded
-    (samples are processed in chunks of ``clip(2**21 / n, 1024, 8192)``).
+    Deterministic given the state of ``rng`` (a ``numpy.random.Generator``) and ``backend``.
+    ``backend="compiled"`` (default) runs b-min-sep (single attribution, untruncated), ``p = 1``
+    and balls-in-bins in fused numba kernels (``_compiled.py``; normals from xoshiro256++ seeded by
+    ``rng``); ``"numpy"`` is the vectorized reference. Both sample the same distribution, from
+    different random streams. Memory is bounded (samples are processed in chunks of
+    ``clip(2**21 / n, 1024, 8192)``; the compiled kernels keep three length-``n`` buffers).
 
     >>> import numpy as np
     >>> from dpmf.strategies import ToeplitzStrategy
@@ -609,6 +681,8 @@ def privacy_loss_samples(
         raise InvalidParameterError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
     if direction not in DIRECTIONS:
         raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+    if backend not in BACKENDS:
+        raise InvalidParameterError(f"backend must be one of {BACKENDS}, got {backend!r}")
     bands = _bands(strategy)
     plan = _plan(bands, scheme)
     if direction not in plan.directions:
@@ -623,6 +697,8 @@ def privacy_loss_samples(
             )
         size = _v.positive_int("dataset_size", dataset_size)
         return _sample_truncated(bands, scheme, sigma, S, rng, direction, size)
+    if backend == "compiled" and _compiled_ok(plan, scheme):
+        return _sample_compiled(bands, scheme, plan, sigma, S, rng, direction)
     if plan.method == "modes":
         return _sample_modes(bands, scheme, sigma, S, rng, direction)
     if plan.method == "cyclic-equal":
