@@ -32,7 +32,7 @@ import numpy as np
 
 from dpmf.accounting.montecarlo._xoshiro import geometric, normal, uniform
 
-__all__ = ["minsep_outputs", "minsep_dp", "fill_normals", "fill_indices"]
+__all__ = ["minsep_outputs", "exponents", "minsep_dp", "fill_normals", "fill_indices"]
 
 _FLOOR = -700.0  # exponents are floored here before exp (no subnormals; e^-700 ~ 1e-304)
 
@@ -121,6 +121,18 @@ def minsep_dp(X, E, p, b, warm, F, out):
             for j in range(1, b):
                 rest += F[j, s]
             out[s] = off[s] + math.log(F[0, s] + p * rest) - math.log1p((b - 1) * p)
+
+
+@nb.njit(cache=True, fastmath={"contract"})
+def exponents(D, a, h):
+    """In place: ``D[i, s] = max(a D[i, s] - h[i], -700)`` (time-major ``D = C^T y``): the
+    exponents ``ln p + llr_i`` of the recursion, floored as in ``backward_dp``."""
+    n, S = D.shape
+    for i in range(n):
+        hi = h[i]
+        for s in range(S):
+            v = a * D[i, s] - hi
+            D[i, s] = v if v > _FLOOR else _FLOOR
 
 
 @nb.njit(cache=True)

@@ -514,17 +514,16 @@ def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarra
     n = bands.n
     size = int(min(S, max(64, _KERNEL_CHUNK_ELEMENTS // n)))
     Y = np.empty((size, n))
+    E = np.empty((n, size))
     F = np.empty((n + b, size))
-    h = (bands.sq / (2 * sigma**2) - math.log(p))[:, None]
+    h = bands.sq / (2 * sigma**2) - math.log(p)
     for lo, m in _chunks_of(S, size):
         _compiled.minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y[:m])
         X = bands.dots_sm(Y[:m])  # time-major (n, m)
-        X *= 1.0 / sigma**2
-        X -= h
-        np.maximum(X, -700.0, out=X)
+        _compiled.exponents(X, 1.0 / sigma**2, h)
         with np.errstate(over="ignore"):  # e^{x} = inf sends a sample to the log-space fallback
-            E = np.exp(X)
-        _compiled.minsep_dp(X, E, p, b, warm, F[:, :m], out[lo : lo + m])
+            np.exp(X, out=E[:, :m])
+        _compiled.minsep_dp(X, E[:, :m], p, b, warm, F[:, :m], out[lo : lo + m])
     if not remove:
         np.negative(out, out=out)
     return out
