@@ -252,7 +252,7 @@ def test_progress_callback_and_process_pool_agree():
     assert seen[-1] == (5, 5) and [d for d, _ in seen] == list(range(1, 6))
     pooled = account_mmcc(C, PoissonSampling(0.2, 5), 4.0, DELTA, heuristic=False, workers=2)
     assert pooled.epsilon_by_direction == serial.epsilon_by_direction
-    assert pooled.diagnostics["backend"] == {"backend": "processes", "workers": 2}
+    assert pooled.diagnostics["backend"] == {"backend": "processes", "workers": 2, "rows_loaded": 0}
 
 
 def test_dask_local_cluster_agrees():

@@ -237,3 +237,21 @@ def test_installed_console_script():
     assert data["epsilon"] == pytest.approx(dp_accounting.get_epsilon_gaussian(1.0, 1e-6), rel=1e-9)
     assert data["dpmf_version"] == __version__
     assert "Traceback" not in proc.stderr
+
+
+def test_mmcc_cache_dir_resumes_with_the_same_answer(tmp_path):
+    """--cache-dir: rows saved on the first run, all reloaded (none recomputed) on the second."""
+    args = (
+        "account --strategy banded-toeplitz --bands 4 --sampling poisson --sampling-prob 0.125 --steps 24 "
+        f"--noise-multiplier 3 --delta 1e-6 --method mmcc --json --cache-dir {tmp_path / 'rows'}"
+    ).split()
+    first = invoke(args)
+    assert first.exit_code == 0, first.output
+    saved = sorted(os.listdir(tmp_path / "rows"))
+    assert saved and all(f.endswith(".npz") for f in saved)
+    second = invoke(args)
+    assert second.exit_code == 0, second.output
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["epsilon_by_direction"] == b["epsilon_by_direction"]
+    assert b["diagnostics"]["backend"]["rows_loaded"] == b["diagnostics"]["distinct_units_computed"] > 0
+    assert sorted(os.listdir(tmp_path / "rows")) == saved

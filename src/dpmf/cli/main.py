@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -104,12 +105,18 @@ _SAMPLES = typer.Option(None, "--samples", help="Monte Carlo: number of privacy-
 _SEED = typer.Option(None, "--seed", help="Monte Carlo: seed (default: drawn from the OS and reported).")
 _WORKERS = typer.Option(None, "--workers", help="MMCC: worker processes for the rows.")
 _SCHEDULER = typer.Option(None, "--scheduler", help="MMCC / Monte Carlo: Dask scheduler address (tcp://host:port).")
+_CACHE = typer.Option(
+    None,
+    "--cache-dir",
+    help="MMCC: save every finished row PLD in this directory and reload saved rows, so the same "
+    "command run again after an interruption resumes where it stopped (same result).",
+)
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
 
 
-def _method_options(samples, seed, workers, scheduler) -> dict:
+def _method_options(samples, seed, workers, scheduler, cache_dir) -> dict:
     """Method-specific options; each accountant takes the ones it knows (``dpmf.account``)."""
-    return {"num_samples": samples, "seed": seed, "workers": workers, "scheduler": scheduler}
+    return {"num_samples": samples, "seed": seed, "workers": workers, "scheduler": scheduler, "cache_dir": cache_dir}
 
 
 @app.command()
@@ -131,6 +138,7 @@ def account(
     seed: Optional[int] = _SEED,
     workers: Optional[int] = _WORKERS,
     scheduler: Optional[str] = _SCHEDULER,
+    cache_dir: Optional[Path] = _CACHE,
     as_json: bool = _JSON,
 ) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
@@ -145,7 +153,7 @@ def account(
             strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
         )
-        opts = _method_options(samples, seed, workers, scheduler)
+        opts = _method_options(samples, seed, workers, scheduler, cache_dir)
         with err.status(f"accounting ({method.value}) ..."):
             report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
     except DPMFError as exc:
@@ -177,6 +185,7 @@ def calibrate(
     seed: Optional[int] = _SEED,
     workers: Optional[int] = _WORKERS,
     scheduler: Optional[str] = _SCHEDULER,
+    cache_dir: Optional[Path] = _CACHE,
     as_json: bool = _JSON,
 ) -> None:
     """Smallest noise multiplier whose reported epsilon is at most --epsilon.
@@ -191,7 +200,7 @@ def calibrate(
             strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
         )
-        opts = _method_options(samples, seed, workers, scheduler)
+        opts = _method_options(samples, seed, workers, scheduler, cache_dir)
         with err.status("calibrating ...") as status:
 
             def progress(sigma: float, eps: float) -> None:

@@ -65,6 +65,42 @@ class PrivacyLossDistribution:
         """The same PLD as a ``dp_accounting.pld.PrivacyLossDistribution``."""
         return _dpa_pld.PrivacyLossDistribution(self.remove, self.add)
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Plain arrays that :meth:`from_arrays` turns back into this PLD bit for bit (dense and
+        sparse PMFs keep their type, so a reloaded PLD composes exactly like the original)."""
+        out: dict[str, np.ndarray] = {"symmetric": np.array(self.symmetric)}
+        for d in (("remove",) if self.symmetric else DIRECTIONS):
+            pmf = self._direction(d)
+            head = [float(pmf._discretization), float(pmf._infinity_mass)]  # noqa: SLF001
+            if isinstance(pmf, pld_pmf.DensePLDPmf):
+                out[f"{d}_dense"] = np.array(head + [float(pmf._lower_loss)])  # noqa: SLF001
+                out[f"{d}_probs"] = np.asarray(pmf._probs, dtype=np.float64)  # noqa: SLF001
+            else:
+                items = sorted(pmf._loss_probs.items())  # noqa: SLF001
+                out[f"{d}_sparse"] = np.array(head)
+                out[f"{d}_losses"] = np.array([k for k, _ in items], dtype=np.int64)
+                out[f"{d}_probs"] = np.array([v for _, v in items], dtype=np.float64)
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> "PrivacyLossDistribution":
+        """Inverse of :meth:`to_arrays` (e.g. from ``numpy.load``)."""
+
+        def pmf(d: str) -> pld_pmf.PLDPmf:
+            if f"{d}_dense" in arrays:
+                disc, inf, lower = (float(x) for x in arrays[f"{d}_dense"])
+                return pld_pmf.DensePLDPmf(disc, int(lower), np.array(arrays[f"{d}_probs"], dtype=np.float64), inf, True)
+            disc, inf = (float(x) for x in arrays[f"{d}_sparse"])
+            losses, probs = arrays[f"{d}_losses"], arrays[f"{d}_probs"]
+            return pld_pmf.SparsePLDPmf({int(k): float(v) for k, v in zip(losses, probs)}, disc, inf, True)
+
+        try:
+            remove = pmf("remove")
+            add = remove if bool(arrays["symmetric"]) else pmf("add")
+        except (KeyError, ValueError, TypeError) as exc:
+            raise InvalidParameterError(f"not a stored PrivacyLossDistribution: {exc}") from None
+        return cls(remove=remove, add=add)
+
     # ----------------------------------------------------------------- properties
     @property
     def discretization(self) -> float:

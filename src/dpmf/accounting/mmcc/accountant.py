@@ -48,6 +48,7 @@ DP-SGD for linear losses) and :func:`~dpmf.privacy.group_dpsgd` (group privacy f
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -223,6 +224,7 @@ class MMCCAccountant:
         merge_budget: float = DEFAULT_MERGE_BUDGET,
         workers: int | None = None,
         scheduler: object = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         start = time.perf_counter()
         self.delta = _v.open_unit("delta", delta)
@@ -251,6 +253,7 @@ class MMCCAccountant:
         self.scheme = scheme
         self.workers = workers
         self.scheduler = scheduler
+        self.cache_dir = cache_dir
         b = scheme.cycle_length if isinstance(scheme, CyclicPoissonSampling) else 1
         self.cycle_length = b
         release = _release_steps(C)
@@ -308,6 +311,7 @@ class MMCCAccountant:
             workers=self.workers,
             scheduler=self.scheduler,
             callback=callback,
+            cache_dir=self.cache_dir,
         )
         total: PrivacyLossDistribution | None = None
         for (_, count), pld in zip(groups, plds):
@@ -425,6 +429,7 @@ def account_mmcc(
     workers: int | None = None,
     scheduler: object = None,
     callback: RowCallback | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> PrivacyReport:
     """MMCC report: ``(epsilon, delta)`` with ``delta = delta_1 + delta_2`` (module docstring).
 
@@ -446,6 +451,9 @@ def account_mmcc(
         heuristic: also compute the independent-rows heuristic (diagnostic only).
         workers, scheduler: see :mod:`dpmf.accounting.mmcc.rows`.
         callback: ``callback(done, total)`` after each distinct row.
+        cache_dir: a directory where every finished row PLD is saved at once and from which
+            saved rows are reloaded: run the same call again after an interruption and it
+            resumes (bit-for-bit the same result; :class:`~dpmf.accounting.mmcc.rows.RowCache`).
 
     >>> from dpmf.strategies import Identity
     >>> r = account_mmcc(Identity(128), PoissonSampling(1 / 128, 128), 1.0, 1e-6)
@@ -463,6 +471,7 @@ def account_mmcc(
         merge_budget=merge_budget,
         workers=workers,
         scheduler=scheduler,
+        cache_dir=cache_dir,
     )
     return acc.report(noise_multiplier, heuristic=heuristic, callback=callback)
 
@@ -482,6 +491,7 @@ def calibrate_mmcc(
     merge_budget: float = DEFAULT_MERGE_BUDGET,
     workers: int | None = None,
     scheduler: object = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> float:
     """Smallest noise multiplier (to ``rel_tol``) whose MMCC epsilon is ``<= target_epsilon``.
 
@@ -504,6 +514,7 @@ def calibrate_mmcc(
         merge_budget=merge_budget,
         workers=workers,
         scheduler=scheduler,
+        cache_dir=cache_dir,
     )
     res = smallest_noise(acc.epsilon, target, rel_tol=rel_tol, callback=callback)
     if math.isnan(res.epsilon) or not res.epsilon <= target:  # pragma: no cover - by construction

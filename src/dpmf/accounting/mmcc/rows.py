@@ -23,6 +23,12 @@ its sensitivity is ``S = sum_j B_j c_j`` with independent ``B_j ~ Bernoulli(p~_j
   (whose mass is concentrated on few participations) and changes epsilon by ~1e-7 relative at
   the default budget (measured on sqrt-Toeplitz rows; see tests).
 
+Checkpoints: with ``cache_dir`` every finished row is written there at once (one ``.npz`` per
+row, named by a SHA-256 of the row's sensitivities, probabilities, sigma and grid parameters,
+written atomically), and rows already there are loaded instead of computed. An interrupted MMCC
+run (or calibration: each trial sigma is its own set of rows) resumes where it stopped, and the
+result is bit-for-bit the uninterrupted one.
+
 Execution: ``workers`` (``None`` = serial below :data:`PARALLEL_MIN_ROWS` distinct rows, else one
 process per CPU; ``1`` = serial; ``k > 1`` = a ``ProcessPoolExecutor`` with ``k`` processes) or
 ``scheduler`` (a Dask ``distributed`` scheduler address such as ``"tcp://host:8786"`` or a
@@ -31,8 +37,10 @@ process per CPU; ``1`` = serial; ``k > 1`` = a ``ProcessPoolExecutor`` with ``k`
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import tempfile
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Sequence
 
@@ -44,7 +52,7 @@ from dpmf.privacy.mixture import mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import product_mixture
 
-__all__ = ["row_pld", "compute_row_plds", "merge_upward", "PARALLEL_MIN_ROWS", "DEFAULT_MERGE_BUDGET"]
+__all__ = ["row_pld", "compute_row_plds", "merge_upward", "RowCache", "PARALLEL_MIN_ROWS", "DEFAULT_MERGE_BUDGET"]
 
 #: With ``workers=None``, rows are computed in a process pool only from this many distinct rows.
 PARALLEL_MIN_ROWS = 256
@@ -124,6 +132,53 @@ def row_pld(
     return mixture_of_gaussians(sens, probs, noise_multiplier, discretization=discretization)
 
 
+class RowCache:
+    """Finished row PLDs on disk: ``<dir>/<sha256>.npz`` per row (see the module docstring)."""
+
+    VERSION = "dpmf-mmcc-row-1"
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = os.fspath(directory)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as exc:
+            raise InvalidParameterError(f"cache_dir {self.directory!r} cannot be created: {exc}") from None
+
+    def path(self, job: tuple) -> str:
+        c, p, sigma, grid_step, discretization, merge_budget = job
+        h = hashlib.sha256()
+        h.update(f"{self.VERSION}|{float(sigma)!r}|{float(grid_step)!r}|{float(discretization)!r}|{float(merge_budget)!r}|".encode())
+        h.update(np.ascontiguousarray(c, dtype=np.float64).tobytes())
+        h.update(b"|")
+        h.update(np.ascontiguousarray(p, dtype=np.float64).tobytes())
+        return os.path.join(self.directory, h.hexdigest() + ".npz")
+
+    def load(self, job: tuple) -> tuple[bool, PrivacyLossDistribution | None]:
+        """``(found, pld)``; a damaged file counts as missing (it is recomputed and replaced)."""
+        path = self.path(job)
+        if not os.path.exists(path):
+            return False, None
+        try:
+            with np.load(path) as data:
+                if "none" in data.files:
+                    return True, None
+                return True, PrivacyLossDistribution.from_arrays(dict(data))
+        except (OSError, ValueError, InvalidParameterError):
+            return False, None
+
+    def save(self, job: tuple, pld: PrivacyLossDistribution | None) -> None:
+        arrays = {"none": np.array(1)} if pld is None else pld.to_arrays()
+        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(fh, **arrays)
+            os.replace(tmp, self.path(job))
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+
 def _job(args: tuple) -> PrivacyLossDistribution | None:
     return row_pld(*args)
 
@@ -146,37 +201,58 @@ def compute_row_plds(
     workers: int | None = None,
     scheduler: object = None,
     callback: ProgressCallback | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> tuple[list[PrivacyLossDistribution | None], dict]:
     """PLDs of all ``tasks`` (``(sensitivities, probabilities)`` pairs), in order.
 
-    Returns the PLDs and ``{"backend": ..., "workers": ...}``. ``callback(done, total)`` is
-    called after each row.
+    Returns the PLDs and ``{"backend": ..., "workers": ..., "rows_loaded": ...}``.
+    ``callback(done, total)`` is called after each row (rows loaded from ``cache_dir`` count at
+    once). With ``cache_dir`` each computed row is saved as soon as it is finished.
     """
     jobs = [(c, p, noise_multiplier, grid_step, discretization, merge_budget) for c, p in tasks]
     total = len(jobs)
     out: list[PrivacyLossDistribution | None] = [None] * total
+    cache = RowCache(cache_dir) if cache_dir is not None else None
+    todo = list(range(total))
+    if cache is not None:
+        todo = []
+        for i, job in enumerate(jobs):
+            found, pld = cache.load(job)
+            if found:
+                out[i] = pld
+            else:
+                todo.append(i)
+    loaded = total - len(todo)
+    done = loaded
 
-    def tick(done: int) -> None:
+    def finish(i: int, pld: PrivacyLossDistribution | None) -> None:
+        nonlocal done
+        out[i] = pld
+        if cache is not None:
+            cache.save(jobs[i], pld)
+        done += 1
         if callback is not None:
             callback(done, total)
 
-    if scheduler is not None:
-        return _run_dask(jobs, scheduler, out, tick), {"backend": "dask", "workers": None}
-    n_workers = _resolve_workers(workers, total)
-    if n_workers == 1 or total <= 1:
-        for i, job in enumerate(jobs):
-            out[i] = _job(job)
-            tick(i + 1)
-        return out, {"backend": "serial", "workers": 1}
+    if callback is not None and loaded:
+        callback(done, total)
+    info = {"rows_loaded": loaded}
+    if scheduler is not None and todo:
+        _run_dask([jobs[i] for i in todo], scheduler, lambda k, pld: finish(todo[k], pld))
+        return out, {"backend": "dask", "workers": None, **info}
+    n_workers = _resolve_workers(workers, len(todo))
+    if n_workers == 1 or len(todo) <= 1:
+        for i in todo:
+            finish(i, _job(jobs[i]))
+        return out, {"backend": "serial", "workers": 1, **info}
     with ProcessPoolExecutor(max_workers=n_workers) as pool:
-        futures = {pool.submit(_job, job): i for i, job in enumerate(jobs)}
-        for done, fut in enumerate(as_completed(futures), start=1):
-            out[futures[fut]] = fut.result()
-            tick(done)
-    return out, {"backend": "processes", "workers": n_workers}
+        futures = {pool.submit(_job, jobs[i]): i for i in todo}
+        for fut in as_completed(futures):
+            finish(futures[fut], fut.result())
+    return out, {"backend": "processes", "workers": n_workers, **info}
 
 
-def _run_dask(jobs: list, scheduler: object, out: list, tick: Callable[[int], None]) -> list:
+def _run_dask(jobs: list, scheduler: object, finish: Callable[[int, object], None]) -> None:
     try:
         import distributed
     except ImportError:  # pragma: no cover - depends on the environment
@@ -195,10 +271,8 @@ def _run_dask(jobs: list, scheduler: object, out: list, tick: Callable[[int], No
     try:
         futures = client.map(_job, jobs, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
-        for done, fut in enumerate(distributed.as_completed(futures), start=1):
-            out[index[fut.key]] = fut.result()
-            tick(done)
+        for fut in distributed.as_completed(futures):
+            finish(index[fut.key], fut.result())
     finally:
         if own:
             client.close()
-    return out
