@@ -124,6 +124,16 @@ def test_run_with_the_library_sampler_b_min_sep_banded_toeplitz(tmp_path):
     assert tiny.exit_code == 0 and "inf" in tiny.stdout and "too few samples" in tiny.stdout
 
 
+def test_run_with_worker_processes_equals_serial(tmp_path):
+    args = ["run", "--strategy", "bsr", "--bands", "2", "--steps", "16", "--sampling", "b-min-sep",
+            "--min-sep", "2", "--participation-rate", "0.05", "--noise-multiplier", "1.0", "--delta", "1e-2",
+            "--samples", "3000", "--chunk-size", "500", "--seed", "4", "--json"]
+    serial = runner.invoke(app, args)
+    par = runner.invoke(app, args + ["--workers", "2"])
+    assert serial.exit_code == 0 and par.exit_code == 0, par.output
+    assert json.loads(par.stdout)["epsilon_by_direction"] == json.loads(serial.stdout)["epsilon_by_direction"]
+
+
 def test_calibrate_certifies_a_private_noise(dpsgd_sampler):
     # one Gaussian step: the released noise must satisfy the exact Gaussian delta(eps) <= delta
     import math

@@ -103,7 +103,7 @@ _METHOD = typer.Option(
 )
 _SAMPLES = typer.Option(None, "--samples", help="Monte Carlo: number of privacy-loss samples.")
 _SEED = typer.Option(None, "--seed", help="Monte Carlo: seed (default: drawn from the OS and reported).")
-_WORKERS = typer.Option(None, "--workers", help="MMCC: worker processes for the rows.")
+_WORKERS = typer.Option(None, "--workers", help="MMCC / Monte Carlo: worker processes (rows / sample chunks).")
 _SCHEDULER = typer.Option(None, "--scheduler", help="MMCC / Monte Carlo: Dask scheduler address (tcp://host:port).")
 _CACHE = typer.Option(
     None,

@@ -26,7 +26,8 @@ app = typer.Typer(
 
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1).")
 _CONF = typer.Option(0.99, "--confidence", help="Joint confidence of the upper bounds (both directions).")
-_SCHED = typer.Option(None, "--scheduler", help="Dask scheduler ADDRESS (e.g. tcp://host:8786); default: this process.")
+_SCHED = typer.Option(None, "--scheduler", help="Dask scheduler ADDRESS (e.g. tcp://host:8786); default: this machine.")
+_WORKERS = typer.Option(None, "--workers", help="Local worker processes (default: this process); same counts as a serial run.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
 
 
@@ -109,6 +110,7 @@ def run(
     chunk_size: int = typer.Option(10_000, "--chunk-size", help="Samples per chunk (one checkpoint per chunk)."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint file (.npz); an existing one of the same run is continued."),
     scheduler: Optional[str] = _SCHED,
+    workers: Optional[int] = _WORKERS,
     as_json: bool = _JSON,
 ) -> None:
     """Estimate epsilon by Monte Carlo, checkpointing after every chunk.
@@ -129,7 +131,7 @@ def run(
                       DEFAULT_RESOLUTION, sampler_options=options)
         if checkpoint is not None and not mc.samples_done:
             mc.save(checkpoint)  # the seed is on disk before the first chunk
-        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler), "sampling privacy losses",
+        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "sampling privacy losses",
                  mc.samples_total, mc.samples_done, checkpoint)
         report = montecarlo_report(mc, delta, confidence)
     except DPMFError as exc:
@@ -143,6 +145,7 @@ def resume(
     delta: float = _DELTA,
     confidence: float = _CONF,
     scheduler: Optional[str] = _SCHED,
+    workers: Optional[int] = _WORKERS,
     as_json: bool = _JSON,
 ) -> None:
     """Continue an interrupted run: compute exactly the missing chunks, then report."""
@@ -151,7 +154,7 @@ def resume(
 
     try:
         mc = MonteCarloRun.load(checkpoint)
-        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler), "resuming", mc.samples_total,
+        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "resuming", mc.samples_total,
                  mc.samples_done, checkpoint)
         report = montecarlo_report(mc, delta, confidence)
     except DPMFError as exc:
@@ -216,6 +219,7 @@ def calibrate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed entropy (default: fresh OS entropy, recorded)."),
     chunk_size: int = typer.Option(10_000, "--chunk-size", help="Samples per chunk."),
     scheduler: Optional[str] = _SCHED,
+    workers: Optional[int] = _WORKERS,
     as_json: bool = _JSON,
 ) -> None:
     """Certified noise calibration by Algorithm 5 (Estimate-Verify-Release, Dong & Ganesh 2026 App. A).
@@ -235,7 +239,8 @@ def calibrate(
 
             cal = calibrate_montecarlo(
                 strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,
-                scheduler=scheduler, callback=progress, chunk_size=chunk_size, dataset_size=dataset_size,
+                scheduler=scheduler, workers=workers, callback=progress, chunk_size=chunk_size,
+                dataset_size=dataset_size,
             )
     except KeyboardInterrupt:
         err.print("interrupted (calibration keeps no checkpoint; rerun with the same --seed)")

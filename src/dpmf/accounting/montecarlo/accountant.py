@@ -62,6 +62,7 @@ def account_montecarlo(
     confidence: float = 0.99,
     checkpoint=None,
     scheduler=None,
+    workers: int | None = None,
     callback: RunCallback | None = None,
     sampler: Sampler | None = None,
     chunk_size: int = 10_000,
@@ -74,6 +75,7 @@ def account_montecarlo(
     bound of ``delta_d(eps) = E[(1 - e^{eps - L})_+]`` at level ``(1 - confidence)/2``; epsilon is
     the max over d in {remove, add}. ``seed=None`` draws OS entropy, recorded in the report.
     With ``checkpoint`` set, an existing checkpoint of the same configuration is continued.
+    ``workers=k`` samples in ``k`` local processes, ``scheduler`` on a Dask cluster (same counts).
     ``dataset_size`` is passed to the sampler (truncated b-min-sep, App. D, needs it).
 
     >>> from dpmf.privacy import gaussian_epsilon
@@ -98,7 +100,7 @@ def account_montecarlo(
         strategy, scheme, sigma, num_samples, seed, chunk_size, checkpoint, sampler, resolution,
         sampler_options=_options(dataset_size),
     )
-    run.run(callback=callback, scheduler=scheduler)
+    run.run(callback=callback, scheduler=scheduler, workers=workers)
     return montecarlo_report(run, delta, conf, seconds=time.perf_counter() - start)
 
 
@@ -255,6 +257,7 @@ def pilot_noise(
     chunk_size: int = 10_000,
     sampler_options: dict | None = None,
     scheduler=None,
+    workers: int | None = None,
 ) -> float:
     """Point estimate (NOT a guarantee) of the smallest noise whose estimated delta(target_epsilon),
     worst direction, is <= ``base_delta``: log-bisection below ``upper`` with ``num_samples``-sample
@@ -267,7 +270,7 @@ def pilot_noise(
         run = MonteCarloRun(
             strategy, scheme, sig, num_samples, seed=seed, chunk_size=chunk_size, sampler=sampler,
             spawn_key=(PILOT_KEY,), sampler_options=sampler_options,
-        ).run(scheduler=scheduler)
+        ).run(scheduler=scheduler, workers=workers)
         return max(h.delta_estimate(eps) for h in run.histograms.values())
 
     hi = _v.positive("upper", upper)
@@ -304,6 +307,7 @@ def calibrate_montecarlo(
     fallback_noise_multiplier: float | None = None,
     seed: int | None = None,
     scheduler=None,
+    workers: int | None = None,
     callback: RunCallback | None = None,
     sampler: Sampler | None = None,
     chunk_size: int = 10_000,
@@ -358,7 +362,7 @@ def calibrate_montecarlo(
         n_pilot = s if pilot_samples is None else _v.positive_int("pilot_samples", pilot_samples)
         pilot = pilot_noise(
             strategy, scheme, eps, dp, sigma_fb, num_samples=n_pilot, seed=entropy, sampler=sampler,
-            chunk_size=chunk_size, sampler_options=options, scheduler=scheduler,
+            chunk_size=chunk_size, sampler_options=options, scheduler=scheduler, workers=workers,
         )
         cands = tuple(c for c in (pilot * r**j for j in range(-2, k - 2)) if c < sigma_fb)
     else:
@@ -369,7 +373,7 @@ def calibrate_montecarlo(
         run = MonteCarloRun(
             strategy, scheme, sigma_i, s, seed=entropy, chunk_size=chunk_size, sampler=sampler, spawn_key=(i,),
             sampler_options=options,
-        ).run(callback=callback, scheduler=scheduler)
+        ).run(callback=callback, scheduler=scheduler, workers=workers)
         runs[i] = run
         return _cert.verify(run.histograms, eps, dp)
 

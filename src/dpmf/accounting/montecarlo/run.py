@@ -14,6 +14,10 @@ temporary file and ``os.replace``, so the file on disk is always one consistent 
 ``KeyboardInterrupt`` (SIGINT) at any moment loses at most the chunks in flight; :func:`resume`
 recomputes exactly those, so no sample is lost or counted twice.
 
+**Local processes.** ``workers=k`` (``k > 1``) computes chunks in ``k`` worker processes (the
+strategy and scheme are sent to each worker once; at most ``4 k`` chunks are in flight). The counts
+equal those of a serial run.
+
 **Dask.** ``scheduler=ADDRESS`` (a ``distributed`` scheduler address, or a ``distributed.Client``)
 runs the chunks on a cluster; ``distributed`` is imported only then. Results are merged in the
 order they finish; the counts equal those of a local run.
@@ -186,6 +190,20 @@ class RunConfig:
         return out
 
 
+_WORKER_JOB: tuple | None = None  # (strategy, scheme, config, sampler) in a worker process
+
+
+def _init_worker(strategy, scheme, config, sampler) -> None:
+    global _WORKER_JOB
+    _WORKER_JOB = (strategy, scheme, config, sampler)
+
+
+def _worker_chunk(direction: str, chunk: int) -> LossHistogram:
+    assert _WORKER_JOB is not None
+    strategy, scheme, config, sampler = _WORKER_JOB
+    return compute_chunk(strategy, scheme, config, sampler, direction, chunk)
+
+
 def compute_chunk(
     strategy, scheme, config: RunConfig, sampler: Sampler | None, direction: str, chunk: int
 ) -> LossHistogram:
@@ -285,16 +303,22 @@ class MonteCarloRun:
         *,
         callback: RunCallback | None = None,
         scheduler=None,
+        workers: int | None = None,
         max_chunks: int | None = None,
     ) -> "MonteCarloRun":
         """Compute every pending chunk (or at most ``max_chunks``), checkpointing after each.
 
-        ``scheduler``: ``None`` (this process) or a Dask scheduler address / ``distributed.Client``.
+        ``scheduler``: ``None`` (this machine) or a Dask scheduler address / ``distributed.Client``.
+        ``workers``: local worker processes (``None`` or 1: this process).
         """
         todo = self.pending()
         if max_chunks is not None:
             todo = todo[: _v.positive_int("max_chunks", max_chunks)]
-        if scheduler is None:
+        if workers is not None:
+            workers = _v.positive_int("workers", workers)
+        if scheduler is None and workers is not None and workers > 1 and len(todo) > 1:
+            self._run_processes(workers, todo, callback)
+        elif scheduler is None:
             for direction, chunk in todo:
                 hist = compute_chunk(self.strategy, self.scheme, self.config, self.sampler, direction, chunk)
                 self._merge(direction, chunk, hist, callback)
@@ -313,6 +337,25 @@ class MonteCarloRun:
             self.save(self.checkpoint)
         if callback is not None:
             callback(self.samples_done, self.samples_total)
+
+    def _run_processes(self, workers: int, todo: list[tuple[str, int]], callback: RunCallback | None) -> None:
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        queue = list(todo)
+        running: dict = {}
+        job = (self.strategy, self.scheme, self.config, self.sampler)
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=job)
+        try:
+            while queue or running:
+                while queue and len(running) < 4 * workers:
+                    direction, chunk = queue.pop(0)
+                    running[pool.submit(_worker_chunk, direction, chunk)] = (direction, chunk)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    direction, chunk = running.pop(fut)
+                    self._merge(direction, chunk, fut.result(), callback)
+        finally:  # on an interrupt: drop the queued chunks, keep the checkpoint (resume redoes them)
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_dask(self, scheduler, todo: list[tuple[str, int]], callback: RunCallback | None) -> None:
         distributed = importlib.import_module("distributed")
