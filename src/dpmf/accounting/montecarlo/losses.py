@@ -51,9 +51,11 @@ Balls-in-bins and ``p = 1`` never materialize ``y``: the loss only depends on th
 products ``u = M y`` with the modes ``M`` (rows ``C x^(s)``), and ``u ~ N(M C x, sigma^2 M M^T)``
 is drawn directly (``T`` normals per sample instead of ``n``).
 
-Everything is float64 and vectorized over samples (sliding dot products ``C^T y`` by blocked
-BLAS products, the DP rescaled in linear space with a log-space fallback, see
-``_loss_kernels.py``). Samples are processed in chunks of ``clip(2**21 / n, 1024, 8192)``, so
+Everything is float64. Two backends: ``"compiled"`` (default; b-min-sep, ``p = 1``,
+balls-in-bins: numba kernels in ``_compiled.py`` with xoshiro256++/ziggurat normals) and the
+numpy reference (every scheme; vectorized over samples, ``_loss_kernels.py``). Both compute
+``C^T y`` by blocked BLAS products and run the DP rescaled in linear space with a log-space
+fallback. Samples are processed in chunks of ``clip(2**21 / n, 1024, 8192)``, so
 memory is ``O(n * chunk)`` whatever ``num_samples`` is. Results are a deterministic function of
 the generator state and the arguments.
 """
