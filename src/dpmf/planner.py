@@ -62,7 +62,17 @@ class TrainingRun:
         object.__setattr__(self, "epsilon", _v.positive("epsilon", self.epsilon))
         object.__setattr__(self, "delta", _v.open_unit("delta", self.delta))
         if self.montecarlo_samples is not None:
-            object.__setattr__(self, "montecarlo_samples", _v.positive_int("montecarlo_samples", self.montecarlo_samples))
+            from dpmf.accounting.montecarlo.accountant import samples_to_estimate
+
+            s = _v.positive_int("montecarlo_samples", self.montecarlo_samples)
+            need = samples_to_estimate(self.delta)
+            if s < need:
+                raise InvalidParameterError(
+                    f"montecarlo_samples={s} cannot estimate delta={self.delta:g}: with so few samples the 99% "
+                    f"upper confidence bound on delta stays above it at every noise level; use at least "
+                    f"{need:,} samples (or a larger delta)"
+                )
+            object.__setattr__(self, "montecarlo_samples", s)
 
     @property
     def steps_per_epoch(self) -> int:

@@ -255,3 +255,26 @@ def test_mmcc_cache_dir_resumes_with_the_same_answer(tmp_path):
     assert a["epsilon_by_direction"] == b["epsilon_by_direction"]
     assert b["diagnostics"]["backend"]["rows_loaded"] == b["diagnostics"]["distinct_units_computed"] > 0
     assert sorted(os.listdir(tmp_path / "rows")) == saved
+
+
+def test_plan_montecarlo_rows_need_enough_samples():
+    from dpmf.errors import InvalidParameterError
+    from dpmf.planner import TrainingRun
+
+    with pytest.raises(InvalidParameterError, match="at least 5,298,315 samples"):
+        TrainingRun(2000, 100, 2, 1.0, 1e-6, montecarlo_samples=20_000)
+    res = invoke(PLAN + ["--montecarlo-samples", "20000"])
+    assert res.exit_code == 2 and "--montecarlo-samples" in res.stderr and "--delta" in res.stderr
+
+
+def test_plan_montecarlo_row_is_an_estimate_below_the_unamplified_noise():
+    from dpmf.accounting import calibrate
+    from dpmf.planner import TrainingRun, _estimate_montecarlo, candidates
+
+    run = TrainingRun(2000, 100, 2, 1.0, 1e-3, montecarlo_samples=20_000)
+    (cand,) = [c for c in candidates(run) if c.method == "montecarlo"]
+    assert cand.scheme.name == "b-min-sep"
+    cal = _estimate_montecarlo(cand, run)
+    assert cal.report.certified is False and cal.report.epsilon <= 1.0
+    unamp = calibrate(cand.strategy, cand.scheme, 1.0, 1e-3, method="unamplified")
+    assert cal.noise_multiplier < unamp.noise_multiplier

@@ -51,6 +51,24 @@ def check_supported(strategy, scheme, sampler: Sampler | None) -> None:
             raise UnsupportedConfigurationError(f"Monte Carlo accounting does not apply: {why}")
 
 
+def samples_to_estimate(delta: float, confidence: float = 0.99, directions: int = 2) -> int:
+    """Fewest samples per direction for which a Monte Carlo epsilon at ``delta`` can be finite.
+
+    With ``s`` samples the KL upper confidence bound on delta at level ``alpha = (1 -
+    confidence) / directions`` is at least ``1 - alpha^(1/s)`` (no loss above epsilon at all), so
+    epsilon is infinite unless ``s >= ln(1/alpha) / -ln(1 - delta)``.
+
+    >>> samples_to_estimate(1e-3)
+    5296
+    """
+    delta = _v.open_unit("delta", delta)
+    alpha = (1.0 - _v.open_unit("confidence", confidence)) / _v.positive_int("directions", directions)
+    s = max(1, math.ceil(math.log(1.0 / alpha) / -math.log1p(-delta)))
+    while kl_upper_confidence(0.0, s, alpha) > delta:  # guard the closed form against rounding
+        s += 1
+    return s
+
+
 def account_montecarlo(
     strategy,
     scheme,
