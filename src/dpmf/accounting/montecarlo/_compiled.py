@@ -19,8 +19,8 @@ two dominate its profile (n = 1024, 32 bands: ~40 us per sample). Here
 
 Same recursion and rules as the numpy path, so both give the same loss for the same ``y`` up to
 rounding (tests check it); only the random streams differ (xoshiro256++ seeded by the caller's
-generator). :func:`fill_normals` / :func:`fill_indices` serve the mode mixtures (p = 1,
-balls-in-bins).
+generator). The mode mixtures (p = 1, balls-in-bins) only need ``_xoshiro.fill_normal`` /
+``fill_indices``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 from dpmf.accounting.montecarlo._xoshiro import geometric, normal, uniform
 
-__all__ = ["minsep_outputs", "exponents", "minsep_dp", "fill_normals", "fill_indices"]
+__all__ = ["minsep_outputs", "exponents", "minsep_dp"]
 
 _FLOOR = -700.0  # exponents are floored here before exp (no subnormals; e^-700 ~ 1e-304)
 
@@ -175,25 +175,4 @@ def minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y):
             for k in range(min(w, n - t)):
                 y[t + k] += coefs[k] if toeplitz else colsT[k, t]
             t += b
-    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
-
-
-@nb.njit(cache=True)
-def fill_normals(state, W):
-    """Standard normals into ``W`` (any shape, C-contiguous); ``state`` advances in place."""
-    flat = W.reshape(-1)
-    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
-    for j in range(flat.size):
-        z, s0, s1, s2, s3 = normal(s0, s1, s2, s3)
-        flat[j] = z
-    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
-
-
-@nb.njit(cache=True)
-def fill_indices(state, K, out):
-    """Uniform integers on ``{0, ..., K-1}`` into ``out``; ``state`` advances in place."""
-    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
-    for j in range(out.size):
-        u, s0, s1, s2, s3 = uniform(s0, s1, s2, s3)
-        out[j] = min(K - 1, nb.int64(u * K))
     state[0], state[1], state[2], state[3] = s0, s1, s2, s3

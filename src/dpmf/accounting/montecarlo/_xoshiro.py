@@ -15,7 +15,8 @@ loop this generator costs ~4-6 ns and needs no memory traffic.
   (52), as Doornik (2005) recommends; the base strip's tail uses Marsaglia's exact exponential
   rejection. The method is exact for exact uniforms: every rejection test compares against
   ``exp(-x^2/2)`` itself.
-* **Uniforms**: 53-bit ``[0, 1)``; :func:`geometric` is the inverse-CDF geometric on ``{1, 2, ...}``.
+* **Uniforms**: 53-bit ``[0, 1)``; :func:`geometric` is the inverse-CDF geometric on ``{1, 2, ...}``;
+  :func:`fill_normal` / :func:`fill_indices` fill arrays (normals, uniform integers).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import math
 import numba as nb
 import numpy as np
 
-__all__ = ["ZIG_X", "ZIG_RATIO", "ZIG_F", "seed_state", "nxt", "uniform", "normal", "geometric", "fill_normal"]
+__all__ = ["ZIG_X", "ZIG_RATIO", "ZIG_F", "seed_state", "nxt", "uniform", "normal", "geometric", "fill_normal", "fill_indices"]
 
 _U = nb.uint64
 _R = 3.6541528853610088  # start of the tail (256 layers)
@@ -133,4 +134,14 @@ def fill_normal(out, state):
     for j in range(out.size):
         z, s0, s1, s2, s3 = normal(s0, s1, s2, s3)
         out[j] = z
+    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
+
+
+@nb.njit(cache=True)
+def fill_indices(state, K, out):
+    """Uniform integers on ``{0, ..., K-1}`` into ``out``; ``state`` advances in place."""
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
+    for j in range(out.size):
+        u, s0, s1, s2, s3 = uniform(s0, s1, s2, s3)
+        out[j] = min(K - 1, nb.int64(u * K))
     state[0], state[1], state[2], state[3] = s0, s1, s2, s3

@@ -473,14 +473,14 @@ def _sample_modes(bands, scheme, sigma, S, rng, direction, state=None) -> np.nda
             W = rng.standard_normal((m, K))
             star = rng.integers(0, K, size=m) if (direction == "remove" and K > 1) else None
         else:
-            from dpmf.accounting.montecarlo import _compiled
+            from dpmf.accounting.montecarlo._xoshiro import fill_indices, fill_normal
 
             W = np.empty((m, K))
-            _compiled.fill_normals(state, W)
+            fill_normal(W.reshape(-1), state)
             star = None
             if direction == "remove" and K > 1:
                 star = np.empty(m, dtype=np.int64)
-                _compiled.fill_indices(state, K, star)
+                fill_indices(state, K, star)
         X = W @ A
         if direction == "remove":
             X += Gs[star] if star is not None else Gs[0]
@@ -506,10 +506,10 @@ def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarra
     from dpmf.accounting.montecarlo._xoshiro import seed_state
 
     state = seed_state(rng)
-    out = np.empty(S)
-    remove = direction == "remove"
     if plan.method == "modes":
         return _sample_modes(bands, scheme, sigma, S, rng, direction, state=state)
+    out = np.empty(S)
+    remove = direction == "remove"
     b, p = int(scheme.min_sep), float(scheme.sampling_prob)
     warm = bool(getattr(scheme, "warm_start", False)) and b > 1
     colsT, coefs, toeplitz = _kernel_bands(bands)
