@@ -220,7 +220,7 @@ def _estimate_montecarlo(cand: Candidate, run: TrainingRun):
     m = METHODS["montecarlo"]
 
     def report(sigma: float):
-        return m.run(cand.strategy, cand.scheme, sigma, run.delta, **m.options(cand.options or {}))
+        return m.run(cand.strategy, cand.scheme, sigma, run.delta, **(cand.options or {}))
 
     res = smallest_noise(lambda s: report(s).epsilon, run.epsilon, rel_tol=1e-3)
     return Calibration(res.value, report(res.value), res.evaluations)

@@ -205,10 +205,12 @@ def _o5_bisection(ra: RenyiAllocation, eps: float, delta: float = 1e-5) -> float
 
 @pytest.mark.parametrize("k", [1, 10])
 def test_o5_renyi_calibrated_sigma_dpsgd(k):
-    ra = AllocationProblem.create(Identity(100 * k), BallsInBinsSampling(k, 100 * k)).renyi
+    problem = AllocationProblem.create(Identity(100 * k), BallsInBinsSampling(k, 100 * k))
+    # for k > 1 the problem is the exact one-epoch reduction at sigma * noise_scale (issue 16 item 4)
+    assert problem.noise_scale == pytest.approx(1 / math.sqrt(k))
     for eps, sigma in O5:
         expect = sigma * math.sqrt(k)
-        assert _o5_bisection(ra, eps) == pytest.approx(expect, abs=6e-5 * math.sqrt(k))
+        assert _o5_bisection(problem.renyi, eps) / problem.noise_scale == pytest.approx(expect, abs=6e-5 * math.sqrt(k))
 
 
 def test_o5_through_calibrate_allocation():

@@ -43,7 +43,11 @@ def test_identity_matrix_matches_identity_strategy(n):
 def test_describe_encoder_repr_and_immutability():
     C = np.tril(np.ones((4, 4)))
     s = DenseStrategy(C, name="prefix")
-    assert s.describe() == {"name": "prefix", "n": 4, "adaptive": True, "nonnegative": True}
+    d = s.describe()
+    assert {k: d[k] for k in ("name", "n", "adaptive", "nonnegative")} == {
+        "name": "prefix", "n": 4, "adaptive": True, "nonnegative": True
+    }
+    assert d["class"] == "DenseStrategy" and d["matrix"] == C.tolist()  # small: inline (rebuildable)
     assert repr(s) == "DenseStrategy(name='prefix', n=4, adaptive=True)"
     enc = s.encoder()
     enc[0, 0] = 7.0

@@ -131,7 +131,7 @@ def test_sqrt_strategy_matrices(n):
     np.testing.assert_allclose(s.column_norms(), np.linalg.norm(C, axis=0), rtol=1e-13)
     B = np.tri(n) @ np.linalg.inv(C)
     assert s.prefix_sum_rmse() == pytest.approx(np.linalg.norm(B) / math.sqrt(n), rel=1e-12)
-    assert s.band == n and s.describe() == {"name": "toeplitz", "n": n, "band": n}
+    assert s.band == n and s.describe() == {"name": "toeplitz", "n": n, "band": n, "coefs": s.coefs.tolist()}
 
 
 def test_identity_coefficients_give_dpsgd_rmse():

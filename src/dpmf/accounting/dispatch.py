@@ -9,7 +9,7 @@ bounds, so the minimum is one too.
 from __future__ import annotations
 
 import dataclasses
-import inspect
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -24,27 +24,45 @@ from dpmf.sampling.schemes import SCHEMES
 
 @dataclass(frozen=True)
 class AccountingMethod:
-    """A registered accountant."""
+    """A registered accountant and the options it takes, listed explicitly.
+
+    ``run_options`` are the keyword options of ``run`` (``dpmf.account`` forwards them);
+    ``calibration_options`` those of its calibration (``fast_calibration`` or ``own_calibration``;
+    without either, calibration searches with ``run`` and takes ``run_options``). A test checks
+    the lists against the functions' signatures, so a reader can follow an option from
+    ``dpmf.account`` to the accountant that uses it.
+    """
 
     name: str
     description: str
     supports: Callable[[object, object], str | None]
     run: Callable[..., PrivacyReport]
+    run_options: frozenset[str] = frozenset()
+    #: options that change which pairs the method covers; passed on to ``supports``
+    pair_options: frozenset[str] = frozenset()
     fast_calibration: Callable[..., float] | None = None  # (strategy, scheme, target, delta, **opts) -> sigma
+    calibration_options: frozenset[str] | None = None  # None: the run options
+    calibration_searches: bool = True  # fast_calibration takes rel_tol and callback (False: closed form)
     in_auto: bool = True  # False for estimates (Monte Carlo): never chosen silently
     #: Replaces the generic calibration entirely; returns an object with ``noise_multiplier``,
     #: ``report`` and ``evaluations`` (Monte Carlo's Estimate-Verify-Release, Algorithm 5).
     own_calibration: Callable[..., object] | None = None
 
-    def options(self, options: dict) -> dict:
-        """The subset of ``options`` this method's ``run`` accepts as keyword arguments."""
-        return _accepted(self.run, options)
+    def accepts(self, calibrating: bool) -> frozenset[str]:
+        """Option names this method takes when accounting (``False``) or calibrating (``True``)."""
+        if calibrating and self.calibration_options is not None:
+            return self.calibration_options
+        return self.run_options
 
 
-def _accepted(func: Callable, options: dict) -> dict:
-    params = inspect.signature(func).parameters
-    return {k: v for k, v in options.items() if k in params and v is not None}
-
+_MMCC_OPTIONS = frozenset(
+    {"delta_split", "adaptive", "grid_step", "discretization", "merge_budget", "workers", "scheduler", "cache_dir"}
+)
+_ALLOCATION_OPTIONS = frozenset(
+    {"which", "bandwidth", "orders", "budget", "max_bandwidth", "delta_e", "temperatures", "discretization",
+     "conditional_budget", "renyi_conversion"}
+)
+_MONTECARLO_COMMON = frozenset({"num_samples", "seed", "scheduler", "workers", "sampler", "chunk_size", "dataset_size"})
 
 METHODS: dict[str, AccountingMethod] = {
     m.name: m
@@ -54,13 +72,18 @@ METHODS: dict[str, AccountingMethod] = {
             "PLD of Poisson-subsampled Gaussian steps (DP-SGD, tight up to discretization)",
             dpsgd.supports,
             dpsgd.account_dpsgd,
+            frozenset({"discretization"}),
         ),
         AccountingMethod(
             unamplified.NAME,
             "Gaussian mechanism with the strategy's worst-case sensitivity (no amplification)",
             unamplified.supports,
             unamplified.account_unamplified,
+            frozenset(),
+            frozenset(),
             unamplified.calibrate_unamplified,
+            frozenset(),
+            calibration_searches=False,
         ),
         AccountingMethod(
             mmcc.NAME,
@@ -68,7 +91,10 @@ METHODS: dict[str, AccountingMethod] = {
             "lower-triangular C; Poisson or cyclic Poisson sampling)",
             mmcc.supports,
             mmcc.account_mmcc,
-            fast_calibration=mmcc.calibrate_mmcc,
+            _MMCC_OPTIONS | {"heuristic", "callback"},
+            frozenset({"adaptive"}),
+            mmcc.calibrate_mmcc,
+            _MMCC_OPTIONS,
         ),
         AccountingMethod(
             allocation.NAME,
@@ -76,7 +102,10 @@ METHODS: dict[str, AccountingMethod] = {
             "conditional composition",
             allocation.supports,
             allocation.account_allocation,
-            fast_calibration=allocation.calibrate_allocation,
+            _ALLOCATION_OPTIONS | {"callback"},
+            frozenset(),
+            allocation.calibrate_allocation,
+            _ALLOCATION_OPTIONS,
         ),
         AccountingMethod(
             montecarlo.NAME,
@@ -84,16 +113,49 @@ METHODS: dict[str, AccountingMethod] = {
             "an ESTIMATE, certified only through calibration (Estimate-Verify-Release)",
             montecarlo.supports,
             montecarlo.account_montecarlo,
+            _MONTECARLO_COMMON | {"confidence", "checkpoint", "callback", "resolution"},
+            calibration_options=_MONTECARLO_COMMON
+            | {"candidates", "num_candidates", "ratio", "pilot_samples", "base_delta", "fallback_noise_multiplier"},
             in_auto=False,
             own_calibration=montecarlo.calibrate_montecarlo,
         ),
     )
 }
 
+ALL_OPTIONS = frozenset().union(*(m.accepts(c) for m in METHODS.values() for c in (False, True)))
 
-def valid_methods(strategy, scheme) -> dict[str, str | None]:
-    """For every registered method: ``None`` if it applies, else why not."""
-    return {name: m.supports(strategy, scheme) for name, m in METHODS.items()}
+
+def _options_for(methods: list[AccountingMethod], options: dict, calibrating: bool) -> list[dict]:
+    """Per selected method, the given options it takes (``None`` values dropped); an option that no
+    selected method takes is an error naming it, with what each method accepts and a close match."""
+    given = {k: v for k, v in options.items() if v is not None}
+    unknown = sorted(k for k in given if not any(k in m.accepts(calibrating) for m in methods))
+    if unknown:
+        what = "calibrating" if calibrating else "accounting"
+        names = "/".join(m.name for m in methods)
+        hints = []
+        for k in unknown:
+            owners = [m.name for m in METHODS.values() if k in m.accepts(calibrating)]
+            if owners:
+                hints.append(f"option {k!r} is not used when {what} with {names} (it is an option of {', '.join(owners)})")
+                continue
+            close = difflib.get_close_matches(k, sorted(ALL_OPTIONS), n=1)
+            hints.append(f"unknown option {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        listing = "; ".join(
+            f"{m.name}: {', '.join(sorted(m.accepts(calibrating))) or '(no options)'}" for m in methods
+        )
+        raise InvalidParameterError(f"{'; '.join(hints)}. Accepted when {what} with {names}: {listing}")
+    return [{k: v for k, v in given.items() if k in m.accepts(calibrating)} for m in methods]
+
+
+def valid_methods(strategy, scheme, options: dict | None = None) -> dict[str, str | None]:
+    """For every registered method: ``None`` if it applies, else why not (``options`` such as MMCC's
+    ``adaptive=False`` can widen what a method covers)."""
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    return {
+        name: m.supports(strategy, scheme, **{k: options[k] for k in m.pair_options if k in options})
+        for name, m in METHODS.items()
+    }
 
 
 def _check_common(strategy, scheme, delta: float) -> float:
@@ -108,8 +170,8 @@ def _check_common(strategy, scheme, delta: float) -> float:
     return delta
 
 
-def _select(strategy, scheme, method: str) -> list[AccountingMethod]:
-    reasons = valid_methods(strategy, scheme)
+def _select(strategy, scheme, method: str, options: dict) -> list[AccountingMethod]:
+    reasons = valid_methods(strategy, scheme, options)
     if method == "auto":
         chosen = [METHODS[name] for name, why in reasons.items() if why is None and METHODS[name].in_auto]
         if not chosen:
@@ -140,7 +202,9 @@ def account(
     """
     delta = _check_common(strategy, scheme, delta)
     sigma = _v.positive("noise_multiplier", noise_multiplier)
-    reports = [m.run(strategy, scheme, sigma, delta, **m.options(options)) for m in _select(strategy, scheme, method)]
+    methods = _select(strategy, scheme, method, options)
+    per_method = _options_for(methods, options, calibrating=False)
+    reports = [m.run(strategy, scheme, sigma, delta, **opts) for m, opts in zip(methods, per_method)]
     best = min(reports, key=lambda r: r.epsilon)
     if len(reports) > 1:
         others = {r.method: r.epsilon for r in reports}
@@ -176,21 +240,21 @@ def calibrate(
     delta = _check_common(strategy, scheme, delta)
     target = _v.positive("target_epsilon", target_epsilon)
     best: Calibration | None = None
-    for m in _select(strategy, scheme, method):
-        opts = m.options(options)
+    methods = _select(strategy, scheme, method, options)
+    for m, opts in zip(methods, _options_for(methods, options, calibrating=True)):
 
         def run(s: float, m=m, opts=opts) -> PrivacyReport:
             return m.run(strategy, scheme, s, delta, **opts)
 
         if m.own_calibration is not None:
-            cal = m.own_calibration(strategy, scheme, target, delta, **_accepted(m.own_calibration, opts))
+            cal = m.own_calibration(strategy, scheme, target, delta, **opts)
             cal = Calibration(cal.noise_multiplier, cal.report, cal.evaluations)
             if best is None or cal.noise_multiplier < best.noise_multiplier:
                 best = cal
             continue
         if m.fast_calibration is not None:
-            extra = {**opts, "rel_tol": rel_tol, "callback": callback}
-            sigma = m.fast_calibration(strategy, scheme, target, delta, **_accepted(m.fast_calibration, extra))
+            extra = {"rel_tol": rel_tol, "callback": callback} if m.calibration_searches else {}
+            sigma = m.fast_calibration(strategy, scheme, target, delta, **opts, **extra)
             report, evals = run(sigma), 1
             while report.epsilon > target:  # float rounding: step to the safe side
                 sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)

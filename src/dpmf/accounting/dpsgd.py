@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
@@ -43,6 +44,7 @@ def dpsgd_epsilon_by_direction(
     return pld.self_compose(steps).epsilon_by_direction(delta)
 
 
+@guarded(NAME, supports)
 def account_dpsgd(
     strategy: Identity,
     scheme: PoissonSampling,

@@ -29,6 +29,10 @@ class PrivacyReport:
     strategy: dict
     scheme: dict
     diagnostics: dict = field(default_factory=dict)
+    #: The value-affecting options the method was called with (execution options such as workers
+    #: are not recorded): with ``strategy``, ``scheme``, ``noise_multiplier``, ``delta`` and
+    #: ``method`` they recompute this report (:func:`dpmf.accounting.verify`).
+    options: dict = field(default_factory=dict)
     adjacency: str = ADJACENCY
     dpmf_version: str = __version__
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gdp import gaussian_epsilon, gdp_mu
 from dpmf.sampling.schemes import (
@@ -48,6 +49,7 @@ def supports(strategy, scheme) -> str | None:
     return None
 
 
+@guarded(NAME, supports)
 def account_unamplified(strategy, scheme, noise_multiplier: float, delta: float) -> PrivacyReport:
     """Report for the Gaussian mechanism with the strategy's sensitivity under ``scheme``."""
     start = time.perf_counter()
@@ -73,6 +75,7 @@ def account_unamplified(strategy, scheme, noise_multiplier: float, delta: float)
     )
 
 
+@guarded(NAME, supports)
 def calibrate_unamplified(strategy, scheme, target_epsilon: float, delta: float) -> float:
     """Exact smallest noise multiplier: ``sens / mu*(epsilon, delta)`` (verified by gdp_mu)."""
     sens = float(strategy.sensitivity(participation_of(scheme)))

@@ -29,6 +29,10 @@ _OPTION_NAMES = {
     "bands": "--bands",
     "num_samples": "--samples",
     "montecarlo_samples": "--montecarlo-samples",
+    "workers": "--workers",
+    "seed": "--seed",
+    "scheduler": "--scheduler",
+    "cache_dir": "--cache-dir",
 }
 
 
@@ -38,5 +42,6 @@ def _fail(message: str) -> None:
         message = re.sub(rf"^{api}\b", opt, message)
         message = re.sub(rf"(?<=[ (]){api}(?==)", opt, message)
         message = re.sub(rf"(?<=<= ){api}\b", opt, message)
+        message = re.sub(rf"(?<=option ')({api})(?=')", opt, message)
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code=2)

@@ -295,10 +295,12 @@ def _register_subcommands() -> None:
     from dpmf.cli.individual import app as individual_app
     from dpmf.cli.montecarlo import app as montecarlo_app
     from dpmf.cli.strategy import app as strategy_app
+    from dpmf.cli.verify import verify as verify_command
 
     app.add_typer(individual_app, name="individual")
     app.add_typer(strategy_app, name="strategy")
     app.add_typer(montecarlo_app, name="montecarlo")
+    app.command("verify")(verify_command)
 
 
 _register_subcommands()

@@ -13,6 +13,7 @@ from dpmf.sampling.schemes import (
     participation_rate,
     sampling_prob_for_rate,
 )
+from dpmf.sampling.serialization import scheme_from_dict
 
 __all__ = [
     "PoissonSampling",
@@ -26,4 +27,5 @@ __all__ = [
     "SCHEMES",
     "participation_rate",
     "sampling_prob_for_rate",
+    "scheme_from_dict",
 ]

@@ -4,6 +4,7 @@ The multi-epoch matrix-factorization paper (Choquette-Choo et al., ICML 2023) an
 the amplification papers use. Every strategy exposes ``n``, ``name``, ``describe()``,
 ``encoder()`` (dense, on request), ``sensitivity(participation)`` (a sound upper bound, exact
 where documented) and ``prefix_sum_rmse()`` (per unit noise multiplier, for C as given).
+``strategy_from_dict(s.describe())`` rebuilds ``s`` (:mod:`dpmf.strategies.serialization`).
 """
 
 from dpmf.strategies.banded import bisr, bsr, optimize_banded_toeplitz
@@ -13,6 +14,7 @@ from dpmf.strategies.fft import FFTMechanism
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import FixedEpochParticipation, SensitivityResult, sensitivity_squared
+from dpmf.strategies.serialization import participation_from_dict, save_matrices, strategy_from_dict
 from dpmf.strategies.streaming import DenseNoise, IdentityNoise, PregeneratedNoise, StreamingNoise, TreeNoise
 from dpmf.strategies.toeplitz import ToeplitzNoise, ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
@@ -43,4 +45,7 @@ __all__ = [
     "DenseNoise",
     "TreeNoise",
     "PregeneratedNoise",
+    "strategy_from_dict",
+    "participation_from_dict",
+    "save_matrices",
 ]

@@ -100,6 +100,7 @@ class BLT:
             "num_buffers": self.num_buffers,
             "buf_decay": self.buf_decay.tolist(),
             "output_scale": self.output_scale.tolist(),
+            "nonnegative": self.nonnegative,
         }
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
@@ -230,7 +231,11 @@ class BLTStrategy(ToeplitzStrategy):
         return cls(scale * blt.toeplitz_coefs(n), n, blt=blt, scale=scale)
 
     def describe(self) -> dict:
+        """The BLT parameters, ``n`` and ``scale`` (plus ``band``); the Toeplitz ``coefs`` only
+        when they are not exactly ``scale * blt.toeplitz_coefs(n)`` (a BLT is its parameters)."""
         d = super().describe()
+        if np.array_equal(self.coefs, self.scale * self.blt.toeplitz_coefs(self.n)):
+            del d["coefs"]
         d.update(self.blt.describe())
         d.update({"name": self.name, "scale": self.scale, "nonnegative": self.blt.nonnegative})
         return d

@@ -78,7 +78,28 @@ class DenseStrategy(ErrorMethods):
         return bool(np.all(self.C >= 0))
 
     def describe(self) -> dict:
-        return {"name": self.name, "n": self.n, "adaptive": self.adaptive, "nonnegative": self.nonnegative}
+        """``name``, ``n``, ``adaptive``, ``nonnegative``, ``class`` (``"DenseStrategy"``: the name
+        is free), ``rows``, ``sha256`` (content hash of ``C``, see
+        :func:`~dpmf.strategies.serialization.matrix_sha256`) and, for a small ``C``, the
+        ``matrix`` itself (rows of exact floats). A larger ``C`` is referenced by its hash only:
+        :func:`~dpmf.strategies.serialization.strategy_from_dict` finds it in an ``.npz``
+        (:func:`~dpmf.strategies.serialization.save_matrices` writes one)."""
+        from dpmf.strategies.serialization import inline_matrix, matrix_sha256
+
+        if "sha256" not in self._cache:
+            self._cache["sha256"] = matrix_sha256(self.C)
+        d = {
+            "name": self.name,
+            "n": self.n,
+            "adaptive": self.adaptive,
+            "nonnegative": self.nonnegative,
+            "class": "DenseStrategy",
+            "rows": int(self.C.shape[0]),
+            "sha256": self._cache["sha256"],
+        }
+        if inline_matrix(self.C):
+            d["matrix"] = self.C.tolist()
+        return d
 
     def encoder(self) -> np.ndarray:
         """A writable copy of ``C``."""

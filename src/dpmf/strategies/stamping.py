@@ -154,7 +154,21 @@ class StampedEncoder:
         return self.copies * self.block.shape[1]
 
     def describe(self) -> dict:
-        return {"name": self.name, "n": self.n, "copies": self.copies, "block_shape": self.block.shape}
+        """``name``, ``n``, ``copies``, ``block_shape``, ``sha256`` (content hash of the block) and,
+        for a small block, the ``block`` itself (see :meth:`DenseStrategy.describe
+        <dpmf.strategies.dense.DenseStrategy.describe>` for the hash and the ``.npz`` lookup)."""
+        from dpmf.strategies.serialization import inline_matrix, matrix_sha256
+
+        d = {
+            "name": self.name,
+            "n": self.n,
+            "copies": self.copies,
+            "block_shape": [int(k) for k in self.block.shape],
+            "sha256": matrix_sha256(self.block),
+        }
+        if inline_matrix(self.block):
+            d["block"] = self.block.tolist()
+        return d
 
     def encoder(self) -> np.ndarray:
         """The dense block-diagonal encoder."""

@@ -229,7 +229,13 @@ class ToeplitzStrategy(ErrorMethods):
         return _band(self.coefs)
 
     def describe(self) -> dict:
-        return {"name": self.name, "n": self.n, "band": self.band}
+        """``name``, ``n``, ``band`` and the coefficients as exact floats (``coefs``, and
+        ``inverse_coefs`` when given): :func:`~dpmf.strategies.serialization.strategy_from_dict`
+        rebuilds the same strategy from it."""
+        d = {"name": self.name, "n": self.n, "band": self.band, "coefs": self.coefs.tolist()}
+        if self.inverse_coefs is not None:
+            d["inverse_coefs"] = self.inverse_coefs.tolist()
+        return d
 
     def encoder(self) -> np.ndarray:
         """The dense ``n x n`` encoder ``C`` (materialize only when needed)."""

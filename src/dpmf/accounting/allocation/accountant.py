@@ -26,9 +26,11 @@ from typing import Callable
 import numpy as np
 
 from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
 from dpmf.accounting.allocation.dominating_pair import gram_matrix, mixture_means
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
+from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -73,6 +75,9 @@ class AllocationProblem:
     renyi: RenyiAllocation
     strategy: dict
     scheme: dict
+    #: sigma is multiplied by this before the analysis (an exact reduction, :mod:`dpmf.accounting.reductions`)
+    noise_scale: float = 1.0
+    reduction: dict | None = None
 
     @classmethod
     def create(
@@ -94,12 +99,20 @@ class AllocationProblem:
             raise InvalidParameterError(
                 f"the strategy has n={n} steps but the scheme has steps={scheme.steps} (k * b must equal N)"
             )
+        described = (_describe(strategy), scheme.describe())
+        reduction = identity_epochs_reduction(strategy, scheme)
+        if reduction is not None:
+            strategy, scheme = reduction.strategy, reduction.scheme
         means = mixture_means(strategy, scheme.epochs, scheme.steps)
         gram = gram_matrix(means)
         renyi = RenyiAllocation.create(
             gram, bandwidth=bandwidth, orders=orders, budget=budget, max_bandwidth=max_bandwidth
         )
-        return cls(means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, _describe(strategy), scheme.describe())
+        return cls(
+            means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, *described,
+            noise_scale=1.0 if reduction is None else reduction.noise_scale,
+            reduction=None if reduction is None else reduction.describe(),
+        )
 
 
 def _renyi(problem: AllocationProblem, sigma: float, delta: float, conversion: str) -> dict:
@@ -112,6 +125,7 @@ def _renyi(problem: AllocationProblem, sigma: float, delta: float, conversion: s
     return out
 
 
+@guarded(NAME, supports, hidden=('problem',))
 def account_allocation(
     strategy,
     scheme,
@@ -170,9 +184,12 @@ def account_allocation(
             strategy, scheme, bandwidth=bandwidth, orders=orders, budget=budget, max_bandwidth=max_bandwidth
         )
     diag: dict = {"epochs": problem.epochs, "steps_per_epoch": problem.steps_per_epoch}
+    if problem.reduction is not None:
+        diag["reduction"] = problem.reduction
+    analysed = sigma * problem.noise_scale
     by_dir = {"remove": math.inf, "add": math.inf}
     if which in ("combined", "renyi"):
-        r = _renyi(problem, sigma, d, renyi_conversion)
+        r = _renyi(problem, analysed, d, renyi_conversion)
         diag["renyi"] = r
         by_dir = {k: min(by_dir[k], v) for k, v in r["epsilon_by_direction"].items()}
     if which in ("combined", "conditional"):
@@ -180,7 +197,7 @@ def account_allocation(
         if which == "conditional" or cost <= conditional_budget:
             c = conditional_epsilon(
                 problem.means,
-                sigma,
+                analysed,
                 d,
                 delta_e=delta_e,
                 temperatures=temperatures,
@@ -207,6 +224,7 @@ def account_allocation(
     )
 
 
+@guarded(NAME, supports)
 def calibrate_allocation(
     strategy,
     scheme,

@@ -56,6 +56,7 @@ from typing import Callable
 import numpy as np
 
 from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, compute_row_plds
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, tail_bound_structure
 from dpmf.accounting.report import PrivacyReport
@@ -90,12 +91,18 @@ def _matrix_of(strategy) -> tuple[np.ndarray, dict, bool]:
     return C, strategy.describe(), bool(getattr(strategy, "adaptive", True))
 
 
-def _check_nonnegative(C: np.ndarray) -> None:
+def _negative_entry(C: np.ndarray) -> str | None:
+    """Why ``C`` is not entrywise non-negative (its most negative entry), or ``None``."""
     if np.any(C < 0):
         i, j = np.unravel_index(int(np.argmin(C)), C.shape)
-        raise UnsupportedConfigurationError(
-            f"MMCC needs a non-negative encoder C (paper Lemma C.3), but C[{i}, {j}] = {C[i, j]!r} < 0"
-        )
+        return f"MMCC needs a non-negative encoder C (paper Lemma C.3), but C[{i}, {j}] = {C[i, j]!r} < 0"
+    return None
+
+
+def _check_nonnegative(C: np.ndarray) -> None:
+    why = _negative_entry(C)
+    if why is not None:
+        raise UnsupportedConfigurationError(why)
 
 
 def _release_steps(C: np.ndarray) -> np.ndarray | None:
@@ -113,9 +120,23 @@ def _release_steps(C: np.ndarray) -> np.ndarray | None:
     return np.maximum.accumulate(np.maximum(last, 0))
 
 
-def supports(strategy, scheme) -> str | None:
+def _order_problem(C: np.ndarray, adaptive: bool, cycle_length: int, release: np.ndarray | None) -> str | None:
+    """Why the rows of ``C`` cannot be analysed in release order, or ``None``."""
+    if (adaptive or cycle_length > 1) and release is None:
+        why = "adaptive inputs" if adaptive else "the b-min-sep (cyclic Poisson) analysis"
+        return (
+            f"{why} need a lower-triangular C (square C: no entry above the diagonal; "
+            f"m x n C: rows in release order, i.e. non-decreasing last non-zero column); "
+            f"C of shape {C.shape} is not"
+            + ("; pass adaptive=False if the inputs are fixed in advance" if adaptive and cycle_length == 1 else "")
+        )
+    return None
+
+
+def supports(strategy, scheme, *, adaptive: bool = True) -> str | None:
     """``None`` when MMCC applies: Poisson or cyclic-Poisson sampling and a non-negative encoder
-    in streaming form (lower-triangular, or rows in release order); else the reason."""
+    in streaming form (lower-triangular, or rows in release order; any row order for non-adaptive
+    inputs under Poisson sampling, ``adaptive=False``); else the reason."""
     if not isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
         return f"MMCC needs Poisson or cyclic-Poisson sampling, not {type(scheme).__name__}"
     if isinstance(strategy, Identity):
@@ -125,15 +146,15 @@ def supports(strategy, scheme) -> str | None:
     if not (isinstance(strategy, np.ndarray) or callable(getattr(strategy, "encoder", None))):
         return "MMCC needs the encoder matrix (a strategy with encoder() or a numpy matrix)"
     try:
-        C, _, adaptive = _matrix_of(strategy)
+        C, _, may_be_adaptive = _matrix_of(strategy)
     except InvalidParameterError as exc:
+        if isinstance(strategy, (np.ndarray, list, tuple)):  # a bad matrix is bad input, not a bad pair
+            raise
         return str(exc)
-    if np.any(C < 0):
-        return "MMCC needs a non-negative encoder C"
-    cyclic = isinstance(scheme, CyclicPoissonSampling) and scheme.cycle_length > 1
-    if (adaptive or cyclic) and _release_steps(C) is None:
-        return "MMCC with adaptive inputs needs C lower-triangular (rows in release order)"
-    return None
+    if _negative_entry(C) is not None:
+        return _negative_entry(C)
+    b = scheme.cycle_length if isinstance(scheme, CyclicPoissonSampling) else 1
+    return _order_problem(C, adaptive and may_be_adaptive, b, _release_steps(C))
 
 
 # ============================================================================ analyses
@@ -257,14 +278,9 @@ class MMCCAccountant:
         b = scheme.cycle_length if isinstance(scheme, CyclicPoissonSampling) else 1
         self.cycle_length = b
         release = _release_steps(C)
-        if (adaptive or b > 1) and release is None:
-            why = "adaptive inputs" if adaptive else "the b-min-sep (cyclic Poisson) analysis"
-            raise UnsupportedConfigurationError(
-                f"{why} need a lower-triangular C (square C: no entry above the diagonal; "
-                f"m x n C: rows in release order, i.e. non-decreasing last non-zero column); "
-                f"C of shape {C.shape} is not"
-                + ("; pass adaptive=False if the inputs are fixed in advance" if adaptive and b == 1 else "")
-            )
+        why = _order_problem(C, adaptive, b, release)
+        if why is not None:
+            raise UnsupportedConfigurationError(why)
         q = scheme.sampling_prob
         delta1 = self.delta_split * self.delta
         analyses = []
@@ -414,6 +430,7 @@ class MMCCAccountant:
 
 
 # ============================================================================ functions
+@guarded(NAME, supports, pair_options=("adaptive",))
 def account_mmcc(
     strategy,
     scheme,
@@ -476,6 +493,7 @@ def account_mmcc(
     return acc.report(noise_multiplier, heuristic=heuristic, callback=callback)
 
 
+@guarded(NAME, supports, pair_options=("adaptive",))
 def calibrate_mmcc(
     strategy,
     scheme,

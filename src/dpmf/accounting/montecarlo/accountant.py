@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
 from dpmf.accounting.montecarlo import certify as _cert
 from dpmf.accounting.montecarlo.run import DIRECTIONS, MonteCarloRun, RunCallback, Sampler, new_entropy
 from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION, DEFAULT_UPPER, kl_upper_confidence
@@ -69,6 +70,7 @@ def samples_to_estimate(delta: float, confidence: float = 0.99, directions: int 
     return s
 
 
+@guarded(NAME, supports)
 def account_montecarlo(
     strategy,
     scheme,
@@ -310,6 +312,7 @@ def pilot_noise(
     return hi
 
 
+@guarded(NAME, supports)
 def calibrate_montecarlo(
     strategy,
     scheme,

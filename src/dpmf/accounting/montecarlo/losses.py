@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf import validation as _v
+from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.montecarlo._loss_kernels import (
     Bands,
     backward_dp,
@@ -684,6 +685,9 @@ def privacy_loss_samples(
         raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
     if backend not in BACKENDS:
         raise InvalidParameterError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    reduction = identity_epochs_reduction(strategy, scheme)
+    if reduction is not None:  # equal in law, k times fewer steps (dpmf.accounting.reductions)
+        strategy, scheme, sigma = reduction.strategy, reduction.scheme, sigma * reduction.noise_scale
     bands = _bands(strategy)
     plan = _plan(bands, scheme)
     if direction not in plan.directions:

@@ -1,0 +1,240 @@
+"""verify_report: a saved report is rebuilt from its own descriptions and recomputed; the claim
+holds iff recomputed epsilon <= claimed (1e-9 relative slack) and the certified flags agree.
+Edited reports fail saying what does not hold; foreign or unrecomputable ones are refused with an
+InvalidParameterError."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import dpmf
+from dpmf.accounting.report import PrivacyReport
+from dpmf.accounting.verify import REL_SLACK, Verification, verify_report
+from dpmf.errors import InvalidParameterError
+from dpmf.sampling import BallsInBinsSampling, FixedOrderSampling, MinSepSampling, PoissonSampling
+from dpmf.strategies import BLT, BinaryTree, DenseStrategy, Identity, bisr, bsr, save_matrices
+
+
+@pytest.fixture(scope="module")
+def pld_report() -> PrivacyReport:
+    return dpmf.account(Identity(100), PoissonSampling(0.05, 100), 2.0, 1e-5)
+
+
+def test_a_fresh_report_holds_in_every_input_form(pld_report, tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(pld_report.to_json(indent=2))
+    for form in (pld_report, pld_report.to_dict(), pld_report.to_json(), path, str(path)):
+        v = verify_report(form)
+        assert isinstance(v, Verification)
+        assert v.holds and not v.problems
+        assert v.recomputed_epsilon == pld_report.epsilon == v.claimed_epsilon
+        assert v.method == "pld" and v.claimed_certified and v.recomputed_certified and not v.estimate
+        assert "certified upper bound" in v.message and v.summary().startswith("HOLDS")
+    assert json.loads(json.dumps(v.to_dict()))["holds"] is True
+
+
+def test_a_lowered_epsilon_does_not_hold_and_says_why(pld_report):
+    d = pld_report.to_dict()
+    d["epsilon"] = 0.5
+    v = verify_report(d)
+    assert not v.holds
+    assert v.claimed_epsilon == 0.5 and v.recomputed_epsilon == pytest.approx(pld_report.epsilon, rel=1e-12)
+    assert v.message == f"claimed epsilon 0.5 < recomputed {pld_report.epsilon:.10g} at delta 1e-05 (method pld)"
+    assert v.summary().startswith("DOES NOT HOLD: claimed epsilon 0.5 <")
+
+
+def test_slack_is_for_float_noise_only(pld_report):
+    eps = pld_report.epsilon
+    for claimed, holds in ((eps * (1 - 1e-12), True), (eps * (1 - 10 * REL_SLACK), False), (eps * 2, True)):
+        d = pld_report.to_dict()
+        d["epsilon"] = claimed
+        d["epsilon_by_direction"] = {k: max(v, claimed) for k, v in d["epsilon_by_direction"].items()}
+        assert verify_report(d).holds is holds, claimed
+
+
+def test_a_lowered_direction_does_not_hold(pld_report):
+    d = pld_report.to_dict()
+    d["epsilon_by_direction"]["add"] = 0.1
+    v = verify_report(d)
+    assert not v.holds and "claimed add-direction epsilon 0.1 < recomputed" in v.message
+
+
+def test_a_certified_claim_must_match(pld_report):
+    d = pld_report.to_dict()
+    d["certified"] = False
+    v = verify_report(d)
+    assert not v.holds and "claims certified=False but pld gives certified=True" in v.message
+
+
+def test_an_edited_configuration_is_recomputed_as_written(pld_report):
+    # the report now claims the same epsilon for a larger sampling probability: it does not hold
+    d = pld_report.to_dict()
+    d["scheme"]["sampling_prob"] = 0.2
+    v = verify_report(d)
+    assert not v.holds and v.recomputed_epsilon > 2 * pld_report.epsilon
+    # a lower noise multiplier also breaks it
+    d = pld_report.to_dict()
+    d["noise_multiplier"] = 1.0
+    assert not verify_report(d).holds
+
+
+def test_recorded_options_are_used_and_missing_options_mean_defaults():
+    r = dpmf.account(Identity(100), PoissonSampling(0.05, 100), 2.0, 1e-5, method="pld", discretization=1e-2)
+    assert r.options == {"discretization": 1e-2}
+    v = verify_report(r.to_dict())
+    assert v.holds and v.recomputed_epsilon == r.epsilon
+    d = r.to_dict()
+    del d["options"]  # an older report: recomputed with the default (finer) discretization
+    v = verify_report(d)
+    assert v.holds and v.recomputed_epsilon < r.epsilon
+
+
+@pytest.mark.parametrize(
+    "strategy,scheme,method",
+    [
+        (bsr(24, 3), FixedOrderSampling(2, 24), "unamplified"),
+        (bisr(24, 3), FixedOrderSampling(3, 24), "unamplified"),
+        (BinaryTree(16), FixedOrderSampling(2, 16), "unamplified"),
+        (BLT([0.5, 0.9], [0.1, 0.2]).to_toeplitz(20), FixedOrderSampling(2, 20), "unamplified"),
+        (bsr(16, 2), PoissonSampling(0.1, 16), "mmcc"),
+        (Identity(10), BallsInBinsSampling(1, 10), "allocation"),
+        (DenseStrategy(np.tri(12) / np.sqrt(12)), FixedOrderSampling(1, 12), "unamplified"),
+    ],
+    ids=lambda x: x if isinstance(x, str) else type(x).__name__,
+)
+def test_reports_of_other_strategies_and_methods_hold(strategy, scheme, method):
+    r = dpmf.account(strategy, scheme, 3.0, 1e-5, method=method)
+    v = verify_report(json.loads(r.to_json()))
+    assert v.holds, v.message
+    assert v.recomputed_epsilon == r.epsilon
+
+
+def test_large_dense_strategy_needs_its_matrix(tmp_path):
+    rng = np.random.default_rng(0)
+    C = np.tril(rng.uniform(0.0, 0.1, (70, 70))) + np.eye(70)
+    r = dpmf.account(DenseStrategy(C, name="optimal"), FixedOrderSampling(2, 70), 5.0, 1e-5, method="unamplified")
+    assert "matrix" not in r.strategy and "sha256" in r.strategy
+    with pytest.raises(InvalidParameterError, match="not found"):
+        verify_report(r.to_dict())
+    save_matrices(DenseStrategy(C), tmp_path)
+    v = verify_report(r.to_dict(), search_dir=tmp_path)
+    assert v.holds and v.recomputed_epsilon == r.epsilon
+    assert verify_report(r.to_dict(), matrices=[C]).holds
+
+
+# ----------------------------------------------------------------------------- Monte Carlo
+@pytest.fixture(scope="module")
+def mc_report() -> PrivacyReport:
+    # no seed given: the entropy drawn from the OS is recorded in the diagnostics
+    return dpmf.account(Identity(20), MinSepSampling(0.1, 20, 4), 2.0, 1e-2, method="montecarlo", num_samples=4000)
+
+
+def test_montecarlo_report_is_reproduced_from_its_recorded_seed(mc_report):
+    assert "seed" not in mc_report.options and mc_report.diagnostics["seed_entropy"] > 0
+    v = verify_report(mc_report.to_json())
+    assert v.holds and v.estimate and not v.recomputed_certified
+    assert v.recomputed_epsilon == mc_report.epsilon  # same samples
+    assert "ESTIMATE" in v.message
+    d = mc_report.to_dict()
+    d["epsilon"] = mc_report.epsilon * 0.9
+    assert not verify_report(d).holds
+
+
+def test_montecarlo_refusals(mc_report):
+    d = mc_report.to_dict()
+    del d["diagnostics"]["seed_entropy"]
+    with pytest.raises(InvalidParameterError, match="records no seed"):
+        verify_report(d)
+    d = mc_report.to_dict()
+    d["diagnostics"]["sampler"] = "mymodule:my_sampler"
+    with pytest.raises(InvalidParameterError, match="custom sampler"):
+        verify_report(d)
+    d = mc_report.to_dict()
+    d["diagnostics"]["complete"] = False
+    with pytest.raises(InvalidParameterError, match="partial run"):
+        verify_report(d)
+    d = mc_report.to_dict()
+    d["options"]["sampler"] = "<not recordable: a Python object>"
+    with pytest.raises(InvalidParameterError, match="'sampler' set to a Python object"):
+        verify_report(d)
+    d = mc_report.to_dict()
+    d["method"] = "montecarlo-evr"
+    d["certified"] = True
+    with pytest.raises(InvalidParameterError, match="'montecarlo-evr' is a Monte Carlo calibration.*verify does not"):
+        verify_report(d)
+
+
+# ----------------------------------------------------------------------------- refusals
+def test_foreign_files_are_refused(tmp_path):
+    (tmp_path / "a.txt").write_text("hello, world")
+    (tmp_path / "b.json").write_text("[1, 2, 3]")
+    (tmp_path / "c.json").write_text('{"name": "identity", "n": 3}')
+    (tmp_path / "d.bin").write_bytes(bytes(range(256)))
+    cases = {
+        tmp_path / "a.txt": "not JSON",
+        tmp_path / "b.json": "a JSON list, not an object",
+        tmp_path / "c.json": "not a dpmf privacy report: missing key",
+        tmp_path / "d.bin": "not a JSON text file",
+        tmp_path / "missing.json": "cannot read the report",
+        "{not json": "not JSON",
+    }
+    for report, match in cases.items():
+        with pytest.raises(InvalidParameterError, match=match):
+            verify_report(report)
+    with pytest.raises(InvalidParameterError, match="must be a dict, a JSON string or a path"):
+        verify_report(42)
+
+
+@pytest.mark.parametrize(
+    "key,value,match",
+    [
+        ("method", "magic", "key 'method' must be one of"),
+        ("method", 3, "key 'method' must be a string"),
+        ("epsilon", "small", "key 'epsilon' must be a number >= 0"),
+        ("epsilon", -1.0, "key 'epsilon' must be a number >= 0"),
+        ("delta", 2.0, "key 'delta' must be in \\(0, 1\\)"),
+        ("delta", "1e-5", "key 'delta' must be a finite number > 0"),
+        ("noise_multiplier", 0, "key 'noise_multiplier' must be a finite number > 0"),
+        ("certified", "yes", "key 'certified' must be true or false"),
+        ("strategy", None, "key 'strategy' must be the strategy's description"),
+        ("scheme", [1], "key 'scheme' must be the scheme's description"),
+        ("options", [1], "key 'options' must be a dict"),
+        ("options", {"discretisation": 1e-3}, "cannot be recomputed from its own inputs: unknown option"),
+    ],
+)
+def test_malformed_reports_are_refused(pld_report, key, value, match):
+    d = pld_report.to_dict()
+    d[key] = value
+    with pytest.raises(InvalidParameterError, match=match):
+        verify_report(d)
+
+
+def test_tampered_descriptions_are_refused(pld_report):
+    d = pld_report.to_dict()
+    d["strategy"] = {"name": "identity", "n": 100, "note": "trust me"}
+    with pytest.raises(InvalidParameterError, match="unknown key 'note'"):
+        verify_report(d)
+    d = pld_report.to_dict()
+    d["scheme"]["steps"] = 50  # the strategy still has 100 steps
+    with pytest.raises(InvalidParameterError, match="cannot be recomputed.*n=100 steps"):
+        verify_report(d)
+    r = dpmf.account(bsr(24, 3), FixedOrderSampling(2, 24), 3.0, 1e-5, method="unamplified")
+    d = r.to_dict()
+    d["strategy"]["coefs"][1] = 0.1  # the band stays 3: a different strategy, recomputed as written
+    v = verify_report(d)
+    assert v.recomputed_epsilon != r.epsilon
+    d["strategy"]["band"] = 2
+    with pytest.raises(InvalidParameterError, match="key 'band' is 2 there, 3 rebuilt"):
+        verify_report(d)
+
+
+def test_infinite_claims(pld_report):
+    d = pld_report.to_dict()
+    d["epsilon"] = "inf"
+    d["epsilon_by_direction"] = {"remove": "inf", "add": "inf"}
+    v = verify_report(d)
+    assert v.holds and math.isinf(v.claimed_epsilon)
