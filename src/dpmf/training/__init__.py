@@ -1,0 +1,7 @@
+"""Framework integrations: train with correlated noise, with the batches, the noise and the epsilon
+coming from the same objects (DESIGN.md, ``training/``).
+
+* :mod:`dpmf.training.torch` - PyTorch (install with ``pip install 'dpmf[torch]'``).
+
+Nothing here is imported by ``import dpmf``; each framework is imported only when its subpackage is.
+"""

@@ -1,0 +1,194 @@
+"""The execution plan: one frozen description of a private training run, certified before step 0.
+
+DESIGN.md (``training/``): the plan holds the strategy, the sampling scheme, the noise multiplier,
+the clip norm, the public normalizer, the number of examples, delta and the
+:class:`~dpmf.accounting.PrivacyReport` that certifies them. It drives the sampler, the noise and
+the accountant of a framework adapter (:mod:`dpmf.training.torch`), is saved in every checkpoint,
+and refuses a step it does not cover. Nothing here imports a framework.
+
+The update of step ``t`` (0-based) is
+
+    g_t = ( sum_{i in B_t} clip(grad_i, max_grad_norm) + noise_multiplier * max_grad_norm * (C^{-1} z)_t ) / normalizer
+
+with ``z_t ~ N(0, I)`` and ``normalizer`` the *expected* batch size of the scheme (public: it does
+not depend on which examples were drawn), never the realized ``|B_t|``, which would leak. Dividing
+the mechanism ``C x + z`` (clip norm 1, DESIGN.md) by the public constant ``max_grad_norm /
+normalizer`` is post-processing, so the report of ``(strategy, scheme, noise_multiplier, delta)``
+covers the run.
+
+>>> from dpmf.strategies import Identity
+>>> from dpmf.sampling import PoissonSampling
+>>> plan = build_plan(Identity(100), PoissonSampling(0.01, 100), num_examples=6000,
+...                   noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0)
+>>> plan.normalizer, plan.report.method, round(plan.epsilon, 3)
+(60.0, 'pld', 0.718)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.sampling.schemes import (
+    SCHEMES,
+    BallsInBinsSampling,
+    CyclicPoissonSampling,
+    FixedOrderSampling,
+    MinSepSampling,
+    MultiAttributionMinSepSampling,
+    PoissonSampling,
+)
+
+__all__ = ["ExecutionPlan", "build_plan", "expected_batch_size", "StepOutOfPlanError"]
+
+
+class StepOutOfPlanError(UnsupportedConfigurationError):
+    """A training step the plan (hence its privacy report) does not cover."""
+
+
+def expected_batch_size(scheme, num_examples: int) -> float:
+    """The expected number of examples per step, a public constant of the scheme and the dataset size.
+
+    Poisson ``q m``; cyclic Poisson ``q m / b`` (one group of ``m / b`` active per step); b-min-sep the
+    marginal rate ``p0 m`` (exact at every step with a warm start, the long-run mean cold); balls-in-bins
+    and fixed order ``m / b`` (every example once per epoch of ``b`` steps); multi-attribution the
+    marginal user rate times the number of examples (an upper bound on the mean with the cap).
+
+    >>> expected_batch_size(PoissonSampling(0.01, 10), 6000)
+    60.0
+    >>> expected_batch_size(BallsInBinsSampling(2, 20), 500)
+    50.0
+    """
+    m = _v.positive_int("num_examples", num_examples)
+    if isinstance(scheme, PoissonSampling):
+        return scheme.sampling_prob * m
+    if isinstance(scheme, CyclicPoissonSampling):
+        return scheme.sampling_prob * m / scheme.cycle_length
+    if isinstance(scheme, MinSepSampling):
+        size = scheme.participation_rate * m
+        return float(min(size, scheme.max_batch_size)) if scheme.max_batch_size is not None else size
+    if isinstance(scheme, (BallsInBinsSampling, FixedOrderSampling)):
+        return m / scheme.steps_per_epoch
+    if isinstance(scheme, MultiAttributionMinSepSampling):
+        from dpmf.sampling.schemes import participation_rate
+
+        return participation_rate(scheme.sampling_prob, scheme.min_sep) * m
+    raise InvalidParameterError(f"scheme must be a dpmf sampling scheme, got {type(scheme).__name__}")
+
+
+def _fingerprint(obj: dict) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """What a run will do and the report that certifies it (module docstring). Frozen."""
+
+    strategy: object = field(repr=False)
+    scheme: object
+    noise_multiplier: float
+    max_grad_norm: float
+    normalizer: float
+    num_examples: int
+    delta: float
+    report: object = field(repr=False)  # PrivacyReport
+
+    @property
+    def steps(self) -> int:
+        return self.scheme.steps
+
+    @property
+    def epsilon(self) -> float:
+        return self.report.epsilon
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of ``z`` on the clipped *sum*: ``noise_multiplier * max_grad_norm``."""
+        return self.noise_multiplier * self.max_grad_norm
+
+    def describe(self) -> dict:
+        """JSON-ready description; with :attr:`report` it is what a checkpoint must match."""
+        return {
+            "strategy": self.strategy.describe(),
+            "scheme": self.scheme.describe(),
+            "noise_multiplier": self.noise_multiplier,
+            "max_grad_norm": self.max_grad_norm,
+            "normalizer": self.normalizer,
+            "num_examples": self.num_examples,
+            "delta": self.delta,
+            "epsilon": self.report.epsilon,
+            "method": self.report.method,
+        }
+
+    def fingerprint(self) -> str:
+        """A short hash of :meth:`describe` (checkpoints compare it)."""
+        return _fingerprint(self.describe())
+
+    def check_step(self, step: int) -> None:
+        """Raise :class:`StepOutOfPlanError` unless ``0 <= step < steps``."""
+        if not 0 <= step < self.steps:
+            raise StepOutOfPlanError(
+                f"step {step} is outside the plan: the privacy report covers steps 0..{self.steps - 1} "
+                f"({self.steps} steps of {self.scheme.describe()['name']} with strategy "
+                f"{self.strategy.describe()['name']}); build a new plan for a longer run"
+            )
+
+
+def build_plan(
+    strategy,
+    scheme,
+    *,
+    num_examples: int,
+    delta: float,
+    max_grad_norm: float,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    accountant: str = "auto",
+    normalizer: float | None = None,
+    **accountant_options,
+) -> ExecutionPlan:
+    """Certify a run before its first step: exactly one of ``noise_multiplier`` (then
+    ``dpmf.account``) or ``target_epsilon`` (then ``dpmf.calibrate``: the smallest noise whose
+    certified epsilon meets the target).
+
+    ``accountant`` is a ``dpmf.account`` method (``"auto"``: the tightest valid proved one). Monte
+    Carlo is accepted only through calibration (Estimate-Verify-Release, certified); an uncertified
+    report is refused. A pair no sound accountant covers raises
+    :class:`~dpmf.errors.UnsupportedConfigurationError` here, before training. ``normalizer``
+    defaults to :func:`expected_batch_size` (a public constant; any positive public constant is
+    allowed).
+    """
+    from dpmf.accounting import account, calibrate
+
+    if not isinstance(scheme, SCHEMES):
+        raise InvalidParameterError(f"sampling must be a dpmf sampling scheme, got {type(scheme).__name__}")
+    n = getattr(strategy, "n", None)
+    if n is None or not callable(getattr(strategy, "describe", None)):
+        raise InvalidParameterError(f"strategy must be a dpmf strategy with n steps, got {type(strategy).__name__}")
+    if n != scheme.steps:
+        raise InvalidParameterError(
+            f"the strategy covers n={n} steps but the sampler has steps={scheme.steps}: they must be equal "
+            "(the noise of step t is row t of C^{-1}, and the accounting covers exactly the scheme's steps)"
+        )
+    m = _v.positive_int("num_examples", num_examples)
+    clip = _v.positive("max_grad_norm", max_grad_norm)
+    d = _v.open_unit("delta", delta)
+    if (noise_multiplier is None) == (target_epsilon is None):
+        raise InvalidParameterError("pass exactly one of noise_multiplier and target_epsilon")
+    if target_epsilon is not None:
+        cal = calibrate(strategy, scheme, _v.positive("target_epsilon", target_epsilon), d, accountant,
+                        **accountant_options)
+        sigma, report = cal.noise_multiplier, cal.report
+    else:
+        sigma = _v.positive("noise_multiplier", noise_multiplier)
+        report = account(strategy, scheme, sigma, d, accountant, **accountant_options)
+    if not report.certified:
+        raise UnsupportedConfigurationError(
+            f"the {report.method} accountant returned an estimate (certified=False), which cannot certify "
+            "training; pass target_epsilon to calibrate with certification (Monte Carlo: Estimate-Verify-Release)"
+        )
+    norm = expected_batch_size(scheme, m) if normalizer is None else _v.positive("normalizer", normalizer)
+    return ExecutionPlan(strategy, scheme, float(sigma), clip, float(norm), m, d, report)

@@ -1,0 +1,48 @@
+"""Train PyTorch models with correlated noise and a sound amplified epsilon.
+
+Install with ``pip install 'dpmf[torch]'`` (the CPU build, ``torch==2.13.0``). ``import dpmf`` never
+imports torch; importing this package without torch raises one :class:`ImportError` saying how to
+install it.
+
+One entry point in Opacus' vocabulary, :func:`make_private` (``module, optimizer, data_loader,
+privacy``), and the pieces for your own loop:
+
+* :class:`~dpmf.training.plan.ExecutionPlan` / :func:`~dpmf.training.plan.build_plan` - the frozen,
+  certified description of the run (strategy, sampler, sigma, clip norm, normalizer, report);
+* :class:`SchemeBatchSampler` / :func:`private_data_loader` - the scheme's batches as a data loader;
+* :class:`PerExampleClipper` - per-example gradients (``torch.func``) clipped jointly;
+* :func:`correlated_noise` - the strategy's ``sigma * clip * (C^{-1} z)_t`` streamed in torch;
+* :class:`DPOptimizer` - any optimizer, stepped with clipped sum + noise over a public normalizer;
+* :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit.
+"""
+
+from dpmf.training.plan import ExecutionPlan, StepOutOfPlanError, build_plan, expected_batch_size
+from dpmf.training.torch._deps import require_torch
+
+require_torch()
+
+from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, private_data_loader  # noqa: E402
+from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
+from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
+from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
+from dpmf.training.torch.optimizer import DPOptimizer  # noqa: E402
+
+__all__ = [
+    "make_private",
+    "PrivateRun",
+    "Privacy",
+    "DPOptimizer",
+    "ExecutionPlan",
+    "build_plan",
+    "expected_batch_size",
+    "StepOutOfPlanError",
+    "SchemeBatchSampler",
+    "ShardedBatchSampler",
+    "private_data_loader",
+    "EmptyBatchCollate",
+    "PerExampleClipper",
+    "ClippedGradients",
+    "correlated_noise",
+    "TorchCorrelatedNoise",
+    "NoiseExhaustedError",
+]

@@ -1,0 +1,301 @@
+"""``make_private``: one call, in Opacus' vocabulary, that turns a model, an optimizer and a dataset
+into a private training run with correlated noise and a sound amplified epsilon.
+
+The batches (:class:`~dpmf.training.torch.data.SchemeBatchSampler`), the noise
+(:func:`~dpmf.training.torch.noise.correlated_noise`) and the epsilon (the plan's report,
+:func:`~dpmf.training.plan.build_plan`) come from the same ``strategy`` and ``sampling`` objects, so
+they cannot disagree. Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
+
+>>> import torch
+>>> from dpmf.sampling import BallsInBinsSampling
+>>> from dpmf.strategies import bsr
+>>> from dpmf.training.torch import make_private
+>>> data = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+>>> opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+>>> model, opt, loader, privacy = make_private(
+...     model, opt, data, strategy=bsr(16, 4), sampling=BallsInBinsSampling(epochs=2, steps=16),
+...     target_epsilon=4.0, delta=1e-5, max_grad_norm=1.0,
+...     loss_fn=torch.nn.functional.cross_entropy, seed=0)
+>>> for x, y in loader:
+...     opt.zero_grad()
+...     _ = opt.step(x, y)
+>>> privacy.steps_done, privacy.report().epsilon <= 4.0, privacy.report().method
+(16, True, 'allocation')
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from dpmf.errors import InvalidParameterError
+from dpmf.training.plan import ExecutionPlan, build_plan
+from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
+from dpmf.training.torch.grad_sample import PerExampleClipper
+from dpmf.training.torch.noise import correlated_noise
+from dpmf.training.torch.optimizer import DPOptimizer
+
+torch = require_torch()
+
+__all__ = ["make_private", "PrivateRun", "Privacy", "ShardedBatchSampler", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = 1
+
+
+def _derived_seed(seed: int, stream: int) -> int:
+    """Independent seeds for the sampler (stream 0) and the noise (stream 1) from one seed (32 bits:
+    what torch's CPU generator keeps of a seed)."""
+    return int(np.random.SeedSequence([int(seed), stream]).generate_state(1, np.uint32)[0])
+
+
+class ShardedBatchSampler(torch.utils.data.Sampler):
+    """Rank ``rank`` of ``world_size`` takes ``batch[rank::world_size]`` of every global batch (the
+    same scheme and seed on every rank, so the global batch is the scheme's)."""
+
+    def __init__(self, sampler: SchemeBatchSampler, rank: int, world_size: int) -> None:
+        super().__init__()
+        self.sampler, self.rank, self.world_size = sampler, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        for batch in self.sampler:
+            yield batch[self.rank :: self.world_size]
+
+    def state_dict(self, **kwargs) -> dict:
+        return self.sampler.state_dict(**kwargs)
+
+    def load_state_dict(self, state) -> None:
+        self.sampler.load_state_dict(state)
+
+
+@dataclass
+class Privacy:
+    """The privacy side of a run: its plan, reports, checkpoints (returned by :func:`make_private`)."""
+
+    plan: ExecutionPlan
+    module: Any
+    optimizer: DPOptimizer
+    sampler: SchemeBatchSampler
+
+    @property
+    def steps_done(self) -> int:
+        return self.optimizer.steps_done
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.plan.noise_multiplier
+
+    def report(self):
+        """The certified report of the planned run (``PrivacyReport``; ``.to_json()``), with the steps
+        done so far in its diagnostics. Releasing the models of the first ``t`` steps is
+        post-processing of the whole run, so the planned epsilon bounds the privacy spent at any step."""
+        import dataclasses
+
+        r = self.plan.report
+        diag = {**r.diagnostics, "training": {"steps_done": self.steps_done, "steps_planned": self.plan.steps,
+                                              "max_grad_norm": self.plan.max_grad_norm,
+                                              "normalizer": self.plan.normalizer,
+                                              "num_examples": self.plan.num_examples}}
+        return dataclasses.replace(r, diagnostics=diag)
+
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """Epsilon of the planned run at ``delta`` (default the plan's), Opacus' name. Another delta is
+        recomputed with the same accountant and options."""
+        if delta is None or delta == self.plan.delta:
+            return self.plan.epsilon
+        from dpmf.accounting import account
+
+        r = self.plan.report
+        if r.method not in ("pld", "unamplified", "mmcc", "allocation"):
+            raise InvalidParameterError(f"epsilon at another delta is not available for method {r.method!r}")
+        return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
+                       **r.options).epsilon
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Model, optimizer, sampler position, noise state and RNG, and the plan they belong to."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "plan": self.plan.describe(),
+            "plan_fingerprint": self.plan.fingerprint(),
+            "steps_done": self.steps_done,
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(steps_done=self.steps_done),
+            "noise": self.noise_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def noise_state(self) -> dict:
+        return self.optimizer.noise.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        """Restore a :meth:`state_dict`; refuses one from another plan (strategy, sampler, sigma,
+        clip norm, dataset size, delta) naming what differs."""
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
+            raise InvalidParameterError("not a dpmf training checkpoint (missing format/plan)")
+        if state.get("plan_fingerprint") != self.plan.fingerprint():
+            here, there = self.plan.describe(), state["plan"]
+            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+            detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
+            raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+        steps = state["steps_done"]
+        if not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
+            raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.plan.steps}")
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.optimizer.noise.load_state_dict(state["noise"])
+        if self.optimizer.noise.steps_done != steps or self.sampler.steps_done != steps:
+            raise InvalidParameterError("inconsistent checkpoint: noise, sampler and step counters differ")
+        torch.set_rng_state(state["torch_rng"])
+        self.optimizer.steps_done = steps
+
+    def save_checkpoint(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename)."""
+        path = Path(path)
+        if not path.parent.exists():
+            raise InvalidParameterError(f"checkpoint folder {path.parent} does not exist")
+        buf = io.BytesIO()
+        torch.save(self.state_dict(), buf)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        """Load a checkpoint written by :meth:`save_checkpoint` (tensors only, ``weights_only=True``);
+        a corrupt file or another plan's checkpoint is refused with a clear error."""
+        path = Path(path)
+        if not path.is_file():
+            raise InvalidParameterError(f"checkpoint {path} does not exist")
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as exc:  # torch raises many types for a corrupt file
+            raise InvalidParameterError(f"checkpoint {path} is not a readable torch checkpoint ({type(exc).__name__})") from exc
+        self.load_state_dict(state)
+
+
+class PrivateRun(NamedTuple):
+    """What :func:`make_private` returns: ``module, optimizer, data_loader, privacy = make_private(...)``."""
+
+    module: Any
+    optimizer: DPOptimizer
+    data_loader: Any
+    privacy: Privacy
+
+
+def make_private(
+    module,
+    optimizer,
+    data,
+    *,
+    strategy,
+    sampling,
+    delta: float,
+    max_grad_norm: float,
+    loss_fn: Callable,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    accountant: str = "auto",
+    seed: int | None = None,
+    secure: bool = False,
+    normalizer: float | None = None,
+    grad_sample_mode: str = "functorch",
+    chunk_size: int | None = None,
+    loss_reduction: str = "mean",
+    noise_dtype=None,
+    collate_fn: Callable | None = None,
+    num_workers: int = 0,
+    distributed: bool = False,
+    process_group=None,
+    accountant_options: dict | None = None,
+) -> PrivateRun:
+    """Private training with correlated noise: ``(module, optimizer, data_loader, privacy)``.
+
+    Args:
+        module: any ``nn.Module`` whose forward works per example (BatchNorm: use GroupNorm).
+        optimizer: any ``torch.optim.Optimizer`` over the module's parameters (SGD, Adam, ...).
+        data: a ``Dataset`` (with ``len``) or a ``DataLoader`` (its dataset and ``collate_fn`` are
+            kept; its batching is replaced by ``sampling``, as Opacus does with Poisson sampling).
+        strategy: the encoder ``C`` (``dpmf.strategies``: ``Identity`` for DP-SGD, ``bsr``/banded
+            BandMF, ``BLTStrategy``, ``BinaryTree``, optimal ``DenseStrategy``, ``FFTMechanism``).
+        sampling: the ``dpmf.sampling`` scheme; ``sampling.steps`` must equal ``strategy.n``.
+        delta, target_epsilon | noise_multiplier: the guarantee; exactly one of the last two.
+        max_grad_norm: per-example clip norm (all parameters jointly).
+        loss_fn: ``loss_fn(output, target)`` (sees one example as a batch of 1 in functorch mode).
+        accountant: a ``dpmf.account`` method or ``"auto"`` (the tightest proved one).
+        seed: one integer seed for batches and noise (independent streams); or ``secure=True``
+            (OS entropy for both; see :mod:`dpmf.training.torch.seeding` for what that guarantees).
+        normalizer: the public divisor of the noisy sum; default the expected batch size.
+        grad_sample_mode: ``"functorch"`` (``torch.func``) or ``"opacus"`` (hooks; needs Opacus).
+        chunk_size: at most this many per-example gradients in memory at once.
+        noise_dtype: ``torch.float32`` (default for float32 models) or ``torch.float64``.
+        distributed: data parallel over the initialized ``torch.distributed`` group: every rank
+            takes its shard of each global batch, clipped sums are all-reduced, and the same noise
+            is added once to the sum on every rank (the noise state is broadcast from rank 0).
+        accountant_options: options for the accountant (e.g. ``{"workers": 2}`` for MMCC).
+
+    Raises :class:`~dpmf.errors.UnsupportedConfigurationError` before any step for a (strategy,
+    sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError` for
+    a sampler whose steps differ from the strategy's.
+    """
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(data, torch.utils.data.DataLoader):
+        collate_fn = collate_fn or data.collate_fn
+        dataset = data.dataset
+    else:
+        dataset = data
+    try:
+        num_examples = len(dataset)
+    except TypeError as exc:
+        raise InvalidParameterError("the dataset must have len() (the number of examples is public)") from exc
+    plan = build_plan(
+        strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
+        normalizer=normalizer, **(accountant_options or {}),
+    )
+    if seed is None and not secure:
+        raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
+    if seed is not None and secure:
+        raise InvalidParameterError("pass seed or secure=True, not both")
+    rank, world = 0, 1
+    sampler_seed = None if secure else _derived_seed(seed, 0)
+    if distributed:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise InvalidParameterError("distributed=True needs torch.distributed.init_process_group first")
+        rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+        if secure:  # every rank must draw the same global batches: one OS seed, from rank 0
+            box = [int.from_bytes(os.urandom(16), "little") if rank == 0 else None]
+            dist.broadcast_object_list(box, src=0, group=process_group)
+            sampler_seed = box[0]
+    noise_seed = None if secure else _derived_seed(seed, 1)
+    sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed)
+    clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
+                                loss_reduction=loss_reduction)
+    noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
+                             max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
+    if distributed and secure:  # the same secure noise stream on every rank: rank 0's state
+        box = [noise.state_dict() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=process_group)
+        noise.load_state_dict(box[0])
+    batch_sampler = ShardedBatchSampler(sampler, rank, world) if distributed else sampler
+    # the loader gets its own generator: iterating it must not draw from torch's global RNG, which
+    # the model's randomness (dropout) uses and checkpoints restore
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler,
+                                         collate_fn=EmptyBatchCollate(dataset, collate_fn), num_workers=num_workers,
+                                         generator=torch.Generator().manual_seed(0))
+    dp_opt = DPOptimizer(optimizer, plan=plan, clipper=clipper, noise=noise, distributed=distributed,
+                         process_group=process_group)
+    return PrivateRun(module, dp_opt, loader, Privacy(plan, module, dp_opt, sampler))

@@ -1,0 +1,288 @@
+"""Per-example gradients and joint L2 clipping: the clipped gradient sum of one batch.
+
+For a batch of examples ``(x_i, y_i)``, ``i = 0..B-1``, and the trainable parameters
+``theta = (theta_1, ..., theta_P)`` of a module,
+
+    g_i = grad_theta loss(module(x_i[None]), y_i[None])          (each example alone, batch of 1)
+    n_i = ||g_i||_2 = sqrt(sum_p ||g_{i,p}||_2^2)                 (all parameters jointly, float64)
+    f_i = min(1, C (1 - margin) / n_i)        (f_i = 1 if n_i = 0; f_i = 0 if n_i is inf or NaN)
+    S_p = sum_i f_i g_{i,p}                                       (the clipped sum, shape of theta_p)
+
+so every clipped per-example gradient ``f_i g_i`` has norm ``<= C`` (``max_grad_norm``): the
+sensitivity the mechanism of DESIGN.md assumes (clip norm 1 after dividing by ``C``).
+
+Rounding. ``n_i`` is accumulated in float64 (exact squares of float32 entries, no overflow even
+for gradients near the float32 maximum); ``f_i`` is cast to the parameter dtype rounding toward
+zero, and ``margin = max(8 eps(dtype), 2**-40)`` (``~9.5e-7`` in float32) absorbs the float64
+norm error and the rounding of the products ``f_i g_{i,j}``, so the bound holds for the computed
+numbers, not only in exact arithmetic. An example whose gradient is not finite contributes 0
+(a valid clipped gradient); its returned norm is inf or NaN. The rounding inside the *sum* over
+examples is the usual floating-point caveat of DP-SGD and is not modelled.
+
+Modes: ``"functorch"`` (default) is ``torch.func.vmap(torch.func.grad(...))`` over examples, each
+unsqueezed to a batch of 1 (the usual ``torch.func`` recipe, so forwards that need a batch
+dimension work); ``"opacus"`` uses Opacus' hook-based ``GradSampleModule`` when ``opacus`` is
+installed (Opacus' ``grad_sample_mode="hooks"``). ``chunk_size`` bounds memory: per-example
+gradients exist for at most ``chunk_size`` examples at a time.
+
+Example (``loss = (w.x - y)^2 / 2`` at ``w = 0`` has per-example gradient ``-y x``):
+
+>>> model = torch.nn.Linear(2, 1, bias=False)
+>>> _ = torch.nn.init.zeros_(model.weight)
+>>> loss = lambda out, y: 0.5 * ((out[:, 0] - y) ** 2).sum()
+>>> clipper = PerExampleClipper(model, loss, max_grad_norm=1.0)
+>>> grads, norms = clipper.clipped_sum(torch.tensor([[3.0, 4.0], [0.375, 0.5]]), torch.ones(2))
+>>> norms.tolist()  # unclipped ||g_i||
+[5.0, 0.625]
+>>> [round(v, 5) for v in grads[0].flatten().tolist()]  # -(0.6, 0.8) - (0.375, 0.5)
+[-0.975, -1.3]
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, NamedTuple, Sequence
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.training.torch._deps import require_torch
+
+torch = require_torch()
+
+__all__ = ["PerExampleClipper", "ClippedGradients", "clip_factors", "clip_margin"]
+
+MODES = ("functorch", "opacus")
+
+
+class ClippedGradients(NamedTuple):
+    """``grads[p]``: the clipped sum ``S_p`` (shape and dtype of parameter ``p``, in
+    ``PerExampleClipper.param_names`` order); ``norms``: the unclipped ``n_i`` (float64, shape ``(B,)``)."""
+
+    grads: list
+    norms: Any
+
+
+def clip_margin(dtypes: Sequence) -> float:
+    """Relative margin ``max(8 eps, 2**-40)`` over the given parameter dtypes (the largest eps)."""
+    eps = max((torch.finfo(d).eps for d in dtypes), default=torch.finfo(torch.float32).eps)
+    return max(8.0 * eps, 2.0**-40)
+
+
+def clip_factors(norms, max_grad_norm: float, margin: float):
+    """``f_i = min(1, C (1 - margin) / n_i)`` in float64; 1 for ``n_i = 0``; 0 for inf/NaN ``n_i``.
+
+    >>> clip_factors(torch.tensor([0.0, 0.5, 4.0, float("inf")]), 2.0, 0.0).tolist()
+    [1.0, 1.0, 0.5, 0.0]
+    """
+    norms = norms.to(torch.float64)
+    f = torch.clamp(max_grad_norm * (1.0 - margin) / norms, max=1.0)  # n = 0 -> inf -> 1
+    return torch.where(torch.isfinite(norms), f, torch.zeros_like(f))
+
+
+def _toward_zero(f64, dtype):
+    """``f64`` cast to ``dtype`` rounding toward zero (never up), so scaling never exceeds the bound."""
+    f = f64.to(dtype)
+    if dtype == torch.float64:
+        return f
+    too_big = f.to(torch.float64) > f64
+    return torch.where(too_big, torch.nextafter(f, torch.zeros_like(f)), f)
+
+
+def _as_args(inputs) -> tuple:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+class PerExampleClipper:
+    """Per-example gradients of ``module`` under ``loss_fn``, clipped jointly to ``max_grad_norm``.
+
+    Args:
+        module: the model; its trainable parameters (``requires_grad=True``, in
+            ``named_parameters()`` order, taken at construction) are differentiated, frozen ones and buffers are used as
+            they are. BatchNorm in training mode mixes examples and is refused (use GroupNorm).
+        loss_fn: ``loss_fn(output, target) -> scalar``. In ``"functorch"`` mode it sees one
+            example as a batch of 1 (so ``reduction`` does not matter); in ``"opacus"`` mode it
+            sees the batch, and ``loss_reduction`` must say whether it is a ``"mean"`` or ``"sum"``.
+        max_grad_norm: the clip norm ``C > 0``.
+        mode: ``"functorch"`` or ``"opacus"`` (needs ``opacus``; the module must be in training
+            mode, as in Opacus).
+        chunk_size: at most this many per-example gradients in memory at once (None: the batch).
+
+    ``inputs`` is a tensor or a tuple of tensors (positional arguments of ``forward``), each with
+    the examples along dim 0; ``targets`` a tensor with the examples along dim 0, or None (then
+    ``loss_fn(output)``). Neither the parameters nor their ``.grad`` are changed; dropout draws
+    an independent mask per example (``vmap(randomness="different")``). Opacus mode attaches its
+    hooks to ``module`` (enabled only inside a call; :meth:`close` removes them); a module that
+    carries full backward hooks (Opacus' included) cannot be used in functorch mode (a torch limit).
+    """
+
+    def __init__(
+        self,
+        module,
+        loss_fn: Callable,
+        max_grad_norm: float,
+        *,
+        mode: str = "functorch",
+        chunk_size: int | None = None,
+        loss_reduction: str = "mean",
+    ) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if not callable(loss_fn):
+            raise InvalidParameterError(f"loss_fn must be callable, got {loss_fn!r}")
+        if mode not in MODES:
+            raise InvalidParameterError(f"mode must be one of {MODES}, got {mode!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.module, self.loss_fn, self.mode = module, loss_fn, mode
+        self.max_grad_norm = _v.positive("max_grad_norm", max_grad_norm)
+        self.chunk_size = None if chunk_size is None else _v.positive_int("chunk_size", chunk_size)
+        self.loss_reduction = loss_reduction
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.margin = clip_margin([p.dtype for p in self.params])
+        self._batchnorms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        self._gsm = self._attach_opacus() if mode == "opacus" else None
+
+    # ------------------------------------------------------------------ public
+    def clipped_sum(self, inputs, targets=None) -> ClippedGradients:
+        """``(S_p for every trainable parameter, unclipped norms n_i)``; see the module docstring."""
+        args, batch = self._check_batch(inputs, targets)
+        sums = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        norms = []
+        for lo in range(0, batch, self.chunk_size or max(batch, 1)):
+            hi = min(batch, lo + (self.chunk_size or batch))
+            grads = self.per_example_grads(tuple(a[lo:hi] for a in args), None if targets is None else targets[lo:hi])
+            n = self.norms(grads)
+            f = clip_factors(n, self.max_grad_norm, self.margin)
+            bad = ~torch.isfinite(n)
+            any_bad = bool(bad.any())
+            for s, g in zip(sums, grads):
+                if any_bad:  # 0 * inf would be NaN: drop the example's gradient outright
+                    g = torch.where(bad.view(-1, *([1] * (g.ndim - 1))), torch.zeros_like(g), g)
+                s.add_(torch.tensordot(_toward_zero(f, g.dtype), g, dims=1))
+            norms.append(n)
+        norms = torch.cat(norms) if norms else torch.zeros(0, dtype=torch.float64, device=self.params[0].device)
+        return ClippedGradients(sums, norms)
+
+    def per_example_grads(self, inputs, targets=None) -> list:
+        """Unclipped ``g_{i,p}``: one tensor of shape ``(B, *theta_p.shape)`` per trainable parameter."""
+        args, batch = self._check_batch(inputs, targets)
+        if batch == 0:
+            return [torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
+        if self._gsm is not None:
+            return self._opacus_grads(args, targets, batch)
+        return self._functorch_grads(args, targets)
+
+    def clipped_per_example(self, inputs, targets=None) -> list:
+        """``f_i g_{i,p}`` materialized (for inspection and tests; :meth:`clipped_sum` never builds it)."""
+        grads = self.per_example_grads(inputs, targets)
+        n = self.norms(grads)
+        f = clip_factors(n, self.max_grad_norm, self.margin)
+        out = []
+        for g in grads:
+            scale = _toward_zero(f, g.dtype).view(-1, *([1] * (g.ndim - 1)))
+            out.append(torch.where(scale == 0, torch.zeros_like(g), g * scale))
+        return out
+
+    @staticmethod
+    def norms(grads: list):
+        """``n_i = sqrt(sum_p ||g_{i,p}||^2)`` accumulated in float64, shape ``(B,)``."""
+        batch = grads[0].shape[0]
+        sq = torch.zeros(batch, dtype=torch.float64, device=grads[0].device)
+        for g in grads:
+            if batch and g[0].numel():
+                sq += torch.linalg.vector_norm(g.reshape(batch, -1), dim=1, dtype=torch.float64) ** 2
+        return torch.sqrt(sq)
+
+    def close(self) -> None:
+        """Remove Opacus' hooks and attributes from the module (no-op in functorch mode)."""
+        if self._gsm is not None:
+            self._gsm.cleanup()
+            self._gsm = None
+
+    # ------------------------------------------------------------------ helpers
+    def _check_batch(self, inputs, targets) -> tuple[tuple, int]:
+        args = _as_args(inputs)
+        if not args or not all(isinstance(a, torch.Tensor) and a.ndim >= 1 for a in args):
+            raise InvalidParameterError("inputs must be a tensor or a tuple of tensors with the examples along dim 0")
+        batch = args[0].shape[0]
+        leading = [a.shape[0] for a in args]
+        if targets is not None:
+            if not isinstance(targets, torch.Tensor) or targets.ndim < 1:
+                raise InvalidParameterError("targets must be a tensor with the examples along dim 0, or None")
+            leading.append(targets.shape[0])
+        if any(b != batch for b in leading):
+            raise InvalidParameterError(f"inputs and targets must share the batch size along dim 0, got {leading}")
+        if any(m.training for m in self._batchnorms):
+            raise UnsupportedConfigurationError(
+                "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
+                "replace it (e.g. torch.nn.GroupNorm) or put it in eval mode"
+            )
+        return args, batch
+
+    def _functorch_grads(self, args: tuple, targets) -> list:
+        func = torch.func
+        module, loss_fn, names = self.module, self.loss_fn, self.param_names
+
+        def example_loss(params, example_args, target):
+            out = func.functional_call(module, params, tuple(a.unsqueeze(0) for a in example_args))
+            if target is None:
+                return loss_fn(out)
+            return loss_fn(out, target.unsqueeze(0))
+
+        params = {n: p.detach() for n, p in zip(names, self.params)}
+        in_dims = (None, 0, None if targets is None else 0)
+        grads = func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
+        return [grads[n] for n in names]
+
+    def _attach_opacus(self):
+        try:
+            from opacus import GradSampleModule
+        except ImportError as exc:
+            raise UnsupportedConfigurationError(
+                "mode='opacus' needs opacus (pip install opacus==1.6.0); mode='functorch' needs nothing more"
+            ) from exc
+        gsm = GradSampleModule(self.module, batch_first=True, loss_reduction=self.loss_reduction, strict=True)
+        gsm.disable_hooks()  # only inside our calls: the user's own forward/backward stay untouched
+        return gsm
+
+    def _opacus_grads(self, args: tuple, targets, batch: int) -> list:
+        gsm = self._gsm
+        if not all(m.training for m in self.module.modules() if any(p.requires_grad for p in m.parameters(False))):
+            raise UnsupportedConfigurationError(
+                "mode='opacus' computes per-example gradients only for modules in training mode "
+                "(Opacus' hooks skip eval mode); call module.train() or use mode='functorch'"
+            )
+        for p in self.params:
+            p.grad_sample = None
+        gsm.enable_hooks()
+        try:
+            with torch.enable_grad(), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")  # inputs need no grad
+                out = gsm(*args)
+                loss = self.loss_fn(out) if targets is None else self.loss_fn(out, targets)
+                torch.autograd.grad(loss, self.params, allow_unused=True)  # .grad stays untouched
+            grads = []
+            for name, p in zip(self.param_names, self.params):
+                gs = p.grad_sample
+                if isinstance(gs, list):
+                    raise UnsupportedConfigurationError(
+                        f"opacus stacked several per-example gradients for {name} (several forwards "
+                        "of one module per batch); use mode='functorch'"
+                    )
+                grads.append(torch.zeros((batch, *p.shape), dtype=p.dtype, device=p.device) if gs is None else gs)
+            return grads
+        finally:
+            gsm.disable_hooks()
+            for p in self.params:
+                p.grad_sample = None
+                p._forward_counter = 0
+                if hasattr(p, "_current_grad_sample"):
+                    del p._current_grad_sample
+            for m in self.module.modules():  # left behind only if the forward or backward failed
+                for attr in ("activations", "max_batch_len"):
+                    if hasattr(m, attr):
+                        delattr(m, attr)

@@ -1,0 +1,120 @@
+"""``DPOptimizer``: wraps any torch optimizer so that each step applies the plan's noisy gradient.
+
+Step ``t`` (:mod:`dpmf.training.plan`): the clipped per-example gradient sums of the step's batch
+(:class:`~dpmf.training.torch.grad_sample.PerExampleClipper`, possibly accumulated over several
+micro-batches with :meth:`DPOptimizer.accumulate`), plus the correlated noise of row ``t``
+(:func:`~dpmf.training.torch.noise.correlated_noise`), divided by the plan's public normalizer, are
+written to ``.grad`` and the inner optimizer steps (SGD, momentum, Adam, ... and any learning-rate
+scheduler attached to either optimizer). The noise is added exactly once per step, to the
+(all-reduced, under data parallelism) sum; micro-batches never change the sampling rate the
+accountant used, because the batch of a step is the scheme's, whatever the memory split.
+
+Like Opacus' ``DPOptimizer`` it shares ``param_groups`` and ``state`` with the wrapped optimizer.
+"""
+
+from __future__ import annotations
+
+from dpmf.errors import InvalidParameterError
+from dpmf.training.torch._deps import require_torch
+
+torch = require_torch()
+
+__all__ = ["DPOptimizer"]
+
+
+class DPOptimizer(torch.optim.Optimizer):
+    """The inner ``optimizer`` driven by a plan, a clipper and a noise generator (module docstring).
+
+    Use ``optimizer.step(inputs, targets)`` for a whole batch, or ``accumulate(inputs, targets)``
+    per micro-batch then ``step()``. ``zero_grad`` and ``state_dict`` are the inner optimizer's.
+    ``process_group``: under ``torch.distributed`` the clipped sums are all-reduced over it before
+    the noise is added (every rank then adds the same noise: the generators share their state).
+    """
+
+    def __init__(self, optimizer, *, plan, clipper, noise, process_group=None, distributed: bool = False) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        self.original_optimizer = optimizer
+        self.plan, self.clipper, self.noise = plan, clipper, noise
+        self.distributed, self.process_group = distributed, process_group
+        self.params = list(clipper.params)
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [name for name, p in zip(clipper.param_names, self.params) if id(p) not in owned]
+        if missing:
+            raise InvalidParameterError(f"the optimizer does not hold the trainable parameters {missing[:3]}")
+        self.steps_done = 0
+        self._sum: list | None = None
+        self._norms: list = []
+        self.last_norms = None  # unclipped per-example norms of the last step (float64)
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+
+    # --- shared with the inner optimizer (schedulers and checkpoints see one optimizer) ------------
+    @property
+    def param_groups(self):
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self.original_optimizer.state
+
+    @property
+    def defaults(self):
+        return self.original_optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"DPOptimizer({self.original_optimizer.__class__.__name__}, step {self.steps_done}/{self.plan.steps})"
+
+    # --- the private step -----------------------------------------------------------------------
+    def accumulate(self, inputs, targets=None):
+        """Add the clipped per-example gradient sum of a (micro-)batch of the current step; returns
+        the unclipped per-example norms."""
+        self.plan.check_step(self.steps_done)
+        grads, norms = self.clipper.clipped_sum(inputs, targets)
+        if self._sum is None:
+            self._sum = [g.detach().clone() for g in grads]
+        else:
+            for acc, g in zip(self._sum, grads):
+                acc.add_(g)
+        self._norms.append(norms)
+        return norms
+
+    def step(self, inputs=None, targets=None, closure=None):
+        """One private step: accumulate ``inputs`` (if given), add noise once, normalize, step.
+
+        Raises :class:`~dpmf.training.plan.StepOutOfPlanError` past the plan's last step.
+        """
+        if closure is not None:
+            raise InvalidParameterError("DPOptimizer.step does not take a closure; pass the batch (inputs, targets)")
+        self.plan.check_step(self.steps_done)
+        if inputs is not None:
+            self.accumulate(inputs, targets)
+        sums = self._sum if self._sum is not None else [torch.zeros_like(p) for p in self.params]
+        if self.distributed:
+            import torch.distributed as dist
+
+            for s in sums:
+                dist.all_reduce(s, op=dist.ReduceOp.SUM, group=self.process_group)
+        noise = self.noise.unflatten(self.noise.draw())
+        scale = 1.0 / self.plan.normalizer
+        with torch.no_grad():
+            for p, s, w in zip(self.params, sums, noise):
+                p.grad = ((s + w.to(device=s.device, dtype=s.dtype)) * scale).to(p.dtype)
+        self.last_norms = torch.cat(self._norms) if self._norms else torch.zeros(0, dtype=torch.float64)
+        self._sum, self._norms = None, []
+        out = self.original_optimizer.step()
+        self.steps_done += 1
+        return out
