@@ -55,9 +55,12 @@ def test_dpsgd_equals_self_composed_mixture_of_gaussians(dpsgd_report):
 
 def test_auto_reports_every_method_and_picks_the_smallest(dpsgd_report):
     others = dpsgd_report.diagnostics["all_methods"]
-    assert set(others) == {"pld", "unamplified", "mmcc"}  # never the Monte Carlo estimate
+    assert set(others) == {"pld", "unamplified"}  # never the Monte Carlo estimate
     assert dpsgd_report.epsilon == min(others.values()) == others["pld"]
-    assert others["mmcc"] == others["pld"]  # MMCC with C = I is exactly DP-SGD
+    # MMCC with C = I is exactly DP-SGD: auto skips it and says so (it cannot win)
+    assert "mmcc" in dpsgd_report.diagnostics["skipped_methods"]
+    mmcc = dpmf.account(Identity(T), PoissonSampling(Q, T), SIGMA, DELTA, method="mmcc")
+    assert mmcc.epsilon == others["pld"]
     # unamplified = Gaussian with sensitivity sqrt(T): an example may be drawn every step
     assert others["unamplified"] == pytest.approx(gaussian_epsilon(SIGMA, DELTA, math.sqrt(T)), rel=1e-12)
 

@@ -273,3 +273,24 @@ def test_identity_reduction_montecarlo_is_the_same_law_as_the_direct_sampler():
     assert ks_2samp(reduced, direct).pvalue > 1e-3
     wrong = losses.privacy_loss_samples(Identity(b), BallsInBinsSampling(1, b), sigma, 20000, rng)
     assert ks_2samp(wrong, direct).pvalue < 1e-6  # the test can tell different noise levels apart
+
+
+# --------------------------------------------------------------------------- auto skips what cannot win
+def test_auto_dpsgd_at_100k_steps_skips_mmcc_and_says_why():
+    """Issue 13: auto used to run MMCC on the identity (a dense n x n encoder: 74.5 GiB at 10^5 steps)."""
+    r = dpmf.account(Identity(100_000), PoissonSampling(0.001, 100_000), 1.0, 1e-6)
+    assert r.method == "pld" and "mmcc" in r.diagnostics["skipped_methods"]
+    assert "mmcc" not in r.diagnostics["all_methods"]
+    assert r.epsilon == dpmf.account(Identity(100_000), PoissonSampling(0.001, 100_000), 1.0, 1e-6, "pld").epsilon
+    cal = dpmf.calibrate(Identity(1000), PoissonSampling(0.01, 1000), 2.0, 1e-6)
+    assert cal.report.method == "pld" and "mmcc" in cal.report.diagnostics["skipped_methods"]
+    # an option of the skipped method is not an error under auto
+    dpmf.account(Identity(100), PoissonSampling(0.01, 100), 1.0, 1e-6, workers=2)
+
+
+def test_skipping_mmcc_on_the_identity_loses_nothing():
+    """C = I MMCC is DP-SGD: the skipped method could not have won (small n, both run explicitly)."""
+    for q, sigma in ((0.05, 1.0), (0.2, 2.0)):
+        pld = dpmf.account(Identity(32), PoissonSampling(q, 32), sigma, 1e-6, "pld").epsilon
+        mm = dpmf.account(Identity(32), PoissonSampling(q, 32), sigma, 1e-6, "mmcc").epsilon
+        assert pld <= mm * (1 + 1e-6)

@@ -20,6 +20,7 @@ from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.sampling.schemes import SCHEMES
+from dpmf.strategies.identity import Identity
 
 
 @dataclass(frozen=True)
@@ -170,19 +171,40 @@ def _check_common(strategy, scheme, delta: float) -> float:
     return delta
 
 
-def _select(strategy, scheme, method: str, options: dict) -> list[AccountingMethod]:
+def _cannot_win(strategy, scheme, names: set[str]) -> dict[str, str]:
+    """Valid methods that ``method="auto"`` skips because another selected method is known to be at
+    least as tight for the pair, with the reason (reported in the diagnostics)."""
+    skip = {}
+    if {"pld", "mmcc"} <= names and isinstance(strategy, Identity):
+        skip["mmcc"] = (
+            "MMCC on the identity under Poisson sampling is DP-SGD, for which the pld accountant is exact "
+            "(and MMCC would build the n x n encoder)"
+        )
+    return skip
+
+
+def _select(strategy, scheme, method: str, options: dict) -> tuple[list[AccountingMethod], dict[str, str]]:
+    """The methods to run and, for ``"auto"``, the valid ones skipped (name -> why)."""
     reasons = valid_methods(strategy, scheme, options)
     if method == "auto":
-        chosen = [METHODS[name] for name, why in reasons.items() if why is None and METHODS[name].in_auto]
-        if not chosen:
+        valid = {name for name, why in reasons.items() if why is None and METHODS[name].in_auto}
+        if not valid:
             detail = "; ".join(f"{k}: {v}" for k, v in reasons.items())
             raise UnsupportedConfigurationError(f"no accountant covers this configuration ({detail})")
-        return chosen
+        skipped = _cannot_win(strategy, scheme, valid)
+        return [METHODS[name] for name in METHODS if name in valid and name not in skipped], skipped
     if method not in METHODS:
         raise InvalidParameterError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
     if reasons[method] is not None:
         raise UnsupportedConfigurationError(f"method {method!r} does not apply: {reasons[method]}")
-    return [METHODS[method]]
+    return [METHODS[method]], {}
+
+
+def _checked_options(methods, skipped, options, calibrating) -> list[dict]:
+    """Options per method to run; an option is checked against the skipped methods too (an option
+    of a method ``auto`` decided not to run is not a user error)."""
+    everyone = methods + [METHODS[name] for name in skipped]
+    return _options_for(everyone, options, calibrating)[: len(methods)]
 
 
 def account(
@@ -202,13 +224,14 @@ def account(
     """
     delta = _check_common(strategy, scheme, delta)
     sigma = _v.positive("noise_multiplier", noise_multiplier)
-    methods = _select(strategy, scheme, method, options)
-    per_method = _options_for(methods, options, calibrating=False)
+    methods, skipped = _select(strategy, scheme, method, options)
+    per_method = _checked_options(methods, skipped, options, calibrating=False)
     reports = [m.run(strategy, scheme, sigma, delta, **opts) for m, opts in zip(methods, per_method)]
     best = min(reports, key=lambda r: r.epsilon)
-    if len(reports) > 1:
+    if len(reports) > 1 or skipped:
         others = {r.method: r.epsilon for r in reports}
-        best = dataclasses.replace(best, diagnostics={**best.diagnostics, "all_methods": others})
+        extra = {"all_methods": others, **({"skipped_methods": skipped} if skipped else {})}
+        best = dataclasses.replace(best, diagnostics={**best.diagnostics, **extra})
     return best
 
 
@@ -240,8 +263,8 @@ def calibrate(
     delta = _check_common(strategy, scheme, delta)
     target = _v.positive("target_epsilon", target_epsilon)
     best: Calibration | None = None
-    methods = _select(strategy, scheme, method, options)
-    for m, opts in zip(methods, _options_for(methods, options, calibrating=True)):
+    methods, skipped = _select(strategy, scheme, method, options)
+    for m, opts in zip(methods, _checked_options(methods, skipped, options, calibrating=True)):
 
         def run(s: float, m=m, opts=opts) -> PrivacyReport:
             return m.run(strategy, scheme, s, delta, **opts)
@@ -267,4 +290,7 @@ def calibrate(
         if best is None or cal.noise_multiplier < best.noise_multiplier:
             best = cal
     assert best is not None
+    if skipped:
+        diag = {**best.report.diagnostics, "skipped_methods": skipped}
+        best = dataclasses.replace(best, report=dataclasses.replace(best.report, diagnostics=diag))
     return best
