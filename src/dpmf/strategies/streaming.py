@@ -57,6 +57,7 @@ __all__ = [
     "TreeNoise",
     "PregeneratedNoise",
     "resolve_rng",
+    "tree_nodes_released",
 ]
 
 #: Elements per chunk when drawing and updating large vectors: keeps the working set of one chunk
@@ -333,6 +334,15 @@ class DenseNoise(StreamingNoise):
         return w
 
 
+def tree_nodes_released(t: int, n: int, levels: int) -> int:
+    """Number of tree nodes whose noise is released at step ``t`` (0-based) of an ``n``-step tree
+    with ``levels = ceil(log2 n)``: one per trailing zero of ``t + 1``, plus the leaf; at the last
+    step every level closes. Shared by the numpy and torch tree generators."""
+    if t >= n - 1:
+        return levels + 1
+    return ((t + 1) & -(t + 1)).bit_length()  # trailing zeros of t + 1, plus one
+
+
 class TreeNoise(StreamingNoise):
     """Per-step noise of the binary tree with the online Honaker decoder (DP-FTRL).
 
@@ -364,11 +374,7 @@ class TreeNoise(StreamingNoise):
         return self.levels * self.dim
 
     def input_shape(self) -> tuple[int, ...]:
-        t = self._t
-        if t >= self.n - 1:
-            return (self.levels + 1, self.dim)
-        tz = ((t + 1) & -(t + 1)).bit_length() - 1  # trailing zeros of t + 1
-        return (tz + 1, self.dim)
+        return (tree_nodes_released(self._t, self.n, self.levels), self.dim)
 
     def _step(self, z: np.ndarray) -> np.ndarray:
         t, V = self._t, self._V

@@ -34,7 +34,7 @@ from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism, fft_sqrt_eigenvalues
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.stamping import StampedEncoder, pseudo_inverse
-from dpmf.strategies.streaming import _bandwidth
+from dpmf.strategies.streaming import _bandwidth, tree_nodes_released
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 from dpmf.training.torch._deps import require_torch
@@ -349,11 +349,7 @@ class TorchTreeNoise(TorchCorrelatedNoise):
         return self.levels * self.numel
 
     def input_shape(self) -> tuple[int, ...]:
-        t = self._t
-        if t >= self.n - 1:
-            return (self.levels + 1, self.numel)
-        tz = ((t + 1) & -(t + 1)).bit_length() - 1  # trailing zeros of t + 1
-        return (tz + 1, self.numel)
+        return (tree_nodes_released(self._t, self.n, self.levels), self.numel)
 
     def _digest(self) -> str:
         return recurrence_digest([self.scale])
