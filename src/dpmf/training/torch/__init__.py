@@ -13,7 +13,8 @@ privacy``), and the pieces for your own loop:
 * :class:`PerExampleClipper` - per-example gradients (``torch.func``) clipped jointly;
 * :func:`correlated_noise` - the strategy's ``sigma * clip * (C^{-1} z)_t`` streamed in torch;
 * :class:`DPOptimizer` - any optimizer, stepped with clipped sum + noise over a public normalizer;
-* :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit.
+* :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit;
+* :class:`IndividualAccounting` - DP-SGD with per-example GDP budgets (Gaussian-DP filter).
 """
 
 from dpmf.training.plan import ExecutionPlan, StepOutOfPlanError, build_plan, expected_batch_size
@@ -24,6 +25,7 @@ require_torch()
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, private_data_loader  # noqa: E402
 from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
 from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
+from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
 from dpmf.training.torch.optimizer import DPOptimizer  # noqa: E402
 
@@ -45,4 +47,5 @@ __all__ = [
     "correlated_noise",
     "TorchCorrelatedNoise",
     "NoiseExhaustedError",
+    "IndividualAccounting",
 ]

@@ -88,6 +88,20 @@ def _toward_zero(f64, dtype):
     return torch.where(too_big, torch.nextafter(f, torch.zeros_like(f)), f)
 
 
+def _check_weights(weights, batch: int):
+    """``weights`` as a float64 tensor of shape ``(batch,)`` with entries in ``[0, 1]``."""
+    try:
+        w = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise InvalidParameterError(f"weights must be a 1-d tensor of {batch} numbers in [0, 1]") from exc
+    if w.shape != (batch,):
+        raise InvalidParameterError(f"weights must have one entry per example, shape ({batch},), got {tuple(w.shape)}")
+    if batch and not (bool(torch.isfinite(w).all()) and float(w.min()) >= 0.0 and float(w.max()) <= 1.0):
+        raise InvalidParameterError(f"weights must be finite numbers in [0, 1], got min {float(w.min())!r}, "
+                                    f"max {float(w.max())!r}")
+    return w
+
+
 def _as_args(inputs) -> tuple:
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
@@ -147,9 +161,17 @@ class PerExampleClipper:
         self._gsm = self._attach_opacus() if mode == "opacus" else None
 
     # ------------------------------------------------------------------ public
-    def clipped_sum(self, inputs, targets=None) -> ClippedGradients:
-        """``(S_p for every trainable parameter, unclipped norms n_i)``; see the module docstring."""
+    def clipped_sum(self, inputs, targets=None, weights=None) -> ClippedGradients:
+        """``(S_p for every trainable parameter, unclipped norms n_i)``; see the module docstring.
+
+        ``weights`` (optional, one per example, each in ``[0, 1]``) multiply the clip factors:
+        ``S_p = sum_i w_i f_i g_{i,p}``, so each contribution still has norm ``<= w_i C <= C``. A
+        weight 0 drops the example's gradient (an individual filter's exhausted examples,
+        :mod:`dpmf.training.torch.individual`). A weight may depend on public information and on
+        example ``i``'s own past, never on other examples of the batch.
+        """
         args, batch = self._check_batch(inputs, targets)
+        w_all = None if weights is None else _check_weights(weights, batch)
         sums = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
         norms = []
         for lo in range(0, batch, self.chunk_size or max(batch, 1)):
@@ -157,6 +179,8 @@ class PerExampleClipper:
             grads = self.per_example_grads(tuple(a[lo:hi] for a in args), None if targets is None else targets[lo:hi])
             n = self.norms(grads)
             f = clip_factors(n, self.max_grad_norm, self.margin)
+            if w_all is not None:  # w <= 1, so the float64 product never exceeds f
+                f = f * w_all[lo:hi].to(device=f.device)
             bad = ~torch.isfinite(n)
             any_bad = bool(bad.any())
             for s, g in zip(sums, grads):

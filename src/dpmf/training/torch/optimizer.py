@@ -27,6 +27,8 @@ class DPOptimizer(torch.optim.Optimizer):
 
     Use ``optimizer.step(inputs, targets)`` for a whole batch, or ``accumulate(inputs, targets)``
     per micro-batch then ``step()``. ``zero_grad`` and ``state_dict`` are the inner optimizer's.
+    Both take optional per-example ``weights`` in ``[0, 1]`` that multiply the clip factors
+    (:meth:`PerExampleClipper.clipped_sum`; 0 drops an example, as an individual filter does).
     ``process_group``: under ``torch.distributed`` the clipped sums are all-reduced over it before
     the noise is added (every rank then adds the same noise: the generators share their state).
     """
@@ -79,11 +81,12 @@ class DPOptimizer(torch.optim.Optimizer):
         return f"DPOptimizer({self.original_optimizer.__class__.__name__}, step {self.steps_done}/{self.plan.steps})"
 
     # --- the private step -----------------------------------------------------------------------
-    def accumulate(self, inputs, targets=None):
+    def accumulate(self, inputs, targets=None, weights=None):
         """Add the clipped per-example gradient sum of a (micro-)batch of the current step; returns
-        the unclipped per-example norms."""
+        the unclipped per-example norms. ``weights``: optional per-example multipliers in ``[0, 1]``
+        of the clip factors (one per example of this micro-batch)."""
         self.plan.check_step(self.steps_done)
-        grads, norms = self.clipper.clipped_sum(inputs, targets)
+        grads, norms = self.clipper.clipped_sum(inputs, targets, weights=weights)
         if self._sum is None:
             self._sum = [g.detach().clone() for g in grads]
         else:
@@ -92,8 +95,9 @@ class DPOptimizer(torch.optim.Optimizer):
         self._norms.append(norms)
         return norms
 
-    def step(self, inputs=None, targets=None, closure=None):
-        """One private step: accumulate ``inputs`` (if given), add noise once, normalize, step.
+    def step(self, inputs=None, targets=None, closure=None, *, weights=None):
+        """One private step: accumulate ``inputs`` (if given, with optional per-example ``weights``),
+        add noise once, normalize, step.
 
         Raises :class:`~dpmf.training.plan.StepOutOfPlanError` past the plan's last step.
         """
@@ -101,7 +105,9 @@ class DPOptimizer(torch.optim.Optimizer):
             raise InvalidParameterError("DPOptimizer.step does not take a closure; pass the batch (inputs, targets)")
         self.plan.check_step(self.steps_done)
         if inputs is not None:
-            self.accumulate(inputs, targets)
+            self.accumulate(inputs, targets, weights=weights)
+        elif weights is not None:
+            raise InvalidParameterError("weights go with a batch: pass them to accumulate() with its micro-batch")
         sums = self._sum if self._sum is not None else [torch.zeros_like(p) for p in self.params]
         if self.distributed:
             import torch.distributed as dist
