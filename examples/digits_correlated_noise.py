@@ -58,7 +58,7 @@ Measured on 2 cores (x86_64, torch 2.13.0 CPU, 2 worker processes with one torch
 thread each), 2026-11-23, with other jobs keeping the load average at ~3.5: full run 234 s wall
 (calibration and re-certification dominate: the random-allocation bound costs ~3 s per evaluation
 at 23 steps per epoch, the tree's MMCC up to a minute per calibration; training is ~0.5 s per run of
-230 steps); ``--fast`` 17-32 s. See ``examples/README.md`` for the table.
+230 steps); ``--fast`` 17-46 s. See ``examples/README.md`` for the table.
 """
 
 from __future__ import annotations
