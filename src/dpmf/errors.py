@@ -28,10 +28,22 @@ class CalibrationError(NumericalError):
     """No parameter value in the search range meets the privacy target."""
 
 
+class CostLimitError(DPMFError):
+    """A run would take far longer or more memory than allowed (an up-front, rough estimate from
+    :mod:`dpmf.accounting.cost`); the CLI's ``--force`` proceeds anyway."""
+
+
+class DPMFWarning(UserWarning):
+    """Valid input that is almost always a mistake (e.g. a min-separation longer than the run);
+    the computation goes ahead. The CLI refuses these outright."""
+
+
 __all__ = [
     "DPMFError",
     "InvalidParameterError",
     "UnsupportedConfigurationError",
     "NumericalError",
     "CalibrationError",
+    "CostLimitError",
+    "DPMFWarning",
 ]

@@ -280,24 +280,39 @@ def plan(run: TrainingRun, *, on_row: Callable[[PlanRow], None] | None = None) -
     return sorted(rows, key=lambda r: r.prefix_sum_rmse)
 
 
-def plot_plan(run: TrainingRun, rows: list[PlanRow], path: str) -> None:
-    """Save a PNG: each configuration's noise-induced RMSE, best first, at the target epsilon."""
+def plan_figure(run: TrainingRun, rows: list[PlanRow]):
+    """The matplotlib figure of :func:`plot_plan`, laid out so every label is inside it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = [f"{r.strategy} / {r.sampling}\n({r.method}, sigma={r.noise_multiplier:.3g})" for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.7 * len(rows)))
+    fig, ax = plt.subplots(figsize=(7.5, 1.3 + 0.7 * len(rows)))
     ax.barh(range(len(rows)), [r.prefix_sum_rmse for r in rows], color="tab:blue")
     ax.set_yticks(range(len(rows)), labels)
     ax.invert_yaxis()
-    ax.set_xlabel("RMSE of prefix sums of noisy gradient sums (clip-norm units; lower is better)")
+    ax.set_xlabel("RMSE of prefix sums of noisy gradient sums\n(clip-norm units; lower is better)")
     ax.set_title(
-        f"dpmf plan: N={run.dataset_size}, batch={run.batch_size}, epochs={run.epochs}, "
-        f"(eps={run.epsilon:g}, delta={run.delta:g})",
+        f"dpmf plan: N={run.dataset_size}, batch={run.batch_size}, epochs={run.epochs},\n"
+        f"target (eps={run.epsilon:g}, delta={run.delta:g})",
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
+
+
+def plot_plan(run: TrainingRun, rows: list[PlanRow], path: str) -> None:
+    """Save a PNG: each configuration's noise-induced RMSE, best first, at the target epsilon
+    (``path``'s folder must exist; checked before drawing)."""
+    import matplotlib.pyplot as plt
+
+    from dpmf.files import check_output_file, writing
+
+    check_output_file(path, "path")
+    fig = plan_figure(run, rows)
+    try:
+        with writing(path, "plot"):
+            fig.savefig(path, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)

@@ -102,8 +102,9 @@ def distribution(
         )
     if np.any(v < 0):
         raise InvalidParameterError(f"{name_values} must be >= 0, got min {v.min()!r}")
-    if np.any((p < 0) | (p > 1)):
-        raise InvalidParameterError(f"{name_probs} must lie in [0, 1], got {p.min()!r}..{p.max()!r}")
+    if np.any((p < 0) | (p > 1 + atol)):
+        raise InvalidParameterError(f"{name_probs} must lie in [0, 1], got {float(p.min())!r}..{float(p.max())!r}")
+    p = np.minimum(p, 1.0)  # within atol of 1: float rounding of a probability, as for the sum below
     total = math.fsum(p.tolist())
     if abs(total - 1.0) > atol:
         raise InvalidParameterError(f"{name_probs} must sum to 1, got {total!r}")

@@ -179,7 +179,7 @@ def test_foreign_files_are_refused(tmp_path):
         tmp_path / "b.json": "a JSON list, not an object",
         tmp_path / "c.json": "not a dpmf privacy report: missing key",
         tmp_path / "d.bin": "not a JSON text file",
-        tmp_path / "missing.json": "cannot read the report",
+        tmp_path / "missing.json": "cannot read the dpmf report",
         "{not json": "not JSON",
     }
     for report, match in cases.items():

@@ -83,7 +83,7 @@ def test_foreign_and_broken_files_are_refused(tmp_path):
     _one_line_error(invoke(["verify", tmp_path / "notes.txt"]), "not a dpmf report (not JSON")
     _one_line_error(invoke(["verify", tmp_path / "other.json"]), "not a dpmf privacy report", "'delta'")
     _one_line_error(invoke(["verify", tmp_path / "bytes.json"]), "not a JSON text file")
-    _one_line_error(invoke(["verify", tmp_path / "missing.json"]), "cannot read the report")
+    _one_line_error(invoke(["verify", tmp_path / "missing.json"]), "cannot read the dpmf report")
 
 
 def test_unknown_method_and_montecarlo_calibration_are_refused(report_file, tmp_path):

@@ -90,7 +90,7 @@ def test_report_of_a_custom_sampler_checkpoint_is_read_only(tmp_path, dpsgd_samp
         (["--sampling", "b-min-sep", "--sampling-prob", "0.1"], "--min-sep"),
         (["--sampling", "b-min-sep", "--min-sep", "2", "--sampling-prob", "0.1", "--participation-rate", "0.1"],
          "exactly one"),
-        (["--sampling", "b-min-sep", "--min-sep", "6", "--participation-rate", "0.2"], "participation_rate"),
+        (["--sampling", "b-min-sep", "--min-sep", "6", "--participation-rate", "0.2"], "--participation-rate"),
         (["--sampling", "balls-in-bins"], "--epochs"),
         (["--sampling", "poisson", "--sampling-prob", "1.5"], "--sampling-prob"),
     ],
@@ -103,7 +103,7 @@ def test_bad_input_is_one_line(args, needle, dpsgd_sampler):
 
 def test_missing_checkpoint_is_an_error(tmp_path, dpsgd_sampler):
     res = runner.invoke(app, ["report", str(tmp_path / "nope.npz"), "--delta", "1e-3"])
-    assert res.exit_code == 2 and "not a dpmf Monte Carlo checkpoint" in res.output
+    assert res.exit_code == 2 and "cannot read the dpmf Monte Carlo checkpoint (no such file)" in res.output
 
 
 def test_run_with_the_library_sampler_b_min_sep_banded_toeplitz(tmp_path):
@@ -115,7 +115,7 @@ def test_run_with_the_library_sampler_b_min_sep_banded_toeplitz(tmp_path):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["scheme"]["name"] == "b-min-sep" and data["scheme"]["warm_start"] is True
+    assert data["scheme"]["name"] == "b-min-sep" and data["scheme"]["warm_start"] is False  # cold start: the library's (and every command's) default
     assert data["certified"] is False and 0 < data["epsilon"] < float("inf")
     again = runner.invoke(app, ["resume", str(ck), "--delta", "1e-2", "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["epsilon"] == data["epsilon"]

@@ -32,7 +32,7 @@ def test_bad_strategy_inputs(tmp_path):
     res = runner.invoke(app, ["strategy", "build", "bogus", "--steps", "4", "--out", str(tmp_path / "x.npz")])
     assert res.exit_code != 0 and "kind must be one of" in res.output
     res = runner.invoke(app, ["strategy", "show", str(tmp_path / "missing.npz")])
-    assert res.exit_code != 0 and "not a dpmf strategy file" in res.output
+    assert res.exit_code != 0 and "cannot read the dpmf strategy file (no such file)" in res.output
     res = runner.invoke(app, ["account", "--strategy", "bogus", "--sampling", "fixed-order", "--epochs", "1",
                               "--steps", "4", "--noise-multiplier", "1", "--delta", "1e-6"])
     assert res.exit_code != 0 and "Traceback" not in res.output
@@ -76,7 +76,7 @@ def test_single_epoch_fixed_point_and_learning_rates(tmp_path):
 @pytest.mark.parametrize(
     "args, match",
     [
-        (["optimal", "--steps", "4", "--learning-rates", "1,0,1,1"], "learning_rates"),
+        (["optimal", "--steps", "4", "--learning-rates", "1,0,1,1"], "--learning-rates"),
         (["optimal", "--steps", "4", "--learning-rates", "1,x"], "comma-separated"),
         (["optimal", "--steps", "4", "--learning-rates", "1,1,1,1", "--cooldown", "2"], "not both"),
         (["optimal", "--steps", "4", "--momentum", "1.5"], "momentum"),

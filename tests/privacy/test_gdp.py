@@ -242,3 +242,39 @@ def test_error_message_names_the_argument():
         gdp_epsilon(1.0, 2.0)
     with pytest.raises(InvalidParameterError, match="noise_multiplier"):
         gaussian_epsilon(-1.0, 1e-6)
+
+
+# ----------------------------------------------------------------- safe side in exact arithmetic
+def _exact_delta(mu: float, eps: float):
+    mpmath.mp.dps = 80
+    mu, eps = mpmath.mpf(mu), mpmath.mpf(eps)
+    return mpmath.ncdf(-eps / mu + mu / 2) - mpmath.exp(eps) * mpmath.ncdf(-eps / mu - mu / 2)
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 1e-8, 1e-6, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-30, 1e-12, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2, 0.3])
+def test_gdp_mu_is_safe_for_the_exact_delta(eps, delta):
+    # issue 14: with tiny epsilon and delta the profile is a difference of two nearly equal terms;
+    # the float check alone accepted a mu whose exact delta was ~5e-12 (up to 1e-7) relative above
+    mu = gdp_mu(eps, delta)
+    assert _exact_delta(mu, eps) <= delta
+    assert _exact_delta(mu * (1 + 1e-3), eps) > delta or eps <= 1e-8  # and still tight (0.1%)
+
+
+@pytest.mark.parametrize("mu", [1e-9, 1e-6, 1e-3, 0.01, 0.1, 1.0, 10.0])
+@pytest.mark.parametrize("delta", [1e-30, 1e-12, 1e-8, 1e-4, 0.3])
+def test_gdp_epsilon_is_safe_for_the_exact_delta(mu, delta):
+    from dpmf.privacy.gdp import gdp_epsilon_array
+
+    eps = gdp_epsilon(mu, delta)
+    assert _exact_delta(mu, eps) <= delta
+    arr = float(gdp_epsilon_array([mu], delta)[0])
+    assert _exact_delta(mu, arr) <= delta
+    assert arr == pytest.approx(eps, rel=1e-4, abs=1e-12)
+
+
+def test_gdp_mu_at_the_float_floor_is_a_result_not_an_exception():
+    # brentq cannot converge this close to the smallest floats: the inversion bisects instead
+    mu = gdp_mu(0.0, 1e-300)
+    assert 0 < mu <= 1e-300 * math.sqrt(2 * math.pi) * (1 + 1e-9)
+    assert gdp_mu(1e-12, 1e-300) > 0

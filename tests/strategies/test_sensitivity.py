@@ -272,7 +272,7 @@ def test_nonneg_check_on_X_not_on_C():
     # C >= 0 (dense, not banded, not Toeplitz): Eq. (3)
     C = np.tril(np.random.default_rng(2).random((6, 6)) + 0.1)
     res = sensitivity_squared(C, FixedEpochParticipation(3, 2))
-    assert res.method == "nonneg (Eq. 3)" and res.exact
+    assert res.method == "X = C^T C >= 0 on the patterns (Eq. 3)" and res.exact
     X = C.T @ C
     assert res.value == pytest.approx(max(X[np.ix_(p, p)].sum() for p in [(0, 2, 4), (1, 3, 5)]), rel=1e-12)
     # X with negative entries on a pattern: not Eq. (3)
@@ -280,7 +280,7 @@ def test_nonneg_check_on_X_not_on_C():
     C2[4, 0] = -5.0
     assert (C2.T @ C2)[0, 4] < 0
     res2 = sensitivity_squared(C2, FixedEpochParticipation(3, 2))
-    assert res2.method != "nonneg (Eq. 3)"
+    assert res2.method != "X = C^T C >= 0 on the patterns (Eq. 3)"
     assert res2.value >= brute_scalar(C2, all_patterns(6, 3, 2, True))
 
 

@@ -51,6 +51,7 @@ from typing import Mapping
 
 from dpmf.accounting.report import PrivacyReport, _jsonable
 from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.files import read_json
 
 try:  # the marker the accountant guard records for an option that is a Python object
     from dpmf.accounting.guard import EXECUTION_OPTIONS, NOT_RECORDABLE
@@ -136,16 +137,12 @@ def _load(report) -> dict:
     if isinstance(report, str) and report.lstrip().startswith("{"):
         text, where = report, "the report text"
     elif isinstance(report, (str, Path)):
-        path = Path(report)
-        where = str(path)
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise InvalidParameterError(f"{where}: cannot read the report ({exc.strerror or exc})") from None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidParameterError(f"{where}: not a dpmf report (not a JSON text file)") from None
+        data = read_json(report, "dpmf report")  # one loader for every file dpmf reads (dpmf.files)
+        if not isinstance(data, dict):
+            raise InvalidParameterError(
+                f"{report}: not a dpmf report (a JSON {type(data).__name__}, not an object)"
+            )
+        return data
     else:
         raise InvalidParameterError(
             f"report must be a dict, a JSON string or a path to a JSON file, got {type(report).__name__}"

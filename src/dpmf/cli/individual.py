@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
-from dpmf.cli.console import _fail, out
+from dpmf.cli.console import _fail, cli_errors, out, typer_app
 from dpmf.errors import DPMFError
+from dpmf.files import check_output_file
 
-app = typer.Typer(
+app = typer_app(
     help="Individual (per-example) privacy accounting with Gaussian-DP filters "
     "(Koskela, Tobaben & Honkela 2023).",
     no_args_is_help=True,
@@ -60,13 +60,13 @@ def report(
     from dpmf.accounting.individual import IndividualGDPLedger
     from dpmf.accounting.individual.report import plot_epsilons, summarize
 
-    try:
+    with cli_errors(hint="the ledger is too large for this machine"):
+        if plot:
+            check_output_file(plot, "--plot")  # before the work
         led = IndividualGDPLedger.load(ledger, run_id=run_id)
         summary, eps = summarize(led, delta)
-    except DPMFError as exc:
-        _fail(str(exc))
-    if plot:
-        plot_epsilons(eps, summary, plot)
+        if plot:
+            plot_epsilons(eps, summary, plot)
     if as_json:
         out.print_json(json.dumps(summary))
         return

@@ -16,11 +16,19 @@ import typer
 from rich.table import Table
 
 from dpmf._version import __version__
-from dpmf.cli.console import _fail, err, out
-from dpmf.cli.specs import SamplingName, build_scheme, build_strategy
+from dpmf.cli.console import cli_errors, err, out, typer_app
+from dpmf.cli.specs import (
+    WARM_START,
+    SamplingName,
+    build_scheme,
+    build_strategy,
+    check_options_used,
+    is_strategy_file,
+)
 from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.files import check_output_dir
 
-app = typer.Typer(
+app = typer_app(
     name="dpmf",
     help=(
         "Differentially private training with correlated noise (DP-MF, DP-FTRL, BandMF) and "
@@ -58,11 +66,78 @@ def _main(
     """dpmf command line."""
 
 
-def _build(strategy: str, sampling: SamplingName, steps, bands, **scheme_options):
-    if steps is None:
+def _build(strategy: str, sampling: SamplingName, steps, bands, force: bool, **scheme_options):
+    """(strategy, scheme) from the options: unused options refused, a strategy file's size used
+    when --steps is not given, and the cost of building the strategy checked before it starts."""
+    from dpmf.accounting.cost import check_cost, strategy_build_cost
+
+    strat = None
+    if is_strategy_file(strategy):
+        strat = build_strategy(strategy, steps)
+        steps = strat.n
+    elif steps is None:
         raise InvalidParameterError("--steps is required")
-    scheme = build_scheme(sampling, steps, **scheme_options)
-    return build_strategy(strategy, steps, epochs=scheme_options.get("epochs"), bands=bands), scheme
+    scheme = build_scheme(sampling, steps, **scheme_options)  # missing and bad values first (cheap)
+    check_options_used(
+        strategy, sampling, **{"--bands": bands, "--epochs": scheme_options.get("epochs"),
+                               "--sampling-prob": scheme_options.get("sampling_prob"),
+                               "--min-sep": scheme_options.get("min_sep"),
+                               "--warm-start": scheme_options.get("warm_start"),
+                               "--max-batch-size": scheme_options.get("max_batch_size"),
+                               "--dataset-size": scheme_options.get("dataset_size")},
+    )
+    if strat is not None:
+        return strat, scheme
+    epochs = scheme_options.get("epochs") or 1
+    check_cost(strategy_build_cost(strategy, steps, epochs=epochs, bands=bands), force=force,
+               hint="use fewer --steps")
+    return build_strategy(strategy, steps, epochs=epochs, bands=bands), scheme
+
+
+def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, target_epsilon=None) -> None:
+    """Refuse, before it starts, a run estimated to take more than a few minutes or more memory
+    than the machine has (unless --force); say what to expect when it takes over a minute."""
+    from dpmf.accounting.cost import accounting_cost, check_cost
+
+    est = accounting_cost(strat, scheme, noise_multiplier, method=method, calibrate=target_epsilon is not None,
+                          num_samples=samples, target_epsilon=target_epsilon)
+    check_cost(est, force=force, hint="use fewer --steps" + (" or a larger --noise-multiplier" if
+                                                             target_epsilon is None else ""))
+    _note_cost(est)
+
+
+def _note_cost(est) -> None:
+    if est.seconds > 60:
+        err.print(f"note: this will take {est.describe()} (a rough estimate)", highlight=False)
+
+
+def _check_montecarlo_samples(samples, delta) -> None:
+    """``--method montecarlo`` at --delta: refuse up front a sample count whose estimate can only be
+    infinite, saying how many samples it needs."""
+    from dpmf import validation as _v
+    from dpmf.accounting.montecarlo.accountant import samples_to_estimate
+
+    s = 100_000 if samples is None else _v.positive_int("num_samples", samples)
+    need = samples_to_estimate(delta)
+    if s < need:
+        raise InvalidParameterError(
+            f"--samples {s:,} cannot give a finite Monte Carlo epsilon at --delta {delta:g}: the 99% upper "
+            f"confidence bound on delta stays above it even with no privacy loss; use --samples {need:,} or "
+            "more (or a larger --delta)"
+        )
+
+
+def _interrupted(cache_dir) -> None:
+    """Ctrl-C during account/calibrate: say how to resume (MMCC rows saved in --cache-dir)."""
+    if cache_dir is not None:
+        err.print(
+            f"interrupted; every finished MMCC row is saved in {cache_dir}: run the same command again "
+            f"(with --cache-dir {cache_dir}) to resume where it stopped",
+            highlight=False,
+        )
+    else:
+        err.print("interrupted (nothing saved; add --cache-dir DIR to make an MMCC run resumable)", highlight=False)
+    raise typer.Exit(code=130)
 
 
 _STRATEGY = typer.Option(
@@ -87,7 +162,11 @@ _Q = typer.Option(
 )
 _EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in-bins sampling (must divide --steps).")
 _MIN_SEP = typer.Option(None, "--min-sep", help="b: steps between two participations (cyclic-poisson, b-min-sep).")
-_WARM = typer.Option(False, "--warm-start", help="b-min-sep: start every example in its stationary state (Alg. 2).")
+_WARM = WARM_START
+_FORCE = typer.Option(
+    False, "--force", help="Run even when the up-front estimate says it would take more than a few minutes "
+    "or more memory than this machine has."
+)
 _MAXB = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate/pad batches to this size (App. D).")
 _DATASET = typer.Option(
     None, "--dataset-size", help="b-min-sep with --max-batch-size: number of examples (needed to account truncation)."
@@ -139,6 +218,7 @@ def account(
     workers: Optional[int] = _WORKERS,
     scheduler: Optional[str] = _SCHEDULER,
     cache_dir: Optional[Path] = _CACHE,
+    force: bool = _FORCE,
     as_json: bool = _JSON,
 ) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
@@ -146,24 +226,36 @@ def account(
     Example: dpmf account --sampling poisson --sampling-prob 0.01 --steps 1000
     --noise-multiplier 1.0 --delta 1e-6
     """
-    from dpmf.accounting import account as _account
+    from dpmf import validation as _v
 
-    try:
+    with cli_errors():
+        _v.positive("noise_multiplier", noise_multiplier)  # plain numbers first: no imports needed
+        _v.open_unit("delta", delta)
         strat, scheme = _build(
-            strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
+            strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
         )
+        from dpmf.accounting import account as _account
+
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
-        with err.status(f"accounting ({method.value}) ..."):
-            report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
-    except DPMFError as exc:
-        _fail(str(exc))
+        if cache_dir is not None:
+            check_output_dir(cache_dir, "--cache-dir")  # before the work
+        if method is MethodName.montecarlo:
+            _check_montecarlo_samples(samples, delta)
+        _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
+        try:
+            with err.status(f"accounting ({method.value}) ..."):
+                report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
+        except KeyboardInterrupt:
+            _interrupted(cache_dir)
     if as_json:
         out.print_json(report.to_json())
         return
     out.print(report.summary(), highlight=False)
     d = report.epsilon_by_direction
     out.print(f"  remove direction: {d['remove']:.6g}   add direction: {d['add']:.6g}", highlight=False)
+    if report.diagnostics.get("warning"):
+        out.print(f"  warning: {report.diagnostics['warning']}", highlight=False)
 
 
 @app.command()
@@ -186,6 +278,7 @@ def calibrate(
     workers: Optional[int] = _WORKERS,
     scheduler: Optional[str] = _SCHEDULER,
     cache_dir: Optional[Path] = _CACHE,
+    force: bool = _FORCE,
     as_json: bool = _JSON,
 ) -> None:
     """Smallest noise multiplier whose reported epsilon is at most --epsilon.
@@ -193,22 +286,30 @@ def calibrate(
     Example: dpmf calibrate --sampling poisson --sampling-prob 0.01 --steps 1000
     --epsilon 1 --delta 1e-6
     """
-    from dpmf.accounting import calibrate as _calibrate
+    from dpmf import validation as _v
 
-    try:
+    with cli_errors():
+        _v.positive("target_epsilon", epsilon)  # plain numbers first: no imports needed
+        _v.open_unit("delta", delta)
         strat, scheme = _build(
-            strategy, sampling, steps, bands, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
+            strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
         )
+        from dpmf.accounting import calibrate as _calibrate
+
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
-        with err.status("calibrating ...") as status:
+        if cache_dir is not None:
+            check_output_dir(cache_dir, "--cache-dir")  # before the work
+        _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon)
+        try:
+            with err.status("calibrating ...") as status:
 
-            def progress(sigma: float, eps: float) -> None:
-                status.update(f"calibrating: sigma={sigma:.6g} gives epsilon={eps:.6g}")
+                def progress(sigma: float, eps: float) -> None:
+                    status.update(f"calibrating: sigma={sigma:.6g} gives epsilon={eps:.6g}")
 
-            cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, callback=progress, **opts)
-    except DPMFError as exc:
-        _fail(str(exc))
+                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, callback=progress, **opts)
+        except KeyboardInterrupt:
+            _interrupted(cache_dir)
     if as_json:
         payload = cal.report.to_dict()
         payload["target_epsilon"] = epsilon
@@ -230,14 +331,16 @@ def plan(
     epsilon: float = typer.Option(2.0, "--epsilon", help="Target epsilon."),
     delta: float = typer.Option(1e-6, "--delta", help="Target delta."),
     as_json: bool = _JSON,
-    plot: Optional[str] = typer.Option(None, "--plot", help="Also save a PNG bar chart to this file."),
+    plot: Optional[str] = typer.Option(None, "--plot", help="Also save a PNG bar chart to this file (its folder must exist)."),
     mmcc: bool = typer.Option(
-        False, "--mmcc", help="Also rank MMCC rows (tree, banded Toeplitz under Poisson sampling); minutes."
+        False, "--mmcc", help="Also rank MMCC rows (tree, banded Toeplitz under Poisson sampling); slow (~15 min "
+        "and 8 GB at 100 steps, growing fast): the estimate is shown, and checked, before it starts."
     ),
     montecarlo_samples: Optional[int] = typer.Option(
         None, "--montecarlo-samples", help="Also rank b-min-sep rows by Monte Carlo with this many samples "
         "(ESTIMATES; needs at least ~5.3/delta samples, e.g. 5,296 at delta 1e-3; checked before anything runs)."
     ),
+    force: bool = _FORCE,
 ) -> None:
     """Rank every mechanism dpmf supports for a training run (the main job).
 
@@ -246,16 +349,21 @@ def plan(
     The defaults describe a CIFAR-10-sized run: 50,000 examples, batch 500, 5 epochs,
     epsilon 2, delta 1e-6.
     """
-    from dpmf.planner import TrainingRun, plan as _plan, plot_plan
+    with cli_errors():
+        from dpmf.accounting.cost import check_cost, plan_cost
+        from dpmf.files import check_output_file
+        from dpmf.planner import TrainingRun, plan as _plan, plot_plan
 
-    try:
+        if plot:
+            check_output_file(plot, "--plot")  # before minutes of calibration
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
+        est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+        check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
+        _note_cost(est)
         with err.status(f"calibrating candidates for {run.steps} steps ...") as status:
             rows = _plan(run, on_row=lambda r: status.update(f"done: {r.strategy}/{r.sampling} ({r.seconds:.1f}s)"))
-    except DPMFError as exc:
-        _fail(str(exc))
-    if plot:
-        plot_plan(run, rows, plot)
+        if plot:
+            plot_plan(run, rows, plot)
     if as_json:
         payload = {
             "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
@@ -263,32 +371,45 @@ def plan(
         }
         out.print_json(json.dumps(payload))
         return
-    table = Table(
-        title=f"dpmf plan: {run.dataset_size} examples, batch {run.batch_size}, {run.epochs} epochs "
-        f"({run.steps} steps), target (epsilon={run.epsilon:g}, delta={run.delta:g})"
-    )
-    for col in ("#", "strategy", "sampling", "accountant", "sigma", "epsilon", "prefix RMSE", "RMSE/batch"):
-        table.add_column(col, justify="right" if col not in ("strategy", "sampling", "accountant") else "left",
-                         no_wrap=True)
-    for i, r in enumerate(rows, 1):
-        table.add_row(
-            str(i),
-            r.strategy,
-            r.sampling,
-            r.method + ("" if r.certified else " (ESTIMATE)"),
-            f"{r.noise_multiplier:.4g}",
-            f"{r.epsilon:.4g}",
-            f"{r.prefix_sum_rmse:.4g}",
-            f"{r.rmse_per_example_in_batch:.4g}",
-        )
-    out.print(table)
+    out.print(plan_table(run, rows))
     out.print(
         "prefix RMSE: root-mean-square noise on the running sums of clipped gradients (clip norm 1); "
-        "RMSE/batch divides by the batch size.",
+        "RMSE/batch divides by the batch size. ESTIMATE: Monte Carlo, not a proof.",
         highlight=False,
     )
     if plot:
         out.print(f"plot written to {plot}")
+
+
+def plan_table(run, rows) -> Table:
+    """The ranking as a table that fits an 80-column terminal: numbers (at most 9 characters with
+    4 significant digits) never wrap or get cut; strategy and sampling share a two-line cell."""
+    from rich import box
+
+    table = Table(
+        title=f"dpmf plan: {run.dataset_size} examples, batch {run.batch_size}, {run.epochs} epochs "
+        f"({run.steps} steps), target (epsilon={run.epsilon:g}, delta={run.delta:g})",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0, 0, 1),
+    )
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("strategy\nsampling", no_wrap=True, min_width=18)
+    table.add_column("accountant", no_wrap=True, min_width=11)
+    for col in ("sigma", "epsilon", "prefix\nRMSE", "RMSE/\nbatch"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=9)
+    for i, r in enumerate(rows, 1):
+        table.add_row(
+            str(i),
+            f"{r.strategy}\n{r.sampling}",
+            r.method + ("" if r.certified else "\nESTIMATE"),
+            f"{r.noise_multiplier:.4g}",
+            f"{r.epsilon:.4g}",
+            f"{r.prefix_sum_rmse:.4g}",
+            f"{r.rmse_per_example_in_batch:.4g}",
+            end_section=True,
+        )
+    return table
 
 
 def _register_subcommands() -> None:

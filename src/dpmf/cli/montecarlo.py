@@ -12,12 +12,12 @@ from typing import Optional
 
 import typer
 
-from dpmf.cli.console import _fail, err, out
-from dpmf.cli.specs import build_scheme, build_strategy
+from dpmf.cli.console import _fail, cli_errors, err, out, typer_app
+from dpmf.cli.specs import WARM_START, build_scheme, build_strategy, check_options_used
 from dpmf.cli.specs import SamplingName as Sampling
-from dpmf.errors import DPMFError
+from dpmf.errors import DPMFError, InvalidParameterError
 
-app = typer.Typer(
+app = typer_app(
     help="Monte Carlo privacy accounting (Dong & Ganesh 2026): resumable runs with checkpoints, "
     "optionally on a Dask cluster. Results are estimates with confidence, not proofs.",
     no_args_is_help=True,
@@ -26,6 +26,10 @@ app = typer.Typer(
 
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1).")
 _CONF = typer.Option(0.99, "--confidence", help="Joint confidence of the upper bounds (both directions).")
+_SAVED_DELTA = typer.Option(None, "--delta", help="Target delta in (0, 1) (default: the one the run was started with).")
+_SAVED_CONF = typer.Option(
+    None, "--confidence", help="Joint confidence of the upper bounds (default: the run's, else 0.99)."
+)
 _SCHED = typer.Option(None, "--scheduler", help="Dask scheduler ADDRESS (e.g. tcp://host:8786); default: this machine.")
 _WORKERS = typer.Option(None, "--workers", help="Local worker processes (default: this process); same counts as a serial run.")
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
@@ -45,19 +49,41 @@ def _progress_callback(progress, task):
     return callback
 
 
+def resume_command(checkpoint) -> str:
+    """The command that continues a run: everything it needs (delta, confidence) is in the
+    checkpoint, so the file name is the only argument."""
+    import shlex
+
+    return f"dpmf montecarlo resume {shlex.quote(str(checkpoint))}"
+
+
 def _execute(run_fn, description: str, total: int, done: int, checkpoint):
     """Run ``run_fn(callback)`` under a rich progress bar; Ctrl-C leaves a consistent checkpoint."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     try:
+        if not err.is_terminal:  # no bar (and no stray blank line) when stderr is a file or a pipe
+            return run_fn(None)
         with Progress(*columns, console=err, transient=True) as progress:
             task = progress.add_task(description, total=total, completed=done)
             return run_fn(_progress_callback(progress, task))
     except KeyboardInterrupt:
-        where = f"; resume with: dpmf montecarlo resume {checkpoint}" if checkpoint else " (no --checkpoint was set)"
-        err.print(f"interrupted{where}", highlight=False)
+        where = f"; resume with: {resume_command(checkpoint)}" if checkpoint else " (no --checkpoint was set)"
+        err.print(f"interrupted{where}", highlight=False, markup=False)
         raise typer.Exit(code=130)
+
+
+def _report_settings(mc, delta, confidence):
+    """--delta / --confidence given on the command line, else the ones the run was started with."""
+    saved = getattr(mc, "report_defaults", {}) or {}
+    if delta is None:
+        delta = saved.get("delta")
+        if delta is None:
+            raise InvalidParameterError("--delta is required (this checkpoint does not record one)")
+    if confidence is None:
+        confidence = saved.get("confidence", 0.99)
+    return delta, confidence
 
 
 def _print_report(report, as_json: bool, checkpoint=None) -> None:
@@ -99,7 +125,7 @@ def run(
     sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p: per-step probability (b-min-sep: among available examples)."),
     participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: marginal rate p0 instead of p."),
     min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
-    warm_start: bool = typer.Option(True, "--warm-start/--cold-start", help="b-min-sep: stationary start (Alg. 2) or cold (Alg. 1)."),
+    warm_start: bool = WARM_START,
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches (App. D)."),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Number of examples (needed with --max-batch-size)."),
     noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma) for C as given."),
@@ -116,57 +142,83 @@ def run(
     """Estimate epsilon by Monte Carlo, checkpointing after every chunk.
 
     Example: dpmf montecarlo run --strategy banded-toeplitz --bands 4 --steps 64 --sampling b-min-sep
-    --min-sep 4 --participation-rate 0.05 --noise-multiplier 1 --delta 1e-5 --samples 100000
+    --min-sep 4 --participation-rate 0.05 --noise-multiplier 1 --delta 1e-3 --samples 100000
     --checkpoint mc.npz
     """
-    from dpmf.accounting.montecarlo.accountant import check_supported, open_run, montecarlo_report
+    from dpmf.accounting.montecarlo.accountant import (
+        check_supported,
+        montecarlo_report,
+        open_run,
+        samples_to_estimate,
+    )
     from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION
+    from dpmf.files import check_output_file
 
-    try:
+    with cli_errors():
+        _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
+                    max_batch_size, dataset_size)
+        if checkpoint is not None:
+            check_output_file(checkpoint, "--checkpoint")
+        need = samples_to_estimate(delta, confidence)
+        if samples < need:
+            raise InvalidParameterError(
+                f"--samples {samples:,} cannot give a finite epsilon at --delta {delta:g}: the {confidence:g} upper "
+                f"confidence bound on delta stays above it even with no privacy loss; use --samples {need:,} or "
+                "more (or a larger --delta)"
+            )
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         check_supported(strat, scheme, None)
         options = {} if dataset_size is None else {"dataset_size": dataset_size}
         mc = open_run(strat, scheme, noise_multiplier, samples, seed, chunk_size, checkpoint, None,
                       DEFAULT_RESOLUTION, sampler_options=options)
+        mc.report_defaults = {"delta": delta, "confidence": confidence}  # what 'resume FILE' reports
         if checkpoint is not None and not mc.samples_done:
             mc.save(checkpoint)  # the seed is on disk before the first chunk
         _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "sampling privacy losses",
                  mc.samples_total, mc.samples_done, checkpoint)
         report = montecarlo_report(mc, delta, confidence)
-    except DPMFError as exc:
-        _fail(str(exc))
     _print_report(report, as_json, checkpoint)
+
+
+def _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
+                max_batch_size, dataset_size) -> None:
+    check_options_used(
+        strategy, sampling, **{"--bands": bands, "--epochs": epochs, "--sampling-prob": sampling_prob,
+                               "--participation-rate": participation_rate, "--min-sep": min_sep,
+                               "--warm-start": warm_start, "--max-batch-size": max_batch_size,
+                               "--dataset-size": dataset_size},
+    )
 
 
 @app.command()
 def resume(
     checkpoint: str = typer.Argument(..., help="A checkpoint written by 'dpmf montecarlo run --checkpoint'."),
-    delta: float = _DELTA,
-    confidence: float = _CONF,
+    delta: Optional[float] = _SAVED_DELTA,
+    confidence: Optional[float] = _SAVED_CONF,
     scheduler: Optional[str] = _SCHED,
     workers: Optional[int] = _WORKERS,
     as_json: bool = _JSON,
 ) -> None:
-    """Continue an interrupted run: compute exactly the missing chunks, then report."""
+    """Continue an interrupted run: compute exactly the missing chunks, then report (at the delta
+    and confidence the run was started with, unless given)."""
     from dpmf.accounting.montecarlo.accountant import montecarlo_report
     from dpmf.accounting.montecarlo.run import MonteCarloRun
 
-    try:
+    with cli_errors():
         mc = MonteCarloRun.load(checkpoint)
+        delta, confidence = _report_settings(mc, delta, confidence)
         _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "resuming", mc.samples_total,
                  mc.samples_done, checkpoint)
         report = montecarlo_report(mc, delta, confidence)
-    except DPMFError as exc:
-        _fail(str(exc))
     _print_report(report, as_json, checkpoint)
 
 
 @app.command()
 def report(
     checkpoint: str = typer.Argument(..., help="A checkpoint (complete or partial)."),
-    delta: float = _DELTA,
-    confidence: float = _CONF,
+    delta: Optional[float] = _SAVED_DELTA,
+    confidence: Optional[float] = _SAVED_CONF,
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Also print the delta interval at this epsilon."),
     as_json: bool = _JSON,
 ) -> None:
@@ -176,6 +228,7 @@ def report(
 
     try:
         mc = MonteCarloRun.load(checkpoint, read_only=True)
+        delta, confidence = _report_settings(mc, delta, confidence)
         rep = montecarlo_report(mc, delta, confidence)
         intervals = None
         if epsilon is not None:
@@ -209,7 +262,7 @@ def calibrate(
     sampling_prob: Optional[float] = typer.Option(None, "--sampling-prob", help="p (see 'run')."),
     participation_rate: Optional[float] = typer.Option(None, "--participation-rate", help="b-min-sep: p0 instead of p."),
     min_sep: Optional[int] = typer.Option(None, "--min-sep", help="b (b-min-sep) or the cycle length (cyclic-poisson)."),
-    warm_start: bool = typer.Option(True, "--warm-start/--cold-start", help="b-min-sep start."),
+    warm_start: bool = WARM_START,
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches."),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Needed with --max-batch-size."),
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
@@ -230,6 +283,8 @@ def calibrate(
     from dpmf.accounting.montecarlo.accountant import calibrate_montecarlo
 
     try:
+        _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
+                    max_batch_size, dataset_size)
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         with err.status("Algorithm 5: pilot estimate and verification ...") as status:

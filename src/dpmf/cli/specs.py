@@ -6,7 +6,19 @@ from __future__ import annotations
 
 from enum import Enum
 
+import typer
+
 from dpmf.errors import InvalidParameterError
+
+#: ``--warm-start/--cold-start``, shared by every command that builds a b-min-sep sampler, with the
+#: library's default (``MinSepSampling(warm_start=False)``): the same configuration gives the same
+#: answer whichever command accounts for it.
+WARM_START = typer.Option(
+    False,
+    "--warm-start/--cold-start",
+    help="b-min-sep: cold start (default, Alg. 1: every example available at step 0, as in training) or warm "
+    "start (Alg. 2: every example from its stationary state); the same default in every command.",
+)
 
 
 class SamplingName(str, Enum):
@@ -50,6 +62,11 @@ def build_scheme(
         return FixedOrderSampling(_need(epochs, "--epochs", sampling), steps)
     if sampling is SamplingName.balls_in_bins:
         return BallsInBinsSampling(_need(epochs, "--epochs", sampling), steps)
+    if min_sep is not None and sampling in (SamplingName.min_sep, SamplingName.cyclic_poisson) and min_sep > steps > 0:
+        raise InvalidParameterError(  # the library warns; on the command line it is a mix-up
+            f"--min-sep {min_sep} is longer than the run (--steps {steps}): every example would join at most once; "
+            "did you swap them?"
+        )
     if sampling is SamplingName.min_sep:
         b = _need(min_sep, "--min-sep", sampling)
         kw = {"warm_start": warm_start, "max_batch_size": max_batch_size, "dataset_size": dataset_size}
@@ -64,10 +81,61 @@ def build_scheme(
     return PoissonSampling(q, steps)
 
 
-def build_strategy(strategy: str, steps: int, *, epochs: int | None = None, bands: int | None = None):
-    """A strategy of a catalog kind, or one loaded from a ``dpmf strategy build`` file (``.npz``)."""
+def is_strategy_file(strategy: str) -> bool:
+    """``--strategy`` names a file written by ``dpmf strategy build`` (not a catalog kind)."""
+    return strategy.endswith(".npz")
+
+
+def build_strategy(strategy: str, steps: int | None, *, epochs: int | None = None, bands: int | None = None):
+    """A strategy of a catalog kind, or one loaded from a ``dpmf strategy build`` file (``.npz``,
+    read by :mod:`dpmf.files`: a malformed file is one error naming it)."""
     from dpmf.strategies import catalog
 
-    if strategy.endswith(".npz"):
-        return catalog.load(strategy)
+    if is_strategy_file(strategy):
+        strat = catalog.load(strategy)
+        if steps is not None and strat.n != steps:
+            raise InvalidParameterError(f"--steps {steps} does not match the {strat.n} steps of the strategy in {strategy}")
+        return strat
+    if steps is None:
+        raise InvalidParameterError("--steps is required")
     return catalog.build(strategy, steps, epochs=epochs or 1, bands=bands)
+
+
+#: Catalog strategies that read ``--epochs`` / ``--bands`` (see :func:`dpmf.strategies.catalog.build`).
+EPOCH_STRATEGIES = ("optimal", "blt", "banded-toeplitz")
+BAND_STRATEGIES = ("banded-toeplitz", "banded", "bsr", "bisr")
+
+
+def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
+    """Refuse an option the configuration would silently ignore (e.g. ``--epochs`` with Poisson
+    sampling and a strategy that has no epochs): the user meant something else. ``given`` maps
+    CLI option names (``"--epochs"``) to their values; ``None`` / ``False`` count as not given."""
+    given = {k: v for k, v in given.items() if v is not None and v is not False}
+    kind = "a strategy file" if is_strategy_file(strategy) else f"--strategy {strategy}"
+    uses = {
+        "--epochs": sampling in (SamplingName.fixed_order, SamplingName.balls_in_bins)
+        or (not is_strategy_file(strategy) and strategy in EPOCH_STRATEGIES),
+        "--bands": not is_strategy_file(strategy) and strategy in BAND_STRATEGIES,
+        "--sampling-prob": sampling not in (SamplingName.fixed_order, SamplingName.balls_in_bins),
+        "--participation-rate": sampling is SamplingName.min_sep,
+        "--min-sep": sampling in (SamplingName.cyclic_poisson, SamplingName.min_sep),
+        "--warm-start": sampling is SamplingName.min_sep,
+        "--max-batch-size": sampling is SamplingName.min_sep,
+        "--dataset-size": sampling is SamplingName.min_sep,
+    }
+    where = {
+        "--epochs": "fixed-order and balls-in-bins sampling and the " + ", ".join(EPOCH_STRATEGIES) + " strategies",
+        "--bands": "the " + ", ".join(BAND_STRATEGIES) + " strategies",
+        "--sampling-prob": "poisson, cyclic-poisson and b-min-sep sampling",
+        "--participation-rate": "b-min-sep sampling",
+        "--min-sep": "cyclic-poisson and b-min-sep sampling",
+        "--warm-start": "b-min-sep sampling",
+        "--max-batch-size": "b-min-sep sampling",
+        "--dataset-size": "b-min-sep sampling (with --max-batch-size)",
+    }
+    for flag, value in given.items():
+        if flag in uses and not uses[flag]:
+            hint = " (the run length is --steps)" if flag == "--epochs" else ""
+            raise InvalidParameterError(
+                f"{flag} is not used with --sampling {sampling.value} and {kind}: it applies to {where[flag]}{hint}"
+            )

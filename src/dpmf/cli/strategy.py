@@ -6,14 +6,14 @@ import json
 from enum import Enum
 from typing import Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
-from dpmf.cli.console import _fail, out
+from dpmf.cli.console import _fail, out, typer_app
 from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.files import check_output_file, read_array
 
-app = typer.Typer(help="Build and inspect correlated-noise strategies (encoders C).", no_args_is_help=True)
+app = typer_app(help="Build and inspect correlated-noise strategies (encoders C).", no_args_is_help=True)
 
 
 class Schema(str, Enum):
@@ -27,8 +27,13 @@ def _participation(schema: Schema, epochs: Optional[int], min_sep: Optional[int]
 
     if schema is Schema.single:
         return Participation(1, 1)
+    from dpmf import validation as _v
+
     if epochs is None:
         raise InvalidParameterError(f"--epochs is required with --participation {schema.value}")
+    epochs = _v.positive_int("epochs", epochs)
+    if min_sep is not None:
+        min_sep = _v.positive_int("min_sep", min_sep)
     if schema is Schema.fixed_epoch:
         if n % epochs:
             raise InvalidParameterError(f"--epochs must divide the {n} steps for fixed-epoch participation")
@@ -57,12 +62,11 @@ def _learning_rates(value: Optional[str], cooldown: Optional[int], steps: int):
         return linear_cooldown(steps, cooldown)
     if value is None:
         return None
-    if value.endswith(".npy"):
-        try:
-            return np.load(value, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise InvalidParameterError(f"--learning-rates: cannot read {value}: {exc}") from None
+    if value.endswith((".npy", ".npz")):
+        return read_array(value, "learning-rate file (--learning-rates)")
     try:
+        import numpy as np
+
         return np.array([float(x) for x in value.split(",")])
     except ValueError:
         raise InvalidParameterError(
@@ -75,7 +79,9 @@ def build(
     kind: str = typer.Argument(
         ..., help="identity, tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, bisr, blt, optimal, fft or matrix."
     ),
-    steps: int = typer.Option(..., "--steps", help="Number of steps n (rows of C)."),
+    steps: Optional[int] = typer.Option(
+        None, "--steps", help="Number of steps n (rows of C); required except for kind 'matrix' (the matrix's size)."
+    ),
     epochs: int = typer.Option(1, "--epochs", help="Epochs k the optimal strategy is optimized for."),
     bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr."),
     buffers: int = typer.Option(2, "--buffers", help="Buffers for blt."),
@@ -95,7 +101,11 @@ def build(
     constraints: Constraints = typer.Option(
         Constraints.nonneg, "--constraints", help="optimal with newton: nonneg (Eq. 35), orthogonal, all_signs (scalar)."
     ),
-    out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz)."),
+    out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz; its folder must exist)."),
+    force: bool = typer.Option(
+        False, "--force", help="Build even when the up-front estimate says it would take more than a few minutes "
+        "or more memory than this machine has."
+    ),
 ) -> None:
     """Build a strategy and save it. Example: dpmf strategy build optimal --steps 128 --epochs 2 --out opt.npz
 
@@ -105,12 +115,25 @@ def build(
     from dpmf.strategies import catalog
 
     try:
+        check_output_file(out_path, "--out")  # before any work
         mat = None
         if matrix is not None:
-            try:
-                mat = np.load(matrix, allow_pickle=False)
-            except (OSError, ValueError) as exc:
-                raise InvalidParameterError(f"--matrix: cannot read {matrix}: {exc}") from None
+            if kind != "matrix":
+                raise InvalidParameterError(f"--matrix is only used with kind 'matrix', not {kind!r}")
+            mat = read_array(matrix, "matrix file (--matrix)")
+            if mat.ndim != 2 or mat.shape[0] != mat.shape[1]:
+                raise InvalidParameterError(f"--matrix {matrix}: expected a square n x n encoder, got shape {mat.shape}")
+            if steps is None:
+                steps = mat.shape[0]
+            elif steps != mat.shape[0]:
+                raise InvalidParameterError(f"--steps {steps} does not match the {mat.shape[0]} x {mat.shape[0]} matrix")
+        elif kind == "matrix":
+            raise InvalidParameterError("kind 'matrix' needs --matrix FILE.npy (the n x n lower-triangular encoder)")
+        if steps is None:
+            raise InvalidParameterError(f"--steps is required for kind {kind!r}")
+        from dpmf.accounting.cost import check_cost, strategy_build_cost
+
+        check_cost(strategy_build_cost(kind, steps, epochs=epochs, bands=bands), force=force, hint="use fewer --steps")
         lr = _learning_rates(learning_rates, cooldown, steps)
         workload = catalog.workload_spec(steps, momentum, lr)
         with out.status(f"building {kind} for {steps} steps ...") as status:
@@ -133,6 +156,8 @@ def build(
         catalog.save(strat, out_path, workload=workload)
     except DPMFError as exc:
         _fail(str(exc))
+    except MemoryError:
+        _fail("out of memory building the strategy; use fewer --steps")
     out.print(f"wrote {strat.describe()['name']} strategy for {steps} steps to {out_path}", highlight=False)
 
 

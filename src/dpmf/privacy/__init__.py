@@ -9,21 +9,56 @@
 * :mod:`~dpmf.privacy.calibration` - smallest noise / largest step count for a target.
 """
 
-from dpmf.privacy.calibration import CalibrationResult, largest_count, smallest_noise
-from dpmf.privacy.gaussian_plds import gaussian, subsampled_gaussian
-from dpmf.privacy.gdp import gaussian_delta, gaussian_epsilon, gdp_delta, gdp_epsilon, gdp_mu
-from dpmf.privacy.mixture import GaussianMixture, mixture_of_gaussians
-from dpmf.privacy.pld import PrivacyLossDistribution, from_probability_mass_functions
-from dpmf.privacy.product_mixtures import GridDistribution, product_mixture
-from dpmf.privacy.random_sensitivity import group_dpsgd, last_iterate_linear
-from dpmf.privacy.rdp import (
-    DEFAULT_ORDERS,
-    epsilon_subsampled_gaussian_rdp,
-    gaussian_rdp,
-    rdp_to_delta,
-    rdp_to_epsilon,
-    subsampled_gaussian_rdp,
-)
+from typing import TYPE_CHECKING
+
+from dpmf._lazy import attach
+
+#: public name -> the submodule that defines it (imported on first use, :mod:`dpmf._lazy`)
+_EXPORTS = {
+    "CalibrationResult": ".calibration",
+    "largest_count": ".calibration",
+    "smallest_noise": ".calibration",
+    "gaussian": ".gaussian_plds",
+    "subsampled_gaussian": ".gaussian_plds",
+    "gaussian_delta": ".gdp",
+    "gaussian_epsilon": ".gdp",
+    "gdp_delta": ".gdp",
+    "gdp_epsilon": ".gdp",
+    "gdp_mu": ".gdp",
+    "GaussianMixture": ".mixture",
+    "mixture_of_gaussians": ".mixture",
+    "PrivacyLossDistribution": ".pld",
+    "from_probability_mass_functions": ".pld",
+    "GridDistribution": ".product_mixtures",
+    "product_mixture": ".product_mixtures",
+    "group_dpsgd": ".random_sensitivity",
+    "last_iterate_linear": ".random_sensitivity",
+    "DEFAULT_ORDERS": ".rdp",
+    "epsilon_subsampled_gaussian_rdp": ".rdp",
+    "gaussian_rdp": ".rdp",
+    "rdp_to_delta": ".rdp",
+    "rdp_to_epsilon": ".rdp",
+    "subsampled_gaussian_rdp": ".rdp",
+}
+
+__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from dpmf.privacy.calibration import CalibrationResult, largest_count, smallest_noise
+    from dpmf.privacy.gaussian_plds import gaussian, subsampled_gaussian
+    from dpmf.privacy.gdp import gaussian_delta, gaussian_epsilon, gdp_delta, gdp_epsilon, gdp_mu
+    from dpmf.privacy.mixture import GaussianMixture, mixture_of_gaussians
+    from dpmf.privacy.pld import PrivacyLossDistribution, from_probability_mass_functions
+    from dpmf.privacy.product_mixtures import GridDistribution, product_mixture
+    from dpmf.privacy.random_sensitivity import group_dpsgd, last_iterate_linear
+    from dpmf.privacy.rdp import (
+        DEFAULT_ORDERS,
+        epsilon_subsampled_gaussian_rdp,
+        gaussian_rdp,
+        rdp_to_delta,
+        rdp_to_epsilon,
+        subsampled_gaussian_rdp,
+    )
 
 __all__ = [
     "PrivacyLossDistribution",

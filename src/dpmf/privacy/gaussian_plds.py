@@ -9,10 +9,11 @@ direction (P = with the example) is the worse one for subsampling; both are kept
 
 from __future__ import annotations
 
-from dp_accounting.pld import privacy_loss_distribution as _dpa_pld
-
 from dpmf import validation as _v
+from dpmf._lazy import LazyModule
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
+
+_dpa_pld = LazyModule("dp_accounting.pld.privacy_loss_distribution")  # loaded on first use
 
 
 def gaussian(

@@ -286,7 +286,7 @@ def _inverse_loss(
     """
     target = np.asarray(target, dtype=np.float64)
     if s.size == 1 or np.all(s == s[0]):  # single Gaussian: L is linear
-        return (target - (np.log(np.sum(np.exp(a))))) / s[0]
+        return (target - _logsumexp(np.ravel(a))) / s[0]
     lo, hi = table_range if table_range is not None else _bracket(a, s, target)
     lo, hi = _widen(a, s, target, lo, hi)
     grid = np.linspace(lo, hi, _TABLE_POINTS)
@@ -441,7 +441,8 @@ def _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above):
     upper = np.where(qt == 0, p_mid, upper)  # Q-mass underflowed: all to the upper end
     probs[:-1] += p_mid - upper
     probs[1:] += upper
-    top_q = math.exp(eps[-1] + math.log(q_above)) if q_above > 0 else 0.0
+    log_top_q = eps[-1] + math.log(q_above) if q_above > 0 else -math.inf
+    top_q = math.exp(log_top_q) if log_top_q < 700.0 else math.inf  # e^eps Q-mass (no OverflowError)
     inf_mass = min(p_above, max(0.0, p_above - top_q) + _SPLIT_SLACK * p_above)
     probs[-1] += p_above - inf_mass
     return probs, inf_mass

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld import privacy_loss_distribution as _dpa_pld
 
 from dpmf import validation as _v
+from dpmf._lazy import LazyModule
 from dpmf.errors import InvalidParameterError
+
+pld_pmf = LazyModule("dp_accounting.pld.pld_pmf")  # dp_accounting (and SciPy's signal/stats) load on first use
+_dpa_pld = LazyModule("dp_accounting.pld.privacy_loss_distribution")
 
 #: Default spacing of the privacy-loss grid (same as dp_accounting's default).
 DEFAULT_DISCRETIZATION = 1e-4

@@ -15,7 +15,9 @@ MMCC paper App. F.5 (``notes/mmcc.md`` §3.5 F.5):
 from __future__ import annotations
 
 import numpy as np
-from scipy import stats
+from dpmf._lazy import LazyModule
+
+stats = LazyModule("scipy.stats")  # imported on first use
 
 from dpmf import validation as _v
 from dpmf.privacy.mixture import mixture_of_gaussians

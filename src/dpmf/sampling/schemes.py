@@ -8,19 +8,33 @@ disagree (DESIGN.md).
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.errors import InvalidParameterError
+from dpmf.errors import DPMFWarning, InvalidParameterError
 
 
 def _validate(spec, **checks) -> None:
     """Replace each named field of a frozen spec by ``check(name, value)`` (validated, normalized)."""
     for name, check in checks.items():
         object.__setattr__(spec, name, check(name, getattr(spec, name)))
+
+
+def _separation_within_run(name: str, value: int, steps: int) -> None:
+    """A separation (or cycle) longer than the run is allowed (every example joins at most once,
+    some groups never) but is almost always a mix-up of options: say so, never silently."""
+    if value > steps:
+        warnings.warn(
+            f"{name}={value} is longer than the run (steps={steps}): every example joins at most once"
+            + (" and some groups never" if name == "cycle_length" else "") + " (did you swap them?)",
+            DPMFWarning,
+            stacklevel=4,
+        )
 
 
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
@@ -144,6 +158,7 @@ class CyclicPoissonSampling:
 
     def __post_init__(self) -> None:
         _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, cycle_length=_v.positive_int)
+        _separation_within_run("cycle_length", self.cycle_length, self.steps)
         if self.partition not in ("equal", "independent"):
             raise InvalidParameterError(
                 f"partition must be 'equal' or 'independent', got {self.partition!r}"
@@ -235,6 +250,7 @@ class MinSepSampling:
 
     def __post_init__(self) -> None:
         _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, min_sep=_v.positive_int)
+        _separation_within_run("min_sep", self.min_sep, self.steps)
         object.__setattr__(self, "warm_start", bool(self.warm_start))
         for name in ("max_batch_size", "dataset_size"):
             if getattr(self, name) is not None:
@@ -415,6 +431,7 @@ class MultiAttributionMinSepSampling:
             min_sep=_v.positive_int,
             max_user_examples=_v.positive_int,
         )
+        _separation_within_run("min_sep", self.min_sep, self.steps)
         w = self.warmup_steps
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or int(w) < 0:
             raise InvalidParameterError(f"warmup_steps must be an integer >= 0, got {w!r}")

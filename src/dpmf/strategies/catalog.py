@@ -25,6 +25,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.errors import InvalidParameterError
+from dpmf.files import check_output_file, read_npz, reading, writing
 from dpmf.strategies import error as _err
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism
@@ -202,7 +203,8 @@ def save(strategy, path: str | Path, *, workload: dict | None = None) -> None:
         arrays["coefs"] = np.asarray(strategy.coefs)
         if strategy.inverse_coefs is not None:
             arrays["inverse_coefs"] = np.asarray(strategy.inverse_coefs)
-    with open(path, "wb") as fh:
+    check_output_file(path, "path")
+    with writing(path, "strategy file"), open(path, "wb") as fh:
         np.savez_compressed(fh, metadata=np.array(json.dumps(meta)), **arrays)
 
 
@@ -211,24 +213,25 @@ def load(path: str | Path):
     return read(path)[0]
 
 
-def read(path: str | Path) -> tuple[object, dict | None]:
+def read(path) -> tuple[object, dict | None]:
     """``(strategy, workload_spec)`` from a file written by :func:`save` (validated as in
-    :func:`load`; the workload is ``None`` for the prefix sum)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["metadata"]))
-            arrays = {k: np.asarray(data[k]) for k in data.files if k != "metadata"}
-    except (OSError, KeyError, ValueError) as exc:
-        raise InvalidParameterError(f"{path}: not a dpmf strategy file ({exc})") from None
-    if meta.get("kind") != FILE_KIND or "encoder" not in arrays:
-        raise InvalidParameterError(f"{path}: not a dpmf strategy file (kind {meta.get('kind')!r})")
-    desc = meta.get("strategy", {})
-    name, n = desc.get("name"), desc.get("n")
-    C = arrays["encoder"]
-    if not np.all(np.isfinite(C)):
-        raise InvalidParameterError(f"{path}: corrupt strategy file (non-finite encoder)")
-    workload = meta.get("workload")
-    try:
+    :func:`load`; the workload is ``None`` for the prefix sum). ``path`` is a path or a binary
+    file object; any malformed file is an :class:`InvalidParameterError` naming it
+    (:mod:`dpmf.files`)."""
+    what = "dpmf strategy file"
+    contents = read_npz(path, what, kind=FILE_KIND, required=("encoder",))
+    meta, arrays = contents.metadata, contents.arrays
+    with reading(path, what):
+        desc = meta.get("strategy", {})
+        if not isinstance(desc, dict):
+            raise InvalidParameterError(f"{contents.path}: corrupt {what} (the strategy record is not an object)")
+        name, n = desc.get("name"), desc.get("n")
+        C = np.asarray(arrays["encoder"], dtype=np.float64)
+        if C.ndim != 2 or C.size == 0:
+            raise InvalidParameterError(f"{contents.path}: corrupt {what} (the encoder is not a matrix)")
+        if not np.all(np.isfinite(C)):
+            raise InvalidParameterError(f"{contents.path}: corrupt strategy file (non-finite encoder)")
+        workload = meta.get("workload")
         if workload is not None:
             workload_matrix(workload, C.shape[1])
         if name == "identity":
@@ -244,8 +247,6 @@ def read(path: str | Path) -> tuple[object, dict | None]:
             strat = BLTStrategy.from_blt(blt, n, desc.get("scale", 1.0))
         else:
             return DenseStrategy(C, name=str(name or "matrix")), workload
-    except (KeyError, TypeError) as exc:
-        raise InvalidParameterError(f"{path}: corrupt strategy file (metadata: {exc})") from None
-    if strat.encoder().shape != C.shape or not np.allclose(strat.encoder(), C, rtol=0, atol=1e-12):
-        raise InvalidParameterError(f"{path}: corrupt strategy file (encoder does not match its metadata)")
+        if strat.encoder().shape != C.shape or not np.allclose(strat.encoder(), C, rtol=0, atol=1e-12):
+            raise InvalidParameterError(f"{contents.path}: corrupt strategy file (encoder does not match its metadata)")
     return strat, workload

@@ -50,6 +50,7 @@ import scipy.linalg as _sl
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.resources import check_allocation
 from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.toeplitz import _rng
 
@@ -160,6 +161,7 @@ class FFTMechanism(ErrorMethods):
 
     def encoder(self) -> np.ndarray:
         """Dense ``C_F`` (``2n x n``)."""
+        check_allocation(2 * self.n, 2 * self.n, "the FFT mechanism's dense encoder")
         return self._circulant()[:, : self.n]
 
     def decoder(self) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.resources import check_allocation
 from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.participation import Participation
 
@@ -38,6 +39,7 @@ class Identity(ErrorMethods):
 
     def encoder(self) -> np.ndarray:
         """The dense ``n x n`` encoder (only materialize for small n)."""
+        check_allocation(self.n, self.n, "the identity's dense encoder")
         return np.eye(self.n)
 
     def sensitivity(self, participation: Participation) -> float:

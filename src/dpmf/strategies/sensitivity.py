@@ -49,11 +49,13 @@ Exact closed forms and exact searches:
   ``sens^2 = max_p sum_{i in p} ||C[:, i]||^2`` (a 1-D dynamic program). This is
   ``<= k' max_i ||C[:, i]||^2``, with equality only when ``k'`` maximal-norm columns fit ``b``
   apart -- e.g. column-normalized BandMF, ``sens^2 = k'``.
-* ``nonneg (Eq. 3)``: ``X[p,p] >= 0`` for every pattern (H.3: weaker than ``C^T C >= 0``):
-  ``sens^2 = max_p 1^T X[p,p] 1`` for vector and scalar data (Eq. 3, Cor. 2.1). Fixed-epoch:
-  O(b k^2) over the ``<= n`` maximal patterns. b-min-sep: enumeration of the maximal patterns
-  when there are at most ``max_patterns``; otherwise
-  ``nonneg (Eq. 3), min-sep dynamic program (attained)`` when the DP bound below is attained.
+* ``X = C^T C >= 0 on the patterns (Eq. 3)``: ``X[p,p] >= 0`` for every pattern (H.3: weaker
+  than ``C^T C >= 0``, and nothing about the signs of ``C`` itself, whose ``nonnegative`` flag
+  may be false): ``sens^2 = max_p 1^T X[p,p] 1`` for vector and scalar data (Eq. 3, Cor. 2.1).
+  Fixed-epoch: O(b k^2) over the ``<= n`` maximal patterns. b-min-sep: enumeration of the
+  maximal patterns when there are at most ``max_patterns``; otherwise
+  ``X = C^T C >= 0 on the patterns (Eq. 3), min-sep dynamic program (attained)`` when the DP
+  bound below is attained.
 * ``k<=2 (Thm. H.1 (1))``: at most two participations, any ``C``, vector data:
   ``max_p sum |X[p,p]|`` (the scalar optimum ``X_ii + X_jj + 2|X_ij|``, equal to the vector one
   by Thm. H.1 (1)); O(n^2) for b-min-sep without enumeration.
@@ -592,7 +594,7 @@ def _enumerated(X: np.ndarray, P: np.ndarray, data: str, nonneg_tol: float, max_
             lam = np.linalg.eigvalsh(Xp)[:, -1]
             spec_p[sl] = (lam + 16.0 * w * _EPS * np.abs(lam)) * sizes[sl]
     if min_x >= -nonneg_tol:
-        return float(abs_p.max()), True, "nonneg (Eq. 3)", float(ones_p.max())
+        return float(abs_p.max()), True, "X = C^T C >= 0 on the patterns (Eq. 3)", float(ones_p.max())
     if kk <= 2:
         return float(abs_p.max()), True, "k<=2 (Thm. H.1 (1))", float(abs_p.max())
     upper = np.minimum(abs_p, spec_p)
@@ -712,7 +714,7 @@ def sensitivity_squared(
     ones = float(sub.sum())
     nonneg = float(X[far].min()) >= -nonneg_tol
     if nonneg and bound <= attained_abs * (1.0 + 1e-12):
-        return done(bound, True, "nonneg (Eq. 3), min-sep dynamic program (attained)", ones)
+        return done(bound, True, "X = C^T C >= 0 on the patterns (Eq. 3), min-sep dynamic program (attained)", ones)
     # a better lower bound on the maximizing pattern (attained by some neighbouring pair)
     lower = ones
     if data == "vector" and sdp and len(pat) <= 64:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import zipfile
 from collections.abc import Iterable, Mapping
 from numbers import Real
 from pathlib import Path
@@ -44,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
+from dpmf.files import check_output_dir, read_npz, writing
 
 __all__ = [
     "INLINE_MAX_N",
@@ -156,8 +156,7 @@ def _jsonify(obj):
 
 # ---------------------------------------------------------------------------------- matrix lookup
 def _load_npz_arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: np.asarray(data[k]) for k in data.files}
+    return read_npz(path, "matrix archive (.npz)", metadata=False).arrays
 
 
 def _hash_if_shape(arr: np.ndarray, shape: tuple[int, int]) -> str | None:
@@ -197,10 +196,7 @@ def find_matrix(
             raise InvalidParameterError(f"search_dir {str(folder)!r} is not a directory")
         named = folder / f"{sha256}.npz"
         if named.is_file():
-            try:
-                arrays = _load_npz_arrays(named)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                raise InvalidParameterError(f"{named}: not a readable .npz file ({exc})") from None
+            arrays = _load_npz_arrays(named)
             for arr in arrays.values():
                 if _hash_if_shape(arr, shape) == sha256:
                     return np.asarray(arr, dtype=np.float64)
@@ -211,7 +207,7 @@ def find_matrix(
         for path in others:
             try:
                 arrays = _load_npz_arrays(path)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+            except InvalidParameterError:
                 continue
             for arr in arrays.values():
                 if _hash_if_shape(arr, shape) == sha256:
@@ -237,12 +233,11 @@ def save_matrices(strategy: object, directory: str | Path) -> list[Path]:
         arrays = [strategy.block]
     else:
         return []
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = check_output_dir(directory, "directory")
     paths = []
     for arr in arrays:
         path = folder / f"{matrix_sha256(arr)}.npz"
-        with open(path, "wb") as fh:
+        with writing(path, "matrix archive"), open(path, "wb") as fh:
             np.savez_compressed(fh, matrix=np.ascontiguousarray(arr, dtype=np.float64))
         paths.append(path)
     return paths

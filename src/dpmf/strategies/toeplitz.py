@@ -36,6 +36,7 @@ import scipy.fft as _fft
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.resources import check_allocation
 from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.streaming import CHUNK, Ring, StreamingNoise, subtract_history
 
@@ -239,6 +240,7 @@ class ToeplitzStrategy(ErrorMethods):
 
     def encoder(self) -> np.ndarray:
         """The dense ``n x n`` encoder ``C`` (materialize only when needed)."""
+        check_allocation(self.n, self.n, "the Toeplitz strategy's dense encoder")
         return materialize_lower_toeplitz(self.coefs, self.n)
 
     def noising_coefficients(self) -> np.ndarray:

@@ -50,6 +50,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.resources import check_allocation
 from dpmf.strategies.api import ErrorMethods
 from dpmf.strategies.stamping import optimal_decoder as _optimal_decoder
 
@@ -165,6 +166,7 @@ class BinaryTree(ErrorMethods):
 
     def encoder(self) -> np.ndarray:
         """The dense ``m x n`` encoder: ``scale`` times the 0/1 node indicators (release order)."""
+        check_allocation(2 * self.n, self.n, "the binary tree's dense encoder")
         C = binary_tree_encoder(self.n)
         return C * self.scale if self.scale != 1.0 else C
 

@@ -33,9 +33,16 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.errors import InvalidParameterError
+from dpmf.files import check_output_file, read_npz, reading, writing
 from dpmf.privacy.gdp import gdp_delta, gdp_epsilon, gdp_epsilon_array
 
 LEDGER_KIND = "dpmf.individual.gdp_ledger"
+
+
+def _count(value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidParameterError(f"steps must be an integer >= 0, got {value!r}")
+    return value
 
 
 def _mu_array(name: str, mu, size: int | None = None) -> np.ndarray:
@@ -237,8 +244,9 @@ class IndividualGDPLedger:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write an ``.npz`` with the arrays and a JSON metadata record."""
-        with open(path, "wb") as fh:
+        """Write an ``.npz`` with the arrays and a JSON metadata record (the folder must exist)."""
+        check_output_file(path, "path")
+        with writing(path, "GDP ledger"), open(path, "wb") as fh:
             np.savez_compressed(
                 fh,
                 spent_sq=self.spent_sq,
@@ -249,28 +257,30 @@ class IndividualGDPLedger:
 
     @classmethod
     def load(cls, path: str | Path, *, run_id: str | None = None) -> "IndividualGDPLedger":
-        """Read a ledger; with ``run_id`` refuse a ledger written by another run."""
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                meta = json.loads(str(data["metadata"]))
-                arrays = {k: data[k] for k in ("spent_sq", "dropped", "last_active")}
-        except (OSError, KeyError, ValueError) as exc:
-            raise InvalidParameterError(f"{path}: not a dpmf GDP ledger ({exc})") from None
-        if meta.get("kind") != LEDGER_KIND:
-            raise InvalidParameterError(f"{path}: not a dpmf GDP ledger (kind {meta.get('kind')!r})")
-        if run_id is not None and meta["run_id"] != run_id:
-            raise InvalidParameterError(
-                f"{path}: ledger belongs to run {meta['run_id']!r}, expected run {run_id!r}"
+        """Read a ledger; with ``run_id`` refuse a ledger written by another run. A malformed file
+        is an :class:`InvalidParameterError` naming it (:mod:`dpmf.files`)."""
+        what = "dpmf GDP ledger"
+        contents = read_npz(path, what, kind=LEDGER_KIND, required=("spent_sq", "dropped", "last_active"))
+        meta, arrays = contents.metadata, contents.arrays
+        with reading(path, what):
+            if run_id is not None and meta["run_id"] != run_id:
+                raise InvalidParameterError(
+                    f"{path}: ledger belongs to run {meta['run_id']!r}, expected run {run_id!r}"
+                )
+            for key in ("spent_sq", "dropped", "last_active"):
+                if arrays[key].dtype.kind not in "biuf":
+                    raise InvalidParameterError(f"{path}: corrupt ledger ({key} is not numeric)")
+            if not np.all(np.isfinite(arrays["spent_sq"])):
+                raise InvalidParameterError(f"{path}: corrupt ledger (non-finite spent budget)")
+            ledger = cls(
+                meta["num_examples"],
+                meta["budget"],
+                noise_multiplier=meta["noise_multiplier"],
+                permanent_drop=bool(meta["permanent_drop"]),
+                run_id=str(meta["run_id"]),
+                steps=_count(meta["steps"]),
+                **{k: arrays[k] for k in ("spent_sq", "dropped", "last_active")},
             )
-        ledger = cls(
-            meta["num_examples"],
-            meta["budget"],
-            noise_multiplier=meta["noise_multiplier"],
-            permanent_drop=meta["permanent_drop"],
-            run_id=meta["run_id"],
-            steps=meta["steps"],
-            **arrays,
-        )
         if np.any(ledger.spent_sq > ledger.budget**2) or np.any(ledger.spent_sq < 0):
             raise InvalidParameterError(f"{path}: corrupt ledger (spent budget outside [0, B^2])")
         return ledger

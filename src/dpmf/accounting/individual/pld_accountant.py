@@ -38,13 +38,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
 
 from dpmf import validation as _v
+from dpmf._lazy import LazyModule
 from dpmf.errors import InvalidParameterError
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.gdp import gdp_delta_array
 from dpmf.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon, subsampled_gaussian_rdp
+
+pld_pmf = LazyModule("dp_accounting.pld.pld_pmf")  # loaded on first use
 
 _TAIL = 1e-15  # mass allowed above the window (added to delta)
 _LOW_WINDOW = 40.0  # Pr[L < -t] <= exp(-t) under P: e^-40 below the window, wrapped pessimistically

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger
+from dpmf.files import check_output_file, writing
 from dpmf.privacy.gdp import gdp_epsilon
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -31,7 +32,9 @@ def summarize(ledger: IndividualGDPLedger, delta: float) -> tuple[dict, np.ndarr
 
 
 def plot_epsilons(eps: np.ndarray, summary: dict, path: str) -> None:
-    """Histogram and empirical CDF of individual epsilons, with the budget marked."""
+    """Histogram and empirical CDF of individual epsilons, with the budget marked (``path``'s
+    folder must exist; checked before drawing)."""
+    check_output_file(path, "path")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,5 +53,8 @@ def plot_epsilons(eps: np.ndarray, summary: dict, path: str) -> None:
     ax2.legend(loc="lower right")
     fig.suptitle(f"{summary['num_examples']} examples, {summary['steps']} steps, {summary['exhausted']} exhausted")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with writing(path, "plot"):
+            fig.savefig(path, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)

@@ -87,6 +87,9 @@ def _matrix_of(strategy) -> tuple[np.ndarray, dict, bool]:
         raise InvalidParameterError(
             f"strategy must be a dpmf strategy with encoder() or a 2-D numpy matrix, got {type(strategy).__name__}"
         )
+    from dpmf.accounting.cost import check_dense_fits
+
+    check_dense_fits(strategy, "MMCC")  # before numpy's MemoryError (the dispatcher asks supports() first)
     C = _v.finite_array("strategy.encoder()", strategy.encoder(), ndim=2)
     return C, strategy.describe(), bool(getattr(strategy, "adaptive", True))
 

@@ -46,7 +46,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError
+from dpmf.files import check_output_dir, read_npz, reading, writing
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.mixture import mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution
@@ -70,7 +71,8 @@ def merge_upward(probs: np.ndarray, budget: float) -> tuple[np.ndarray, np.ndarr
     Greedy from the bottom: a run ``lo..hi`` is extended while ``sum_k p_k (hi - k) <= budget``
     and its whole mass is placed at ``hi``. The result stochastically dominates the input (mass
     only moves up). Each merged mass is :func:`math.fsum` of its run (correctly rounded) moved
-    up one ulp, so no mass is lost to rounding. ``budget = 0`` keeps every point with mass.
+    up one ulp (capped at 1), so no mass is lost to rounding. ``budget = 0`` keeps every point
+    with mass.
 
     >>> idx, mass = merge_upward(np.array([0.5, 1e-9, 1e-9, 0.25, 0.25 - 2e-9]), 2e-9)
     >>> idx.tolist(), bool(mass[1] >= 2e-9)
@@ -88,7 +90,9 @@ def merge_upward(probs: np.ndarray, budget: float) -> tuple[np.ndarray, np.ndarr
             hi += 1
             m += p[hi]
         if hi > k:
-            m = math.nextafter(math.fsum(p[k : hi + 1]), math.inf)
+            # one ulp up so no mass is lost to rounding, but a probability never exceeds 1 (all of
+            # the mass in one point is exactly 1: nothing to round up)
+            m = min(1.0, math.nextafter(math.fsum(p[k : hi + 1]), math.inf))
         if m > 0:
             idx.append(hi)
             mass.append(m)
@@ -139,10 +143,7 @@ class RowCache:
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = os.fspath(directory)
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except OSError as exc:
-            raise InvalidParameterError(f"cache_dir {self.directory!r} cannot be created: {exc}") from None
+        check_output_dir(self.directory, "cache_dir")
 
     def path(self, job: tuple) -> str:
         c, p, sigma, grid_step, discretization, merge_budget = job
@@ -159,24 +160,26 @@ class RowCache:
         if not os.path.exists(path):
             return False, None
         try:
-            with np.load(path) as data:
-                if "none" in data.files:
-                    return True, None
-                return True, PrivacyLossDistribution.from_arrays(dict(data))
-        except (OSError, ValueError, InvalidParameterError):
+            arrays = read_npz(path, "MMCC row checkpoint", metadata=False).arrays
+            if "none" in arrays:
+                return True, None
+            with reading(path, "MMCC row checkpoint"):
+                return True, PrivacyLossDistribution.from_arrays(arrays)
+        except InvalidParameterError:
             return False, None
 
     def save(self, job: tuple, pld: PrivacyLossDistribution | None) -> None:
         arrays = {"none": np.array(1)} if pld is None else pld.to_arrays()
-        fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-            os.replace(tmp, self.path(job))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with writing(self.directory, "MMCC row checkpoint"):
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    np.savez(fh, **arrays)
+                os.replace(tmp, self.path(job))
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
 
 
 def _job(args: tuple) -> PrivacyLossDistribution | None:
@@ -253,21 +256,11 @@ def compute_row_plds(
 
 
 def _run_dask(jobs: list, scheduler: object, finish: Callable[[int, object], None]) -> None:
-    try:
-        import distributed
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise UnsupportedConfigurationError(
-            "scheduler was given but Dask is not installed; install the optional extra "
-            "(pip install 'dask[distributed]') or use workers=N for local processes"
-        ) from None
-    if isinstance(scheduler, distributed.Client):
-        client, own = scheduler, False
-    elif isinstance(scheduler, str):
-        client, own = distributed.Client(scheduler), True
-    else:
-        raise InvalidParameterError(
-            f"scheduler must be a Dask scheduler address (str) or a distributed.Client, got {scheduler!r}"
-        )
+    from dpmf.accounting._dask import connect
+
+    client, own = connect(scheduler)
+    import distributed
+
     try:
         futures = client.map(_job, jobs, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}

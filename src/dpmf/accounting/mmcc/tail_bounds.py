@@ -51,9 +51,12 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import special, stats
+from scipy import special
 
+from dpmf._lazy import LazyModule
 from dpmf.errors import NumericalError
+
+stats = LazyModule("scipy.stats")  # ~0.25 s to import: only when a tail bound is computed
 
 __all__ = ["TailBoundStructure", "tail_bound_structure", "binomial_thresholds"]
 

@@ -28,6 +28,7 @@ from dpmf.accounting.montecarlo.run import DIRECTIONS, MonteCarloRun, RunCallbac
 from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION, DEFAULT_UPPER, kl_upper_confidence
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.files import check_output_file
 
 NAME = "montecarlo"
 EVR_NAME = "montecarlo-evr"
@@ -52,6 +53,10 @@ def check_supported(strategy, scheme, sampler: Sampler | None) -> None:
             raise UnsupportedConfigurationError(f"Monte Carlo accounting does not apply: {why}")
 
 
+#: More samples than any Monte Carlo run could draw (about 30 years at 10^6 samples per second).
+MAX_SAMPLES = 1e15
+
+
 def samples_to_estimate(delta: float, confidence: float = 0.99, directions: int = 2) -> int:
     """Fewest samples per direction for which a Monte Carlo epsilon at ``delta`` can be finite.
 
@@ -64,7 +69,13 @@ def samples_to_estimate(delta: float, confidence: float = 0.99, directions: int 
     """
     delta = _v.open_unit("delta", delta)
     alpha = (1.0 - _v.open_unit("confidence", confidence)) / _v.positive_int("directions", directions)
-    s = max(1, math.ceil(math.log(1.0 / alpha) / -math.log1p(-delta)))
+    need = math.log(1.0 / alpha) / -math.log1p(-delta)
+    if need > MAX_SAMPLES:
+        raise InvalidParameterError(
+            f"delta={delta!r} is too small for a Monte Carlo estimate: it needs about {need:.3g} samples per "
+            f"direction (more than {MAX_SAMPLES:.0e}); use a proved accountant or a larger delta"
+        )
+    s = max(1, math.ceil(need))
     while kl_upper_confidence(0.0, s, alpha) > delta:  # guard the closed form against rounding
         s += 1
     return s
@@ -120,6 +131,7 @@ def account_montecarlo(
         strategy, scheme, sigma, num_samples, seed, chunk_size, checkpoint, sampler, resolution,
         sampler_options=_options(dataset_size),
     )
+    run.report_defaults = {"delta": delta, "confidence": conf}
     run.run(callback=callback, scheduler=scheduler, workers=workers)
     return montecarlo_report(run, delta, conf, seconds=time.perf_counter() - start)
 
@@ -157,9 +169,16 @@ def montecarlo_report(
     }
     floor = min(kl_upper_confidence(0.0, h.total, alpha) for h in run.histograms.values())
     if floor > delta:
+        try:
+            need = samples_to_estimate(delta, conf, len(run.config.directions))
+            more = f"at least {need:,} samples per direction are drawn"
+        except InvalidParameterError:  # delta beyond any feasible run
+            need, more = None, f"more than {MAX_SAMPLES:.0e} samples per direction are drawn"
+        diagnostics["samples_needed_to_estimate"] = need
         diagnostics["warning"] = (
             f"too few samples: even with no privacy loss above epsilon the upper confidence bound on delta "
-            f"is {floor:.3g} > delta = {delta:g}; epsilon is infinite until more samples are drawn"
+            f"is {floor:.3g} > delta = {delta:g}; epsilon is infinite until {more} "
+            f"(this run has {min(h.total for h in run.histograms.values()):,})"
         )
     if seconds is not None:
         diagnostics["seconds"] = seconds
@@ -188,6 +207,8 @@ def open_run(strategy, scheme, sigma, num_samples, seed, chunk_size, checkpoint,
     (else :class:`InvalidParameterError` naming what differs)."""
     from pathlib import Path
 
+    if checkpoint is not None:
+        check_output_file(checkpoint, "checkpoint")  # before any sampling
     if checkpoint is not None and Path(checkpoint).exists():
         run = MonteCarloRun.load(checkpoint, sampler=sampler)
         want = {

@@ -117,6 +117,9 @@ def _bands(strategy) -> Bands:
         raise InvalidParameterError(
             f"strategy must be a dpmf strategy (ToeplitzStrategy, Identity, DenseStrategy, ...), got {type(strategy).__name__}"
         )
+    from dpmf.accounting.cost import check_dense_fits
+
+    check_dense_fits(strategy, "Monte Carlo accounting")  # before numpy's MemoryError
     C = np.asarray(encoder(), dtype=np.float64)
     if C.ndim != 2 or C.shape[0] != C.shape[1]:
         raise UnsupportedConfigurationError(f"Monte Carlo accounting needs a square encoder C, got shape {C.shape}")

@@ -46,6 +46,7 @@ from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION, DEFAULT_UPPER, LossHistogram
 from dpmf.errors import InvalidParameterError
+from dpmf.files import check_output_file, read_npz, reading, writing
 
 DIRECTIONS = ("remove", "add")
 DEFAULT_SAMPLER = "dpmf.accounting.montecarlo.losses:privacy_loss_samples"
@@ -270,6 +271,9 @@ class MonteCarloRun:
             d: LossHistogram.empty(self.config.resolution, self.config.upper) for d in self.config.directions
         }
         self.done: dict[str, ChunkSet] = {d: ChunkSet() for d in self.config.directions}
+        #: What a report of this run is for (``delta``, ``confidence``), saved in the checkpoint so
+        #: that ``dpmf montecarlo resume FILE`` / ``report FILE`` need no options.
+        self.report_defaults: dict = {}
 
     # ----------------------------------------------------------------- progress
     @property
@@ -358,9 +362,10 @@ class MonteCarloRun:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _run_dask(self, scheduler, todo: list[tuple[str, int]], callback: RunCallback | None) -> None:
+        from dpmf.accounting._dask import connect
+
+        client, own = connect(scheduler)
         distributed = importlib.import_module("distributed")
-        own = not isinstance(scheduler, distributed.Client)
-        client = distributed.Client(scheduler) if own else scheduler
         try:
             workers = max(1, sum(client.nthreads().values()))
             window = 4 * workers  # bounded number of tasks in flight (bounded memory for huge runs)
@@ -410,6 +415,7 @@ class MonteCarloRun:
             "tails": {
                 d: [h.underflow, h.overflow, h.infinite] for d, h in self.histograms.items()
             },
+            "report": dict(self.report_defaults),
         }
         arrays: dict[str, np.ndarray] = {"metadata": np.array(json.dumps(meta))}
         for d, h in self.histograms.items():
@@ -422,19 +428,21 @@ class MonteCarloRun:
                 cached = (self.strategy, _strategy_bytes(self.strategy, catalog))
                 self._strategy_blob = cached
             arrays["strategy_npz"] = cached[1]
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)  # uncompressed: zlib would dominate the per-chunk cost
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
+        check_output_file(path, "checkpoint")
+        with writing(path, "Monte Carlo checkpoint"):
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
             try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+                with os.fdopen(fd, "wb") as fh:
+                    np.savez(fh, **arrays)  # uncompressed: zlib would dominate the per-chunk cost
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
 
     @classmethod
     def load(
@@ -448,14 +456,16 @@ class MonteCarloRun:
         from dpmf.strategies import catalog
 
         path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                meta = json.loads(str(data["metadata"]))
-                arrays = {k: np.asarray(data[k]) for k in data.files if k != "metadata"}
-        except (OSError, KeyError, ValueError) as exc:
-            raise InvalidParameterError(f"{path}: not a dpmf Monte Carlo checkpoint ({exc})") from None
-        if meta.get("kind") != FILE_KIND or meta.get("format") != FILE_FORMAT:
-            raise InvalidParameterError(f"{path}: not a dpmf Monte Carlo checkpoint (kind {meta.get('kind')!r})")
+        what = "dpmf Monte Carlo checkpoint"
+        contents = read_npz(path, what, kind=FILE_KIND)
+        meta, arrays = contents.metadata, contents.arrays
+        if meta.get("format") != FILE_FORMAT:
+            raise InvalidParameterError(f"{path}: not a {what} (format {meta.get('format')!r}, expected {FILE_FORMAT})")
+        with reading(path, what):
+            return cls._from_contents(path, meta, arrays, sampler, read_only, catalog)
+
+    @classmethod
+    def _from_contents(cls, path, meta, arrays, sampler, read_only, catalog) -> "MonteCarloRun":
         recorded = meta["sampler"]
         if read_only:
             sampler = _ReadOnlySampler(recorded)
@@ -510,6 +520,8 @@ class MonteCarloRun:
                     f"{path}: corrupt checkpoint ({d}: {hist[d].total} samples counted, chunks say {expected})"
                 )
         run.histograms, run.done = hist, done
+        report = meta.get("report") or {}
+        run.report_defaults = {k: float(report[k]) for k in ("delta", "confidence") if k in report}
         return run
 
     def to_dict(self) -> dict:

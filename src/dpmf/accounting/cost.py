@@ -1,0 +1,327 @@
+"""Up-front cost estimates: roughly how long and how much memory a run will take, before it starts.
+
+``dpmf account`` / ``calibrate`` / ``plan`` / ``strategy build`` call :func:`check_cost` with an
+estimate from :func:`strategy_build_cost`, :func:`accounting_cost` or :func:`plan_cost` and refuse,
+with the estimate, a run that would take longer than a few minutes or more memory than the machine
+has (``--force`` proceeds anyway).
+
+**These are rough estimates** (right within a factor of a few, not a promise): one small model per
+method, a power law in the number of steps ``n`` (and the noise multiplier, sampling probability or
+sample count where they drive the cost), fitted to timings of dpmf on the development machine
+(2 cores; ``benchmarks/README.md``, "Up-front cost estimates"). They look only at the types and
+sizes of the inputs -- never at a dense matrix -- so they are instant even at ``n = 10^9``. Where
+a model is unsure it errs low (a refusal must be a clear case), except for memory, which counts the
+dense ``m x n`` matrices a method materializes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpmf.errors import CostLimitError
+from dpmf.resources import available_memory, check_allocation, format_bytes, format_seconds
+
+__all__ = [
+    "CostEstimate",
+    "strategy_build_cost",
+    "accounting_cost",
+    "plan_cost",
+    "check_cost",
+    "available_memory",
+    "DEFAULT_MAX_SECONDS",
+]
+
+#: Default limit of :func:`check_cost`: "more than a few minutes".
+DEFAULT_MAX_SECONDS = 600.0
+_GIB = 2.0**30
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """A rough estimate: total ``seconds`` and peak ``memory_bytes``, and the parts they come from
+    (``(what, seconds, memory_bytes)``)."""
+
+    seconds: float
+    memory_bytes: float
+    parts: tuple[tuple[str, float, float], ...] = ()
+
+    def __add__(self, other: "CostEstimate") -> "CostEstimate":
+        return CostEstimate(
+            self.seconds + other.seconds, max(self.memory_bytes, other.memory_bytes), self.parts + other.parts
+        )
+
+    def describe(self) -> str:
+        """``"about 3 h and 40 GiB (mmcc ~3 h, unamplified ~2 s)"``."""
+        t, m = format_seconds(self.seconds), format_bytes(self.memory_bytes)
+        main = ("" if t.startswith("under") else "about ") + f"{t} and " + (m if m.startswith("under") else f"{m} of memory")
+        parts = [p for p in self.parts if p[1] >= 1 or p[2] >= 0.25 * _GIB]
+        if parts:
+            main += " (" + ", ".join(f"{w} ~{format_seconds(s)}, {format_bytes(m)}" for w, s, m in parts) + ")"
+        return main
+
+
+def _size(value) -> int:
+    """A count for the models: a non-negative int, or 0 for anything else (bad values are the
+    library's to refuse, with its own message; the estimate must not fail first)."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        v = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return v if v > 0 and v == value else 0
+
+
+# ------------------------------------------------------------------------------------ strategies
+def strategy_build_cost(kind: str, n: int, *, epochs: int = 1, bands: int | None = None) -> CostEstimate:
+    """Building a catalog strategy (:func:`dpmf.strategies.catalog.build`) of ``kind`` for ``n`` steps.
+
+    Measured: ``optimal`` 0.17 / 0.51 / 1.9 s at n = 128 / 256 / 512 (then ~n^3, dense Newton);
+    ``banded`` (BandMF) 0.63 / 2.0 s at n = 128 / 256 with 8 bands; the Toeplitz kinds, the tree
+    and the FFT mechanism are structured (milliseconds)."""
+    n = _size(n)
+    epochs, bands = _size(epochs) or 1, _size(bands) or None
+    dense = 8.0 * n * n
+    if kind == "optimal":  # measured 141 s for n = 1000 with 10 epochs (dpmf plan)
+        secs = (1.9 * (n / 512) ** 3 if n > 512 else 1.9 * (n / 512) ** 1.9) * max(epochs, 1)
+        return CostEstimate(secs, 12 * dense, (("optimal strategy", secs, 12 * dense),))
+    if kind == "banded":
+        b = bands or 8
+        secs = 2.0 * (n / 256) ** 2 * max(b / 8, 0.5)
+        return CostEstimate(secs, 6 * dense, (("BandMF optimization", secs, 6 * dense),))
+    if kind == "matrix":
+        return CostEstimate(0.0, 3 * dense, (("matrix strategy", 0.0, 3 * dense),))
+    if kind in ("banded-toeplitz", "blt"):
+        secs = 0.2 * (n / 1024) ** 1.5
+        return CostEstimate(secs, 64.0 * n, ((f"{kind} optimization", secs, 64.0 * n),))
+    return CostEstimate(0.0, 8.0 * n)  # structured (identity, tree, Toeplitz coefficients, FFT)
+
+
+# ------------------------------------------------------------------------------------ accounting
+def check_dense_fits(strategy, what: str) -> None:
+    """Raise :class:`~dpmf.errors.InvalidParameterError` when ``strategy.encoder()`` (dense,
+    ``rows x n`` float64) would not fit in the memory available, before numpy's ``MemoryError``
+    (``what`` names who needs it, e.g. ``"MMCC"``)."""
+    rows, n = _shape(strategy)
+    check_allocation(rows, n, what)
+
+
+def _shape(strategy) -> tuple[int, int]:
+    """``(rows, n)`` of the encoder without building it."""
+    n = int(getattr(strategy, "n", 0) or 0)
+    rows = getattr(strategy, "rows", None)
+    if rows is None:
+        name = type(strategy).__name__
+        rows = 2 * n - 1 if name == "BinaryTree" else 2 * n if name == "FFTMechanism" else n
+    return int(rows), n
+
+
+def _bandwidth(strategy) -> int:
+    """Non-zero diagonals of a lower-triangular encoder (``n`` when dense or unknown)."""
+    from dpmf.strategies.identity import Identity
+    from dpmf.strategies.toeplitz import ToeplitzStrategy
+
+    n = int(strategy.n)
+    if isinstance(strategy, Identity):
+        return 1
+    if isinstance(strategy, ToeplitzStrategy):
+        import numpy as np
+
+        nz = np.flatnonzero(np.asarray(strategy.coefs) != 0)
+        return int(nz[-1]) + 1 if nz.size else 1
+    C = getattr(strategy, "C", None)
+    if C is not None and getattr(C, "ndim", 0) == 2 and C.shape[0] == C.shape[1] and n <= 8192:
+        import numpy as np
+
+        i, j = np.nonzero(C)
+        return int((i - j).max()) + 1 if i.size else 1
+    return n
+
+
+def _sigma_factor(sigma: float | None) -> float:
+    """Cost of the mixture PLDs relative to sigma = 10 (their loss grids widen like 1/sigma^2)."""
+    if sigma is None:
+        sigma = 1.0
+    return min(max((10.0 / sigma) ** 2, 0.01), 1e4)
+
+
+def _pld_part(n, q, sigma, discretization=1e-4) -> tuple[float, float]:
+    """DP-SGD PLD: the composed loss grid spans ~ n q^2 / (2 sigma^2) + 10 q sqrt(n) / sigma.
+    Measured 0.4 s (n = 10^3..10^5, q = 0.01, sigma = 1), 1.1 s (n = 10^6), 21.8 s (n = 10^5,
+    q = 0.5). q = 1 is a closed form."""
+    if q >= 1:
+        return 0.01, 0.0
+    scale = n * q * q / (2 * sigma * sigma) + 10 * q * math.sqrt(n) / sigma
+    points = max(scale, 1.0) / discretization
+    return 0.3 + 1.5e-3 * scale * (1e-4 / discretization), 64.0 * points
+
+
+def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
+    """MMCC rows + composition. Measured at sigma = 10, q = 0.02 (x (10/sigma)^2 below):
+    tree 0.37 / 1.4 / 6.6 / 19 s at n = 32 / 64 / 128 / 256; dense lower-triangular Toeplitz (sqrt)
+    1.1 / 7.9 / 26 s at n = 32 / 64 / 128; 4-banded 0.05-0.08 s (n = 32..256); banded under cyclic
+    Poisson (bands <= cycle) 0.02-0.35 s."""
+    from dpmf.sampling.schemes import CyclicPoissonSampling
+    from dpmf.strategies.tree import BinaryTree
+
+    rows, n = _shape(strategy)
+    width = _bandwidth(strategy)
+    cycle = getattr(scheme, "cycle_length", 1) if isinstance(scheme, CyclicPoissonSampling) else 1
+    if width <= 1 or (cycle > 1 and width <= cycle):
+        a, k = 0.02, 0.3
+    elif isinstance(strategy, BinaryTree):
+        a, k = 1.4, 1.9
+    elif width < n:
+        a, k = 0.05 * (width / 4) ** 1.5, 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
+    else:
+        a, k = 7.9, 2.4
+    secs = a * (n / 64) ** k * _sigma_factor(sigma)
+    memory = 4 * 8.0 * rows * n + 8.0 * n * n  # the dense encoder and its Gram matrix (and copies)
+    return secs, memory
+
+
+def _unamplified_part(strategy, scheme) -> tuple[float, float]:
+    """Worst-case sensitivity. Measured: binary tree under Poisson 0.34 / 7.5 / 290 s at n = 1000 /
+    4000 / 16000; tree with 4 fixed epochs 0.04 / 2.5 s at n = 1000 / 4000; Toeplitz and identity
+    milliseconds."""
+    from dpmf.sampling.schemes import BallsInBinsSampling, FixedOrderSampling
+    from dpmf.strategies.dense import DenseStrategy
+    from dpmf.strategies.identity import Identity
+    from dpmf.strategies.toeplitz import ToeplitzStrategy
+    from dpmf.strategies.tree import BinaryTree
+
+    rows, n = _shape(strategy)
+    if isinstance(strategy, Identity):
+        return 0.0, 0.0
+    if isinstance(strategy, ToeplitzStrategy):
+        return 1e-8 * n * n, 64.0 * n
+    epochs = isinstance(scheme, (FixedOrderSampling, BallsInBinsSampling))
+    if isinstance(strategy, BinaryTree):
+        secs = 2.5 * (n / 4000) ** 3 if epochs else 7.5 * (n / 4000) ** 2.6
+        return secs, 3 * 8.0 * rows * n
+    if isinstance(strategy, DenseStrategy):
+        return 1e-9 * n**3, 4 * 8.0 * rows * n
+    return 1e-9 * n**3, 3 * 8.0 * rows * n
+
+
+def _allocation_part(strategy, scheme) -> tuple[float, float]:
+    """Random allocation: 0.02-1.9 s for n = 100..10^4 (identity, 10 epochs: 5.8 s at n = 10^4)."""
+    n = int(strategy.n)
+    epochs = int(getattr(scheme, "epochs", 1))
+    per_epoch = max(n // max(epochs, 1), 1)
+    return 0.5 + 6e-4 * n * epochs / 10, 6 * 8.0 * per_epoch * per_epoch
+
+
+def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
+    """Monte Carlo: ~1 s per 10^5 samples per direction at n = 64..256 with 8 bands (compiled);
+    the losses need ``C^T y``, so the cost grows like samples x n x bandwidth."""
+    n = int(strategy.n)
+    width = _bandwidth(strategy)
+    s = 100_000 if num_samples is None else int(num_samples)
+    secs = 0.5 + 2 * s * n * max(width, 1) * 2e-9
+    return secs, 8.0 * n * max(width, 1) * 4 + 8.0 * 10_000 * n
+
+
+def _methods(strategy, scheme, method: str) -> list[str]:
+    """What ``dpmf.account(..., method)`` would run, decided from types only (as the dispatcher
+    does, without building matrices): for ``"auto"`` every method that may be valid."""
+    from dpmf.sampling.schemes import BallsInBinsSampling, CyclicPoissonSampling, PoissonSampling
+    from dpmf.strategies.identity import Identity
+
+    if method != "auto":
+        return [method]
+    out = ["unamplified"]
+    if isinstance(scheme, PoissonSampling) and isinstance(strategy, Identity):
+        out.append("pld")  # (auto skips MMCC here: pld is exact)
+    elif isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
+        out.append("mmcc")
+    if isinstance(scheme, BallsInBinsSampling):
+        out.append("allocation")
+    return out
+
+
+def accounting_cost(
+    strategy,
+    scheme,
+    noise_multiplier: float | None = None,
+    *,
+    method: str = "auto",
+    calibrate: bool = False,
+    num_samples: int | None = None,
+    target_epsilon: float | None = None,
+) -> CostEstimate:
+    """Rough cost of ``dpmf.account(strategy, scheme, noise_multiplier, method=...)`` (or, with
+    ``calibrate``, of ``dpmf.calibrate``: searches start at noise multiplier 1, the estimate is a
+    few evaluations there)."""
+    total = CostEstimate(0.0, 0.0)
+    evals = 3.0 if calibrate else 1.0
+    sigma = 1.0
+    if not calibrate and isinstance(noise_multiplier, (int, float)) and 0 < noise_multiplier < math.inf:
+        sigma = float(noise_multiplier)  # (a bad value is the accountant's to refuse, by name)
+    for m in _methods(strategy, scheme, method):
+        if m == "pld":
+            secs, mem = _pld_part(int(strategy.n), float(getattr(scheme, "sampling_prob", 1.0)), sigma)
+        elif m == "mmcc":
+            secs, mem = _mmcc_part(strategy, scheme, sigma)
+        elif m == "unamplified":
+            secs, mem = _unamplified_part(strategy, scheme)
+            secs /= evals  # calibrated in closed form from one sensitivity
+        elif m == "allocation":
+            secs, mem = _allocation_part(strategy, scheme)
+        elif m == "montecarlo":
+            secs, mem = _montecarlo_part(strategy, scheme, num_samples)
+            if calibrate:  # Algorithm 5: ~12 candidates at the samples that certify delta
+                secs *= 12
+        else:
+            continue
+        total = total + CostEstimate(evals * secs, mem, ((m, evals * secs, mem),))
+    return total
+
+
+def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = False, montecarlo_samples: int | None = None) -> CostEstimate:
+    """``dpmf plan`` for a run of ``steps`` steps (every candidate calibrated).
+
+    Measured (2 cores): 100 / 200 / 500 / 1000 / 2000 steps took 110 / 25 / 170 / 234 / 26 s (with
+    ``--mmcc``, 100 steps: 918 s and 8.7 GB); the
+    multi-epoch optimal factorization (up to 1024 steps) dominates at 1000 steps (141 s with 10
+    epochs), random allocation varies with the noise it lands on (up to ~80 s)."""
+    steps = _size(steps)
+    optimal = strategy_build_cost("optimal", steps, epochs=epochs).seconds if steps <= 1024 else 0.0
+    secs = 60.0 + 0.05 * steps + optimal
+    mem = 12 * 8.0 * min(steps, 1024) ** 2 + 3 * 8.0 * min(steps, 4096) ** 2
+    parts = [("plan", secs, mem)]
+    if mmcc:  # tree and banded Toeplitz under Poisson sampling: measured 918 s and 8.7 GB at 100 steps
+        m = 110 * (1.4 * (steps / 64) ** 1.9 + 0.05 * (64 / 4) ** 1.5 * (steps / 64) ** 1.0)
+        parts.append(("MMCC rows", m, 8.7e9 * steps / 100))
+    if montecarlo_samples:
+        parts.append(("Monte Carlo rows", 12 * (0.5 + 4e-9 * montecarlo_samples * steps * 64), 8.0 * 10_000 * steps))
+    out = CostEstimate(0.0, 0.0)
+    for p in parts:
+        out = out + CostEstimate(p[1], p[2], (p,))
+    return out
+
+
+def check_cost(
+    estimate: CostEstimate,
+    *,
+    max_seconds: float = DEFAULT_MAX_SECONDS,
+    max_memory: float | None = None,
+    force: bool = False,
+    hint: str = "",
+) -> None:
+    """Raise :class:`~dpmf.errors.CostLimitError` (with the estimate) when ``estimate`` exceeds
+    ``max_seconds`` or ``max_memory`` (default: the memory available now), unless ``force``."""
+    if force:
+        return
+    limit_mem = available_memory() if max_memory is None else max_memory
+    over = []
+    if estimate.seconds > max_seconds:
+        over.append(f"more than the {format_seconds(max_seconds)} limit")
+    if estimate.memory_bytes > limit_mem:
+        over.append(f"more memory than the {format_bytes(limit_mem)} available")
+    if over:
+        raise CostLimitError(
+            f"refusing to start: this would take {estimate.describe()} -- a rough estimate, "
+            f"{' and '.join(over)}; pass --force to run it anyway" + (f", or {hint}" if hint else "")
+        )
