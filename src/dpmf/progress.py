@@ -1,0 +1,222 @@
+"""Progress of long computations: one API for the library, shown by whoever runs it.
+
+Library code that may run for more than a few seconds (calibration searches, MMCC rows, random
+allocation, ``dpmf plan`` candidates, Monte Carlo chunks) wraps its loop in :func:`task`::
+
+    from dpmf import progress
+
+    with progress.task("MMCC rows", total=len(jobs)) as bar:
+        for job in jobs:
+            ...
+            bar.advance()
+
+By default nothing is shown (a library stays quiet). The CLI -- or a user -- turns reporting on
+with :func:`reporting`:
+
+* on a terminal: a rich progress bar per task, with counts, elapsed time and time left;
+* otherwise (CI logs, ``nohup``, a pipe): plain timestamped lines on stderr, at the start and end of
+  each task and at most every ``interval`` seconds in between, e.g.
+  ``[2026-11-23 14:03:07] MMCC rows: 120/2046 (5.9%), 31 s elapsed, about 8 min left``,
+  so a long run is never minutes of silence.
+
+``with dpmf.progress.reporting(): dpmf.calibrate(...)`` shows the same from Python.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+import time
+from contextlib import contextmanager
+from typing import IO, Iterator, Optional
+
+__all__ = ["Task", "task", "reporting", "active"]
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Task:
+    """One long computation: ``completed`` out of ``total`` units (``total`` may be unknown)."""
+
+    def __init__(self, reporter: "_Reporter", description: str, total: Optional[float]) -> None:
+        self._reporter = reporter
+        self.description = description
+        self.total = total
+        self.completed = 0.0
+        self.note = ""
+        self.started = time.monotonic()
+
+    def advance(self, amount: float = 1.0) -> None:
+        """``amount`` more units done."""
+        self.completed += amount
+        self._reporter.changed(self)
+
+    def update(self, *, completed: Optional[float] = None, total: Optional[float] = None, note: Optional[str] = None) -> None:
+        """Set the count, the total (when it becomes known) or a short note (e.g. the current sigma)."""
+        if completed is not None:
+            self.completed = float(completed)
+        if total is not None:
+            self.total = float(total)
+        if note is not None:
+            self.note = str(note)
+        self._reporter.changed(self)
+
+    def line(self) -> str:
+        """``"MMCC rows: 120/2046 (5.9%), 31 s elapsed, about 8 min left"``."""
+        elapsed = time.monotonic() - self.started
+        done = f"{self.completed:g}"
+        text = f"{self.description}: {done}"
+        if self.total:
+            frac = min(self.completed / self.total, 1.0)
+            text += f"/{self.total:g} ({100 * frac:.1f}%)"
+        text += f", {_clock(elapsed)} elapsed"
+        if self.total and 0 < self.completed < self.total:
+            text += f", about {_clock(elapsed * (self.total - self.completed) / self.completed)} left"
+        if self.note:
+            text += f" [{self.note}]"
+        return text
+
+
+class _Reporter:
+    """Shows nothing (the library default)."""
+
+    def start(self, task: Task) -> None:
+        pass
+
+    def changed(self, task: Task) -> None:
+        pass
+
+    def finish(self, task: Task) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _LogReporter(_Reporter):
+    """Timestamped plain lines: start, end, and at most every ``interval`` seconds per task."""
+
+    def __init__(self, stream: IO[str], interval: float) -> None:
+        self.stream = stream
+        self.interval = float(interval)
+        self._last: dict[int, float] = {}
+
+    def _write(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        try:
+            self.stream.write(f"[{stamp}] {text}\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed pipe must not break the computation
+            pass
+
+    def start(self, task: Task) -> None:
+        self._last[id(task)] = time.monotonic()
+        total = f" ({task.total:g} units)" if task.total else ""
+        self._write(f"{task.description}: started{total}")
+
+    def changed(self, task: Task) -> None:
+        now = time.monotonic()
+        if now - self._last.get(id(task), 0.0) >= self.interval:
+            self._last[id(task)] = now
+            self._write(task.line())
+
+    def finish(self, task: Task) -> None:
+        self._last.pop(id(task), None)
+        self._write(task.line().replace(": ", ": done, ", 1))
+
+
+class _RichReporter(_Reporter):
+    """rich progress bars (one line per running task), on ``console``."""
+
+    def __init__(self, console) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+            transient=True,
+        )
+        self.progress.start()
+        self._ids: dict[int, object] = {}
+
+    def start(self, task: Task) -> None:
+        self._ids[id(task)] = self.progress.add_task(task.description, total=task.total, note=task.note)
+
+    def changed(self, task: Task) -> None:
+        tid = self._ids.get(id(task))
+        if tid is not None:
+            self.progress.update(tid, completed=task.completed, total=task.total, note=task.note)
+
+    def finish(self, task: Task) -> None:
+        tid = self._ids.pop(id(task), None)
+        if tid is not None:
+            self.progress.remove_task(tid)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+_ACTIVE: contextvars.ContextVar[_Reporter] = contextvars.ContextVar("dpmf_progress", default=_Reporter())
+
+
+def active() -> bool:
+    """Whether progress is being shown (so callers can skip building expensive notes)."""
+    return type(_ACTIVE.get()) is not _Reporter
+
+
+@contextmanager
+def reporting(mode: str = "auto", *, stream: Optional[IO[str]] = None, interval: float = 10.0, console=None) -> Iterator[None]:
+    """Show the progress of every :func:`task` run inside the block.
+
+    ``mode``: ``"auto"`` (a rich bar when ``stream`` is a terminal, log lines otherwise),
+    ``"bar"``, ``"log"`` or ``"off"``. ``stream`` defaults to ``sys.stderr``; log lines come at
+    most every ``interval`` seconds per task (plus start and end)."""
+    if mode not in ("auto", "bar", "log", "off"):
+        from dpmf.errors import InvalidParameterError
+
+        raise InvalidParameterError(f"progress mode must be 'auto', 'bar', 'log' or 'off', got {mode!r}")
+    stream = sys.stderr if stream is None else stream
+    if mode == "auto":
+        isatty = getattr(stream, "isatty", None)
+        mode = "bar" if callable(isatty) and isatty() else "log"
+    if mode == "off":
+        reporter: _Reporter = _Reporter()
+    elif mode == "log":
+        reporter = _LogReporter(stream, interval)
+    else:
+        if console is None:
+            from rich.console import Console
+
+            console = Console(file=stream)
+        reporter = _RichReporter(console)
+    token = _ACTIVE.set(reporter)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+        reporter.close()
+
+
+@contextmanager
+def task(description: str, total: Optional[float] = None) -> Iterator[Task]:
+    """A long computation whose progress the active reporter shows (nothing by default)."""
+    reporter = _ACTIVE.get()
+    t = Task(reporter, description, None if total is None else float(total))
+    reporter.start(t)
+    try:
+        yield t
+    finally:
+        reporter.finish(t)

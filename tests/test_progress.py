@@ -1,0 +1,59 @@
+"""dpmf.progress: silent by default, timestamped lines off-terminal, a bar on a terminal."""
+
+import io
+import re
+
+import pytest
+
+from dpmf import progress
+from dpmf.errors import InvalidParameterError
+
+
+def test_silent_by_default(capsys):
+    with progress.task("work", total=3) as bar:
+        for _ in range(3):
+            bar.advance()
+    assert capsys.readouterr() == ("", "")
+    assert not progress.active()
+
+
+def test_off_terminal_lines_are_timestamped_with_counts_and_time_left():
+    stream = io.StringIO()  # not a terminal
+    with progress.reporting(stream=stream, interval=0.0):
+        assert progress.active()
+        with progress.task("MMCC rows", total=4) as bar:
+            bar.advance()
+            bar.update(note="sigma=1.5")
+    lines = stream.getvalue().splitlines()
+    stamp = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
+    assert all(re.match(stamp, line) for line in lines), lines
+    assert "MMCC rows: started (4 units)" in lines[0]
+    assert "1/4 (25.0%)" in lines[1] and "left" in lines[1]
+    assert "[sigma=1.5]" in lines[2]
+    assert "done" in lines[-1]
+
+
+def test_interval_throttles_lines():
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=3600):
+        with progress.task("loop", total=1000) as bar:
+            for _ in range(1000):
+                bar.advance()
+    assert len(stream.getvalue().splitlines()) == 2  # start and end only
+
+
+def test_bar_mode_renders_and_cleans_up():
+    from rich.console import Console
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=100)
+    with progress.reporting("bar", console=console):
+        with progress.task("calibration", total=2) as bar:
+            bar.advance(2)
+    assert not progress.active()
+
+
+def test_bad_mode_is_a_dpmf_error():
+    with pytest.raises(InvalidParameterError, match="progress mode"):
+        with progress.reporting("loud"):
+            pass
