@@ -123,6 +123,43 @@ def online_honaker_decoder(n: int) -> np.ndarray:
     return B
 
 
+def _fixed_epoch_tree_gram(n: int, k: int, b: int) -> float:
+    """``max_S 1^T X_S 1`` for the 0/1 tree encoder over windows ``S = {s, s + b, ..., s + (k-1) b}
+    ∩ [0, n)``, with ``X[a, c] = L + 1 - bitlen(a XOR c)`` (exact integers).
+
+    All residue classes at once: member ``j`` of class ``r`` is ``r + j b`` (a ``b x M`` table,
+    ``M = ceil(n / b)``; members past ``n`` count 0, which is the value of the shorter window they
+    leave, itself a valid pattern). Window sums by offset ``d``: ``2 sum_j X[x_j, x_{j+d}]`` over the
+    window, from a cumulative sum. Windows starting after ``M - k`` are sub-windows (dominated,
+    ``X >= 0``). O(n k) time, O(n) memory."""
+    L = _levels(n)
+    rows = min(b, n)
+    M = -(-n // b)
+    kk = min(k, M)
+    x = np.arange(rows, dtype=np.int64)[:, None] + b * np.arange(M, dtype=np.int64)[None, :]
+    valid = x < n
+    starts = M - kk + 1
+    j0 = np.arange(starts)
+    diag = np.concatenate((np.zeros((rows, 1), np.int64), np.cumsum(valid * (L + 1), axis=1)), axis=1)
+    total = diag[:, j0 + kk] - diag[:, j0]
+    for d in range(1, kk):
+        w = ((L + 1) - _bit_length(x[:, :-d] ^ x[:, d:])) * (valid[:, :-d] & valid[:, d:])
+        csum = np.concatenate((np.zeros((rows, 1), np.int64), np.cumsum(w, axis=1)), axis=1)
+        total += 2 * (csum[:, j0 + kk - d] - csum[:, j0])  # pairs (j, j + d), j0 <= j <= j0 + kk - 1 - d
+    return float(total.max())
+
+
+def _bit_length(v: np.ndarray) -> np.ndarray:
+    """Elementwise ``int.bit_length`` of non-negative int64 (exact: no floating-point log)."""
+    out = np.zeros(v.shape, dtype=np.int64)
+    v = v.copy()
+    while np.any(v):
+        nz = v > 0
+        out += nz
+        v >>= 1
+    return out
+
+
 @dataclass(frozen=True)
 class BinaryTree(ErrorMethods):
     """The binary-tree encoder over ``n`` steps (any ``n >= 1``; virtual steps complete the tree).
@@ -187,11 +224,34 @@ class BinaryTree(ErrorMethods):
         return self.scale * np.sqrt(counts)
 
     def sensitivity(self, participation) -> float:
-        """Sound L2 sensitivity of the tree's release under ``participation`` (``C >= 0``, so
-        ``X = C^T C >= 0`` and Eq. 3 of the multi-epoch paper is exact for fixed-epoch order)."""
-        from dpmf.strategies.sensitivity import sensitivity_squared
+        """Sound L2 sensitivity of the tree's release under ``participation``.
 
-        return sensitivity_squared(self.encoder(), participation).sensitivity
+        ``C >= 0``, so ``X = C^T C >= 0`` and the worst case aligns every contribution: the squared
+        sensitivity is ``max_S 1^T X_S 1`` over the allowed participation patterns ``S`` (Eq. 3 of
+        the multi-epoch paper, exact). For the tree, ``X[a, c]`` is the number of nodes holding both
+        steps: ``L + 1 - bitlen(a XOR c)`` (they share the node at level ``h`` iff
+        ``a >> h == c >> h``), so two schemas need no matrix at all:
+
+        * every step (``Participation(n, 1)``, Poisson sampling): ``sum over nodes of size^2``,
+          O(n) time and memory;
+        * fixed epoch order (``FixedEpochParticipation(k, b)``): every window of ``k`` consecutive
+          steps ``s, s + b, ...``, summed by offsets, O(n k) time, O(n) memory.
+
+        Other schemas use the dense encoder (``(2n - 1) x n``) and the general dispatcher of
+        :func:`~dpmf.strategies.sensitivity.sensitivity_squared`.
+        """
+        from dpmf.strategies.sensitivity import FixedEpochParticipation, _margin, sensitivity_squared
+
+        n, k = self.n, int(participation.max_participations)
+        if isinstance(participation, FixedEpochParticipation):
+            value = _fixed_epoch_tree_gram(n, min(k, -(-n // participation.separation)), participation.separation)
+        elif participation.min_sep == 1 and k >= n:
+            sizes = self.nodes()
+            value = float(np.sum((sizes[:, 3] - sizes[:, 2]).astype(np.float64) ** 2))
+        else:
+            return sensitivity_squared(self.encoder(), participation).sensitivity
+        kk = min(k, -(-n // participation.min_sep))
+        return float(np.sqrt(_margin(self.scale**2 * value, self.num_rows, kk)))
 
     def prefix_sum_rmse(self, decoder: Literal["online", "optimal"] = "online") -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, ``||B||_F / sqrt(n)``, for
