@@ -250,8 +250,8 @@ class BinaryTree(ErrorMethods):
             value = float(np.sum((sizes[:, 3] - sizes[:, 2]).astype(np.float64) ** 2))
         else:
             return sensitivity_squared(self.encoder(), participation).sensitivity
-        kk = min(k, -(-n // participation.min_sep))
-        return float(np.sqrt(_margin(self.scale**2 * value, self.num_rows, kk)))
+        # the sums are exact integers: the margin covers only the final products and the root
+        return float(np.sqrt(_margin(self.scale**2 * value, self.num_rows, 1)))
 
     def prefix_sum_rmse(self, decoder: Literal["online", "optimal"] = "online") -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, ``||B||_F / sqrt(n)``, for
