@@ -91,7 +91,7 @@ def _commands(code: str) -> list[tuple[str, str]]:
             cmd = line[2:]
             while cmd.endswith("\\") and i + 1 < len(lines):
                 i += 1
-                cmd = cmd[:-1] + " " + lines[i].strip()
+                cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
             pairs.append([cmd, []])
         elif pairs:
             pairs[-1][1].append(line)
@@ -165,7 +165,7 @@ def run_page(path: Path, workdir: Path) -> int:
     return ran
 
 
-PAGES = sorted(p for p in DOCS.rglob("*.md") if "reproductions" not in p.relative_to(DOCS).parts)
+PAGES = sorted(DOCS.rglob("*.md"))
 
 
 def test_docs_pages_found():
@@ -182,7 +182,7 @@ def test_block_parser(tmp_path):
     path = tmp_path / "probe.md"
     path.write_text(page)
     got = blocks(path)
-    assert [(b.lang, b.skip, b.output) for b in got] == [
+    assert [(b.lang, b.skip, b.output and b.output.strip()) for b in got] == [
         ("python", None, "2"),
         ("console", "needs a cluster", None),
         ("bash", None, None),
