@@ -5,6 +5,11 @@ mechanism with L2 sensitivity ``sens = sup ||C (x - x')||`` over the participati
 exactly ``mu = sens / sigma`` GDP. Its epsilon is the closed form of
 :func:`dpmf.privacy.gaussian_epsilon` (tight; no discretization), identical in both directions.
 For fixed-order sampling with k epochs the identity has ``sens = sqrt(k)``.
+
+Cost is that of ``strategy.sensitivity``: O(1) for the identity, O(n) time and memory for Toeplitz
+strategies and the binary tree under every-step or fixed-epoch participation (no matrix), and for
+a dense ``m x n`` encoder (or other schemas) O(m n + n^2) memory for ``C`` and ``C^T C`` plus the
+sensitivity program of :func:`dpmf.strategies.sensitivity_squared`.
 """
 
 from __future__ import annotations

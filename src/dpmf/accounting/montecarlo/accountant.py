@@ -12,6 +12,11 @@ sampled by :mod:`dpmf.accounting.montecarlo.losses`), delta(eps) estimated by th
 * :func:`calibrate_montecarlo` runs Algorithm 5 over candidate noise multipliers with a fallback
   noise that a *proved* accountant certifies; only this path reports ``certified=True``, for
   ``(target_epsilon, delta)`` with the failure probability folded into delta (Thm. A.1).
+
+Cost: the encoder is kept as its ``n x bandwidth`` bands (identity: ``n x 1``; Toeplitz: its
+coefficients; only a dense strategy is ``n x n``); samples run in chunks, so memory is
+``O(n * (bandwidth + chunk))`` whatever the sample count; time ``O(samples * n * bandwidth)``
+(:mod:`dpmf.accounting.montecarlo.losses`).
 """
 
 from __future__ import annotations
