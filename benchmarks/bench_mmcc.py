@@ -13,15 +13,23 @@ cases is a reference dpmf computes another way:
   The dpmf side runs with ``workers=None`` (auto: processes from 256 distinct rows) and
   ``heuristic=False`` (the bound only), and returns its wall time and peak Python-heap memory of the main process (tracemalloc; numpy arrays included;
   the worker processes hold one row at a time).
-* ``mmcc_*_n2048``: the same at n = 2048, only when ``DPMF_BENCH_MMCC_2048=1`` is set (minutes).
+* ``mmcc_*_n1024`` / ``mmcc_*_n2048``: the same at n = 1024 and 2048, only when
+  ``DPMF_BENCH_MMCC_2048=1`` is set (about 3 minutes together).
 
-Targets (issue 4): n = 512 in <= 60 s, n = 2048 in <= 10 min on a 2-core machine.
+Besides wall time the dpmf side reports CPU seconds (main process plus worker processes: the
+number to compare on a loaded machine) and the peak resident memory of the main process
+(``ru_maxrss``; only meaningful when each case runs in a fresh process, as
+``python benchmarks/bench_mmcc.py --scaling`` does).
+
+Targets (issue 4): n = 512 in <= 60 s, n = 2048 in <= 10 min on a 2-core machine; (issue 13
+item 4) binary tree n = 2048 in <= 30 s and sqrt-Toeplitz n = 2048 in <= 120 s.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import resource
 import time
 import tracemalloc
 
@@ -71,16 +79,20 @@ def _mmcc(kind: str, n: int):
         strategy, norm = _strategy(kind, n)
         tracemalloc.start()
         start = time.perf_counter()
+        cpu0 = _cpu()
         rep = account_mmcc(
             strategy, PoissonSampling(1 / n, n), C_FACTOR * norm, DELTA, heuristic=False, workers=WORKERS
         )
         seconds = time.perf_counter() - start
+        cpu = _cpu() - cpu0
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         d = rep.diagnostics
         return {
             "epsilon": rep.epsilon,
             "seconds": seconds,
+            "cpu_seconds": cpu,
+            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_mb": peak / 2**20,
             "max_ratio": d["max_probability_ratio"],
             "computed": d["distinct_units_computed"],
@@ -91,12 +103,19 @@ def _mmcc(kind: str, n: int):
     return run
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the row worker processes)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _compare_mmcc(unamplified: float, res: dict) -> tuple[bool, str]:
     ok = math.isfinite(res["epsilon"]) and res["epsilon"] < unamplified and res["max_ratio"] < 1.5
     return ok, (
         f"eps MMCC={res['epsilon']:.5f} unamplified={unamplified:.5f} ratio={unamplified / res['epsilon']:.3f}; "
         f"max p~/p={res['max_ratio']:.3f}; rows computed {res['computed']}, reused {res['reused']}; "
-        f"{res['seconds']:.1f} s (setup {res['setup_seconds']:.1f} s), peak {res['peak_mb']:.0f} MiB"
+        f"{res['seconds']:.1f} s (setup {res['setup_seconds']:.1f} s, CPU {res['cpu_seconds']:.1f} s), "
+        f"peak {res['peak_mb']:.0f} MiB traced, {res['maxrss_mb']:.0f} MiB resident"
     )
 
 
@@ -111,10 +130,45 @@ for _kind in ("tree", "sqrt_toeplitz"):
              slow=_kind != "tree")
     )
 if os.environ.get("DPMF_BENCH_MMCC_2048") == "1":
-    for _kind in ("tree", "sqrt_toeplitz"):
-        CASES.append(
-            Case(f"mmcc_{_kind}_n2048", _unamplified(_kind, 2048), _mmcc(_kind, 2048), _compare_mmcc,
-                 "MMCC eps < unamplified eps, max p~/p < 1.5", peer_name="unamplified (closed form)", slow=True)
-        )
+    for _n in (1024, 2048):
+        for _kind in ("tree", "sqrt_toeplitz"):
+            CASES.append(
+                Case(f"mmcc_{_kind}_n{_n}", _unamplified(_kind, _n), _mmcc(_kind, _n), _compare_mmcc,
+                     "MMCC eps < unamplified eps, max p~/p < 1.5", peer_name="unamplified (closed form)", slow=True)
+            )
+
+
+def _scaling(sizes=(512, 1024, 2048)) -> None:
+    """Time, CPU and memory of both kinds at each size, each in a fresh process, and the growth
+    exponents between consecutive sizes (``python benchmarks/bench_mmcc.py --scaling``)."""
+    import json
+    import subprocess
+    import sys
+
+    rows = {}
+    for kind in ("tree", "sqrt_toeplitz"):
+        for n in sizes:
+            code = (
+                "import json, sys; sys.path.insert(0, 'benchmarks'); import bench_mmcc as b; "
+                f"r = b._mmcc({kind!r}, {n})(); print(json.dumps(r))"
+            )
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            rows[kind, n] = r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"{kind:14s} n={n:5d}  wall {r['seconds']:7.1f} s  CPU {r['cpu_seconds']:7.1f} s  "
+                  f"traced peak {r['peak_mb']:6.0f} MiB  resident {r['maxrss_mb']:6.0f} MiB  eps {r['epsilon']:.8f}",
+                  flush=True)
+    for kind in ("tree", "sqrt_toeplitz"):
+        for a, b in zip(sizes, sizes[1:]):
+            ra, rb = rows[kind, a], rows[kind, b]
+            grow = lambda key: math.log(rb[key] / ra[key]) / math.log(b / a)  # noqa: E731
+            print(f"{kind:14s} n {a}->{b}: exponent wall {grow('seconds'):.2f}, CPU {grow('cpu_seconds'):.2f}, "
+                  f"traced memory {grow('peak_mb'):.2f}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if "--scaling" in sys.argv:
+        _scaling()
 
 __all__ = ["CASES", "dpmf"]

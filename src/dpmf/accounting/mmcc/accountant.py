@@ -40,6 +40,29 @@ true epsilon, **not** a bound of either kind), ``delta1``/``delta2``, ``grid_ste
 Newton's method, so the paper's ``Delta_1`` search precision does not arise), rows computed vs
 reused, seconds.
 
+Cost as a function of ``n`` (steps; ``m`` rows of ``C``, ``nnz`` stored pairs = non-zero
+entries of the analysed rows, ``T`` the largest binomial threshold, ~10-40 in practice):
+
+* **setup** (sigma-free, once per accountant). Structured strategies under Poisson sampling
+  (:mod:`.structured`, no dense matrix): ``Identity`` / Toeplitz / BLT / banded Toeplitz
+  ``O(n A T + nnz)`` time and ``O(A T + nnz)`` memory with ``A = min(n, band)``, so
+  ``O(n^2 T)`` / ``O(n^2)`` for a dense Toeplitz ``C`` (measured 0.7 / 1.7 / 5.6 s at n = 512 /
+  1024 / 2048 for the square-root factorization, 16 / 63 / 251 MiB traced peak) and ``O(n b T)``
+  / ``O(n b)`` for ``b`` bands; the binary tree ``O(n log n)`` time and memory (0.5 / 0.6 /
+  1.5 s, under 6 MiB). Everything else (dense or BandMF matrices, cyclic Poisson) takes the dense
+  reference path: ``O(m n^2)`` time and ``O(m n + n^2)`` memory (the encoder and its Gram
+  matrix); pass ``structured=False`` to :class:`MMCCAccountant` to force it (the tests compare
+  both, which agree bit for bit).
+* **rows** (per sigma): one mixture PLD per *distinct* row (rows with equal rounded entries and
+  equal tail-bound data share one, :func:`_unit_keys`): ``O(log n)`` distinct rows for the tree,
+  ``n`` for a dense Toeplitz ``C`` (each ``O(n + K log K)`` for its sensitivity law on ``K``
+  grid points, plus the mixture PLD on the loss grid), a handful for banded or identity; rows
+  run in ``workers`` processes from :data:`~dpmf.accounting.mmcc.rows.PARALLEL_MIN_ROWS`
+  distinct rows. The composition and epsilon are ``O(G log G)`` in the loss-grid size ``G``.
+  Measured (sigma = 20 x column norm, p = 1/n, 2 cores shared with other jobs): tree 2048 in
+  19 s wall, sqrt-Toeplitz 2048 in 104 s (``benchmarks/README.md``, MMCC). Memory of the rows
+  is that of their PLDs (up to ~10^7 grid points for the widest tree rows at n = 2048).
+
 Related F.5 uses of mixture-of-Gaussians PLDs (issue item 7) live in
 :mod:`dpmf.privacy.random_sensitivity`: :func:`~dpmf.privacy.last_iterate_linear` (last-iterate
 DP-SGD for linear losses) and :func:`~dpmf.privacy.group_dpsgd` (group privacy for DP-SGD).
@@ -58,6 +81,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, compute_row_plds
+from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, tail_bound_structure
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
@@ -67,6 +91,7 @@ from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.toeplitz import ToeplitzStrategy
+from dpmf.strategies.tree import BinaryTree
 
 __all__ = ["NAME", "supports", "account_mmcc", "calibrate_mmcc", "MMCCAccountant", "DEFAULT_GRID_FRACTION"]
 
@@ -142,7 +167,7 @@ def supports(strategy, scheme, *, adaptive: bool = True) -> str | None:
     inputs under Poisson sampling, ``adaptive=False``); else the reason."""
     if not isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
         return f"MMCC needs Poisson or cyclic-Poisson sampling, not {type(scheme).__name__}"
-    if isinstance(strategy, Identity):
+    if isinstance(strategy, (Identity, BinaryTree)):  # non-negative, rows in release order
         return None
     if isinstance(strategy, ToeplitzStrategy):
         return None if np.all(strategy.coefs >= 0) else "MMCC needs a non-negative encoder C"
@@ -208,6 +233,43 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
     return tuple((first[k], counts[k]) for k in first)
 
 
+#: Bytes per loss-grid point counted by :func:`_check_row_grid` (a low count: one float64 array
+#: and a half; building a row PLD takes several, so only clear cases are refused).
+_GRID_BYTES = 16.0
+
+
+def _check_row_grid(row_sum: float, sigma: float, discretization: float) -> None:
+    """Refuse, before numpy's ``MemoryError``, a row whose PLD loss grid cannot fit in memory.
+
+    A row of total sensitivity ``S`` (sum of its entries) spans at least ``20 S / sigma`` in
+    privacy loss when its sensitivity is nearly deterministic (posterior bounds near 1: the loss
+    is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e. ``20 S / (sigma * discretization)`` grid points.
+    """
+    from dpmf.resources import available_memory, format_bytes
+
+    points = 20.0 * row_sum / (sigma * discretization)
+    need = _GRID_BYTES * points
+    avail = available_memory()
+    if need > avail:
+        raise InvalidParameterError(
+            f"MMCC needs a dense loss grid of about {points:.3g} points ({format_bytes(need)}) for a row of "
+            f"total sensitivity {row_sum:.6g} at noise multiplier {sigma!r}, more than the "
+            f"{format_bytes(avail)} of memory available; use a larger noise multiplier, fewer steps or a "
+            f"coarser discretization"
+        )
+
+
+def _structured_row_sum(strategy) -> float | None:
+    """The largest row sum of a structured strategy's encoder, without building it (else ``None``)."""
+    if isinstance(strategy, BinaryTree):
+        return float(strategy.n) * float(strategy.scale)
+    if isinstance(strategy, Identity):
+        return 1.0
+    if isinstance(strategy, ToeplitzStrategy):
+        return float(np.sum(np.abs(strategy.coefs[: strategy.n])))
+    return None
+
+
 def _default_grid(analyses: list) -> float:
     """``Delta_2`` default: 1 when every unit sensitivity is an integer (exact: tree, 0/1 C),
     else ``DEFAULT_GRID_FRACTION`` times the largest unit sensitivity."""
@@ -221,6 +283,10 @@ def _default_grid(analyses: list) -> float:
 
 class MMCCAccountant:
     """MMCC for one ``(C, scheme, delta)``, reusable across noise multipliers.
+
+    ``structured=False`` forces the dense reference path even when the strategy has a structured
+    one (:mod:`dpmf.accounting.mmcc.structured`; same result bit for bit, used as the oracle in
+    tests). :attr:`structured` says which path was taken.
 
     Construction does all the sigma-independent work once: validation, release order, the
     incremental Gram matrices, column norms, binomial top-t sums and the union-bound split
@@ -249,6 +315,7 @@ class MMCCAccountant:
         workers: int | None = None,
         scheduler: object = None,
         cache_dir: str | os.PathLike | None = None,
+        structured: bool = True,
     ) -> None:
         start = time.perf_counter()
         self.delta = _v.open_unit("delta", delta)
@@ -261,6 +328,33 @@ class MMCCAccountant:
             raise UnsupportedConfigurationError(
                 f"MMCC needs PoissonSampling or CyclicPoissonSampling, got {type(scheme).__name__}"
             )
+        if grid_step is not None:
+            grid_step = _v.positive("grid_step", grid_step)
+        self.scheme = scheme
+        self.workers = workers
+        self.scheduler = scheduler
+        self.cache_dir = cache_dir
+        b = scheme.cycle_length if isinstance(scheme, CyclicPoissonSampling) else 1
+        self.cycle_length = b
+        q = scheme.sampling_prob
+        delta1 = self.delta_split * self.delta
+        is_matrix = isinstance(strategy, (np.ndarray, list, tuple))
+        fast = None
+        if structured and not is_matrix:
+            n_steps = getattr(strategy, "n", None)
+            if isinstance(n_steps, (int, np.integer)) and n_steps != scheme.steps:
+                raise InvalidParameterError(
+                    f"the strategy has n={n_steps} steps (columns of C) but the sampling scheme has steps={scheme.steps}"
+                )
+            fast = structured_analyses(strategy, scheme, delta1)
+        if fast is not None:
+            # the strategy's structure gives the same analyses without the dense encoder
+            self.strategy_description = strategy.describe()
+            self.adaptive = bool(adaptive) and bool(getattr(strategy, "adaptive", True))
+            self.structured = True
+            self._finish_init(fast, grid_step, max(s.num_units for _, s in fast), start)
+            return
+        self.structured = False
         C, self.strategy_description, may_adapt = _matrix_of(strategy)
         adaptive = bool(adaptive) and may_adapt
         _check_nonnegative(C)
@@ -271,21 +365,11 @@ class MMCCAccountant:
             )
         if not np.any(C > 0):
             raise InvalidParameterError("the encoder C is all zeros")
-        if grid_step is not None:
-            grid_step = _v.positive("grid_step", grid_step)
         self.adaptive = adaptive
-        self.scheme = scheme
-        self.workers = workers
-        self.scheduler = scheduler
-        self.cache_dir = cache_dir
-        b = scheme.cycle_length if isinstance(scheme, CyclicPoissonSampling) else 1
-        self.cycle_length = b
         release = _release_steps(C)
         why = _order_problem(C, adaptive, b, release)
         if why is not None:
             raise UnsupportedConfigurationError(why)
-        q = scheme.sampling_prob
-        delta1 = self.delta_split * self.delta
         analyses = []
         if b == 1:
             units = [np.array([i]) for i in range(m) if np.any(C[i] > 0)]
@@ -302,11 +386,14 @@ class MMCCAccountant:
                 units = [np.array(blocks[r]) for r in sorted(blocks)]
                 struct = tail_bound_structure(C, units, q, delta1, columns=cols)
                 analyses.append((f"phase {k}", struct))
+        self._finish_init(analyses, grid_step, m, start)
+
+    def _finish_init(self, analyses: list, grid_step: float | None, rows: int, start: float) -> None:
         if grid_step is None:
             grid_step = _default_grid(analyses)
         self.grid_step = grid_step
         self.analyses = tuple(self._analysis(label, struct) for label, struct in analyses)
-        self.num_rows = m
+        self.num_rows = rows
         self.setup_seconds = time.perf_counter() - start
 
     def _analysis(self, label: str, struct: TailBoundStructure) -> _Analysis:
@@ -315,12 +402,20 @@ class MMCCAccountant:
 
     # ------------------------------------------------------------------ evaluation
     def _compose(
-        self, struct: TailBoundStructure, groups, probs: np.ndarray, sigma: float, callback: RowCallback | None
+        self,
+        struct: TailBoundStructure,
+        groups,
+        probs: np.ndarray,
+        sigma: float,
+        callback: RowCallback | None,
+        description: str = "MMCC rows",
     ) -> tuple[PrivacyLossDistribution, dict]:
         tasks = []
         for u, _ in groups:
             sl = struct.unit(u)
             tasks.append((struct.sensitivities[sl], probs[sl]))
+        if tasks:
+            _check_row_grid(max(float(np.sum(c)) for c, _ in tasks), sigma, self.discretization)
         plds, backend = compute_row_plds(
             tasks,
             sigma,
@@ -331,6 +426,7 @@ class MMCCAccountant:
             scheduler=self.scheduler,
             callback=callback,
             cache_dir=self.cache_dir,
+            description=description,
         )
         total: PrivacyLossDistribution | None = None
         for (_, count), pld in zip(groups, plds):
@@ -347,7 +443,8 @@ class MMCCAccountant:
         delta1 = struct.delta1
         delta2 = self.delta - delta1
         probs = struct.probabilities(sigma)
-        pld, backend = self._compose(struct, analysis.groups, probs, sigma, callback)
+        phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
+        pld, backend = self._compose(struct, analysis.groups, probs, sigma, callback, f"MMCC rows{phase}")
         by_dir = pld.epsilon_by_direction(delta2)
         nontrivial = struct.prior_norm > 0
         out = {
@@ -368,7 +465,7 @@ class MMCCAccountant:
         }
         if heuristic:
             flat = np.full(struct.sensitivities.shape, struct.sampling_prob)
-            hpld, _ = self._compose(struct, analysis.heuristic_groups, flat, sigma, None)
+            hpld, _ = self._compose(struct, analysis.heuristic_groups, flat, sigma, None, f"MMCC heuristic rows{phase}")
             out["independent_rows_heuristic_epsilon"] = hpld.epsilon(self.delta)
         return out
 
@@ -480,6 +577,9 @@ def account_mmcc(
     >>> round(r.epsilon, 4), r.diagnostics["delta1"]   # DP-SGD, paper App. F.5: 0.806
     (0.8064, 0.0)
     """
+    row_sum = _structured_row_sum(strategy)
+    if row_sum is not None:  # refuse a hopeless run before the sigma-free setup
+        _check_row_grid(row_sum, _v.positive("noise_multiplier", noise_multiplier), _v.positive("discretization", discretization))
     acc = MMCCAccountant(
         strategy,
         scheme,

@@ -46,6 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from dpmf import progress
 from dpmf.errors import InvalidParameterError
 from dpmf.files import check_output_dir, read_npz, reading, writing
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
@@ -205,12 +206,15 @@ def compute_row_plds(
     scheduler: object = None,
     callback: ProgressCallback | None = None,
     cache_dir: str | os.PathLike | None = None,
+    description: str = "MMCC rows",
 ) -> tuple[list[PrivacyLossDistribution | None], dict]:
     """PLDs of all ``tasks`` (``(sensitivities, probabilities)`` pairs), in order.
 
     Returns the PLDs and ``{"backend": ..., "workers": ..., "rows_loaded": ...}``.
     ``callback(done, total)`` is called after each row (rows loaded from ``cache_dir`` count at
-    once). With ``cache_dir`` each computed row is saved as soon as it is finished.
+    once). With ``cache_dir`` each computed row is saved as soon as it is finished. The loop is a
+    :func:`dpmf.progress.task` named ``description`` (silent unless progress reporting is on, as
+    in the CLI).
     """
     jobs = [(c, p, noise_multiplier, grid_step, discretization, merge_budget) for c, p in tasks]
     total = len(jobs)
@@ -226,33 +230,39 @@ def compute_row_plds(
             else:
                 todo.append(i)
     loaded = total - len(todo)
-    done = loaded
+    n_workers = _resolve_workers(workers, len(todo)) if scheduler is None else None  # bad input: before any output
+    with progress.task(description, total=total) as bar:
+        done = loaded
 
-    def finish(i: int, pld: PrivacyLossDistribution | None) -> None:
-        nonlocal done
-        out[i] = pld
-        if cache is not None:
-            cache.save(jobs[i], pld)
-        done += 1
-        if callback is not None:
-            callback(done, total)
+        def finish(i: int, pld: PrivacyLossDistribution | None) -> None:
+            nonlocal done
+            out[i] = pld
+            if cache is not None:
+                cache.save(jobs[i], pld)
+            done += 1
+            bar.advance()
+            if callback is not None:
+                callback(done, total)
 
-    if callback is not None and loaded:
-        callback(done, total)
-    info = {"rows_loaded": loaded}
-    if scheduler is not None and todo:
-        _run_dask([jobs[i] for i in todo], scheduler, lambda k, pld: finish(todo[k], pld))
-        return out, {"backend": "dask", "workers": None, **info}
-    n_workers = _resolve_workers(workers, len(todo))
-    if n_workers == 1 or len(todo) <= 1:
-        for i in todo:
-            finish(i, _job(jobs[i]))
-        return out, {"backend": "serial", "workers": 1, **info}
-    with ProcessPoolExecutor(max_workers=n_workers) as pool:
-        futures = {pool.submit(_job, jobs[i]): i for i in todo}
-        for fut in as_completed(futures):
-            finish(futures[fut], fut.result())
-    return out, {"backend": "processes", "workers": n_workers, **info}
+        if loaded:
+            bar.update(completed=loaded, note=f"{loaded} loaded from the cache")
+            if callback is not None:
+                callback(done, total)
+        info = {"rows_loaded": loaded}
+        if scheduler is not None and todo:
+            _run_dask([jobs[i] for i in todo], scheduler, lambda k, pld: finish(todo[k], pld))
+            return out, {"backend": "dask", "workers": None, **info}
+        if n_workers is None:  # a scheduler with nothing left to do
+            n_workers = 1
+        if n_workers == 1 or len(todo) <= 1:
+            for i in todo:
+                finish(i, _job(jobs[i]))
+            return out, {"backend": "serial", "workers": 1, **info}
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            futures = {pool.submit(_job, jobs[i]): i for i in todo}
+            for fut in as_completed(futures):
+                finish(futures[fut], fut.result())
+        return out, {"backend": "processes", "workers": n_workers, **info}
 
 
 def _run_dask(jobs: list, scheduler: object, finish: Callable[[int, object], None]) -> None:

@@ -169,6 +169,36 @@ class TailBoundStructure:
         return out
 
 
+def union_bound(pairs: int, delta1: float, columns: int, q: float) -> tuple[int, float, float, np.ndarray]:
+    """``(events, delta', z, t)`` for ``pairs`` non-trivial pairs: ``2 pairs`` tail events share
+    ``delta1`` (``delta' = delta1 / events``), ``z = Phi^{-1}(1 - delta')`` rounded up, and the
+    binomial thresholds ``t[K]`` for ``K = 0..columns`` (module docstring)."""
+    events = 2 * pairs
+    if pairs == 0 or not delta1 > 0:
+        delta_prime, z = 0.0, math.inf
+    else:
+        delta_prime = delta1 / events
+        z = float(stats.norm.isf(delta_prime))
+        z = z + abs(z) * 1e-12 + 1e-300
+    tvals = binomial_thresholds(columns, q, delta_prime) if pairs else np.zeros(columns + 1, dtype=np.int64)
+    return events, delta_prime, z, tvals
+
+
+def finish_pairs(gjj: np.ndarray, sv: np.ndarray, exact: bool, gam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(a, a^2, s)`` of non-trivial pairs from the Gram diagonal ``gjj`` and the top-t sums ``sv``
+    as computed in float64, rounded pessimistically (module docstring: ``a``, ``s`` up, ``a^2``
+    down; ``exact``: integer data, no slack)."""
+    if exact:
+        root = np.sqrt(gjj)
+        perfect = (root == np.round(root)) & (root * root == gjj)
+        return _round_up_relative(np.where(perfect, root, np.nextafter(root, np.inf))), gjj, sv
+    return (
+        _round_up_relative(np.sqrt(gjj * (1.0 + gam)) * (1.0 + 2 * _U)),
+        _round_down_relative(gjj * (1.0 - gam)),
+        _round_up_relative(sv * (1.0 + gam) + 1e-300 * (sv > 0)),
+    )
+
+
 def tail_bound_structure(
     matrix: np.ndarray,
     units: list[np.ndarray],
@@ -207,17 +237,7 @@ def tail_bound_structure(
     for cols in unit_cols:
         appearances[cols] += 1
     pairs = int(np.sum(np.maximum(appearances - 1, 0)))
-    events = 2 * pairs
-    if pairs == 0:
-        delta_prime, z = 0.0, math.inf
-    else:
-        if not delta1 > 0:
-            delta_prime, z = 0.0, math.inf
-        else:
-            delta_prime = delta1 / events
-            z = float(stats.norm.isf(delta_prime))
-            z = z + abs(z) * 1e-12 + 1e-300
-    tvals = binomial_thresholds(n, q, delta_prime) if pairs else np.zeros(n + 1, dtype=np.int64)
+    events, delta_prime, z, tvals = union_bound(pairs, delta1, n, q)
     # Integer-valued C (trees, 0/1 strategies) with small entries: every Gram entry and top-t sum
     # is an exact integer below 2^53, so no rounding slack is needed.
     exact = bool(np.all(C == np.round(C))) and float(C.max(initial=0.0)) ** 2 * (m + 1) * (n + 1) < 2.0**52
@@ -263,16 +283,7 @@ def tail_bound_structure(
                 sv = np.where(t > 0, csum[np.arange(jc.size), np.maximum(t - 1, 0)], 0.0)
             else:
                 sv = np.zeros(jc.size)
-            if exact:
-                root = np.sqrt(gjj)
-                perfect = (root == np.round(root)) & (root * root == gjj)
-                a[act] = _round_up_relative(np.where(perfect, root, np.nextafter(root, np.inf)))
-                a2[act] = gjj
-                s[act] = sv
-            else:
-                a[act] = _round_up_relative(np.sqrt(gjj * (1.0 + gam)) * (1.0 + 2 * _U))
-                a2[act] = _round_down_relative(gjj * (1.0 - gam))
-                s[act] = _round_up_relative(sv * (1.0 + gam) + 1e-300 * (sv > 0))
+            a[act], a2[act], s[act] = finish_pairs(gjj, sv, exact, gam)
         prior_norm.append(a)
         prior_sq.append(a2)
         signal.append(s)
