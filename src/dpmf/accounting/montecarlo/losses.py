@@ -117,8 +117,11 @@ def _bands(strategy) -> Bands:
         raise InvalidParameterError(
             f"strategy must be a dpmf strategy (ToeplitzStrategy, Identity, DenseStrategy, ...), got {type(strategy).__name__}"
         )
-    from dpmf.accounting.cost import check_dense_fits
+    from dpmf.accounting.cost import _shape, check_dense_fits
 
+    rows, n_cols = _shape(strategy)
+    if rows != n_cols:  # (e.g. the binary tree, (2n - 1) x n): refused without building it
+        raise UnsupportedConfigurationError(f"Monte Carlo accounting needs a square encoder C, got shape ({rows}, {n_cols})")
     check_dense_fits(strategy, "Monte Carlo accounting")  # before numpy's MemoryError
     C = np.asarray(encoder(), dtype=np.float64)
     if C.ndim != 2 or C.shape[0] != C.shape[1]:
