@@ -35,7 +35,7 @@ def test_off_terminal_lines_are_timestamped_with_counts_and_time_left():
 
 def test_interval_throttles_lines():
     stream = io.StringIO()
-    with progress.reporting("log", stream=stream, interval=3600):
+    with progress.reporting("log", stream=stream, interval=3600, delay=0):
         with progress.task("loop", total=1000) as bar:
             for _ in range(1000):
                 bar.advance()
@@ -57,3 +57,26 @@ def test_bad_mode_is_a_dpmf_error():
     with pytest.raises(InvalidParameterError, match="progress mode"):
         with progress.reporting("loud"):
             pass
+
+
+def test_quick_tasks_print_nothing_so_an_error_stays_one_line():
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=10, delay=0.5):
+        with progress.task("quick", total=2) as bar:
+            bar.advance(2)
+    assert stream.getvalue() == ""
+
+
+def test_a_task_past_the_delay_prints_its_start_and_end(monkeypatch):
+    import time as _time
+
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=10, delay=1.0):
+        with progress.task("slow", total=3) as bar:
+            bar.advance()  # t = 0: not shown yet
+            clock[0] += 2.0
+            bar.advance()  # t = 2 s: start line, and a progress line
+    lines = stream.getvalue().splitlines()
+    assert "slow: started (3 units)" in lines[0] and "done" in lines[-1]

@@ -101,12 +101,18 @@ class _Reporter:
 
 
 class _LogReporter(_Reporter):
-    """Timestamped plain lines: start, end, and at most every ``interval`` seconds per task."""
+    """Timestamped plain lines: start, end, and at most every ``interval`` seconds per task.
 
-    def __init__(self, stream: IO[str], interval: float) -> None:
+    A task that ends within ``delay`` seconds prints nothing (quick steps and a command that fails
+    at once stay silent: an error remains one line); a longer one prints its start line as soon as
+    it reports after ``delay`` and its end line."""
+
+    def __init__(self, stream: IO[str], interval: float, delay: float = 1.0) -> None:
         self.stream = stream
         self.interval = float(interval)
+        self.delay = float(delay)
         self._last: dict[int, float] = {}
+        self._shown: set[int] = set()
 
     def _write(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -116,20 +122,32 @@ class _LogReporter(_Reporter):
         except (OSError, ValueError):  # a closed pipe must not break the computation
             pass
 
+    def _show(self, task: Task) -> bool:
+        """Print the start line once the task has run ``delay`` seconds; whether it is shown."""
+        if id(task) not in self._shown:
+            if time.monotonic() - task.started < self.delay:
+                return False
+            self._shown.add(id(task))
+            total = f" ({task.total:g} units)" if task.total else ""
+            self._write(f"{task.description}: started{total}")
+        return True
+
     def start(self, task: Task) -> None:
         self._last[id(task)] = time.monotonic()
-        total = f" ({task.total:g} units)" if task.total else ""
-        self._write(f"{task.description}: started{total}")
+        if self.delay <= 0:
+            self._show(task)
 
     def changed(self, task: Task) -> None:
         now = time.monotonic()
-        if now - self._last.get(id(task), 0.0) >= self.interval:
+        if self._show(task) and now - self._last.get(id(task), 0.0) >= self.interval:
             self._last[id(task)] = now
             self._write(task.line())
 
     def finish(self, task: Task) -> None:
         self._last.pop(id(task), None)
-        self._write(task.line().replace(": ", ": done, ", 1))
+        if self._show(task):
+            self._write(task.line().replace(": ", ": done, ", 1))
+        self._shown.discard(id(task))
 
 
 class _RichReporter(_Reporter):
@@ -178,12 +196,20 @@ def active() -> bool:
 
 
 @contextmanager
-def reporting(mode: str = "auto", *, stream: Optional[IO[str]] = None, interval: float = 10.0, console=None) -> Iterator[None]:
+def reporting(
+    mode: str = "auto",
+    *,
+    stream: Optional[IO[str]] = None,
+    interval: float = 10.0,
+    delay: Optional[float] = None,
+    console=None,
+) -> Iterator[None]:
     """Show the progress of every :func:`task` run inside the block.
 
     ``mode``: ``"auto"`` (a rich bar when ``stream`` is a terminal, log lines otherwise),
     ``"bar"``, ``"log"`` or ``"off"``. ``stream`` defaults to ``sys.stderr``; log lines come at
-    most every ``interval`` seconds per task (plus start and end)."""
+    most every ``interval`` seconds per task (plus start and end), for tasks that run longer than
+    ``delay`` seconds (default ``min(1, interval)``)."""
     if mode not in ("auto", "bar", "log", "off"):
         from dpmf.errors import InvalidParameterError
 
@@ -195,7 +221,7 @@ def reporting(mode: str = "auto", *, stream: Optional[IO[str]] = None, interval:
     if mode == "off":
         reporter: _Reporter = _Reporter()
     elif mode == "log":
-        reporter = _LogReporter(stream, interval)
+        reporter = _LogReporter(stream, interval, min(1.0, interval) if delay is None else delay)
     else:
         if console is None:
             from rich.console import Console

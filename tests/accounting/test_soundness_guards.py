@@ -11,6 +11,7 @@ import pytest
 import dpmf
 from dpmf.accounting import METHODS
 from dpmf.accounting.allocation import account_allocation, calibrate_allocation
+from dpmf.accounting.allocation.pld import account_allocation_pld, calibrate_allocation_pld
 from dpmf.accounting.dpsgd import account_dpsgd
 from dpmf.accounting.mmcc import account_mmcc, calibrate_mmcc
 from dpmf.accounting.montecarlo import account_montecarlo, calibrate_montecarlo
@@ -87,10 +88,12 @@ FUNCTIONS = {
     "account_unamplified": ("unamplified", *_account_call(account_unamplified, "unamplified")),
     "account_mmcc": ("mmcc", *_account_call(account_mmcc, "mmcc")),
     "account_allocation": ("allocation", *_account_call(account_allocation, "allocation")),
+    "account_allocation_pld": ("allocation_pld", *_account_call(account_allocation_pld, "allocation_pld")),
     "account_montecarlo": ("montecarlo", *_account_call(account_montecarlo, "montecarlo")),
     "calibrate_unamplified": ("unamplified", *_calibrate_call(calibrate_unamplified, "unamplified")),
     "calibrate_mmcc": ("mmcc", *_calibrate_call(calibrate_mmcc, "mmcc")),
     "calibrate_allocation": ("allocation", *_calibrate_call(calibrate_allocation, "allocation")),
+    "calibrate_allocation_pld": ("allocation_pld", *_calibrate_call(calibrate_allocation_pld, "allocation_pld")),
     "calibrate_montecarlo": ("montecarlo", *_calibrate_call(calibrate_montecarlo, "montecarlo")),
 }
 
@@ -113,6 +116,7 @@ MATRIX = [
 
 def test_every_guarded_function_is_in_the_matrix():
     import dpmf.accounting.allocation.accountant as a
+    import dpmf.accounting.allocation.pld as ap
     import dpmf.accounting.dpsgd as d
     import dpmf.accounting.mmcc.accountant as m
     import dpmf.accounting.montecarlo.accountant as mc
@@ -120,12 +124,12 @@ def test_every_guarded_function_is_in_the_matrix():
 
     public = {
         name
-        for mod in (a, d, m, mc, u)
+        for mod in (a, ap, d, m, mc, u)
         for name in dir(mod)
         if name.startswith(("account_", "calibrate_")) and callable(getattr(mod, name))
     }
     assert public == set(FUNCTIONS)
-    for mod in (a, d, m, mc, u):
+    for mod in (a, ap, d, m, mc, u):
         for name in public & set(dir(mod)):
             assert getattr(getattr(mod, name), "guarded_method", None) == FUNCTIONS[name][0], name
 
@@ -146,8 +150,12 @@ def test_function_equals_dispatcher_or_refuses(function, strategy_name, scheme_n
             via_dispatch(strategy, scheme)
         return
     ref = via_dispatch(strategy, scheme)
-    if isinstance(out, float):  # a calibrated sigma: the dispatcher may step up by float rounding only
-        assert ref == pytest.approx(out, rel=1e-9)
+    if isinstance(out, float):
+        if method in ("unamplified", "montecarlo"):  # closed form / same candidates: float rounding only
+            assert ref == pytest.approx(out, rel=1e-9)
+        else:  # the dispatcher starts the search from a cheap upper bracket (search_hint), so both
+            # land within the search tolerance (rel_tol = 1e-2) of the smallest passing noise
+            assert ref == pytest.approx(out, rel=2e-2)
     else:
         assert out.certified == ref.certified
         assert out.epsilon == ref.epsilon

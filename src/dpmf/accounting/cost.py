@@ -158,26 +158,67 @@ def _pld_part(n, q, sigma, discretization=1e-4) -> tuple[float, float]:
 
 
 def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
-    """MMCC rows + composition. Measured at sigma = 10, q = 0.02 (x (10/sigma)^2 below):
-    tree 0.37 / 1.4 / 6.6 / 19 s at n = 32 / 64 / 128 / 256; dense lower-triangular Toeplitz (sqrt)
-    1.1 / 7.9 / 26 s at n = 32 / 64 / 128; 4-banded 0.05-0.08 s (n = 32..256); banded under cyclic
-    Poisson (bands <= cycle) 0.02-0.35 s."""
-    from dpmf.sampling.schemes import CyclicPoissonSampling
+    """MMCC rows + composition (refitted 2026-11-23 after the structured tail bounds).
+
+    Time: ``a (n / 64)^k`` at sigma = 10, q = 0.02, times ``(10 / sigma)^2`` above sigma = 10
+    (narrower loss grids) but only ``(10 / sigma)^0.1`` below it (small sigma drives the posterior
+    bounds to 1 and the rows become single Gaussians: wider grids, not more components), times
+    ``sqrt(q / 0.02)`` for the tree. Measured (2 cores shared with other jobs, so rather high): tree 2.2 / 33 s
+    CPU at n = 64 / 256 (sigma = 10, q = 0.02), 18.7 s at n = 2048 (sigma = 72, q = 1/2048);
+    square-root Toeplitz 20 / 104 s at n = 512 / 2048 (sigma = 20 x column norm, q = 1/n, two
+    processes); the issue's ``--steps 1000 --strategy tree --sampling-prob 0.01
+    --noise-multiplier 1`` ~2 min (estimate ~4 min); 4-banded 0.05-0.08 s (n = 32..256); banded
+    under cyclic Poisson (bands <= cycle) 0.02-0.35 s. Strategies without a structured path
+    (dense matrices, BandMF, cyclic Poisson for the tree) keep the dense ``O(m n^2)`` setup
+    (``k = 2.4``).
+
+    Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
+    ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
+    the widest row's PLD: ``~64`` bytes per loss-grid point, at least ``20 S / sigma / 1e-4``
+    points for a row of total sensitivity ``S`` (the largest row sum: ``n`` for the tree; the
+    n = 2048 tree rows reach 6e6 points, 866 MiB resident; the tree at n = 1000, sigma = 1 needs
+    arrays of 1.9e8 points, over 15 GiB)."""
+    from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
+    from dpmf.strategies.identity import Identity
+    from dpmf.strategies.toeplitz import ToeplitzStrategy
     from dpmf.strategies.tree import BinaryTree
 
     rows, n = _shape(strategy)
     width = _bandwidth(strategy)
     cycle = getattr(scheme, "cycle_length", 1) if isinstance(scheme, CyclicPoissonSampling) else 1
+    structured = isinstance(scheme, PoissonSampling) and isinstance(strategy, (Identity, ToeplitzStrategy, BinaryTree))
     if width <= 1 or (cycle > 1 and width <= cycle):
         a, k = 0.02, 0.3
     elif isinstance(strategy, BinaryTree):
         a, k = 1.4, 1.9
     elif width < n:
         a, k = 0.05 * (width / 4) ** 1.5, 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
+    elif structured:
+        a, k = 3.0, 1.75
     else:
         a, k = 7.9, 2.4
-    secs = a * (n / 64) ** k * _sigma_factor(sigma)
-    memory = 4 * 8.0 * rows * n + 8.0 * n * n  # the dense encoder and its Gram matrix (and copies)
+    sig = 1.0 if sigma is None else float(sigma)
+    factor = (10.0 / sig) ** 2 if sig >= 10.0 else (10.0 / sig) ** 0.1
+    if isinstance(strategy, BinaryTree):  # (the Toeplitz fit has q = 1/n built in)
+        q = float(getattr(scheme, "sampling_prob", 0.02) or 0.02)
+        factor *= min(max(math.sqrt(q / 0.02), 0.1), 10.0)
+    secs = a * (n / 64) ** k * min(max(factor, 0.01), 1e4)
+    # largest row sum S (total sensitivity of the widest row)
+    if isinstance(strategy, BinaryTree):
+        row_sum = n * float(getattr(strategy, "scale", 1.0))
+    elif isinstance(strategy, ToeplitzStrategy):
+        row_sum = float(sum(abs(float(c)) for c in strategy.coefs[:n]))
+    elif isinstance(strategy, Identity):
+        row_sum = 1.0
+    else:
+        C = getattr(strategy, "C", None)
+        row_sum = float(abs(C).sum(axis=1).max()) if C is not None and getattr(C, "ndim", 0) == 2 and n <= 8192 else float(n)
+    grid = 64.0 * 20.0 * row_sum / max(sig, 1e-12) / 1e-4
+    if structured:
+        pairs = n * (math.log2(max(n, 2)) + 1) if isinstance(strategy, BinaryTree) else n * min(width, n)
+        memory = 64.0 * pairs + grid
+    else:
+        memory = 4 * 8.0 * rows * n + 8.0 * n * n + grid  # the dense encoder and its Gram matrix (and copies)
     return secs, memory
 
 
@@ -279,21 +320,26 @@ def accounting_cost(
     return total
 
 
-def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = False, montecarlo_samples: int | None = None) -> CostEstimate:
-    """``dpmf plan`` for a run of ``steps`` steps (every candidate calibrated).
+def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samples: int | None = None) -> CostEstimate:
+    """``dpmf plan`` for a run of ``steps`` steps with a cold cache (a warm cache is instant: 0.4 s
+    CPU for the README's plan).
 
-    Measured (2 cores): 100 / 200 / 500 / 1000 / 2000 steps took 110 / 25 / 170 / 234 / 26 s (with
-    ``--mmcc``, 100 steps: 918 s and 8.7 GB); the
-    multi-epoch optimal factorization (up to 1024 steps) dominates at 1000 steps (141 s with 10
-    epochs), random allocation varies with the noise it lands on (up to ~80 s)."""
+    Measured (``benchmarks/bench_plan.py``, README example: 1000 steps, 10 epochs, every default on,
+    2 shared cores): 29.7 s wall (41 s CPU) and 1.1 GiB peak, of which the MMCC check of the binary
+    tree under Poisson sampling is 24 s (one MMCC evaluation at n = 1000), the banded MMCC checks
+    3.7 s, and the closed forms, PLD, cyclic Poisson and allocation rows 2.6 s (3.5 s for the whole
+    command with ``--no-mmcc``). The optimal factorization is usually pruned by its closed-form bound
+    (0 s); when it is the best row it is built to a 1% duality gap (~0.3 of a full optimization)."""
     steps = _size(steps)
-    optimal = strategy_build_cost("optimal", steps, epochs=epochs).seconds if steps <= 1024 else 0.0
-    secs = 60.0 + 0.05 * steps + optimal
-    mem = 12 * 8.0 * min(steps, 1024) ** 2 + 3 * 8.0 * min(steps, 4096) ** 2
-    parts = [("plan", secs, mem)]
-    if mmcc:  # tree and banded Toeplitz under Poisson sampling: measured 918 s and 8.7 GB at 100 steps
-        m = 110 * (1.4 * (steps / 64) ** 1.9 + 0.05 * (64 / 4) ** 1.5 * (steps / 64) ** 1.0)
-        parts.append(("MMCC rows", m, 8.7e9 * steps / 100))
+    base = 2.0 + 2.0 * (steps / 1000) ** 1.5
+    optimal = 0.3 * strategy_build_cost("optimal", steps, epochs=1).seconds if steps <= 1024 else 0.0
+    mem = 0.3 * _GIB + 3 * 8.0 * (2 * min(steps, 4096)) * min(steps, 4096)  # (the tree's dense encoder)
+    parts = [("closed forms, PLD, cyclic Poisson, allocation", base, mem)]
+    if optimal >= 1:
+        parts.append(("optimal factorization (unless pruned)", optimal, 12 * 8.0 * min(steps, 1024) ** 2))
+    if mmcc and steps <= 2048:  # one check each, mostly: the tree and the banded sweep under Poisson
+        m = 24.0 * (steps / 1000) ** 1.9 + 4.0 * (steps / 1000) ** 1.5
+        parts.append(("MMCC rows", m, 0.35 * _GIB + 0.8 * _GIB * (steps / 1000) ** 2))
     if montecarlo_samples:
         parts.append(("Monte Carlo rows", 12 * (0.5 + 4e-9 * montecarlo_samples * steps * 64), 8.0 * 10_000 * steps))
     out = CostEstimate(0.0, 0.0)

@@ -16,6 +16,7 @@ from typing import Callable
 
 from dpmf import validation as _v
 from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, unamplified
+from dpmf.accounting.allocation import pld as allocation_pld
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -96,6 +97,17 @@ METHODS: dict[str, AccountingMethod] = {
             frozenset({"adaptive"}),
             mmcc.calibrate_mmcc,
             _MMCC_OPTIONS,
+        ),
+        AccountingMethod(
+            allocation_pld.NAME,
+            "random allocation (balls-in-bins) for DP-SGD (identity): the PLD of the dominating pair, "
+            "pessimistically discretized (Feldman & Shenfeld 2026); tried before the Renyi/conditional bounds",
+            allocation_pld.supports,
+            allocation_pld.account_allocation_pld,
+            frozenset({"accuracy", "max_points"}),
+            frozenset(),
+            allocation_pld.calibrate_allocation_pld,
+            frozenset({"accuracy", "max_points"}),
         ),
         AccountingMethod(
             allocation.NAME,
@@ -253,44 +265,163 @@ def calibrate(
     *,
     rel_tol: float = 1e-4,
     callback: ProgressCallback | None = None,
+    max_noise_multiplier: float | None = None,
     **options,
 ) -> Calibration:
     """Smallest noise multiplier whose *reported* epsilon is <= ``target_epsilon``.
 
     With ``method="auto"`` every valid method is calibrated and the smallest noise wins. The
     returned report is recomputed at the returned noise and always satisfies the target.
+
+    Work is reused where that cannot change the answer: closed-form methods (unamplified) run
+    first, and a searching method is first evaluated at the best noise found so far -- if its
+    epsilon is above the target there it cannot need less noise (accountants are non-increasing
+    in the noise) and stops after that one evaluation (``diagnostics["not_calibrated"]``);
+    otherwise its search starts from that upper bracket instead of sigma = 1 (for a method alone,
+    from the unamplified noise when that is cheap: :func:`dpmf.privacy.calibration.search_hint`).
+    Reports already computed at a noise are not recomputed.
+
+    ``max_noise_multiplier``: only noises up to it are of interest (``dpmf plan`` passes the noise
+    at which a candidate would tie the best one so far); when no method reaches the target there,
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` is raised after one evaluation per
+    method. Progress: a :func:`dpmf.progress.task` from the first evaluation on, noting each noise and
+    its epsilon (none for closed forms).
     """
+    import contextlib
+
+    from dpmf import progress
+    from dpmf.privacy.calibration import NoiseLimitExceeded, search_hint
+
     delta = _check_common(strategy, scheme, delta)
     target = _v.positive("target_epsilon", target_epsilon)
-    best: Calibration | None = None
+    limit = None if max_noise_multiplier is None else _v.positive("max_noise_multiplier", max_noise_multiplier)
     methods, skipped = _select(strategy, scheme, method, options)
-    for m, opts in zip(methods, _checked_options(methods, skipped, options, calibrating=True)):
+    per_method = _checked_options(methods, skipped, options, calibrating=True)
 
-        def run(s: float, m=m, opts=opts) -> PrivacyReport:
-            return m.run(strategy, scheme, s, delta, **opts)
+    def closed_form(m: AccountingMethod) -> bool:
+        return m.own_calibration is None and m.fast_calibration is not None and not m.calibration_searches
 
-        if m.own_calibration is not None:
-            cal = m.own_calibration(strategy, scheme, target, delta, **opts)
-            cal = Calibration(cal.noise_multiplier, cal.report, cal.evaluations)
-            if best is None or cal.noise_multiplier < best.noise_multiplier:
-                best = cal
-            continue
-        if m.fast_calibration is not None:
-            extra = {"rel_tol": rel_tol, "callback": callback} if m.calibration_searches else {}
-            sigma = m.fast_calibration(strategy, scheme, target, delta, **opts, **extra)
-            report, evals = run(sigma), 1
+    # closed forms first: their noise brackets the searches (ties still go to the registry order)
+    order = sorted(range(len(methods)), key=lambda i: (not closed_form(methods[i]), i))
+    results: dict[int, Calibration] = {}
+    at_limit: dict[str, float] = {}  # method -> epsilon at the limit (when it does not pass there)
+    not_calibrated: dict[str, str] = {}
+    start: list[float | None] = []  # the lazily computed unamplified start, when used
+    with contextlib.ExitStack() as stack:  # the progress task opens at the first evaluation noted
+        evals, bar = [0], []
+
+        def note(s: float, e: float) -> None:
+            evals[0] += 1
+            if not bar:
+                bar.append(stack.enter_context(progress.task(f"calibrating noise ({'/'.join(m.name for m in methods)})")))
+            bar[0].update(completed=bar[0].completed + 1, note=f"sigma={s:.6g}: epsilon={e:.6g}")
+            if callback is not None:
+                callback(s, e)
+
+        for i in order:
+            m, opts = methods[i], per_method[i]
+            evals[0] = 0
+            memo: dict[float, PrivacyReport] = {}
+
+            def run(s: float, m=m, opts=opts, memo=memo) -> PrivacyReport:
+                if s not in memo:
+                    memo[s] = m.run(strategy, scheme, s, delta, **opts)
+                return memo[s]
+
+            if m.own_calibration is not None:
+                cal = m.own_calibration(strategy, scheme, target, delta, **opts)
+                results[i] = Calibration(cal.noise_multiplier, cal.report, cal.evaluations)
+                continue
+            best = min(results.values(), key=lambda c: c.noise_multiplier, default=None)
+            cap = None if best is None else best.noise_multiplier  # it must beat this to matter
+            searches = m.fast_calibration is None or m.calibration_searches
+            try:
+                # one evaluation at each bound tells whether the method can get below it at all; the
+                # search itself is then the same as without a limit (so is its answer)
+                bound = min((b for b in (cap, limit) if b is not None), default=None)
+                if searches and bound is not None and (m.fast_calibration is not None or bound != cap):
+                    rep = run(bound)
+                    note(bound, rep.epsilon)
+                    if rep.epsilon > target:
+                        raise NoiseLimitExceeded("", bound, rep.epsilon)
+                if not searches:
+                    sigma = m.fast_calibration(strategy, scheme, target, delta, **opts)
+                elif m.fast_calibration is not None:
+                    if cap is None and not start:
+                        start.append(_search_start(strategy, scheme, target, delta))
+                    with search_hint(cap if cap is not None else start[0]):
+                        sigma = m.fast_calibration(
+                            strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note
+                        )
+                else:  # cheap at any noise: from 1 (or the cap, if lower), given up above the cap
+                    sigma = smallest_noise(
+                        lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=note, limit=cap
+                    ).value
+            except NoiseLimitExceeded as exc:
+                if best is not None and exc.limit == best.noise_multiplier:
+                    not_calibrated[m.name] = (
+                        f"epsilon {exc.epsilon:.6g} > {target:g} already at noise {exc.limit:.6g}, where "
+                        f"{best.report.method} passes: it cannot need less noise"
+                    )
+                if limit is not None and exc.limit >= limit:
+                    at_limit[m.name] = exc.epsilon
+                continue
+            if limit is not None and sigma > limit and limit in memo and memo[limit].epsilon <= target:
+                sigma = limit  # (the search ended within rel_tol above a bound already seen to pass)
+            before = len(memo)
+            report = run(sigma)  # (already computed when the search evaluated it through ``run``)
             while report.epsilon > target:  # float rounding: step to the safe side
                 sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)
-                report, evals = run(sigma), evals + 1
-        else:
-            res = smallest_noise(lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=callback)
-            sigma, evals = res.value, res.evaluations
-            report = run(sigma)
-        cal = Calibration(sigma, report, evals)
-        if best is None or cal.noise_multiplier < best.noise_multiplier:
-            best = cal
-    assert best is not None
+                report = run(sigma)
+            results[i] = Calibration(sigma, report, evals[0] + len(memo) - before)
+        if bar and results:  # the last note: the answer, not the last noise tried
+            top = min(results.values(), key=lambda c: c.noise_multiplier)
+            bar[0].update(note=f"result sigma={top.noise_multiplier:.6g}: epsilon={top.report.epsilon:.6g}")
+    if limit is not None:
+        for i in [i for i, c in results.items() if c.noise_multiplier > limit]:
+            at_limit.setdefault(methods[i].name, _epsilon_at(methods[i], per_method[i], strategy, scheme, limit, delta))
+            del results[i]
+        if not results:
+            eps = min(at_limit.values(), default=math.inf)
+            raise NoiseLimitExceeded(
+                f"no accountant reaches epsilon <= {target:g} at noise_multiplier <= {limit:g} "
+                f"(epsilon there: {eps:.6g})",
+                limit,
+                eps,
+            )
+    assert results
+    best = results[min(results, key=lambda i: (results[i].noise_multiplier, i))]
+    extra = {}
     if skipped:
-        diag = {**best.report.diagnostics, "skipped_methods": skipped}
+        extra["skipped_methods"] = skipped
+    if not_calibrated:
+        extra["not_calibrated"] = not_calibrated
+    if extra:
+        diag = {**best.report.diagnostics, **extra}
         best = dataclasses.replace(best, report=dataclasses.replace(best.report, diagnostics=diag))
     return best
+
+
+def _epsilon_at(m: AccountingMethod, opts: dict, strategy, scheme, sigma: float, delta: float) -> float:
+    """Epsilon of method ``m`` at noise ``sigma`` (``inf`` when it cannot be computed)."""
+    try:
+        return m.run(strategy, scheme, sigma, delta, **opts).epsilon
+    except Exception:  # noqa: BLE001 - only used to word an error message
+        return math.inf
+
+
+def _search_start(strategy, scheme, target: float, delta: float) -> float | None:
+    """Where a method's own search starts: the unamplified noise (amplification only lowers
+    epsilon, so it is an upper bracket; if a bound does not pass there, the search grows), when
+    the unamplified accountant covers the pair and its sensitivity is cheap; else ``None`` (1)."""
+    from dpmf.accounting.cost import accounting_cost
+    from dpmf.errors import DPMFError
+
+    if unamplified.supports(strategy, scheme) is not None:
+        return None
+    try:
+        if accounting_cost(strategy, scheme, method="unamplified", calibrate=True).seconds > 5:
+            return None
+        return unamplified.calibrate_unamplified(strategy, scheme, target, delta)
+    except (DPMFError, MemoryError):
+        return None

@@ -7,7 +7,9 @@ Commands: ``account`` (epsilon of a configuration), ``calibrate`` (noise for a t
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -109,6 +111,33 @@ def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, 
 def _note_cost(est) -> None:
     if est.seconds > 60:
         err.print(f"note: this will take {est.describe()} (a rough estimate)", highlight=False)
+
+
+@contextmanager
+def cli_progress(quiet: bool = False):
+    """Progress of the command's long computations on stderr (:mod:`dpmf.progress`): a rich bar
+    on a terminal, timestamped lines otherwise. ``--quiet`` or ``DPMF_PROGRESS=off`` turns it off;
+    ``DPMF_PROGRESS=log`` / ``bar`` forces a mode, ``DPMF_PROGRESS_INTERVAL`` (seconds, default 10)
+    sets how often a log line may come."""
+    from dpmf import progress
+
+    mode = os.environ.get("DPMF_PROGRESS", "auto").strip().lower() or "auto"
+    if quiet:
+        mode = "off"
+    if mode not in ("auto", "bar", "log", "off"):
+        mode = "auto"
+    try:
+        interval = max(float(os.environ.get("DPMF_PROGRESS_INTERVAL", "10")), 0.0)
+    except ValueError:
+        interval = 10.0
+    console = err if mode == "bar" or (mode == "auto" and err.is_terminal) else None
+    if mode == "auto":
+        mode = "bar" if console is not None else "log"
+    with progress.reporting(mode, interval=interval, console=console):
+        yield
+
+
+_QUIET = typer.Option(False, "--quiet", "-q", help="No progress on stderr (also: environment DPMF_PROGRESS=off).")
 
 
 def _check_montecarlo_samples(samples, delta) -> None:
@@ -220,6 +249,7 @@ def account(
     cache_dir: Optional[Path] = _CACHE,
     force: bool = _FORCE,
     as_json: bool = _JSON,
+    quiet: bool = _QUIET,
 ) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
 
@@ -238,13 +268,15 @@ def account(
         from dpmf.accounting import account as _account
 
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
+        if workers is not None:
+            _v.positive_int("workers", workers)  # before any progress line
         if cache_dir is not None:
             check_output_dir(cache_dir, "--cache-dir")  # before the work
         if method is MethodName.montecarlo:
             _check_montecarlo_samples(samples, delta)
         _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
         try:
-            with err.status(f"accounting ({method.value}) ..."):
+            with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
                 report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
         except KeyboardInterrupt:
             _interrupted(cache_dir)
@@ -280,6 +312,7 @@ def calibrate(
     cache_dir: Optional[Path] = _CACHE,
     force: bool = _FORCE,
     as_json: bool = _JSON,
+    quiet: bool = _QUIET,
 ) -> None:
     """Smallest noise multiplier whose reported epsilon is at most --epsilon.
 
@@ -298,16 +331,14 @@ def calibrate(
         from dpmf.accounting import calibrate as _calibrate
 
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
+        if workers is not None:
+            _v.positive_int("workers", workers)  # before any progress line
         if cache_dir is not None:
             check_output_dir(cache_dir, "--cache-dir")  # before the work
         _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon)
         try:
-            with err.status("calibrating ...") as status:
-
-                def progress(sigma: float, eps: float) -> None:
-                    status.update(f"calibrating: sigma={sigma:.6g} gives epsilon={eps:.6g}")
-
-                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, callback=progress, **opts)
+            with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
+                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, **opts)
         except KeyboardInterrupt:
             _interrupted(cache_dir)
     if as_json:
@@ -333,14 +364,32 @@ def plan(
     as_json: bool = _JSON,
     plot: Optional[str] = typer.Option(None, "--plot", help="Also save a PNG bar chart to this file (its folder must exist)."),
     mmcc: bool = typer.Option(
-        False, "--mmcc", help="Also rank MMCC rows (tree, banded Toeplitz under Poisson sampling); slow (~15 min "
-        "and 8 GB at 100 steps, growing fast): the estimate is shown, and checked, before it starts."
+        True, "--mmcc/--no-mmcc", help="Rank MMCC rows (banded Toeplitz band sweep and the tree under Poisson "
+        "sampling, up to 2048 steps); on by default."
     ),
     montecarlo_samples: Optional[int] = typer.Option(
         None, "--montecarlo-samples", help="Also rank b-min-sep rows by Monte Carlo with this many samples "
         "(ESTIMATES; needs at least ~5.3/delta samples, e.g. 5,296 at delta 1e-3; checked before anything runs)."
     ),
+    prune: bool = typer.Option(
+        True, "--prune/--no-prune", help="Skip the precise calibration of a candidate that provably cannot beat "
+        "the best row of an earlier wave (one evaluation decides; shown as a lower bound). --no-prune calibrates "
+        "every one (slower; same best row)."
+    ),
+    cache_dir: Optional[Path] = typer.Option(
+        None, "--cache-dir", help="Keep finished rows here, so the same plan again is instant (default: "
+        "$DPMF_CACHE_DIR, $XDG_CACHE_HOME/dpmf or ~/.cache/dpmf)."
+    ),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
+    scheduler: Optional[str] = typer.Option(
+        None, "--scheduler", help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there "
+        "(same rows as a local run)."
+    ),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."
+    ),
     force: bool = _FORCE,
+    quiet: bool = _QUIET,
 ) -> None:
     """Rank every mechanism dpmf supports for a training run (the main job).
 
@@ -352,22 +401,42 @@ def plan(
     with cli_errors():
         from dpmf.accounting.cost import check_cost, plan_cost
         from dpmf.files import check_output_file
-        from dpmf.planner import TrainingRun, plan as _plan, plot_plan
+        from dpmf.planner import TrainingRun, default_cache_dir, plan as _plan, plot_plan
+        from dpmf.planning.cache import PlanCache
 
         if plot:
             check_output_file(plot, "--plot")  # before minutes of calibration
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
+        if workers is not None:
+            from dpmf import validation as _v
+
+            _v.positive_int("workers", workers)
+        cache = None
+        if not no_cache:
+            folder = default_cache_dir() if cache_dir is None else cache_dir
+            if cache_dir is not None:
+                check_output_dir(cache_dir, "--cache-dir")  # before the work
+            cache = PlanCache(folder)
         est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
         check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
         _note_cost(est)
-        with err.status(f"calibrating candidates for {run.steps} steps ...") as status:
-            rows = _plan(run, on_row=lambda r: status.update(f"done: {r.strategy}/{r.sampling} ({r.seconds:.1f}s)"))
+        try:
+            with cli_progress(quiet):
+                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers)
+        except KeyboardInterrupt:
+            where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
+            err.print(f"interrupted{where}", highlight=False)
+            raise typer.Exit(code=130)
+        if cache is not None:
+            for line in cache.ignored:
+                err.print(f"note: {line}", highlight=False, markup=False)
         if plot:
-            plot_plan(run, rows, plot)
+            plot_plan(run, [r for r in rows if not r.pruned], plot)
     if as_json:
         payload = {
             "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
-            "rows": [r.to_dict() for r in rows],
+            "rows": [r.to_dict() for r in rows if not r.pruned],
+            "pruned": [r.to_dict() for r in rows if r.pruned],
         }
         out.print_json(json.dumps(payload))
         return
@@ -377,13 +446,29 @@ def plan(
         "RMSE/batch divides by the batch size. ESTIMATE: Monte Carlo, not a proof.",
         highlight=False,
     )
+    for r in rows:
+        if r.note and not r.pruned:
+            out.print(f"{r.strategy}: {r.note}", highlight=False)
+    if any(r.pruned for r in rows):
+        out.print(
+            "pruned (>): provably worse than the best row of an earlier wave, so not calibrated precisely; the "
+            "bounds shown are sound (--no-prune calibrates every row):",
+            highlight=False,
+        )
+        for r in rows:
+            if r.pruned:
+                out.print(f"  {r.strategy} / {r.sampling}: {r.note}", highlight=False)
+    hits = sum(r.cached for r in rows)
+    if hits:
+        out.print(f"{hits} of {len(rows)} rows from the cache ({cache.folder}; --no-cache recomputes)", highlight=False)
     if plot:
         out.print(f"plot written to {plot}")
 
 
 def plan_table(run, rows) -> Table:
     """The ranking as a table that fits an 80-column terminal: numbers (at most 9 characters with
-    4 significant digits) never wrap or get cut; strategy and sampling share a two-line cell."""
+    4 significant digits) never wrap or get cut; strategy and sampling share a two-line cell.
+    A pruned row shows lower bounds (``>``) and no epsilon."""
     from rich import box
 
     table = Table(
@@ -399,6 +484,12 @@ def plan_table(run, rows) -> Table:
     for col in ("sigma", "epsilon", "prefix\nRMSE", "RMSE/\nbatch"):
         table.add_column(col, justify="right", no_wrap=True, min_width=9)
     for i, r in enumerate(rows, 1):
+        if getattr(r, "pruned", False):
+            table.add_row(
+                "", f"{r.strategy}\n{r.sampling}", f"{r.method}\npruned", f">{r.noise_multiplier:.3g}", "-",
+                f">{r.prefix_sum_rmse:.3g}", f">{r.rmse_per_example_in_batch:.3g}", end_section=True,
+            )
+            continue
         table.add_row(
             str(i),
             f"{r.strategy}\n{r.sampling}",

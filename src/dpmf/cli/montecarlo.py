@@ -42,13 +42,6 @@ def _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_st
     )
 
 
-def _progress_callback(progress, task):
-    def callback(done: int, total: int) -> None:
-        progress.update(task, completed=done, total=total)
-
-    return callback
-
-
 def resume_command(checkpoint) -> str:
     """The command that continues a run: everything it needs (delta, confidence) is in the
     checkpoint, so the file name is the only argument."""
@@ -58,16 +51,19 @@ def resume_command(checkpoint) -> str:
 
 
 def _execute(run_fn, description: str, total: int, done: int, checkpoint):
-    """Run ``run_fn(callback)`` under a rich progress bar; Ctrl-C leaves a consistent checkpoint."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    """Run ``run_fn(callback)`` with its progress shown (:mod:`dpmf.progress`: a bar on a terminal,
+    timestamped lines otherwise); Ctrl-C leaves a consistent checkpoint."""
+    from dpmf import progress
+    from dpmf.cli.main import cli_progress  # (main imports this module)
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     try:
-        if not err.is_terminal:  # no bar (and no stray blank line) when stderr is a file or a pipe
-            return run_fn(None)
-        with Progress(*columns, console=err, transient=True) as progress:
-            task = progress.add_task(description, total=total, completed=done)
-            return run_fn(_progress_callback(progress, task))
+        with cli_progress(), progress.task(description, total=total) as bar:
+            bar.update(completed=done)
+
+            def callback(done: int, total: int) -> None:
+                bar.update(completed=done, total=total)
+
+            return run_fn(callback)
     except KeyboardInterrupt:
         where = f"; resume with: {resume_command(checkpoint)}" if checkpoint else " (no --checkpoint was set)"
         err.print(f"interrupted{where}", highlight=False, markup=False)
@@ -287,10 +283,13 @@ def calibrate(
                     max_batch_size, dataset_size)
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
-        with err.status("Algorithm 5: pilot estimate and verification ...") as status:
+        from dpmf import progress as _progress
+        from dpmf.cli.main import cli_progress  # (main imports this module)
+
+        with cli_progress(), _progress.task("Algorithm 5: pilot estimate and verification") as bar:
 
             def progress(done: int, total: int) -> None:
-                status.update(f"Algorithm 5: verifying a candidate, {done:,}/{total:,} samples")
+                bar.update(completed=done, total=total, note="verifying a candidate (samples)")
 
             cal = calibrate_montecarlo(
                 strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,

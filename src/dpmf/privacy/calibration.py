@@ -1,22 +1,63 @@
 """Calibration: the smallest noise (or the most steps) whose *reported* epsilon meets a target.
 
-Works for any monotone accountant given as a function. The search brackets the answer by
-doubling, then bisects. The returned value is always one the accountant was evaluated at and
-found to pass, so it is never on the wrong side of the target, whatever the accountant's
-discretization does.
+Works for any monotone accountant given as a function. The search brackets the answer (from a
+starting point: given, or a *hint* such as the unamplified noise, see :func:`search_hint`), then
+narrows the bracket by safeguarded regula falsi. The returned value is always one the accountant
+was evaluated at and found to pass, so it is never on the wrong side of the target, whatever the
+accountant's discretization does: starting points and hints only change how fast the search is
+(and which sigmas it evaluates, which matters for accountants whose cost grows at small noise),
+never whether its answer passes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, Optional
 
 from dpmf import validation as _v
 from dpmf.errors import CalibrationError
 
 ProgressCallback = Callable[[float, float], None]
 """Called as ``callback(parameter, epsilon)`` after each accountant evaluation."""
+
+
+class NoiseLimitExceeded(CalibrationError):
+    """The accountant's epsilon at the largest noise of interest (``limit``) is above the target,
+    so the smallest passing noise is larger than ``limit`` (the accountant is non-increasing in
+    the noise): a search told to stop there (``smallest_noise(..., limit=...)``,
+    ``dpmf.calibrate(..., max_noise_multiplier=...)``) gives up after that one evaluation."""
+
+    def __init__(self, message: str, limit: float, epsilon: float) -> None:
+        super().__init__(message)
+        self.limit = float(limit)
+        self.epsilon = float(epsilon)
+
+
+#: Where searches that were given no starting point start (see :func:`search_hint`).
+_HINT: contextvars.ContextVar[Optional[float]] = contextvars.ContextVar("dpmf_calibration_hint", default=None)
+
+
+@contextmanager
+def search_hint(start: Optional[float]) -> Iterator[None]:
+    """Inside the block, :func:`smallest_noise` calls that were given no ``initial`` start at
+    ``start`` (a noise multiplier expected to pass, e.g. the unamplified one: amplification only
+    lowers epsilon) instead of 1.
+
+    ``dpmf.calibrate`` sets it around accountants that run their own search (MMCC, random
+    allocation), so a search starts from a cheap upper bracket and shrinks towards the answer
+    rather than starting at sigma = 1, where some accountants need far more time and memory. A
+    hint is only a starting point: a failing hint makes the search grow from there, and the
+    answer is always an evaluated, passing noise. ``None`` leaves the default."""
+    if start is not None:
+        start = _v.positive("start", start)
+    token = _HINT.set(start)
+    try:
+        yield
+    finally:
+        _HINT.reset(token)
 
 
 @dataclass(frozen=True)
@@ -33,19 +74,31 @@ def smallest_noise(
     epsilon_of: Callable[[float], float],
     target_epsilon: float,
     *,
-    initial: float = 1.0,
+    initial: float | None = None,
     rel_tol: float = 1e-4,
     max_value: float = 1e6,
+    limit: float | None = None,
     callback: ProgressCallback | None = None,
 ) -> CalibrationResult:
     """Smallest ``sigma`` (to relative ``rel_tol``) with ``epsilon_of(sigma) <= target_epsilon``.
 
     ``epsilon_of`` must be non-increasing in sigma (true of every accountant in dpmf). The result
     satisfies ``epsilon_of(result.value) <= target_epsilon`` by construction.
+
+    The search starts at ``initial`` (default: the active :func:`search_hint`, else 1). From a
+    passing start it shrinks by steps guided by the epsilon it saw (never more than 8x at once)
+    until a noise fails; from a failing one it doubles. With ``limit`` only noises ``<= limit``
+    are of interest: the search starts at ``min(start, limit)`` and raises
+    :class:`NoiseLimitExceeded` as soon as ``epsilon_of(limit)`` is above the target.
     """
     target = _v.positive("target_epsilon", target_epsilon)
+    if initial is None:
+        initial = _HINT.get() or 1.0
     initial = _v.positive("initial", initial)
     rel_tol = _v.positive("rel_tol", rel_tol)
+    if limit is not None:
+        limit = _v.positive("limit", limit)
+        initial = min(initial, limit)
     trace: list[tuple[float, float]] = []
 
     def ev(x: float) -> float:
@@ -57,12 +110,22 @@ def smallest_noise(
             callback(x, eps)
         return eps
 
+    def over_limit(eps: float) -> NoiseLimitExceeded:
+        return NoiseLimitExceeded(
+            f"epsilon at the largest noise of interest, noise_multiplier={limit:g}, is {eps:g} > {target:g}: "
+            "the smallest passing noise is larger",
+            limit,
+            eps,
+        )
+
     hi, eps_hi = initial, ev(initial)
     if eps_hi > target:  # grow until the target is met
         lo = hi
         while eps_hi > target:
+            if limit is not None and hi >= limit:
+                raise over_limit(eps_hi)
             lo = hi
-            hi *= 2
+            hi = hi * 2 if limit is None else min(hi * 2, limit)
             if hi > max_value:
                 raise CalibrationError(
                     f"no noise_multiplier <= {max_value:g} reaches epsilon <= {target:g} "
@@ -70,10 +133,10 @@ def smallest_noise(
                 )
             eps_hi = ev(hi)
     else:  # shrink until the target fails
-        lo = hi / 2
+        lo = hi * _shrink_factor(eps_hi, target)
         while (eps_lo := ev(lo)) <= target:
             hi, eps_hi = lo, eps_lo
-            lo /= 2
+            lo *= _shrink_factor(eps_lo, target)
             if lo < 1e-6:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
     # Illinois (modified regula falsi) on log(epsilon) vs log(sigma), with bisection safeguards.
@@ -104,6 +167,18 @@ def smallest_noise(
                 f_hi /= 2
             side = -1
     return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
+
+
+def _shrink_factor(eps: float, target: float) -> float:
+    """How far below a passing noise (epsilon ``eps <= target`` there) to look for a failing one.
+
+    Amplified accountants fall at least like ``1 / sigma`` and often like ``1 / sigma^2``, so the
+    answer is near ``sigma * sqrt(eps / target)``; aim a little below it (the next point should
+    fail, which brackets the answer in one step), halving when the target is nearly met, never
+    more than 8x at once (small noises can be expensive)."""
+    if not (eps > 0 and math.isfinite(eps)):
+        return 0.125
+    return min(0.5, max(0.125, 0.8 * math.sqrt(eps / target)))
 
 
 def largest_count(

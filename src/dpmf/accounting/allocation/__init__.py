@@ -4,6 +4,8 @@ Schuchardt & Kalinin, "Sampling-free privacy accounting for matrix mechanisms un
 allocation" (arXiv 2601.21636); digest ``notes/random-allocation.md``. Two sound accountants on
 the dominating pair of :mod:`.dominating_pair`: the Rényi dynamic program (:mod:`.renyi`, Sec. 3)
 and conditional composition (:mod:`.conditional`, Sec. 4); :mod:`.accountant` reports the tighter.
+For the identity (DP-SGD), :mod:`.pld` computes the PLD of the pair itself (Feldman & Shenfeld,
+arXiv 2602.17284), tight up to a pessimistic discretization.
 """
 
 from dpmf.accounting.allocation.dominating_pair import (
@@ -14,6 +16,11 @@ from dpmf.accounting.allocation.dominating_pair import (
 )
 from dpmf.accounting.allocation.renyi import RenyiAllocation, add_rdp, remove_rdp
 from dpmf.accounting.allocation.conditional import conditional_epsilon
+from dpmf.accounting.allocation.pld import (
+    account_allocation_pld,
+    allocation_pld_epsilon,
+    calibrate_allocation_pld,
+)
 from dpmf.accounting.allocation.accountant import (
     NAME,
     AllocationProblem,
@@ -36,4 +43,7 @@ __all__ = [
     "AllocationProblem",
     "account_allocation",
     "calibrate_allocation",
+    "allocation_pld_epsilon",
+    "account_allocation_pld",
+    "calibrate_allocation_pld",
 ]

@@ -55,6 +55,7 @@ from typing import Callable
 import numpy as np
 from scipy import special
 
+from dpmf import progress
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
 from dpmf.privacy.mixture import GaussianMixture
@@ -282,20 +283,22 @@ def conditional_epsilon(
     pairs = {"remove": [], "add": []}
     H = np.zeros((b, b))
     labels = np.zeros(b, dtype=np.int64)
-    for n in range(N):
-        a = M[:, n]
-        order = np.lexsort((labels, a))
-        Hs, lab = H[np.ix_(order, order)], labels[order]
-        for direction in ("remove", "add"):
-            if n == 0:
-                lam = np.concatenate([[1.0], 1.0 / (2.0 + np.arange(b - 1))])
-            else:
-                lam = reverse_hazard_bounds(Hs, lab, sigma, beta, direction, temperatures)
-            pairs[direction].append((a[order], step_weights(lam)))
-        H += np.outer(a, a)
-        labels = _prefix_labels(labels, a)
-        if callback is not None:
-            callback(n + 1, N)
+    with progress.task("conditional composition: steps", total=N) as bar:
+        for n in range(N):
+            a = M[:, n]
+            order = np.lexsort((labels, a))
+            Hs, lab = H[np.ix_(order, order)], labels[order]
+            for direction in ("remove", "add"):
+                if n == 0:
+                    lam = np.concatenate([[1.0], 1.0 / (2.0 + np.arange(b - 1))])
+                else:
+                    lam = reverse_hazard_bounds(Hs, lab, sigma, beta, direction, temperatures)
+                pairs[direction].append((a[order], step_weights(lam)))
+            H += np.outer(a, a)
+            labels = _prefix_labels(labels, a)
+            bar.advance()
+            if callback is not None:
+                callback(n + 1, N)
     disc = discretization
     if disc is None:
         disc = _auto_discretization(pairs["remove"] + pairs["add"], sigma, support_size)

@@ -1,0 +1,584 @@
+r"""PLD accountant for DP-SGD (``C = I``) under random allocation (balls-in-bins), sound and tight.
+
+Feldman & Shenfeld, "Privacy amplification by random allocation" (arXiv 2502.08202) and
+"Efficient privacy loss accounting for subsampling and random allocation" (arXiv 2602.17284):
+the privacy loss of 1-out-of-``t`` random allocation of a Gaussian step is a log-sum-exp of ``t``
+i.i.d. Gaussian losses, so its PLD is a ``t``-fold convolution in exp-space. This module computes
+that distribution on a grid whose every rounding and truncation is pessimistic.
+
+**The pair.** One epoch of ``t`` steps, each example in exactly one uniformly random step, noise
+``sigma`` (clip norm 1). The dominating pair (Lemma 2.8 of the digest ``notes/random-allocation.md``
+with ``C = I``) is ``P = (1/t) sum_i N(e_i, sigma^2 I_t)`` and ``Q = N(0, sigma^2 I_t)``: remove is
+``(P, Q)``, add is ``(Q, P)``. With ``x ~ Q`` the likelihood ratio is
+
+    S = dP/dQ(x) = (1/t) sum_i X_i,   X_i = exp((x_i - 1/2) / sigma^2)  i.i.d. lognormal,
+    log X_i ~ N(-eta/2, eta),  eta = 1 / sigma^2,  E X_i = 1,
+
+and both hockey-stick divergences are expectations of convex functions of ``S`` under ``Q``:
+
+    remove:  delta_R(eps) = E_P[(1 - e^{eps - L})_+] = E[(S - e^eps)_+]
+    add:     delta_A(eps) = E_Q[(1 - e^eps dP/dQ)_+] = E[(1 - e^eps S)_+].
+
+``t = 1`` is the Gaussian mechanism (both directions). ``k`` epochs with the slot reused
+(:class:`~dpmf.sampling.BallsInBinsSampling`) are one epoch at ``sigma / sqrt(k)``, exactly
+(:mod:`dpmf.accounting.reductions`), so ``eta = k / sigma^2``. (A ``k``-fold PLD self-composition of
+one epoch would describe a *fresh* slot each epoch, which is a different, more private sampler;
+it is not a bound for reused slots and is not used.)
+
+**Pessimistic computation.** Values live on the grid ``j h`` (sum-space, ``j`` integer):
+
+1. *Level one.* ``X`` is replaced by its spread onto the grid (the mass of each cell
+   ``[jh, (j+1)h]`` goes to the two ends with the cell's mean preserved): a mean-preserving spread,
+   so it dominates ``X`` in convex order (closed forms: ``P(X <= x) = Phi(z)``,
+   ``E[X; X <= x] = Phi(z - sqrt(eta))``, ``z = (log x + eta/2)/sqrt(eta)``).
+2. *Sums.* The law of ``sum_i X_i`` is built by repeated squaring with exact FFT convolutions on
+   the integer grid (``<= 2 log2 t`` of them). Convex order is closed under independent sums, so
+   the result dominates ``t S`` for every convex function of ``S`` (both directions).
+3. *Windows.* After each convolution the support is cut to a window ``[l, u]``. For the remove
+   direction (non-decreasing, 1-Lipschitz ``f``) raising mass below ``l`` to ``l`` can only
+   increase ``E f``; lowering mass above ``u`` to ``u`` costs at most ``E[(A - u)_+] / t``, which is
+   *added* to delta (and is exact when ``u >= t e^eps``). For the add direction (non-increasing,
+   ``e^eps``-Lipschitz) the roles swap: lowering is free (and exact when ``u >= t e^{-eps}``), raising
+   costs ``e^eps E[(l - A)_+] / t``, added to delta. The masses and the charged excess of the cut
+   parts are computed exactly from the two convolution operands (dot products of non-negative
+   terms), not from the FFT output; each charge is multiplied by the number of copies of that
+   partial sum in the total.
+4. *Floating point.* Each FFT output entry kept gets ``+ 16 u log2(n) (|a|_2 |b|_1 + |a|_1 |b|_2)``
+   (the worst-case error of an FFT convolution, Higham, *Accuracy and Stability*, Thm 24.2, with
+   margin), so kept masses are never below the exact convolution's. That allowance is multiplied
+   by the number of copies of a partial sum, so partial sums used ``>= 64`` times are convolved in
+   long double (``u = 2^-64`` on x86-64, about 4x the time), the others in float64. The level-one
+   split is nudged to the pessimistic side by its rounding bound; the exact lumps are summed with
+   a relative allowance of ``4 n u``. *Caveat (stated, not proved here):* Higham's bound holds for
+   a radix-2 Cooley-Tukey FFT whose twiddle factors are computed to ``O(u)``; SciPy's pocketfft is
+   assumed to meet it (its measured errors are about 1000x below the allowance).
+5. *Query.* ``E[(S - a)_+]`` and ``E[(b - S)_+]`` of the grid law are piecewise linear in ``a`` and
+   ``b`` with kinks on the grid, so the smallest epsilon with ``delta(eps) <= delta`` is found
+   exactly by suffix/prefix sums and linear interpolation.
+
+Every choice of ``h`` and windows gives a sound bound; they only decide tightness. The grid is
+refined (``h`` halved) until two successive epsilons agree to ``rel_tol`` (the spread error is
+``O(h^2)``), and the smallest epsilon seen is reported (each is a bound). The result is also
+never above the Gaussian mechanism's epsilon at ``sigma / sqrt(k)`` (post-processing: revealing the
+slot), which is the reported value when it is smaller.
+
+**Cost.** ``n`` grid points per window (at most ``max_points``): time ``O(n log n log t)`` per
+refinement level (``<= 2 log2 t`` FFTs of length ``<= 2n``), memory ``O(n)``. The window width
+tracks the distribution (``O(sqrt(t))`` standard deviations of the sum, or ``t e^eps`` when the tail
+is heavy), so ``n`` does not grow with ``t``: at ``t = 10^4`` a few ``10^5`` points suffice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import fft as _fft
+from scipy import special
+
+from dpmf import validation as _v
+from dpmf.accounting.guard import guarded
+from dpmf.accounting.report import PrivacyReport
+from dpmf.errors import InvalidParameterError
+from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.gdp import gaussian_epsilon
+from dpmf.sampling.schemes import BallsInBinsSampling
+from dpmf.strategies.identity import Identity
+
+__all__ = [
+    "NAME",
+    "supports",
+    "allocation_pld_epsilon",
+    "account_allocation_pld",
+    "calibrate_allocation_pld",
+]
+
+NAME = "allocation_pld"
+_U = 2.0**-53
+_U_EXTENDED = float(np.finfo(np.longdouble).eps) / 2  # 2^-64 on x86-64; 2^-53 where long double is double
+#: Partial sums used at least this many times are convolved in long double (see _convolve).
+_EXTENDED_MULT = 64
+#: Relative agreement of two successive grid refinements at which refinement stops.
+DEFAULT_REL_TOL = 2e-4
+#: Largest number of grid points in one window (memory ~ 40 bytes per point).
+DEFAULT_MAX_POINTS = 2**20
+#: First refinement level's points per window (a pilot that fixes the windows).
+_PILOT_POINTS = 2**10
+#: Fraction of delta that window cuts may cost in tightness (never in soundness).
+_CUT_BUDGET = 1e-4
+#: The remove window reaches ``t e^eps_hi (1 + margin)``, so its cut is exact at the answer.
+_CAP_MARGIN = 0.02
+#: Constant of the FFT convolution error bound (Higham, Thm 24.2, with margin).
+_FFT_ERROR_FACTOR = 16.0
+
+
+def supports(strategy, scheme) -> str | None:
+    """``None`` for the identity strategy under balls-in-bins sampling (any epochs), else why not."""
+    if not isinstance(scheme, BallsInBinsSampling):
+        return f"the random-allocation PLD accountant needs BallsInBinsSampling, got {type(scheme).__name__}"
+    if not isinstance(strategy, Identity):
+        name = type(strategy).__name__ if not isinstance(strategy, np.ndarray) else "a matrix"
+        return f"the random-allocation PLD accountant covers the identity strategy (DP-SGD) only, got {name}"
+    return None
+
+
+# ----------------------------------------------------------------------------- grid laws
+@dataclass(frozen=True)
+class _Law:
+    """Masses ``p`` at grid indices ``lo, lo+1, ...`` (values ``index * h``); not normalized."""
+
+    lo: int
+    p: np.ndarray
+
+    def tables(self):
+        """``T[k] = P(A >= k)``, ``E[k] = E[(A - k)_+]``, ``H[k] = P(A <= k)``, ``D[k] = E[(k - A)_+]``
+        for relative ``k = 0..n-1`` (grid units), by sums of non-negative terms."""
+        p = self.p
+        T = np.cumsum(p[::-1])[::-1]
+        E = np.zeros_like(p)
+        E[:-1] = np.cumsum(T[:0:-1])[::-1]
+        H = np.cumsum(p)
+        D = np.zeros_like(p)
+        D[1:] = np.cumsum(H[:-1])
+        return T, E, H, D
+
+
+def _extend(T, E, H, D, k: np.ndarray):
+    """The four tables at arbitrary integer ``k`` (linear/constant beyond the support)."""
+    n = T.size
+    kc = np.clip(k, 0, n - 1)
+    below, above = k < 0, k > n - 1
+    total = T[0]
+    t_k = np.where(below, total, np.where(above, 0.0, T[kc]))
+    e_k = np.where(below, E[0] + (-k) * total, np.where(above, 0.0, E[kc]))
+    h_k = np.where(below, 0.0, np.where(above, total, H[kc]))
+    d_k = np.where(below, 0.0, np.where(above, D[-1] + (k - (n - 1)) * total, D[kc]))
+    return t_k, e_k, h_k, d_k
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """``sum(a * b)`` by numpy's pairwise summation (no BLAS: it is slower under load here)."""
+    return float(np.sum(a * b))
+
+
+def _lognormal_tables(eta: float, x: np.ndarray):
+    """``P(X <= x), P(X > x), E[X; X <= x], E[X; X > x]`` for the mean-one lognormal."""
+    s = math.sqrt(eta)
+    with np.errstate(divide="ignore"):
+        z = (np.log(x) + eta / 2) / s
+    w = z - s
+    return special.ndtr(z), special.ndtr(-z), special.ndtr(w), special.ndtr(-w)
+
+
+def _call(eta: float, k: float) -> float:
+    """``E[(X - k)_+]``."""
+    if k <= 0:
+        return 1.0 - k
+    _, fb, _, mb = _lognormal_tables(eta, np.array([k]))
+    return max(float(mb[0] - k * fb[0]), 0.0)
+
+
+def _put(eta: float, k: float) -> float:
+    """``E[(k - X)_+]``."""
+    if k <= 0:
+        return 0.0
+    f, _, m, _ = _lognormal_tables(eta, np.array([k]))
+    return max(float(k * f[0] - m[0]), 0.0)
+
+
+def _level_one(eta: float, h: float, l: int, u: int, direction: str) -> tuple[_Law, float]:
+    """The spread of ``X`` onto ``h * [l..u]`` (mass below/above lumped at the ends) and the charge
+    (remove: ``E[(X - uh)_+]``; add: ``E[(lh - X)_+]``) per copy, in sum units."""
+    x = np.arange(l, u + 1, dtype=np.float64) * h
+    F, Fb, M, Mb = _lognormal_tables(eta, x)
+    if u == l:
+        return _Law(l, np.array([1.0 + 4 * _U])), (_call(eta, x[0]) if direction == "remove" else _put(eta, x[0]))
+    low = Fb[1:] >= F[1:]  # lower-tail differences where they are accurate
+    p = np.where(low, F[1:] - F[:-1], Fb[:-1] - Fb[1:])
+    p_err = 2 * _U * np.where(low, F[1:] + F[:-1], Fb[:-1] + Fb[1:])
+    loww = Mb[1:] >= M[1:]
+    m = np.where(loww, M[1:] - M[:-1], Mb[:-1] - Mb[1:])
+    m_err = 2 * _U * np.where(loww, M[1:] + M[:-1], Mb[:-1] + Mb[1:])
+    p = np.maximum(p, 0.0)
+    m = np.maximum(m, 0.0)
+    x0 = x[:-1]
+    right = (m - x0 * p) / h  # the cell's mass moved to its right end (mean preserved)
+    slack = 4 * (m_err + x0 * p_err + _U * (m + x0 * p)) / h
+    right = right + slack if direction == "remove" else right - slack
+    right = np.clip(right, 0.0, p)
+    q = np.zeros(u - l + 1)
+    q[:-1] += p - right
+    q[1:] += right
+    q[0] += F[0] * (1 + 4 * _U)  # P(X <= lh)
+    q[-1] += Fb[-1] * (1 + 4 * _U)  # P(X > uh)
+    extra = float(p_err.sum()) + 8 * _U  # mass lost to rounding, put where it hurts
+    if direction == "remove":
+        q[-1] += extra
+        charge = _call(eta, x[-1])
+    else:
+        q[0] += extra
+        charge = _put(eta, x[0])
+    return _Law(l, q), charge * (1 + 1e-9) + 4 * _U
+
+
+def _convolve(a: _Law, b: _Law | None, extended: bool = False):
+    """The FFT convolution (``b = None``: square) and a bound on its entrywise error.
+
+    ``extended``: transform in long double (x87, unit roundoff ``2^-64``), which shrinks the
+    error bound ~2000x at ~4x the time; used where the result is copied many times.
+    """
+    pa = a.p
+    pb = pa if b is None else b.p
+    n = pa.size + pb.size - 1
+    nf = _fft.next_fast_len(n, real=True)
+    unit = _U_EXTENDED if extended else _U
+    dtype = np.longdouble if extended else np.float64
+    fa = _fft.rfft(pa.astype(dtype), nf)
+    fb = fa if b is None else _fft.rfft(pb.astype(dtype), nf)
+    out = _fft.irfft(fa * fb, nf)[:n]
+    na2, nb2 = math.sqrt(float(_dot(pa, pa))), math.sqrt(float(_dot(pb, pb)))
+    err = _FFT_ERROR_FACTOR * unit * math.log2(nf) * (na2 * float(pb.sum()) + float(pa.sum()) * nb2)
+    if extended:  # back to float64, rounded up (a relative 2^-53 at most)
+        out = out.astype(np.float64) * (1 + 2 * _U)
+        err = err * (1 + 2 * _U) + 4 * _U_EXTENDED
+    return out, err
+
+
+@dataclass
+class _Plan:
+    """Direction, grid and cut rules of one computation."""
+
+    direction: str
+    t: int
+    h: float
+    cap: int  # grid index of the exact cut (remove: >= t e^eps_hi; add: >= t e^-eps_lo)
+    budget: float  # tightness budget per cut, in delta units
+    scale: float  # add: e^eps_hi (charges are multiplied by e^eps)
+
+
+def _cut(plan: _Plan, a: _Law, b: _Law | None, mult: int) -> tuple[_Law, float, int]:
+    """Convolve, cut to a window, lump the cut mass exactly; returns law, charge and width."""
+    c, err = _convolve(a, b, extended=mult >= _EXTENDED_MULT)
+    lo = a.lo + (a.lo if b is None else b.lo)
+    n = c.size
+    # choose the window from the FFT output (tightness only)
+    cpos = np.maximum(c, 0.0)
+    _, Ec, _, Dc = _Law(lo, cpos).tables()
+    unit = plan.h / plan.t * mult
+    s = plan.scale if plan.direction == "add" else 1.0
+    ok = np.flatnonzero(Ec * unit * s <= plan.budget)
+    u = int(ok[0]) if ok.size else n - 1
+    u = max(0, min(u, plan.cap - lo, n - 1))
+    ok = np.flatnonzero(Dc[: u + 1] * unit * s <= plan.budget)
+    l = int(ok[-1]) if ok.size else 0
+    # exact lumps from the operands: A = A1 + A2, sum over A1's support
+    b2 = a if b is None else b
+    tabs = b2.tables()
+    j = np.arange(a.p.size)
+    infl = 1 + 4 * _U * (a.p.size + b2.p.size + 8)
+    t_u, e_u, _, _ = _extend(*tabs, (u + lo - a.lo - b2.lo) - j)
+    _, _, h_l, d_l = _extend(*tabs, (l + lo - a.lo - b2.lo) - j)
+    top_mass = float(_dot(a.p, t_u)) * infl
+    top_exc = float(_dot(a.p, e_u)) * infl
+    bot_mass = float(_dot(a.p, h_l)) * infl
+    bot_def = float(_dot(a.p, d_l)) * infl
+    if l >= u:
+        q = np.array([float(a.p.sum()) * float(b2.p.sum()) * infl + err])
+        l = u
+    else:
+        q = np.maximum(c[l : u + 1] + err, 0.0)
+        q[0], q[-1] = bot_mass, top_mass
+    charge = (top_exc if plan.direction == "remove" else bot_def) * plan.h / plan.t * mult
+    return _Law(lo + l, q), charge, u - l + 1
+
+
+def _sum_law(plan: _Plan, eta: float) -> tuple[_Law, float, int]:
+    """Law of ``sum_{i<t} X_i`` (grid, windowed) with its accumulated charge (delta units)."""
+    t, h = plan.t, plan.h
+    bits = bin(t)[2:][::-1]
+    ops = 1 + 2 * len(bits)
+    plan.budget /= ops
+    # level one: window from closed forms
+    s = plan.scale if plan.direction == "add" else 1.0
+    u = _first_index(lambda k: _call(eta, k * h) * s <= plan.budget, plan.cap)
+    u = min(u, plan.cap)
+    l = _last_index(lambda k: _put(eta, k * h) * s <= plan.budget, u)
+    base, c1 = _level_one(eta, h, l, u, plan.direction)
+    charge = t * c1 / t  # t copies, each charged c1 / t
+    width = base.p.size
+    result = None
+    for i, bit in enumerate(bits):
+        if bit == "1":
+            if result is None:
+                result = base
+            else:
+                result, c, w = _cut(plan, result, base, 1)
+                charge += c
+                width = max(width, w)
+        if i < len(bits) - 1:
+            mult = t >> (i + 1)
+            base, c, w = _cut(plan, base, None, mult)
+            charge += c
+            width = max(width, w)
+    return result, charge, width
+
+
+def _first_index(ok, hi: int) -> int:
+    """Smallest ``k`` in ``[0, hi]`` with ``ok(k)`` (``ok`` monotone), else ``hi``."""
+    if not ok(hi):
+        return hi
+    lo = 0
+    if ok(0):
+        return 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def _last_index(ok, hi: int) -> int:
+    """Largest ``k`` in ``[0, hi]`` with ``ok(k)`` (``ok`` true at 0, monotone), else 0."""
+    if ok(hi):
+        return hi
+    lo = 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+# ----------------------------------------------------------------------------- queries
+def _remove_delta_table(law: _Law, h: float, t: int, charge: float):
+    """Grid ``a_k`` (S units) and ``delta_R(a_k) = E[(S - a_k)_+] + charge``."""
+    _, E, _, _ = law.tables()
+    a = (law.lo + np.arange(law.p.size)) * h / t
+    return a, E * (h / t) + charge
+
+
+def _remove_epsilon(law: _Law, h: float, t: int, charge: float, delta: float) -> float:
+    a, g = _remove_delta_table(law, h, t, charge)
+    idx = np.flatnonzero(g <= delta)
+    if idx.size == 0:
+        return math.inf
+    k = int(idx[0])
+    if k == 0:  # below the window delta_R is linear: E[S] - a + charge
+        mean = float(_dot(law.p, a))
+        root = mean + charge - delta
+        return math.log(root) if root > 1 else 0.0
+    frac = (g[k - 1] - delta) / (g[k - 1] - g[k])
+    root = a[k - 1] + frac * (a[k] - a[k - 1])
+    return math.log(root) if root > 1 else 0.0
+
+
+def _add_epsilon(law: _Law, h: float, t: int, charge: float, delta: float) -> float:
+    """Smallest ``eps >= 0`` with ``E[(1 - e^eps S)_+] + e^eps charge <= delta``."""
+    _, _, _, D = law.tables()
+    b = (law.lo + np.arange(law.p.size)) * h / t
+    mass = float(law.p.sum())
+    mean = float(_dot(law.p, b))
+
+    def g_at(x: float) -> float:  # E[(x - S)_+] + charge - delta x  (convex, piecewise linear)
+        if x <= b[0]:
+            return charge - delta * x
+        if x >= b[-1]:
+            return x * mass - mean + charge - delta * x
+        j = min(int((x - b[0]) / (b[1] - b[0])), b.size - 2)
+        f = (x - b[j]) / (b[j + 1] - b[j])
+        return (D[j] + f * (D[j + 1] - D[j])) * (h / t) + charge - delta * x
+
+    if g_at(1.0) <= 0:
+        return 0.0
+    g = D * (h / t) + charge - delta * b
+    ok = np.flatnonzero((g <= 0) & (b < 1.0))
+    if ok.size == 0:
+        root = charge / delta  # g is linear below the window
+        if root <= 0 or root > b[0]:
+            return math.inf
+        return -math.log(root)
+    j = int(ok[-1])
+    if j + 1 < b.size and b[j + 1] < 1.0:
+        root = b[j] + (b[j + 1] - b[j]) * g[j] / (g[j] - g[j + 1])
+    else:  # the crossing lies between b[j] and 1 (maybe past the window): bisect the convex g
+        lo_, hi_ = b[j], 1.0
+        for _ in range(200):
+            mid = 0.5 * (lo_ + hi_)
+            lo_, hi_ = (mid, hi_) if g_at(mid) <= 0 else (lo_, mid)
+        root = lo_
+    return -math.log(root) if root < 1 else 0.0
+
+
+# ----------------------------------------------------------------------------- driver
+def _direction_pass(direction, eta, t, delta, h, eps_hi, eps_lo):
+    if direction == "remove":
+        cap = int(math.ceil(t * math.exp(eps_hi) * (1 + _CAP_MARGIN) / h))
+        plan = _Plan("remove", t, h, cap, _CUT_BUDGET * delta, 1.0)
+        law, charge, width = _sum_law(plan, eta)
+        return _remove_epsilon(law, h, t, charge, delta), width
+    cap = int(math.ceil(t * math.exp(-eps_lo) / h)) + 1
+    plan = _Plan("add", t, h, cap, _CUT_BUDGET * delta, math.exp(eps_hi))
+    law, charge, width = _sum_law(plan, eta)
+    return _add_epsilon(law, h, t, charge, delta), width
+
+
+def _refine(direction, eta, t, delta, eps_gauss, rel_tol, max_points, enough=-1.0):
+    """Pilot on a coarse grid, then grids of 4x, 8x, ... the pilot's points over the pilot's
+    window, until two levels agree to ``rel_tol`` or a level stops improving (then the FFT error
+    allowance, which grows with the number of points, outweighs the finer spread). Returns the
+    smallest epsilon seen (each one a sound bound) and the levels. Refinement also stops once the
+    bound is ``<= enough`` (the other direction's epsilon: this one can no longer decide the max)."""
+    best = eps_gauss
+    eps_lo = 0.0  # add: the window reaches t e^-eps_lo, exact for every eps >= eps_lo
+    reach = t * (math.exp(eps_gauss) * (1 + _CAP_MARGIN) if direction == "remove" else 1.0)
+    h = reach / _PILOT_POINTS
+    levels, prev, points = [], None, _PILOT_POINTS
+    while True:
+        eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo)
+        if direction == "add" and eps_lo > 0 and eps <= eps_lo * (1 + 1e-3):
+            # the answer sits at the window's end, where the cut is not exact: reach further
+            eps_lo = 0.0
+            eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo)
+        best = min(best, eps)
+        levels.append({"h": h, "points": width, "epsilon": eps})
+        if prev is not None and (abs(prev - eps) <= 3 * rel_tol * max(eps, 1e-12) or eps >= prev):
+            break
+        if best <= enough:
+            break
+        reach = width * h  # value width of the widest window: the next grid spans it
+        if len(levels) == 1:  # after the pilot
+            points = 4 * _PILOT_POINTS
+        else:
+            prev, points = eps, 2 * points
+        if direction == "add" and math.isfinite(best):
+            eps_lo = 0.8 * best
+        if points > max_points:
+            break
+        h = reach / points
+    return best, levels
+
+
+def allocation_pld_epsilon(
+    noise_multiplier: float,
+    steps: int,
+    delta: float,
+    *,
+    epochs: int = 1,
+    rel_tol: float = DEFAULT_REL_TOL,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> dict:
+    """Epsilon (both directions) of ``epochs`` epochs of 1-out-of-``steps`` random allocation of
+    a Gaussian step with noise ``noise_multiplier`` (sensitivity 1), slot reused every epoch.
+
+    Returns a dict with ``epsilon``, ``epsilon_by_direction``, ``refinements`` (per direction: the
+    grid spacing ``h`` in sum units, the widest window's points and the epsilon of each level),
+    ``gaussian_epsilon`` and ``seconds``.
+    """
+    start = time.perf_counter()
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    t = _v.positive_int("steps", steps)
+    k = _v.positive_int("epochs", epochs)
+    d = _v.open_unit("delta", delta)
+    rel_tol = _v.positive("rel_tol", rel_tol)
+    max_points = _v.positive_int("max_points", max_points)
+    if max_points < 8 * _PILOT_POINTS:
+        raise InvalidParameterError(f"max_points must be >= {8 * _PILOT_POINTS}, got {max_points}")
+    sigma_eff = sigma / math.sqrt(k)
+    eta = 1.0 / sigma_eff**2
+    eps_gauss = gaussian_epsilon(sigma_eff, d)
+    out = {"noise_multiplier_one_epoch": sigma_eff, "steps_per_epoch": t, "epochs": k,
+           "gaussian_epsilon": eps_gauss}
+    by_dir, levels = {}, {}
+    if t == 1 or eps_gauss == 0.0 or eps_gauss > 300:
+        by_dir = {"remove": eps_gauss, "add": eps_gauss}
+        out["note"] = "the Gaussian mechanism's epsilon (t = 1, or a grid beyond float range)"
+    else:
+        by_dir["remove"], levels["remove"] = _refine("remove", eta, t, d, eps_gauss, rel_tol, max_points)
+        by_dir["add"], levels["add"] = _refine(
+            "add", eta, t, d, eps_gauss, rel_tol, max_points, enough=by_dir["remove"]
+        )
+    out.update({
+        "epsilon": max(by_dir.values()),
+        "epsilon_by_direction": by_dir,
+        "refinements": levels,
+        "seconds": time.perf_counter() - start,
+    })
+    return out
+
+
+# ----------------------------------------------------------------------------- accountant
+@guarded(NAME, supports)
+def account_allocation_pld(
+    strategy,
+    scheme,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    accuracy: float = DEFAULT_REL_TOL,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> PrivacyReport:
+    """Epsilon of DP-SGD (``strategy = Identity(N)``) under balls-in-bins ``scheme`` (module docstring).
+
+    Args:
+      strategy: :class:`~dpmf.strategies.Identity` with ``n = scheme.steps``.
+      scheme: :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps, slot reused).
+      noise_multiplier: ``sigma > 0`` (clip norm 1).
+      delta: target delta in (0, 1).
+      accuracy: grid refinement stops when two levels agree to this relative tolerance.
+      max_points: most grid points in one window (bounds memory and time).
+
+    Returns:
+      A certified :class:`PrivacyReport`, epsilon the worst of both directions; diagnostics hold
+      the refinement levels, the Gaussian-mechanism bound and the exact epochs reduction.
+    """
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    d = _v.open_unit("delta", delta)
+    out = allocation_pld_epsilon(
+        sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
+    )
+    by_dir = dict(out.pop("epsilon_by_direction"))
+    eps = out.pop("epsilon")
+    if scheme.epochs > 1:
+        out["reduction"] = (
+            f"identity, {scheme.epochs} epochs with the same slot each epoch = one epoch of "
+            f"{scheme.steps_per_epoch} steps at sigma / sqrt({scheme.epochs})"
+        )
+    return PrivacyReport(
+        epsilon=eps,
+        delta=d,
+        noise_multiplier=sigma,
+        method=NAME,
+        certified=True,
+        epsilon_by_direction=by_dir,
+        strategy=strategy.describe(),
+        scheme=scheme.describe(),
+        diagnostics=out,
+    )
+
+
+@guarded(NAME, supports)
+def calibrate_allocation_pld(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    rel_tol: float = 1e-4,
+    callback: ProgressCallback | None = None,
+    accuracy: float = DEFAULT_REL_TOL,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> float:
+    """Smallest noise multiplier whose :func:`account_allocation_pld` epsilon is ``<= target``.
+
+    ``rel_tol`` is the search's relative tolerance on sigma, ``accuracy`` the accountant's
+    ``rel_tol``; ``callback(sigma, epsilon)`` after each evaluation.
+    """
+    target = _v.positive("target_epsilon", target_epsilon)
+    d = _v.open_unit("delta", delta)
+
+    def eps_of(s: float) -> float:
+        return allocation_pld_epsilon(
+            s, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
+        )["epsilon"]
+
+    return smallest_noise(eps_of, target, rel_tol=rel_tol, callback=callback).value

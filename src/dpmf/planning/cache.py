@@ -1,0 +1,150 @@
+"""On-disk cache of ``dpmf plan`` rows: a rerun of the same plan is instant.
+
+One small JSON file per candidate, named by the SHA-256 of its *key*: the strategy recipe, the
+scheme, the accountant and its options, the target (epsilon, delta), the batch size and the
+calibration tolerance -- plus the code: dpmf's version and a fingerprint of its source files, and
+the versions of numpy, scipy and dp_accounting. Anything that can change a row changes the key, so
+a stale row is never reused (a changed dpmf gets a fresh cache). The file stores the full key
+again, and a hit requires it to match exactly.
+
+Files are read through :func:`dpmf.files.read_json` (the one loader); a file that is malformed,
+truncated, foreign or for another key is ignored -- the row is computed again and the file
+replaced -- and the reason is kept in :attr:`PlanCache.ignored` for the caller to show. Writes go
+to a temporary file first and are renamed into place, so an interrupted run never leaves half a
+file. A *pruned* row is stored with the threshold it was pruned against and reused only for a
+threshold at most as large (it then still proves the candidate cannot win).
+
+Default folder: ``$DPMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpmf``, else ``~/.cache/dpmf``
+(rows go in its ``plan/`` subfolder).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+from dataclasses import fields
+from pathlib import Path
+
+from dpmf.errors import DPMFError
+from dpmf.planning.candidates import PlanRow
+
+FORMAT = "dpmf-plan-row"
+FORMAT_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$DPMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpmf``, else ``~/.cache/dpmf``."""
+    if os.environ.get("DPMF_CACHE_DIR"):
+        return Path(os.environ["DPMF_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dpmf"
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> dict:
+    """Versions of dpmf and the numeric libraries, and a hash of dpmf's source files."""
+    import importlib.metadata as md
+
+    import dpmf
+    from dpmf._version import __version__
+
+    root = Path(dpmf.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    out = {"dpmf": __version__, "source_sha256": h.hexdigest()}
+    for lib in ("numpy", "scipy", "dp-accounting"):
+        try:
+            out[lib] = md.version(lib)
+        except md.PackageNotFoundError:  # pragma: no cover - depends on the environment
+            out[lib] = None
+    return out
+
+
+_ROW_FIELDS = {f.name: f.type for f in fields(PlanRow)}
+
+
+def _row_from(data: object) -> PlanRow:
+    """A :class:`PlanRow` from its stored dict; ``ValueError`` for anything malformed."""
+    if not isinstance(data, dict) or set(data) != set(_ROW_FIELDS):
+        raise ValueError("row fields do not match")
+    for name in ("strategy", "sampling", "method", "label", "note"):
+        if not isinstance(data[name], str):
+            raise ValueError(f"{name} is not text")
+    for name in ("certified", "pruned", "cached"):
+        if not isinstance(data[name], bool):
+            raise ValueError(f"{name} is not true/false")
+    for name in ("noise_multiplier", "epsilon", "prefix_sum_rmse", "rmse_per_example_in_batch", "seconds"):
+        v = data[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} is not a non-negative number")
+    if not data["noise_multiplier"] > 0:
+        raise ValueError("noise_multiplier is not positive")
+    return PlanRow(**data)
+
+
+class PlanCache:
+    """Plan rows on disk under ``folder/plan`` (see the module docstring)."""
+
+    def __init__(self, folder) -> None:
+        self.folder = Path(folder) / "plan"
+        self.ignored: list[str] = []  # why files were ignored (malformed, another key, ...)
+
+    def full_key(self, key: dict) -> dict:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "code": code_fingerprint(), **key}
+
+    def path(self, key: dict) -> Path:
+        text = json.dumps(self.full_key(key), sort_keys=True, separators=(",", ":"))
+        return self.folder / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
+
+    def get(self, key: dict, threshold: float = math.inf) -> PlanRow | None:
+        """The stored row for ``key`` (``cached=True``), or ``None``: not stored, ignored (see
+        :attr:`ignored`), or pruned against a smaller threshold than ``threshold``."""
+        from dpmf.files import read_json, reading
+
+        path = self.path(key)
+        if not path.exists():
+            return None
+        try:
+            data = read_json(path, "dpmf plan cache file")
+            with reading(path, "dpmf plan cache file"):
+                if not isinstance(data, dict) or data.get("key") != json.loads(json.dumps(self.full_key(key))):
+                    raise ValueError("written for another configuration or another dpmf")
+                row = _row_from(data.get("row"))
+                pruned_at = data.get("threshold")
+                if row.pruned and not (isinstance(pruned_at, (int, float)) and not isinstance(pruned_at, bool)):
+                    raise ValueError("a pruned row without its threshold")
+        except DPMFError as exc:
+            self.ignored.append(f"ignored the cache file {path}: {exc}")
+            return None
+        if row.pruned and not threshold <= pruned_at:
+            return None  # pruned against a smaller best row: not a proof for this threshold
+        from dataclasses import replace
+
+        return replace(row, cached=True)
+
+    def put(self, key: dict, row: PlanRow, threshold: float = math.inf) -> None:
+        """Store ``row`` (atomically; an unwritable folder only costs the cache)."""
+        from dataclasses import replace
+
+        payload = {"key": self.full_key(key), "row": replace(row, cached=False).to_dict()}
+        if row.pruned:
+            payload["threshold"] = threshold
+        path = self.path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(payload, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.ignored.append(f"could not write the cache file {path}: {exc}")
+            try:
+                tmp.unlink()
+            except OSError:
+                pass

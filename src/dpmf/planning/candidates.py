@@ -1,0 +1,343 @@
+"""What ``dpmf plan`` compares: the training run, the candidate configurations and the rows.
+
+A candidate is a small picklable *recipe* -- a :class:`StrategySpec` (kind and size, built on
+first use), a sampling scheme, an accountant and its options -- so it can be looked up in the
+cache without building anything, and sent to a Dask worker that builds it there.
+
+Candidates come in three *waves*, cheapest first. Every candidate of a wave is checked against
+the best prefix RMSE of the waves before it (see :mod:`dpmf.planning.evaluate`), so the waves are
+independent of each other's order and run the same locally and on a Dask cluster:
+
+0. closed forms under the shuffled fixed order (DP-SGD, sqrt-Toeplitz, banded Toeplitz for every
+   band count of the sweep, BLT, binary tree, and the multi-epoch optimal factorization up to
+   :data:`EXACT_OPTIMAL_STEPS` steps): sensitivities only;
+1. cheap amplified accountants: DP-SGD with Poisson sampling (PLD) and with balls-in-bins (random
+   allocation), and banded Toeplitz under cyclic Poisson sampling with ``cycle = bands`` (the
+   min-sep sweep: the cycle length is the separation between two participations of an example);
+2. expensive ones: MMCC for banded Toeplitz (band sweep, at most ``steps // 8`` bands) and the
+   binary tree under Poisson sampling, random allocation for BSR, the multi-epoch optimal
+   factorization above :data:`EXACT_OPTIMAL_STEPS` steps (its dual bound can prune it), and Monte
+   Carlo rows (estimates, only when asked for).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import cached_property
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError
+from dpmf.sampling.schemes import (
+    BallsInBinsSampling,
+    CyclicPoissonSampling,
+    FixedOrderSampling,
+    MinSepSampling,
+    PoissonSampling,
+)
+
+#: The tree's sensitivity and optimal decoder use dense (2n-1) x n matrices: skip it above this.
+MAX_TREE_STEPS = 4096
+#: The dense optimal factorization costs ~n^3 (about 10 s at n = 1000 with the plan's gap): skip
+#: it above this.
+MAX_OPTIMAL_STEPS = 1024
+#: MMCC rows under Poisson sampling (dense encoder, one mixture PLD per row): up to this many steps.
+MAX_MMCC_STEPS = 2048
+#: Band counts of the banded-Toeplitz sweep (capped at the steps per epoch; the steps per epoch
+#: themselves are added for the fixed order, where bands = min-sep is the family's best).
+BAND_SWEEP = (4, 16, 64)
+#: MMCC rows under Poisson sampling for banded Toeplitz with at most ``steps // MMCC_DENSITY`` bands
+#: (at least 4): MMCC's cost grows fast with the density of the encoder.
+MMCC_DENSITY = 8
+#: Relative duality gap at which the plan stops the optimal factorization's Newton iterations
+#: (above :data:`EXACT_OPTIMAL_STEPS` steps). Any C is sound -- its sensitivity and epsilon are
+#: computed for the C used -- and a gap g certifies a prefix RMSE within about g/2 of the optimum.
+OPTIMAL_GAP = 1e-2
+#: Up to this many steps the optimal factorization is solved to a 1e-6 gap (a second or two).
+EXACT_OPTIMAL_STEPS = 256
+#: Relative tolerance of every calibration in the plan.
+REL_TOL = 1e-4
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """A training run to plan for. Defaults: a CIFAR-10-sized run (50k examples, 5 epochs)."""
+
+    dataset_size: int = 50_000
+    batch_size: int = 500
+    epochs: int = 5
+    epsilon: float = 2.0
+    delta: float = 1e-6
+    montecarlo_samples: int | None = None  # add Monte Carlo (estimate) rows with this many samples
+    mmcc: bool = True  # MMCC rows under Poisson sampling (tree, banded Toeplitz), up to MAX_MMCC_STEPS
+
+    def __post_init__(self) -> None:
+        n = _v.positive_int("dataset_size", self.dataset_size)
+        b = _v.positive_int("batch_size", self.batch_size)
+        if b > n:
+            raise InvalidParameterError(f"batch_size must be <= dataset_size, got {b} > {n}")
+        object.__setattr__(self, "dataset_size", n)
+        object.__setattr__(self, "batch_size", b)
+        object.__setattr__(self, "epochs", _v.positive_int("epochs", self.epochs))
+        object.__setattr__(self, "epsilon", _v.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", _v.open_unit("delta", self.delta))
+        object.__setattr__(self, "mmcc", bool(self.mmcc))
+        if self.montecarlo_samples is not None:
+            from dpmf.accounting.montecarlo.accountant import samples_to_estimate
+
+            s = _v.positive_int("montecarlo_samples", self.montecarlo_samples)
+            need = samples_to_estimate(self.delta)
+            if s < need:
+                raise InvalidParameterError(
+                    f"montecarlo_samples={s} cannot estimate delta={self.delta:g}: with so few samples the 99% "
+                    f"upper confidence bound on delta stays above it at every noise level; use at least "
+                    f"{need:,} samples (or a larger delta)"
+                )
+            object.__setattr__(self, "montecarlo_samples", s)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.dataset_size // self.batch_size
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    @property
+    def sampling_prob(self) -> float:
+        return self.batch_size / self.dataset_size
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """How to build a strategy: ``kind`` and its size parameters (everything its value depends on).
+
+    Kinds: ``identity``, ``sqrt-toeplitz``, ``banded-toeplitz`` (``bands``), ``blt`` (``buffers``),
+    ``bsr`` (``bands``), ``tree`` (rows use the optimal decoder), ``optimal`` (the multi-epoch
+    optimal factorization, Newton stopped at relative duality gap ``gap``)."""
+
+    kind: str
+    n: int
+    epochs: int = 1
+    bands: int | None = None
+    buffers: int | None = None
+    gap: float | None = None
+
+    @property
+    def name(self) -> str:
+        """The strategy's name in the plan's rows."""
+        if self.kind in ("banded-toeplitz", "bsr"):
+            return f"{self.kind}-{self.bands}"
+        if self.kind == "blt":
+            return f"blt-{self.buffers}"
+        return {"optimal": "optimal-mf"}.get(self.kind, self.kind)
+
+    def key(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def build(self):
+        """The strategy (for ``optimal``: see :func:`dpmf.planning.evaluate.optimal_strategy`)."""
+        from dpmf.strategies.banded import bsr, optimize_banded_toeplitz
+        from dpmf.strategies.identity import Identity
+        from dpmf.strategies.toeplitz import ToeplitzStrategy
+        from dpmf.strategies.tree import BinaryTree
+
+        if self.kind == "identity":
+            return Identity(self.n)
+        if self.kind == "sqrt-toeplitz":
+            return ToeplitzStrategy.sqrt_prefix_sum(self.n)
+        if self.kind == "banded-toeplitz":
+            import numpy as np
+
+            with np.errstate(over="ignore", invalid="ignore"):  # (line searches probe unstable points)
+                return optimize_banded_toeplitz(self.n, self.bands, self.epochs)
+        if self.kind == "blt":
+            from dpmf.strategies.blt import optimize_blt
+
+            return optimize_blt(self.n, self.buffers, self.epochs)[0].to_toeplitz(self.n)
+        if self.kind == "bsr":
+            return bsr(self.n, self.bands)
+        if self.kind == "tree":
+            return BinaryTree(self.n)
+        if self.kind == "optimal":
+            from dpmf.planning.evaluate import optimal_strategy
+
+            return optimal_strategy(self)[0]
+        raise InvalidParameterError(f"unknown strategy kind {self.kind!r}")
+
+    def rmse_per_sigma(self, strategy) -> float:
+        """Prefix-sum RMSE per unit noise of ``strategy`` as built (the tree: optimal decoder)."""
+        if self.kind == "tree":
+            return float(strategy.prefix_sum_rmse("optimal"))
+        return float(strategy.prefix_sum_rmse())
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to calibrate: a strategy recipe, a scheme, an accountant (``method`` of
+    :func:`dpmf.calibrate`) and its options, and the wave it runs in. ``strategy`` is built on
+    first use."""
+
+    label: str
+    spec: StrategySpec
+    scheme: object
+    method: str
+    options: dict | None = None  # keyword options for the accountant (e.g. Monte Carlo samples)
+    wave: int = 0
+
+    @cached_property
+    def strategy(self):
+        return self.spec.build()
+
+    @property
+    def strategy_name(self) -> str:
+        return self.spec.name
+
+    def rmse_per_sigma(self) -> float:
+        return self.spec.rmse_per_sigma(self.strategy)
+
+    def key(self, run: TrainingRun) -> dict:
+        """Everything the candidate's row depends on, except the code (added by the cache)."""
+        return {
+            "strategy": self.spec.key(),
+            "scheme": self.scheme.describe(),
+            "method": self.method,
+            "options": dict(sorted((self.options or {}).items())),
+            "epsilon": run.epsilon,
+            "delta": run.delta,
+            "batch_size": run.batch_size,
+            "rel_tol": REL_TOL,
+        }
+
+    def __getstate__(self):  # never ship a built strategy to a Dask worker
+        state = dict(self.__dict__)
+        state.pop("strategy", None)
+        return state
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One configuration: calibrated, or (``pruned``) shown to be worse than the best row.
+
+    A calibrated row's ``epsilon <= target`` is the accountant's certified bound at
+    ``noise_multiplier`` (an ESTIMATE when ``certified`` is False). A pruned row was not calibrated
+    precisely: its accountant's epsilon at ``noise_multiplier`` (the noise at which it would tie
+    the best row of an earlier wave) is already above the target, so it needs more noise and its
+    prefix RMSE is larger than ``prefix_sum_rmse``, a lower bound; ``epsilon`` is the value at that
+    noise (above the target). ``note`` says how the row was obtained when that is not plain."""
+
+    strategy: str
+    sampling: str
+    method: str
+    noise_multiplier: float
+    epsilon: float
+    certified: bool
+    prefix_sum_rmse: float
+    rmse_per_example_in_batch: float
+    seconds: float
+    pruned: bool = False
+    cached: bool = False
+    label: str = ""
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def band_sweep(run: TrainingRun) -> list[int]:
+    """Band counts to try: :data:`BAND_SWEEP` capped at the steps per epoch (at least one)."""
+    spe = run.steps_per_epoch
+    out = sorted({min(b, spe) for b in BAND_SWEEP})
+    return out
+
+
+def candidates(run: TrainingRun) -> list[Candidate]:
+    """Every configuration dpmf can account for, for this run (recipes: nothing is built yet)."""
+    steps, k, q, spe = run.steps, run.epochs, run.sampling_prob, run.steps_per_epoch
+    fixed = FixedOrderSampling(k, steps)
+    poisson = PoissonSampling(q, steps)
+    balls = BallsInBinsSampling(k, steps)
+    sweep = band_sweep(run)
+    identity = StrategySpec("identity", steps)
+
+    def banded(b: int) -> StrategySpec:
+        return StrategySpec("banded-toeplitz", steps, k, bands=b)
+
+    out = [
+        Candidate("DP-SGD, shuffled fixed order", identity, fixed, "unamplified"),
+        Candidate("sqrt-Toeplitz MF, shuffled fixed order", StrategySpec("sqrt-toeplitz", steps), fixed, "unamplified"),
+    ]
+    fixed_bands = sorted(set(sweep) | ({spe} if spe <= 256 else set()))
+    for b in fixed_bands:
+        out.append(Candidate(f"banded Toeplitz ({b} bands), shuffled fixed order", banded(b), fixed, "unamplified"))
+    out.append(
+        Candidate("BLT (2 buffers), shuffled fixed order", StrategySpec("blt", steps, k, buffers=2), fixed, "unamplified")
+    )
+    if steps <= MAX_TREE_STEPS:
+        out.append(
+            Candidate("binary tree (optimal decoder), shuffled fixed order", StrategySpec("tree", steps), fixed,
+                      "unamplified")
+        )
+    if steps <= MAX_OPTIMAL_STEPS:  # cheap when small (wave 0); else last, where its dual bound can prune it
+        exact = steps <= EXACT_OPTIMAL_STEPS
+        out.append(
+            Candidate("optimal multi-epoch MF, shuffled fixed order",
+                      StrategySpec("optimal", steps, k, gap=1e-6 if exact else OPTIMAL_GAP), fixed, "unamplified",
+                      wave=0 if exact else 2)
+        )
+    # wave 1: cheap amplification
+    out.append(Candidate("DP-SGD, Poisson sampling", identity, poisson, "pld", wave=1))
+    for b in sweep:
+        if b > 1 and b * q < 1:  # same expected batch size: rate b*q in the active group (< 1: amplified)
+            out.append(
+                Candidate(
+                    f"banded Toeplitz ({b} bands), cyclic Poisson (cycle {b})",
+                    banded(b),
+                    CyclicPoissonSampling(b * q, steps, b),
+                    "auto",  # generalized MMCC or, if tighter, the unamplified Gaussian
+                    wave=1,
+                )
+            )
+    out.append(Candidate("DP-SGD, balls-in-bins", identity, balls, _dpsgd_allocation_method(), wave=1))
+    # wave 2: expensive accountants and strategies
+    if run.mmcc and steps <= MAX_MMCC_STEPS:
+        for b in sweep:
+            if b <= max(4, steps // MMCC_DENSITY):
+                out.append(
+                    Candidate(f"banded Toeplitz ({b} bands), Poisson sampling (MMCC)", banded(b), poisson, "mmcc",
+                              wave=2)
+                )
+        if steps <= MAX_TREE_STEPS:
+            out.append(
+                Candidate("binary tree (optimal decoder), Poisson sampling (MMCC)", StrategySpec("tree", steps),
+                          poisson, "mmcc", wave=2)
+            )
+    p = min(4, spe)
+    out.append(Candidate(f"BSR ({p} bands), balls-in-bins", StrategySpec("bsr", steps, bands=p), balls, "auto", wave=2))
+    if run.montecarlo_samples:
+        b = min(64, spe)
+        out.append(
+            Candidate(
+                f"banded Toeplitz ({b} bands), b-min-sep (Monte Carlo ESTIMATE)",
+                banded(b),
+                MinSepSampling.from_participation_rate(q, steps, b, warm_start=True),
+                "montecarlo",
+                options={"num_samples": run.montecarlo_samples, "seed": 0},
+                wave=2,
+            )
+        )
+    return out
+
+
+def _dpsgd_allocation_method() -> str:
+    """DP-SGD under balls-in-bins: the random-allocation PLD (``allocation_pld``, the exact dominating
+    pair, pessimistically discretized) when dpmf has it -- ``auto`` would also run the Renyi and
+    conditional-composition bounds, which cannot be tighter and are far slower -- else ``auto``."""
+    from dpmf.accounting.dispatch import METHODS
+
+    return "allocation_pld" if "allocation_pld" in METHODS else "auto"
+
+
+def sort_rows(rows: list[PlanRow]) -> list[PlanRow]:
+    """Calibrated rows best first, then pruned rows by their lower bound."""
+    return sorted(rows, key=lambda r: (r.pruned, r.prefix_sum_rmse if math.isfinite(r.prefix_sum_rmse) else math.inf))

@@ -1,0 +1,164 @@
+"""One candidate of ``dpmf plan``: calibrated to the target, or pruned with a sound bound.
+
+**Pruning.** A candidate is compared with ``threshold``, the best prefix RMSE of the earlier waves.
+With ``r`` its prefix RMSE per unit noise, it could only beat the threshold with a noise below
+``sigma_0 = threshold / r``. The calibration is told so (``dpmf.calibrate(...,
+max_noise_multiplier=sigma_0)``): its accountants are evaluated once at ``sigma_0`` and, when
+every one reports an epsilon above the target there, the candidate is *pruned* -- its calibrated
+noise would be larger than ``sigma_0`` (epsilon is non-increasing in the noise), so its RMSE is
+larger than the threshold and it cannot be the best row. Pruning decides only which rows are
+calibrated precisely; it never changes a reported epsilon or which row is best, and a pruned row
+says it is a bound. The check costs one evaluation, at a noise where the candidate is no better
+than a row already found (accountants get cheaper as the noise grows).
+
+**The optimal factorization** (dense, ``O(n^3)``) is the costly strategy to build. The plan stops
+its Newton iterations at a relative duality gap of ``spec.gap`` (1% above 256 steps): the C it
+returns is feasible and its sensitivity and epsilon are computed for that very C, so the row is as
+sound as any other; the gap certifies that its RMSE is within about ``gap / 2`` of the optimum, and
+the row's note says so. Bounds also prune it, cheapest first: ``sigma_1 * ||A||_* / sqrt(b n)``
+(:func:`fixed_order_rmse_bound`, closed form, holds for *every* C under the fixed epoch order;
+``sigma_1`` is the noise of a sensitivity-1 strategy), then, during the iterations,
+``sigma_1 * sqrt(dual / n)`` (``dual`` the certified lower bound on the optimal loss): once a bound
+is at least the threshold, the optimal factorization cannot beat the best row and is not built.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from dpmf.planning.candidates import REL_TOL, Candidate, PlanRow, StrategySpec, TrainingRun
+
+
+def optimal_strategy(spec: StrategySpec, stop=None):
+    """``(DenseStrategy, result)``: the multi-epoch optimal factorization, Newton stopped at the
+    relative gap ``spec.gap`` (or when ``stop(dual_lower_bound_on_loss)`` returns True: then the
+    strategy is ``None``)."""
+    from dpmf.strategies.dense import DenseStrategy
+    from dpmf.strategies.optimal import optimal_multi_epoch_gram
+
+    stopped = []
+
+    def callback(iteration: int, loss: float, gap: float):
+        if stop is not None and stop(loss - gap):
+            stopped.append(loss - gap)
+            return True
+        return False
+
+    res = optimal_multi_epoch_gram(spec.n, spec.epochs, tol=spec.gap or 1e-6, callback=callback)
+    if stopped:
+        return None, res
+    return DenseStrategy(res.C, name="optimal-mf"), res
+
+
+def fixed_order_rmse_bound(n: int, epochs: int) -> float:
+    """A lower bound on ``sens(C) * rmse(C)`` (prefix-sum RMSE per unit noise at sensitivity 1) for
+    *every* encoder C under the (k, b) fixed epoch order (k = ``epochs``, b = n // k):
+    ``||A||_* / sqrt(b n)`` with ``A`` the prefix-sum matrix.
+
+    Proof: with orthogonal unit contributions at the k steps of a pattern, ``sens(C)^2 >=
+    sum_{i in pattern} X_ii`` (``X = C^T C``); summing over the b patterns, ``tr X <= b sens^2``. By
+    Cauchy-Schwarz, ``tr(A^T A)^{1/2} = tr(X^{1/2} X^{-1/2} (A^T A)^{1/2}) <= sqrt(tr X tr(A^T A X^{-1}))``,
+    so the loss ``tr(A^T A X^{-1}) >= ||A||_*^2 / (b sens^2)``, and ``rmse^2 = loss / n``. The
+    singular values of the n x n prefix-sum matrix are ``1 / (2 sin((2j - 1) pi / (4n + 2)))``,
+    ``j = 1..n``. (This is the dual function of the optimal factorization at ``U = c I``.)"""
+    import numpy as np
+
+    b = n // epochs
+    j = np.arange(1, n + 1, dtype=np.float64)
+    nuclear = float(np.sum(1.0 / (2.0 * np.sin((2 * j - 1) * np.pi / (4 * n + 2)))))
+    return nuclear / math.sqrt(b * n) * (1 - 1e-12)
+
+
+def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified, rmse, start, pruned=False,
+         note="") -> PlanRow:
+    return PlanRow(
+        strategy=cand.strategy_name,
+        sampling=cand.scheme.name,
+        method=method,
+        noise_multiplier=float(sigma),
+        epsilon=float(epsilon),
+        certified=bool(certified),
+        prefix_sum_rmse=float(rmse),
+        rmse_per_example_in_batch=float(rmse) / run.batch_size,
+        seconds=time.perf_counter() - start,
+        pruned=pruned,
+        label=cand.label,
+        note=note,
+    )
+
+
+def _estimate_montecarlo(cand: Candidate, run: TrainingRun):
+    """Monte Carlo row: smallest noise whose *estimated* epsilon (fixed seed, upper confidence
+    bound) meets the target. An ESTIMATE (``certified=False``); certify a chosen configuration with
+    ``dpmf calibrate --method montecarlo`` (Estimate-Verify-Release)."""
+    from dpmf.accounting.dispatch import METHODS, Calibration
+    from dpmf.privacy.calibration import smallest_noise
+
+    m = METHODS["montecarlo"]
+
+    def report(sigma: float):
+        return m.run(cand.strategy, cand.scheme, sigma, run.delta, **(cand.options or {}))
+
+    res = smallest_noise(lambda s: report(s).epsilon, run.epsilon, rel_tol=1e-3)
+    return Calibration(res.value, report(res.value), res.evaluations)
+
+
+def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf) -> PlanRow:
+    """The row of ``cand``: calibrated, or pruned when it provably cannot beat ``threshold``
+    (a prefix RMSE; ``inf``: calibrate whatever it costs)."""
+    from dpmf.accounting.dispatch import calibrate
+    from dpmf.privacy.calibration import NoiseLimitExceeded
+    from dpmf.privacy.gdp import gdp_mu
+
+    start = time.perf_counter()
+    note = ""
+    if cand.spec.kind == "optimal" and "strategy" not in cand.__dict__:
+        sigma_1 = 1.0 / gdp_mu(run.epsilon, run.delta)  # noise of a sensitivity-1 strategy
+        n = cand.spec.n
+        closed = sigma_1 * fixed_order_rmse_bound(n, cand.spec.epochs) * (1 - 1e-9)
+        if closed >= threshold:
+            return _row(
+                cand, run, method="unamplified", sigma=sigma_1, epsilon=run.epsilon, certified=True, rmse=closed,
+                start=start, pruned=True,
+                note="closed-form bound for every factorization under this participation (nuclear norm)",
+            )
+
+        def bound(dual: float) -> float:  # a certified lower bound on the row's prefix RMSE
+            return sigma_1 * math.sqrt(max(dual, 0.0) / n) * (1 - 1e-9)
+
+        strategy, res = optimal_strategy(cand.spec, stop=lambda dual: bound(dual) >= threshold)
+        if strategy is None:
+            return _row(
+                cand, run, method="unamplified", sigma=sigma_1, epsilon=run.epsilon, certified=True,
+                rmse=bound(res.dual), start=start, pruned=True,
+                note=f"certified duality bound on the optimal factorization after {res.iterations} Newton iterations",
+            )
+        cand.__dict__["strategy"] = strategy
+        if cand.spec.gap and cand.spec.gap > 1e-6:
+            note = (
+                f"Newton stopped at a {100 * res.rel_gap:.2g}% duality gap after {res.iterations} iterations: "
+                f"prefix RMSE within {100 * (1 / math.sqrt(1 - min(res.rel_gap, 0.5)) - 1):.2g}% of the optimum "
+                "(sensitivity and epsilon computed for this C)"
+            )
+    if cand.method == "montecarlo":
+        cal = _estimate_montecarlo(cand, run)
+        per_sigma = cand.rmse_per_sigma()
+    else:
+        per_sigma = cand.rmse_per_sigma()
+        limit = threshold / per_sigma if math.isfinite(threshold) and per_sigma > 0 else None
+        try:
+            cal = calibrate(
+                cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method, rel_tol=REL_TOL,
+                max_noise_multiplier=limit, **(cand.options or {}),
+            )
+        except NoiseLimitExceeded as exc:
+            return _row(
+                cand, run, method=cand.method, sigma=exc.limit, epsilon=exc.epsilon, certified=True,
+                rmse=exc.limit * per_sigma, start=start, pruned=True,
+                note=f"epsilon {exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
+            )
+    return _row(
+        cand, run, method=cal.report.method, sigma=cal.noise_multiplier, epsilon=cal.report.epsilon,
+        certified=cal.report.certified, rmse=cal.noise_multiplier * per_sigma, start=start, note=note,
+    )
