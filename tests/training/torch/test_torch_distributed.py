@@ -102,6 +102,9 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
         results = {name: _train(name, distributed=True, seed=SEED) for name in CONFIGS}
         results["secure"] = _train("bandmf-cyclic", distributed=True, seed=None)
         torch.save(results, f"{out_dir}/rank{rank}.pt")
+        # both ranks done before either tears down: a rank that destroys its gloo group while the
+        # other still talks to it can abort ("terminate called without an active exception")
+        dist.barrier()
     except Exception:  # make the child's traceback visible in the parent's failure message
         with open(f"{out_dir}/rank{rank}.err", "w") as fh:
             fh.write(traceback.format_exc())
