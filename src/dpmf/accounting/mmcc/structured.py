@@ -148,16 +148,27 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
             gjj_flat[lo : hi - 1] = diag[a]
             sv_flat[lo : hi - 1] = sv
             active[lo : hi - 1] = True
+    return _assemble(
+        q, delta1, delta_prime, z, events, offsets, columns, sens,
+        active, gjj_flat, sv_flat, exact, gam, pairs, counts_max, tvals, "toeplitz",
+    )
+
+
+def _assemble(q, delta1, delta_prime, z, events, offsets, columns, sens, active, gjj, sv, exact, gam, pairs,
+              counts_max, tvals, kind: str) -> TailBoundStructure:
+    """The :class:`TailBoundStructure` from the per-entry pair sums (``finish_pairs`` on the
+    active entries, zeros elsewhere), shared by the Toeplitz and tree paths."""
+    total = active.size
     prior_norm = np.zeros(total)
     prior_sq = np.zeros(total)
     signal = np.zeros(total)
     if active.any():
-        prior_norm[active], prior_sq[active], signal[active] = finish_pairs(gjj_flat[active], sv_flat[active], exact, gam)
+        prior_norm[active], prior_sq[active], signal[active] = finish_pairs(gjj[active], sv[active], exact, gam)
     info = {
         "pairs": pairs,
         "max_binomial_count": max(counts_max, 0),
         "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
-        "structured": "toeplitz",
+        "structured": kind,
     }
     return TailBoundStructure(
         sampling_prob=q,
@@ -243,28 +254,7 @@ def tree_structure(n: int, sampling_prob: float, delta1: float, scale: float = 1
     active = np.concatenate(act_l)
     gjj = np.concatenate(gjj_l)
     sv = np.concatenate(sv_l)
-    prior_norm = np.zeros(total)
-    prior_sq = np.zeros(total)
-    signal = np.zeros(total)
-    if active.any():
-        prior_norm[active], prior_sq[active], signal[active] = finish_pairs(gjj[active], sv[active], exact, gam)
-    info = {
-        "pairs": pairs,
-        "max_binomial_count": max(counts_max, 0),
-        "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
-        "structured": "tree",
-    }
-    return TailBoundStructure(
-        sampling_prob=q,
-        delta1=float(delta1) if pairs else 0.0,
-        delta_prime=delta_prime,
-        z=z,
-        tail_events=events,
-        offsets=offsets,
-        columns=np.concatenate(cols_l),
-        sensitivities=np.full(total, scale),
-        prior_norm=prior_norm,
-        prior_norm_sq=prior_sq,
-        signal=signal,
-        info=info,
+    return _assemble(
+        q, delta1, delta_prime, z, events, offsets, np.concatenate(cols_l), np.full(total, scale),
+        active, gjj, sv, exact, gam, pairs, counts_max, tvals, "tree",
     )
