@@ -196,6 +196,7 @@ def test_block_parser(tmp_path):
 def test_docs_page_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # pages write files (strategies, checkpoints, ledgers, plots)
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("DPMF_CACHE_DIR", str(tmp_path / "cache"))  # a first run, as a new user sees it
     run_page(page, tmp_path)
 
 
