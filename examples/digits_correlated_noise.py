@@ -334,45 +334,39 @@ def summarize(jobs: list[dict], cfg: Config) -> list[dict]:
     return rows
 
 
+def _table(rows: list[dict], mechs: list[str], eps: list[float], match, cell) -> list[str]:
+    """Markdown table lines: one row per mechanism, one column per epsilon; ``match(r, e)`` picks
+    the result of a cell, ``cell(r)`` formats it (``"-"`` when there is none)."""
+    out = ["| mechanism | " + " | ".join(f"eps = {e:g}" for e in eps) + " |", "|---|" + "---:|" * len(eps)]
+    for m in mechs:
+        cells = []
+        for e in eps:
+            r = next((r for r in rows if r["mechanism"] == m and match(r, e)), None)
+            cells.append("-" if r is None else cell(r))
+        out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    return out
+
+
 def markdown(rows: list[dict], cfg: Config) -> str:
     eps = list(cfg.epsilons)
+    mechs = [m for m in ("non-private",) + MECHANISMS if any(r["mechanism"] == m for r in rows)]
+    private = [m for m in mechs if m != "non-private"]
+    at_eps = lambda r, e: r["epsilon"] == e  # noqa: E731
     out = [
         f"Test accuracy (mean over seeds {', '.join(map(str, cfg.seeds))} at the best lr of "
         f"{{{', '.join(map(str, cfg.lrs))}}}; ± sample std), digits MLP 64-32-10, {cfg.epochs} epochs x "
         f"{cfg.steps_per_epoch} steps (T = {cfg.steps}), clip {cfg.clip}, delta {cfg.delta:g}.",
         "",
-        "| mechanism | " + " | ".join(f"eps = {e:g}" for e in eps) + " |",
-        "|---|" + "---:|" * len(eps),
     ]
-    mechs = [m for m in ("non-private",) + MECHANISMS if any(r["mechanism"] == m for r in rows)]
-    for m in mechs:
-        cells = []
-        for e in eps:
-            r = next((r for r in rows if r["mechanism"] == m and (r["epsilon"] in (e, None))), None)
-            cells.append("-" if r is None else f"{100 * r['mean_accuracy']:.1f} ± {100 * r['std_accuracy']:.1f}")
-        out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
-    out += ["", "Noise multiplier (for C as given) / best lr:", "",
-            "| mechanism | " + " | ".join(f"eps = {e:g}" for e in eps) + " |", "|---|" + "---:|" * len(eps)]
-    for m in mechs:
-        if m == "non-private":
-            continue
-        cells = []
-        for e in eps:
-            r = next((r for r in rows if r["mechanism"] == m and r["epsilon"] == e), None)
-            cells.append("-" if r is None else f"{r['noise_multiplier']:.3f} / {r['best_lr']:g}")
-        out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    out += _table(rows, mechs, eps, lambda r, e: r["epsilon"] in (e, None),
+                  lambda r: f"{100 * r['mean_accuracy']:.1f} ± {100 * r['std_accuracy']:.1f}")
+    out += ["", "Noise multiplier (for C as given) / best lr:", ""]
+    out += _table(rows, private, eps, at_eps, lambda r: f"{r['noise_multiplier']:.3f} / {r['best_lr']:g}")
     out += ["", "Noise in the T prefix sums of the clipped gradients, sigma x (RMSE per unit sigma of the "
             "strategy's prefix-sum decoder), in units of the clip norm (lower is better; what plain SGD's "
-            "trajectory sees):", "",
-            "| mechanism | " + " | ".join(f"eps = {e:g}" for e in eps) + " |", "|---|" + "---:|" * len(eps)]
-    for m in mechs:
-        if m == "non-private":
-            continue
-        cells = []
-        for e in eps:
-            r = next((r for r in rows if r["mechanism"] == m and r["epsilon"] == e), None)
-            cells.append("-" if r is None or r["prefix_noise_rmse"] is None else f"{r['prefix_noise_rmse']:.2f}")
-        out.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+            "trajectory sees):", ""]
+    out += _table(rows, private, eps, at_eps,
+                  lambda r: "-" if r["prefix_noise_rmse"] is None else f"{r['prefix_noise_rmse']:.2f}")
     return "\n".join(out) + "\n"
 
 
