@@ -12,6 +12,7 @@ import dpmf
 from dpmf.accounting import METHODS
 from dpmf.accounting.allocation import account_allocation, calibrate_allocation
 from dpmf.accounting.allocation.pld import account_allocation_pld, calibrate_allocation_pld
+from dpmf.accounting.dispatch import certified_fallback
 from dpmf.accounting.dpsgd import account_dpsgd
 from dpmf.accounting.mmcc import account_mmcc, calibrate_mmcc
 from dpmf.accounting.montecarlo import account_montecarlo, calibrate_montecarlo
@@ -75,7 +76,8 @@ def _account_call(func, method):
 def _calibrate_call(func, method):
     extra = CAL_OPTIONS.get(method, {})
     if method == "montecarlo":
-        return (lambda s, p: func(s, p, 4.0, 0.05, **extra).noise_multiplier,
+        # (the dispatcher supplies Algorithm 5's certified fallback; called directly, so do we)
+        return (lambda s, p: func(s, p, 4.0, 0.05, fallback=certified_fallback, **extra).noise_multiplier,
                 lambda s, p: dpmf.calibrate(s, p, 4.0, 0.05, method, **extra).noise_multiplier)
     tol = {} if method == "unamplified" else {"rel_tol": 1e-2}
     return (lambda s, p: func(s, p, 4.0, DELTA, **tol, **extra),

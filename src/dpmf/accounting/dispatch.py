@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -130,7 +131,9 @@ METHODS: dict[str, AccountingMethod] = {
             calibration_options=_MONTECARLO_COMMON
             | {"candidates", "num_candidates", "ratio", "pilot_samples", "base_delta", "fallback_noise_multiplier"},
             in_auto=False,
-            own_calibration=montecarlo.calibrate_montecarlo,
+            # Algorithm 5's fallback comes from the proved accountants registered here (montecarlo
+            # itself does not import the dispatcher: the layering is one-way)
+            own_calibration=functools.partial(montecarlo.calibrate_montecarlo, fallback=lambda *a: certified_fallback(*a)),
         ),
     )
 }
@@ -399,6 +402,30 @@ def calibrate(
     if extra:
         diag = {**best.report.diagnostics, **extra}
         best = dataclasses.replace(best, report=dataclasses.replace(best.report, diagnostics=diag))
+    return best
+
+
+def certified_fallback(strategy, scheme, target_epsilon: float, delta: float) -> tuple[float, str]:
+    """Smallest noise multiplier a *proved* accountant gives for (target_epsilon, delta), and its name.
+
+    Algorithm 5's fallback mechanism M_k (:func:`dpmf.accounting.montecarlo.calibrate_montecarlo`):
+    every valid registered method that is not an estimate (``in_auto``) is calibrated and the
+    smallest certified noise kept.
+    """
+    best: tuple[float, str] | None = None
+    for name, why in valid_methods(strategy, scheme).items():
+        if why is not None or not METHODS[name].in_auto:
+            continue
+        cal = calibrate(strategy, scheme, target_epsilon, delta, method=name)
+        if cal.report.certified and cal.report.epsilon <= target_epsilon and (
+            best is None or cal.noise_multiplier < best[0]
+        ):
+            best = (cal.noise_multiplier, name)
+    if best is None:
+        raise UnsupportedConfigurationError(
+            "no proved accountant covers this configuration, so Algorithm 5 has no fallback mechanism; "
+            "pass fallback_noise_multiplier only with a proof of (epsilon, delta)-DP"
+        )
     return best
 
 

@@ -9,6 +9,7 @@ place that mapping lives -- and exits with status 2.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from contextlib import contextmanager
@@ -143,3 +144,27 @@ def typer_app(**kwargs) -> typer.Typer:
     if Group is not None:
         kwargs.setdefault("cls", Group)
     return _Typer(**kwargs)
+
+
+@contextmanager
+def cli_progress(quiet: bool = False):
+    """Progress of the command's long computations on stderr (:mod:`dpmf.progress`): a rich bar
+    on a terminal, timestamped lines otherwise. ``--quiet`` or ``DPMF_PROGRESS=off`` turns it off;
+    ``DPMF_PROGRESS=log`` / ``bar`` forces a mode, ``DPMF_PROGRESS_INTERVAL`` (seconds, default 10)
+    sets how often a log line may come."""
+    from dpmf import progress
+
+    mode = os.environ.get("DPMF_PROGRESS", "auto").strip().lower() or "auto"
+    if quiet:
+        mode = "off"
+    if mode not in ("auto", "bar", "log", "off"):
+        mode = "auto"
+    try:
+        interval = max(float(os.environ.get("DPMF_PROGRESS_INTERVAL", "10")), 0.0)
+    except ValueError:
+        interval = 10.0
+    console = err if mode == "bar" or (mode == "auto" and err.is_terminal) else None
+    if mode == "auto":
+        mode = "bar" if console is not None else "log"
+    with progress.reporting(mode, interval=interval, console=console):
+        yield

@@ -7,9 +7,7 @@ Commands: ``account`` (epsilon of a configuration), ``calibrate`` (noise for a t
 from __future__ import annotations
 
 import json
-import os
 import sys
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -18,7 +16,7 @@ import typer
 from rich.table import Table
 
 from dpmf._version import __version__
-from dpmf.cli.console import cli_errors, err, out, typer_app
+from dpmf.cli.console import cli_errors, cli_progress, err, out, typer_app
 from dpmf.cli.specs import (
     WARM_START,
     SamplingName,
@@ -111,30 +109,6 @@ def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, 
 def _note_cost(est) -> None:
     if est.seconds > 60:
         err.print(f"note: this will take {est.describe()} (a rough estimate)", highlight=False)
-
-
-@contextmanager
-def cli_progress(quiet: bool = False):
-    """Progress of the command's long computations on stderr (:mod:`dpmf.progress`): a rich bar
-    on a terminal, timestamped lines otherwise. ``--quiet`` or ``DPMF_PROGRESS=off`` turns it off;
-    ``DPMF_PROGRESS=log`` / ``bar`` forces a mode, ``DPMF_PROGRESS_INTERVAL`` (seconds, default 10)
-    sets how often a log line may come."""
-    from dpmf import progress
-
-    mode = os.environ.get("DPMF_PROGRESS", "auto").strip().lower() or "auto"
-    if quiet:
-        mode = "off"
-    if mode not in ("auto", "bar", "log", "off"):
-        mode = "auto"
-    try:
-        interval = max(float(os.environ.get("DPMF_PROGRESS_INTERVAL", "10")), 0.0)
-    except ValueError:
-        interval = 10.0
-    console = err if mode == "bar" or (mode == "auto" and err.is_terminal) else None
-    if mode == "auto":
-        mode = "bar" if console is not None else "log"
-    with progress.reporting(mode, interval=interval, console=console):
-        yield
 
 
 _QUIET = typer.Option(False, "--quiet", "-q", help="No progress on stderr (also: environment DPMF_PROGRESS=off).")

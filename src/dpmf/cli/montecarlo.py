@@ -54,7 +54,7 @@ def _execute(run_fn, description: str, total: int, done: int, checkpoint):
     """Run ``run_fn(callback)`` with its progress shown (:mod:`dpmf.progress`: a bar on a terminal,
     timestamped lines otherwise); Ctrl-C leaves a consistent checkpoint."""
     from dpmf import progress
-    from dpmf.cli.main import cli_progress  # (main imports this module)
+    from dpmf.cli.console import cli_progress
 
     try:
         with cli_progress(), progress.task(description, total=total) as bar:
@@ -276,6 +276,7 @@ def calibrate(
     The released noise multiplier is (epsilon, delta)-DP with the Monte Carlo failure probability
     folded into delta (Thm. A.1); a proved accountant supplies the fallback noise.
     """
+    from dpmf.accounting.dispatch import certified_fallback
     from dpmf.accounting.montecarlo.accountant import calibrate_montecarlo
 
     try:
@@ -284,7 +285,7 @@ def calibrate(
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         from dpmf import progress as _progress
-        from dpmf.cli.main import cli_progress  # (main imports this module)
+        from dpmf.cli.console import cli_progress
 
         with cli_progress(), _progress.task("Algorithm 5: pilot estimate and verification") as bar:
 
@@ -294,7 +295,7 @@ def calibrate(
             cal = calibrate_montecarlo(
                 strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,
                 scheduler=scheduler, workers=workers, callback=progress, chunk_size=chunk_size,
-                dataset_size=dataset_size,
+                dataset_size=dataset_size, fallback=certified_fallback,
             )
     except KeyboardInterrupt:
         err.print("interrupted (calibration keeps no checkpoint; rerun with the same --seed)")

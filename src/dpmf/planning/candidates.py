@@ -136,7 +136,7 @@ class StrategySpec:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def build(self):
-        """The strategy (for ``optimal``: see :func:`dpmf.planning.evaluate.optimal_strategy`)."""
+        """The strategy (for ``optimal``: see :func:`optimal_strategy`)."""
         from dpmf.strategies.banded import bsr, optimize_banded_toeplitz
         from dpmf.strategies.identity import Identity
         from dpmf.strategies.toeplitz import ToeplitzStrategy
@@ -160,8 +160,6 @@ class StrategySpec:
         if self.kind == "tree":
             return BinaryTree(self.n)
         if self.kind == "optimal":
-            from dpmf.planning.evaluate import optimal_strategy
-
             return optimal_strategy(self)[0]
         raise InvalidParameterError(f"unknown strategy kind {self.kind!r}")
 
@@ -341,3 +339,24 @@ def _dpsgd_allocation_method() -> str:
 def sort_rows(rows: list[PlanRow]) -> list[PlanRow]:
     """Calibrated rows best first, then pruned rows by their lower bound."""
     return sorted(rows, key=lambda r: (r.pruned, r.prefix_sum_rmse if math.isfinite(r.prefix_sum_rmse) else math.inf))
+
+
+def optimal_strategy(spec: StrategySpec, stop=None):
+    """``(DenseStrategy, result)``: the multi-epoch optimal factorization, Newton stopped at the
+    relative gap ``spec.gap`` (or when ``stop(dual_lower_bound_on_loss)`` returns True: then the
+    strategy is ``None``)."""
+    from dpmf.strategies.dense import DenseStrategy
+    from dpmf.strategies.optimal import optimal_multi_epoch_gram
+
+    stopped = []
+
+    def callback(iteration: int, loss: float, gap: float):
+        if stop is not None and stop(loss - gap):
+            stopped.append(loss - gap)
+            return True
+        return False
+
+    res = optimal_multi_epoch_gram(spec.n, spec.epochs, tol=spec.gap or 1e-6, callback=callback)
+    if stopped:
+        return None, res
+    return DenseStrategy(res.C, name="optimal-mf"), res

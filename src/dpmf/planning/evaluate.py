@@ -27,28 +27,7 @@ from __future__ import annotations
 import math
 import time
 
-from dpmf.planning.candidates import REL_TOL, Candidate, PlanRow, StrategySpec, TrainingRun
-
-
-def optimal_strategy(spec: StrategySpec, stop=None):
-    """``(DenseStrategy, result)``: the multi-epoch optimal factorization, Newton stopped at the
-    relative gap ``spec.gap`` (or when ``stop(dual_lower_bound_on_loss)`` returns True: then the
-    strategy is ``None``)."""
-    from dpmf.strategies.dense import DenseStrategy
-    from dpmf.strategies.optimal import optimal_multi_epoch_gram
-
-    stopped = []
-
-    def callback(iteration: int, loss: float, gap: float):
-        if stop is not None and stop(loss - gap):
-            stopped.append(loss - gap)
-            return True
-        return False
-
-    res = optimal_multi_epoch_gram(spec.n, spec.epochs, tol=spec.gap or 1e-6, callback=callback)
-    if stopped:
-        return None, res
-    return DenseStrategy(res.C, name="optimal-mf"), res
+from dpmf.planning.candidates import REL_TOL, Candidate, PlanRow, TrainingRun, optimal_strategy
 
 
 def fixed_order_rmse_bound(n: int, epochs: int) -> float:

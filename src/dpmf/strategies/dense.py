@@ -80,11 +80,11 @@ class DenseStrategy(ErrorMethods):
     def describe(self) -> dict:
         """``name``, ``n``, ``adaptive``, ``nonnegative``, ``class`` (``"DenseStrategy"``: the name
         is free), ``rows``, ``sha256`` (content hash of ``C``, see
-        :func:`~dpmf.strategies.serialization.matrix_sha256`) and, for a small ``C``, the
+        :func:`~dpmf.strategies.matrix_identity.matrix_sha256`) and, for a small ``C``, the
         ``matrix`` itself (rows of exact floats). A larger ``C`` is referenced by its hash only:
         :func:`~dpmf.strategies.serialization.strategy_from_dict` finds it in an ``.npz``
         (:func:`~dpmf.strategies.serialization.save_matrices` writes one)."""
-        from dpmf.strategies.serialization import inline_matrix, matrix_sha256
+        from dpmf.strategies.matrix_identity import inline_matrix, matrix_sha256
 
         if "sha256" not in self._cache:
             self._cache["sha256"] = matrix_sha256(self.C)

@@ -33,7 +33,6 @@ dpmf.errors.InvalidParameterError: strategy 'identity': key 'n' is missing
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -44,6 +43,7 @@ import numpy as np
 
 from dpmf.errors import InvalidParameterError
 from dpmf.files import check_output_dir, read_npz, writing
+from dpmf.strategies.matrix_identity import INLINE_MAX_N, inline_matrix, matrix_sha256
 
 __all__ = [
     "INLINE_MAX_N",
@@ -54,26 +54,6 @@ __all__ = [
     "save_matrices",
     "find_matrix",
 ]
-
-#: Dense matrices with at most this many columns (and twice as many rows) are written inline.
-INLINE_MAX_N = 64
-
-
-def matrix_sha256(matrix: object) -> str:
-    """Hex SHA-256 of ``matrix`` as float64 in C order (the bytes only: shapes are checked apart).
-
-    >>> matrix_sha256([[1.0, 0.0], [1.0, 1.0]]) == matrix_sha256(np.tri(2, dtype=np.float32))
-    True
-    """
-    arr = np.ascontiguousarray(matrix, dtype=np.float64)
-    return hashlib.sha256(arr.tobytes()).hexdigest()
-
-
-def inline_matrix(matrix: np.ndarray) -> bool:
-    """Whether ``describe()`` writes ``matrix`` inline (small enough for a JSON report)."""
-    rows, cols = matrix.shape
-    return cols <= INLINE_MAX_N and rows <= 2 * INLINE_MAX_N
-
 
 # ---------------------------------------------------------------------------------- field readers
 class _Desc:

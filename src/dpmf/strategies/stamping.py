@@ -157,7 +157,7 @@ class StampedEncoder:
         """``name``, ``n``, ``copies``, ``block_shape``, ``sha256`` (content hash of the block) and,
         for a small block, the ``block`` itself (see :meth:`DenseStrategy.describe
         <dpmf.strategies.dense.DenseStrategy.describe>` for the hash and the ``.npz`` lookup)."""
-        from dpmf.strategies.serialization import inline_matrix, matrix_sha256
+        from dpmf.strategies.matrix_identity import inline_matrix, matrix_sha256
 
         d = {
             "name": self.name,

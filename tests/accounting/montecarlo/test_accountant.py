@@ -11,6 +11,7 @@ from scipy.stats import norm
 
 from _dpsgd_sampler import dpsgd_loss_samples
 from dpmf.accounting.montecarlo import accountant as acc
+from dpmf.accounting.dispatch import certified_fallback
 from dpmf.accounting.montecarlo.accountant import account_montecarlo, calibrate_montecarlo
 from dpmf.accounting.montecarlo.certify import minimum_samples, overall_delta
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
@@ -101,7 +102,7 @@ def test_calibration_is_certified_and_releases_a_truly_private_noise():
     scheme, strat = PoissonSampling(1.0, 1), Identity(1)
     s = minimum_samples(delta)
     inner = overall_delta(s, delta / 2).delta
-    sigma_fb, method = acc.certified_fallback(strat, scheme, eps, inner)
+    sigma_fb, method = certified_fallback(strat, scheme, eps, inner)
     assert gaussian_delta(eps, sigma_fb) == pytest.approx(inner, rel=1e-3)
     # two candidates whose true delta is far below delta' = delta / 2 (they pass except with
     # negligible probability), one below the fallback (true delta > inner: must be rejected)
@@ -150,8 +151,16 @@ def test_calibration_default_candidates_come_from_the_pilot():
 
 def test_calibration_with_an_exact_fallback_releases_something_private():
     cal = calibrate_montecarlo(
-        Identity(1), PoissonSampling(1.0, 1), 1.0, 1e-2, num_candidates=4, seed=5, sampler=dpsgd_loss_samples
+        Identity(1), PoissonSampling(1.0, 1), 1.0, 1e-2, num_candidates=4, seed=5, sampler=dpsgd_loss_samples,
+        fallback=certified_fallback,
     )
     assert cal.report.diagnostics["fallback_method"] in ("pld", "unamplified")
     assert cal.noise_multiplier <= cal.report.diagnostics["fallback_noise_multiplier"]
     assert gaussian_delta(1.0, cal.noise_multiplier) <= 1e-2
+
+
+def test_calibration_without_a_fallback_is_refused():
+    # the certified fallback comes from the dispatcher (one-way layering); without it, or a caller's
+    # noise, Algorithm 5 has no M_k and must refuse rather than guess
+    with pytest.raises(InvalidParameterError, match="fallback"):
+        calibrate_montecarlo(Identity(1), PoissonSampling(1.0, 1), 1.0, 1e-2, sampler=dpsgd_loss_samples)

@@ -13,7 +13,6 @@ from dpmf.accounting.montecarlo.accountant import (
     MonteCarloCalibration,
     account_montecarlo,
     calibrate_montecarlo,
-    certified_fallback,
     montecarlo_report,
     supports,
 )
@@ -41,7 +40,6 @@ __all__ = [
     "supports",
     "account_montecarlo",
     "calibrate_montecarlo",
-    "certified_fallback",
     "montecarlo_report",
     "MonteCarloCalibration",
     "MonteCarloRun",

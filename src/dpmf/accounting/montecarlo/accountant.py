@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
@@ -261,31 +261,6 @@ class MonteCarloCalibration:
     fallback: bool = False
 
 
-def certified_fallback(strategy, scheme, target_epsilon: float, delta: float) -> tuple[float, str]:
-    """Smallest noise multiplier a *proved* dpmf accountant gives for (target_epsilon, delta).
-
-    Used as the fallback mechanism M_k of Algorithm 5. Runs every valid registered method except
-    the Monte Carlo ones and keeps the smallest certified noise.
-    """
-    from dpmf.accounting import dispatch
-
-    best: tuple[float, str] | None = None
-    for name, why in dispatch.valid_methods(strategy, scheme).items():
-        if why is not None or name in (NAME, EVR_NAME):
-            continue
-        cal = dispatch.calibrate(strategy, scheme, target_epsilon, delta, method=name)
-        if cal.report.certified and cal.report.epsilon <= target_epsilon and (
-            best is None or cal.noise_multiplier < best[0]
-        ):
-            best = (cal.noise_multiplier, name)
-    if best is None:
-        raise UnsupportedConfigurationError(
-            "no proved accountant covers this configuration, so Algorithm 5 has no fallback mechanism; "
-            "pass fallback_noise_multiplier only with a proof of (epsilon, delta)-DP"
-        )
-    return best
-
-
 PILOT_KEY = 2**31 - 1
 """Spawn key of the pilot run (candidate ``i`` uses key ``i``; no calibration has 2**31 candidates)."""
 
@@ -352,6 +327,7 @@ def calibrate_montecarlo(
     num_samples: int | None = None,
     base_delta: float | None = None,
     fallback_noise_multiplier: float | None = None,
+    fallback: Callable[..., tuple[float, str]] | None = None,
     seed: int | None = None,
     scheduler=None,
     workers: int | None = None,
@@ -367,8 +343,12 @@ def calibrate_montecarlo(
     :mod:`dpmf.accounting.montecarlo.certify`. Sample size: by default ``delta' = delta / 2`` and the
     smallest certifying ``s`` (:func:`~dpmf.accounting.montecarlo.certify.minimum_samples`); given
     ``num_samples``, the largest certifying ``delta'``. The fallback M_k is the smallest noise a proved
-    accountant gives at ``(target_epsilon, delta_i)`` (:func:`certified_fallback`); a
-    ``fallback_noise_multiplier`` you pass is the *caller's* claim of (target_epsilon, delta_i)-DP.
+    accountant gives at ``(target_epsilon, delta_i)``: ``fallback(strategy, scheme, target_epsilon,
+    delta_i) -> (noise, method name)``; :func:`dpmf.calibrate` (``method="montecarlo"``) passes
+    :func:`dpmf.accounting.dispatch.certified_fallback`, the smallest noise over every proved
+    accountant (this module does not import the dispatcher: the layering is one-way). A
+    ``fallback_noise_multiplier`` you pass instead is the *caller's* claim of
+    (target_epsilon, delta_i)-DP. One of the two is required.
     Candidates default to ``num_candidates`` powers of ``ratio`` (1.01 as in the paper) around a
     pilot estimate, ``pilot * ratio**j`` for ``j = -2 .. num_candidates - 3``, kept below the
     fallback (:func:`pilot_noise` with ``pilot_samples`` per evaluation, default ``s``; the pilot
@@ -395,7 +375,13 @@ def calibrate_montecarlo(
             f"use at least {_cert.minimum_samples(dt, dp)} samples"
         )
     if fallback_noise_multiplier is None:
-        sigma_fb, fb_method = certified_fallback(strategy, scheme, eps, od.delta)
+        if fallback is None:
+            raise InvalidParameterError(
+                "calibrate_montecarlo needs a certified fallback noise (Algorithm 5's M_k): pass "
+                "fallback=dpmf.accounting.dispatch.certified_fallback, or fallback_noise_multiplier with your "
+                "own proof; dpmf.calibrate(..., method='montecarlo') supplies the certified one"
+            )
+        sigma_fb, fb_method = fallback(strategy, scheme, eps, od.delta)
     else:
         sigma_fb, fb_method = _v.positive("fallback_noise_multiplier", fallback_noise_multiplier), "given by caller"
     entropy = new_entropy() if seed is None else int(seed)
@@ -473,7 +459,6 @@ __all__ = [
     "open_run",
     "check_supported",
     "calibrate_montecarlo",
-    "certified_fallback",
     "pilot_noise",
     "MonteCarloCalibration",
 ]
