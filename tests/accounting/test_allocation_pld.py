@@ -234,7 +234,7 @@ def test_auto_takes_the_pld_accountant_for_identity_balls_in_bins():
     strategy, scheme = Identity(32), BallsInBinsSampling(1, 32)
     r = dpmf.account(strategy, scheme, 1.0, DELTA)
     assert r.method == "allocation_pld"
-    assert r.diagnostics["all_methods"]["allocation"] >= r.epsilon
+    assert "allocation" in r.diagnostics["skipped_methods"]  # (tests/accounting/test_dispatch_scale.py)
     assert r.epsilon == account_allocation_pld(strategy, scheme, 1.0, DELTA).epsilon
 
 

@@ -1,5 +1,7 @@
 """Dispatch at training sizes: the identity (DP-SGD) is never materialized as a dense matrix."""
 
+import dataclasses
+
 import pytest
 
 import dpmf
@@ -33,3 +35,31 @@ def test_skipping_mmcc_does_not_change_the_result_on_a_small_case():
     auto = dpmf.account(Identity(n), scheme, 1.2, 1e-5)
     mmcc = dpmf.account(Identity(n), scheme, 1.2, 1e-5, method="mmcc")
     assert auto.epsilon <= mmcc.epsilon * (1 + 1e-9)  # MMCC on the identity is DP-SGD: never tighter
+
+
+@pytest.mark.parametrize("t, epochs, sigma", [(4, 1, 0.5), (8, 1, 0.8), (16, 2, 1.0), (48, 1, 2.0)])
+def test_skipping_the_renyi_allocation_bound_does_not_change_the_result_on_small_cases(t, epochs, sigma):
+    # auto runs only allocation_pld for the identity under random allocation; running the skipped
+    # Renyi/conditional accountant must not give a smaller epsilon beyond allocation_pld's own
+    # discretization tolerance (its grid is refined until two levels agree to 2e-4)
+    scheme = dpmf.sampling.BallsInBinsSampling(epochs, t * epochs)
+    auto = dpmf.account(Identity(t * epochs), scheme, sigma, 1e-5)
+    assert auto.method == "allocation_pld"
+    assert "allocation" in auto.diagnostics["skipped_methods"]
+    renyi = dpmf.account(Identity(t * epochs), scheme, sigma, 1e-5, method="allocation")
+    assert auto.epsilon <= renyi.epsilon * (1 + 1e-3)
+
+
+def test_auto_never_runs_the_slow_allocation_bounds_for_the_identity(monkeypatch):
+    from dpmf.accounting import dispatch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the Renyi/conditional allocation accountant ran")
+
+    monkeypatch.setitem(dispatch.METHODS, "allocation", dataclasses.replace(dispatch.METHODS["allocation"], run=refuse))
+    n = 10_000
+    scheme = dpmf.sampling.BallsInBinsSampling(1, n)
+    assert dpmf.account(Identity(n), scheme, 1.0, 1e-6).method == "allocation_pld"
+    cal = dpmf.calibrate(Identity(n), scheme, 1.0, 1e-6)
+    assert cal.report.method == "allocation_pld" and cal.report.epsilon <= 1.0
+    assert "allocation" in cal.report.diagnostics["skipped_methods"]

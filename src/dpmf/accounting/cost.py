@@ -254,6 +254,12 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
     return 0.5 + 6e-4 * n * epochs / 10, 6 * 8.0 * per_epoch * per_epoch
 
 
+def _allocation_pld_part() -> tuple[float, float]:
+    """Random allocation PLD for the identity: 0.01-1.2 s for t = 8..10^4 (benchmarks/README.md);
+    memory ``O(max_points)`` (a few 10^5 grid points, a few arrays of them)."""
+    return 2.0, 16 * 8.0 * 400_000
+
+
 def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
     """Monte Carlo: ~1 s per 10^5 samples per direction at n = 64..256 with 8 bands (compiled);
     the losses need ``C^T y``, so the cost grows like samples x n x bandwidth."""
@@ -277,7 +283,9 @@ def _methods(strategy, scheme, method: str) -> list[str]:
         out.append("pld")  # (auto skips MMCC here: pld is exact)
     elif isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
         out.append("mmcc")
-    if isinstance(scheme, BallsInBinsSampling):
+    if isinstance(scheme, BallsInBinsSampling) and isinstance(strategy, Identity):
+        out.append("allocation_pld")  # (auto skips the Renyi/conditional bounds here: this PLD is tight)
+    elif isinstance(scheme, BallsInBinsSampling):
         out.append("allocation")
     return out
 
@@ -310,6 +318,8 @@ def accounting_cost(
             secs /= evals  # calibrated in closed form from one sensitivity
         elif m == "allocation":
             secs, mem = _allocation_part(strategy, scheme)
+        elif m == "allocation_pld":
+            secs, mem = _allocation_pld_part()
         elif m == "montecarlo":
             secs, mem = _montecarlo_part(strategy, scheme, num_samples)
             if calibrate:  # Algorithm 5: ~12 candidates at the samples that certify delta
