@@ -80,3 +80,28 @@ def test_a_task_past_the_delay_prints_its_start_and_end(monkeypatch):
             bar.advance()  # t = 2 s: start line, and a progress line
     lines = stream.getvalue().splitlines()
     assert "slow: started (3 units)" in lines[0] and "done" in lines[-1]
+
+
+def _lines_of(work) -> str:
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+        work()
+    return stream.getvalue()
+
+
+def test_every_long_accountant_computation_reports_off_terminal():
+    """Each long computation opens a task (shown off-terminal as timestamped lines)."""
+    import numpy as np
+
+    import dpmf
+    from dpmf.accounting.allocation.conditional import conditional_epsilon
+    from dpmf.accounting.allocation.renyi import RenyiAllocation
+    from dpmf.strategies import Identity, bsr
+
+    gram = np.eye(6) + 0.3 * (np.eye(6, k=1) + np.eye(6, k=-1))
+    assert "Renyi program" in _lines_of(lambda: RenyiAllocation.create(gram).remove(2.0))
+    means = np.tri(6, 6).T[:, :6] * 0.5
+    assert "conditional composition" in _lines_of(lambda: conditional_epsilon(means, 2.0, 1e-5))
+    scheme = dpmf.sampling.PoissonSampling(0.1, 16)
+    assert "MMCC" in _lines_of(lambda: dpmf.account(bsr(16, 2), scheme, 1.0, 1e-5, method="mmcc"))
+    assert "calibrating noise" in _lines_of(lambda: dpmf.calibrate(Identity(16), scheme, 4.0, 1e-5, method="pld"))

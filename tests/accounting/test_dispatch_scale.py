@@ -63,3 +63,26 @@ def test_auto_never_runs_the_slow_allocation_bounds_for_the_identity(monkeypatch
     cal = dpmf.calibrate(Identity(n), scheme, 1.0, 1e-6)
     assert cal.report.method == "allocation_pld" and cal.report.epsilon <= 1.0
     assert "allocation" in cal.report.diagnostics["skipped_methods"]
+
+
+def test_a_calibration_probe_skips_diagnostics_only_work(monkeypatch):
+    # the probe at a bound only needs epsilon: MMCC's independent-rows heuristic (a diagnostic that
+    # doubles the row work) is switched off there, and epsilon is unchanged by it
+    from dpmf.accounting import dispatch
+    from dpmf.strategies import bsr
+
+    seen = []
+    real = dispatch.METHODS["mmcc"].run
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("heuristic", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(dispatch.METHODS, "mmcc", dataclasses.replace(dispatch.METHODS["mmcc"], run=spy))
+    scheme = dpmf.sampling.PoissonSampling(0.1, 16)
+    with pytest.raises(dpmf.privacy.calibration.NoiseLimitExceeded):
+        dpmf.calibrate(bsr(16, 2), scheme, 2.0, 1e-5, method="mmcc", max_noise_multiplier=0.3)
+    assert seen == [False]
+    on = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=True)
+    off = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=False)
+    assert on.epsilon == off.epsilon

@@ -219,6 +219,7 @@ def test_registry_lists_match_signatures():
         run_params = set(inspect.signature(m.run).parameters)
         assert m.run_options <= run_params, (m.name, m.run_options - run_params)
         assert m.pair_options <= m.run_options
+        assert {k for k, _ in m.probe_options} <= m.run_options  # (a probe only switches off diagnostics)
         cal = m.own_calibration or m.fast_calibration
         if cal is not None and m.calibration_options is not None:
             params = inspect.signature(cal).parameters

@@ -47,6 +47,9 @@ class AccountingMethod:
     calibration_options: frozenset[str] | None = None  # None: the run options
     calibration_searches: bool = True  # fast_calibration takes rel_tol and callback (False: closed form)
     in_auto: bool = True  # False for estimates (Monte Carlo): never chosen silently
+    #: options that make a run cheaper when only its epsilon is wanted (a calibration's probe at a
+    #: bound): diagnostics-only work switched off, never anything that changes epsilon
+    probe_options: tuple[tuple[str, object], ...] = ()
     #: Replaces the generic calibration entirely; returns an object with ``noise_multiplier``,
     #: ``report`` and ``evaluations`` (Monte Carlo's Estimate-Verify-Release, Algorithm 5).
     own_calibration: Callable[..., object] | None = None
@@ -98,6 +101,7 @@ METHODS: dict[str, AccountingMethod] = {
             frozenset({"adaptive"}),
             mmcc.calibrate_mmcc,
             _MMCC_OPTIONS,
+            probe_options=(("heuristic", False),),  # (the independent-rows estimate doubles the row work)
         ),
         AccountingMethod(
             allocation_pld.NAME,
@@ -333,9 +337,10 @@ def calibrate(
             evals[0] = 0
             memo: dict[float, PrivacyReport] = {}
 
-            def run(s: float, m=m, opts=opts, memo=memo) -> PrivacyReport:
+            def run(s: float, m=m, opts=opts, memo=memo, probe: bool = False) -> PrivacyReport:
                 if s not in memo:
-                    memo[s] = m.run(strategy, scheme, s, delta, **opts)
+                    extra = dict(m.probe_options) if probe else {}
+                    memo[s] = m.run(strategy, scheme, s, delta, **{**opts, **extra})
                 return memo[s]
 
             if m.own_calibration is not None:
@@ -350,7 +355,7 @@ def calibrate(
                 # search itself is then the same as without a limit (so is its answer)
                 bound = min((b for b in (cap, limit) if b is not None), default=None)
                 if searches and bound is not None and (m.fast_calibration is not None or bound != cap):
-                    rep = run(bound)
+                    rep = run(bound, probe=True)
                     note(bound, rep.epsilon)
                     if rep.epsilon > target:
                         raise NoiseLimitExceeded("", bound, rep.epsilon)

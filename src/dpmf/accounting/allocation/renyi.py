@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special
 
+from dpmf import progress
 from dpmf import validation as _v
 from dpmf.accounting.allocation.dominating_pair import band_truncation, cyclic_bandwidth
 from dpmf.errors import InvalidParameterError
@@ -410,13 +411,19 @@ class RenyiAllocation:
         sigma = _v.positive("noise_multiplier", noise_multiplier)
         best = np.full(self.orders.size, np.inf)
         used = np.zeros(self.orders.size, dtype=np.int64)
-        for lev in self.levels:
-            rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
-            reach = self.orders <= lev.max_order
-            vals = np.full(self.orders.size, np.inf)
-            vals[reach] = rho[self.orders[reach].astype(np.int64) - 2]
-            better = vals < best
-            best[better], used[better] = vals[better], lev.bandwidth
+        b = self.gram.shape[0]
+        # work per level ~ b * C(A + 2p, 2p) program terms (shown only when it takes over a second)
+        work = [b * transition_count(lev.bandwidth, lev.max_order) for lev in self.levels]
+        with progress.task("Renyi program (random allocation): program terms", total=float(sum(work))) as bar:
+            for lev, w in zip(self.levels, work):
+                bar.update(note=f"bandwidth {lev.bandwidth}, orders <= {lev.max_order}, sigma={sigma:.6g}")
+                rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
+                reach = self.orders <= lev.max_order
+                vals = np.full(self.orders.size, np.inf)
+                vals[reach] = rho[self.orders[reach].astype(np.int64) - 2]
+                better = vals < best
+                best[better], used[better] = vals[better], lev.bandwidth
+                bar.advance(w)
         return best, used
 
     def add(self, noise_multiplier: float) -> np.ndarray:
