@@ -22,7 +22,7 @@ from dpmf.accounting.allocation.pld import (
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy import gaussian_epsilon
 from dpmf.sampling import BallsInBinsSampling, PoissonSampling
-from dpmf.strategies import Identity, bsr
+from dpmf.strategies import Identity, ToeplitzStrategy, bsr
 
 DELTA = 1e-5
 
@@ -238,12 +238,13 @@ def test_auto_takes_the_pld_accountant_for_identity_balls_in_bins():
     assert r.epsilon == account_allocation_pld(strategy, scheme, 1.0, DELTA).epsilon
 
 
-def test_supports_exactly_identity_with_balls_in_bins():
+def test_supports_balls_in_bins_with_a_non_negative_lower_triangular_c():
     assert ap.supports(Identity(8), BallsInBinsSampling(2, 8)) is None
-    assert ap.supports(bsr(8, 2), BallsInBinsSampling(1, 8)) is not None
+    assert ap.supports(bsr(8, 2), BallsInBinsSampling(1, 8)) is None  # (the orthogonal-groups bound)
     assert ap.supports(Identity(8), PoissonSampling(0.1, 8)) is not None
+    assert ap.supports(ToeplitzStrategy([1.0, -0.5], 8), BallsInBinsSampling(1, 8)) is not None
     with pytest.raises(UnsupportedConfigurationError):
-        account_allocation_pld(bsr(8, 2), BallsInBinsSampling(1, 8), 1.0, DELTA)
+        account_allocation_pld(ToeplitzStrategy([1.0, -0.5], 8), BallsInBinsSampling(1, 8), 1.0, DELTA)
     with pytest.raises(UnsupportedConfigurationError):
         calibrate_allocation_pld(Identity(8), PoissonSampling(0.1, 8), 1.0, DELTA)
 

@@ -247,11 +247,20 @@ def _unamplified_part(strategy, scheme) -> tuple[float, float]:
 
 
 def _allocation_part(strategy, scheme) -> tuple[float, float]:
-    """Random allocation: 0.02-1.9 s for n = 100..10^4 (identity, 10 epochs: 5.8 s at n = 10^4)."""
+    """Random allocation: Rényi 0.02-1.9 s for n = 100..10^4 (identity, 10 epochs: 5.8 s at
+    n = 10^4), plus conditional composition, which "combined" mode runs when its own estimate is
+    within ``DEFAULT_CONDITIONAL_BUDGET`` (30 s): counted here as the worst case (dense ``C``) of
+    :func:`~dpmf.accounting.allocation.conditional.conditional_cost`, capped at that budget
+    (banded ``C`` at n = 1000: ~5 s measured, ``benchmarks/bench_conditional.py``); its memory is
+    a few ``b x b`` arrays plus work blocks of ~100 MB at most."""
+    from dpmf.accounting.allocation.accountant import DEFAULT_CONDITIONAL_BUDGET
+    from dpmf.accounting.allocation.conditional import conditional_cost
+
     n = int(strategy.n)
     epochs = int(getattr(scheme, "epochs", 1))
     per_epoch = max(n // max(epochs, 1), 1)
-    return 0.5 + 6e-4 * n * epochs / 10, 6 * 8.0 * per_epoch * per_epoch
+    conditional = min(DEFAULT_CONDITIONAL_BUDGET, conditional_cost(per_epoch, n))
+    return 0.5 + 6e-4 * n * epochs / 10 + conditional, 6 * 8.0 * per_epoch * per_epoch + 1e8
 
 
 def _allocation_pld_part() -> tuple[float, float]:
@@ -286,7 +295,7 @@ def _methods(strategy, scheme, method: str) -> list[str]:
     if isinstance(scheme, BallsInBinsSampling) and isinstance(strategy, Identity):
         out.append("allocation_pld")  # (auto skips the Renyi/conditional bounds here: this PLD is tight)
     elif isinstance(scheme, BallsInBinsSampling):
-        out.append("allocation")
+        out += ["allocation_pld", "allocation"]  # (the orthogonal-groups bound, then Renyi/conditional)
     return out
 
 

@@ -37,10 +37,19 @@ __all__ = [
     "cyclic_distance",
     "cyclic_bandwidth",
     "band_truncation",
+    "toeplitz_coefficients",
+    "describe_strategy",
 ]
 
 
-def _toeplitz_coefficients(strategy, n: int) -> np.ndarray | None:
+def describe_strategy(strategy) -> dict:
+    """The report's description of ``strategy`` (a plain matrix has only its type name)."""
+    if hasattr(strategy, "describe"):
+        return strategy.describe()
+    return {"name": type(strategy).__name__}
+
+
+def toeplitz_coefficients(strategy, n: int) -> np.ndarray | None:
     """The Toeplitz coefficients of ``strategy`` (length ``n``) if it is Toeplitz, else None."""
     coefs = getattr(strategy, "coefs", None)
     if coefs is not None and getattr(strategy, "name", None) == "toeplitz":
@@ -63,7 +72,7 @@ def encoder_matrix(strategy, steps: int) -> np.ndarray:
     if isinstance(strategy, np.ndarray) or isinstance(strategy, (list, tuple)):
         C = _v.finite_array("C", strategy, ndim=2)
     else:
-        c = _toeplitz_coefficients(strategy, steps)
+        c = toeplitz_coefficients(strategy, steps)
         if c is not None and not hasattr(strategy, "encoder"):
             from dpmf.strategies.toeplitz import materialize_lower_toeplitz
 
@@ -117,7 +126,7 @@ def mixture_means(strategy, epochs: int, steps: int) -> np.ndarray:
            [0., 1., 0., 1.]])
     """
     n, k, b = _check_layout(steps, epochs)
-    c = None if isinstance(strategy, (np.ndarray, list, tuple)) else _toeplitz_coefficients(strategy, n)
+    c = None if isinstance(strategy, (np.ndarray, list, tuple)) else toeplitz_coefficients(strategy, n)
     if c is not None:
         if getattr(strategy, "n", n) != n:
             raise InvalidParameterError(f"the strategy has n={strategy.n} steps but steps={n}")

@@ -62,6 +62,33 @@ refined (``h`` halved) until two successive epsilons agree to ``rel_tol`` (the s
 never above the Gaussian mechanism's epsilon at ``sigma / sqrt(k)`` (post-processing: revealing the
 slot), which is the reported value when it is smaller.
 
+**Beyond the identity: orthogonal groups** (:func:`orthogonal_groups`; dpmf's own argument,
+not from the papers). For any entrywise non-negative, lower-triangular ``C`` the dominating pair
+of Lemma 2.8 has ``S = (1/b) sum_i X_i`` with ``X_i = exp(<m_i, x>/sigma^2 - |m_i|^2/(2 sigma^2))``,
+``x ~ N(0, sigma^2 I)``: lognormals of mean 1 and parameter ``eta_i = |m_i|^2 / sigma^2``, now
+*dependent* (``Cov(<m_i, x>, <m_j, x>) = sigma^2 G_ij``). If the slots split into the residue
+classes modulo ``p`` and ``G_ij = 0`` for any two slots of one class, the ``X_i`` of a class are
+jointly Gaussian in the exponent and uncorrelated, hence independent. Then, for any convex ``f``
+(both directions' integrands are convex in ``S``),
+
+    E f(S) = E f(sum_r (n_r / b) S_r) <= sum_r (n_r / b) E f(S_r) <= E f(S*),
+
+where ``S_r`` is the mean of class ``r`` (``n_r`` slots) and ``S*`` the mean of ``n_min = min_r n_r``
+i.i.d. lognormals of parameter ``eta_max = max_i eta_i``: Jensen's inequality, then convex order
+(a mean-one lognormal grows in convex order with ``eta``; independent sums keep convex order; the
+mean of ``n`` i.i.d. variables is convex-order smaller than the mean of fewer). So both deltas are
+at most those of the identity's pair with ``t = n_min`` steps at noise ``sigma / sqrt(g_max)``
+(``g_max = max_i G_ii``), computed by the machinery above. For a ``p``-banded ``C`` in one epoch
+(or ``k`` epochs with ``p`` dividing ``b``) ``n_min = floor(b / p)``: the bound counts
+``b / p`` slots instead of ``b``. How far it goes: for the identity it *is* the exact pair
+(``p = 1``); for BSR / banded Toeplitz with a few bands it is a cheap amplified bound, looser as
+``p`` grows (it forgets the partial correlation inside a band); for a dense ``C`` (BLT,
+sqrt-Toeplitz, the optimal factorization) ``p = b`` and it is the Gaussian mechanism at
+``sigma / sqrt(g_max)``, with no amplification. ``method="auto"`` takes the smaller of it and the
+Rényi / conditional-composition bounds. Orthogonality is decided from the supports of the means
+(``G_ij = 0`` exactly iff their supports are disjoint, ``C >= 0``), never from float products
+that could underflow to zero, and ``g_max`` is rounded up.
+
 **Cost.** ``n`` grid points per window (at most ``max_points``): time ``O(n log n log t)`` per
 refinement level (``<= 2 log2 t`` FFTs of length ``<= 2n``), memory ``O(n)``. The window width
 tracks the distribution (``O(sqrt(t))`` standard deviations of the sum, or ``t e^eps`` when the tail
@@ -79,9 +106,10 @@ from scipy import fft as _fft
 from scipy import special
 
 from dpmf import validation as _v
+from dpmf.accounting.allocation.dominating_pair import describe_strategy, mixture_means, toeplitz_coefficients
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import InvalidParameterError
+from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -93,6 +121,10 @@ __all__ = [
     "allocation_pld_epsilon",
     "account_allocation_pld",
     "calibrate_allocation_pld",
+    "OrthogonalGroups",
+    "orthogonal_groups",
+    "toeplitz_orthogonal_groups",
+    "strategy_groups",
 ]
 
 NAME = "allocation_pld"
@@ -115,13 +147,103 @@ _FFT_ERROR_FACTOR = 16.0
 
 
 def supports(strategy, scheme) -> str | None:
-    """``None`` for the identity strategy under balls-in-bins sampling (any epochs), else why not."""
+    """``None`` under balls-in-bins sampling for the identity (the exact pair) and for any
+    non-negative lower-triangular ``C`` (the orthogonal-groups bound), else why not."""
     if not isinstance(scheme, BallsInBinsSampling):
         return f"the random-allocation PLD accountant needs BallsInBinsSampling, got {type(scheme).__name__}"
-    if not isinstance(strategy, Identity):
-        name = type(strategy).__name__ if not isinstance(strategy, np.ndarray) else "a matrix"
-        return f"the random-allocation PLD accountant covers the identity strategy (DP-SGD) only, got {name}"
+    if isinstance(strategy, Identity):
+        return None
+    try:
+        mixture_means(strategy, scheme.epochs, scheme.steps)
+    except DPMFError as exc:
+        return str(exc)
     return None
+
+
+@dataclass(frozen=True)
+class OrthogonalGroups:
+    """The reduction of a strategy's allocation pair to the identity's (module docstring).
+
+    ``period``: slots ``i`` and ``j`` with ``i = j (mod period)`` have orthogonal means;
+    ``slots``: ``n_min``, the size of the smallest residue class (the identity pair's ``t``);
+    ``max_norm_sq``: ``g_max = max_i |m_i|^2``, rounded up (noise scale ``1 / sqrt(g_max)``).
+    """
+
+    period: int
+    slots: int
+    max_norm_sq: float
+
+
+def orthogonal_groups(means: np.ndarray, *, exact: bool | None = None) -> OrthogonalGroups:
+    """The smallest period ``p`` such that slots in one residue class modulo ``p`` have pairwise
+    disjoint supports (so orthogonal means and independent lognormals), for the ``b x N`` mixture
+    means of :func:`~dpmf.accounting.allocation.dominating_pair.mixture_means`.
+
+    Supports are compared through 0/1 indicator products (exact integer counts), never through
+    float products that might underflow: time ``O(b^2 N)``, memory ``O(b^2)``. Every pair of a
+    class is checked, so a wrap-around overlap (several epochs) is always seen. Above ``b^2 N =
+    2e8`` (or with ``exact=False``) the supports are replaced by their spans ``[first, last]``
+    nonzero column: disjoint spans imply disjoint supports, so the period found is never smaller
+    than the exact one (a looser, still sound bound): time ``O(b N + b^2)``.
+
+    >>> import numpy as np
+    >>> orthogonal_groups(np.eye(6))                       # the identity: every slot alone
+    OrthogonalGroups(period=1, slots=6, max_norm_sq=1.0)
+    >>> m = np.eye(6) + 0.5 * np.eye(6, k=1)               # 2-banded C, one epoch
+    >>> g = orthogonal_groups(m); (g.period, g.slots)
+    (2, 3)
+    """
+    M = np.asarray(means, dtype=np.float64)
+    b, n = M.shape
+    supp = M > 0
+    if exact is None:
+        exact = float(b) * b * n <= 2e8
+    if exact:
+        ind = supp.astype(np.float64)
+        overlap = ind @ ind.T  # exact: integer counts below 2^53
+        lags = np.array([False] + [bool(np.any(np.diagonal(overlap, L) > 0)) for L in range(1, b)])
+    else:
+        nz = supp.any(axis=1)
+        first = np.where(nz, supp.argmax(axis=1), n)  # an empty row overlaps nothing
+        last = np.where(nz, n - 1 - supp[:, ::-1].argmax(axis=1), -1)
+        lags = np.array([False] + [
+            bool(np.any((first[L:] <= last[:-L]) & (first[:-L] <= last[L:]))) for L in range(1, b)
+        ])
+    return _groups(lags, np.einsum("ij,ij->i", M, M).max(initial=0.0), n)
+
+
+def toeplitz_orthogonal_groups(h: np.ndarray, b: int) -> OrthogonalGroups:
+    """:func:`orthogonal_groups` for Toeplitz means ``m_i[r] = h[r - i]`` (``r >= i``), without the
+    ``b x N`` means: slot ``0`` has the whole support ``S`` of ``h``, so slots at distance ``L``
+    overlap iff ``S`` meets ``S + L`` (an autocorrelation of 0/1 indicators, by FFT, counts
+    rounded at 1/2). ``|m_0|^2 = sum h^2`` is the largest norm. Time ``O(N log N)``, memory ``O(N)``."""
+    h = np.asarray(h, dtype=np.float64)
+    n = h.size
+    ind = (h > 0).astype(np.float64)
+    spec = np.fft.rfft(ind, 2 * n)
+    auto = np.fft.irfft(spec * np.conj(spec), 2 * n)[:b]  # auto[L] = #{t in S: t + L in S}
+    lags = auto > 0.5
+    lags[0] = False
+    return _groups(lags, float(np.dot(h, h)), n)
+
+
+def _groups(lags: np.ndarray, max_norm_sq: float, n: int) -> OrthogonalGroups:
+    b = lags.size
+    period = next((p for p in range(1, b + 1) if not np.any(lags[p::p])), b)
+    g_max = float(max_norm_sq) * (1.0 + 2.0 * (n + 2) * _U) + np.finfo(np.float64).tiny  # rounded up
+    return OrthogonalGroups(period, b // period, g_max)
+
+
+def strategy_groups(strategy, scheme) -> OrthogonalGroups:
+    """:class:`OrthogonalGroups` of ``strategy`` under balls-in-bins ``scheme`` (Toeplitz strategies
+    from their coefficients, others from the means)."""
+    k, b = scheme.epochs, scheme.steps_per_epoch
+    if isinstance(strategy, Identity):
+        return OrthogonalGroups(1, b, float(k))
+    c = None if isinstance(strategy, (np.ndarray, list, tuple)) else toeplitz_coefficients(strategy, scheme.steps)
+    if c is not None and np.all(np.isfinite(c)) and np.all(c >= 0):
+        return toeplitz_orthogonal_groups(np.cumsum(c.reshape(k, b), axis=0).ravel(), b)
+    return orthogonal_groups(mixture_means(strategy, k, scheme.steps))
 
 
 # ----------------------------------------------------------------------------- grid laws
@@ -507,6 +629,17 @@ def allocation_pld_epsilon(
 
 
 # ----------------------------------------------------------------------------- accountant
+def _epsilon(strategy, scheme, groups: OrthogonalGroups | None, sigma: float, d: float, accuracy, max_points) -> dict:
+    """The identity's exact pair, or the orthogonal-groups bound (``groups``) for any other C."""
+    if groups is None:
+        return allocation_pld_epsilon(
+            sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
+        )
+    return allocation_pld_epsilon(
+        sigma / math.sqrt(groups.max_norm_sq), groups.slots, d, rel_tol=accuracy, max_points=max_points
+    )
+
+
 @guarded(NAME, supports)
 def account_allocation_pld(
     strategy,
@@ -517,10 +650,13 @@ def account_allocation_pld(
     accuracy: float = DEFAULT_REL_TOL,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> PrivacyReport:
-    """Epsilon of DP-SGD (``strategy = Identity(N)``) under balls-in-bins ``scheme`` (module docstring).
+    """Epsilon of ``strategy`` under balls-in-bins ``scheme`` (module docstring): exact (up to the
+    pessimistic grid) for DP-SGD (``Identity(N)``); for any other non-negative lower-triangular
+    ``C`` the orthogonal-groups bound (:func:`strategy_groups`).
 
     Args:
-      strategy: :class:`~dpmf.strategies.Identity` with ``n = scheme.steps``.
+      strategy: :class:`~dpmf.strategies.Identity` with ``n = scheme.steps``, or any strategy the
+        random-allocation pair covers (Toeplitz / banded / BLT from their coefficients).
       scheme: :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps, slot reused).
       noise_multiplier: ``sigma > 0`` (clip norm 1).
       delta: target delta in (0, 1).
@@ -533,12 +669,17 @@ def account_allocation_pld(
     """
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
-    out = allocation_pld_epsilon(
-        sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
-    )
+    groups = None if isinstance(strategy, Identity) else strategy_groups(strategy, scheme)
+    out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
-    if scheme.epochs > 1:
+    if groups is not None:
+        out["orthogonal_groups"] = {
+            "period": groups.period, "slots": groups.slots, "max_norm_sq": groups.max_norm_sq,
+            "bound": f"the identity's pair with {groups.slots} steps at sigma / sqrt({groups.max_norm_sq:.6g}) "
+                     "(Jensen + convex order over orthogonal residue classes; module docstring)",
+        }
+    elif scheme.epochs > 1:
         out["reduction"] = (
             f"identity, {scheme.epochs} epochs with the same slot each epoch = one epoch of "
             f"{scheme.steps_per_epoch} steps at sigma / sqrt({scheme.epochs})"
@@ -550,7 +691,7 @@ def account_allocation_pld(
         method=NAME,
         certified=True,
         epsilon_by_direction=by_dir,
-        strategy=strategy.describe(),
+        strategy=describe_strategy(strategy),
         scheme=scheme.describe(),
         diagnostics=out,
     )
@@ -575,10 +716,9 @@ def calibrate_allocation_pld(
     """
     target = _v.positive("target_epsilon", target_epsilon)
     d = _v.open_unit("delta", delta)
+    groups = None if isinstance(strategy, Identity) else strategy_groups(strategy, scheme)
 
     def eps_of(s: float) -> float:
-        return allocation_pld_epsilon(
-            s, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
-        )["epsilon"]
+        return _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)["epsilon"]
 
     return smallest_noise(eps_of, target, rel_tol=rel_tol, callback=callback).value
