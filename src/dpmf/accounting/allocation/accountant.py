@@ -28,7 +28,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
-from dpmf.accounting.allocation.dominating_pair import gram_matrix, mixture_means
+from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
@@ -47,12 +47,6 @@ WHICH = ("combined", "renyi", "conditional")
 #: k = 10, and 17-25 s for a dense Toeplitz C at k = 10, b = 100; a dense C at k = 1, b = 1000
 #: is estimated far above it); ``which="conditional"`` always runs.
 DEFAULT_CONDITIONAL_BUDGET = 30.0
-
-
-def _describe(strategy) -> dict:
-    if hasattr(strategy, "describe"):
-        return strategy.describe()
-    return {"name": type(strategy).__name__}
 
 
 def supports(strategy, scheme) -> str | None:
@@ -101,7 +95,7 @@ class AllocationProblem:
             raise InvalidParameterError(
                 f"the strategy has n={n} steps but the scheme has steps={scheme.steps} (k * b must equal N)"
             )
-        described = (_describe(strategy), scheme.describe())
+        described = (describe_strategy(strategy), scheme.describe())
         reduction = identity_epochs_reduction(strategy, scheme)
         if reduction is not None:
             strategy, scheme = reduction.strategy, reduction.scheme
