@@ -86,3 +86,30 @@ def test_a_calibration_probe_skips_diagnostics_only_work(monkeypatch):
     on = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=True)
     off = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=False)
     assert on.epsilon == off.epsilon
+
+
+def test_a_partial_probe_prunes_with_a_lower_bound_and_a_full_one_is_reused(monkeypatch):
+    from dpmf.accounting import dispatch
+    from dpmf.privacy.calibration import NoiseLimitExceeded
+
+    scheme = dpmf.sampling.PoissonSampling(0.05, 64)
+    pld = dispatch.METHODS["pld"]
+    calls = []
+
+    def partial(strategy, scheme, sigma, delta, target, **opts):
+        calls.append(sigma)
+        return 99.0  # "at least 99": part of the work already shows the method fails here
+
+    monkeypatch.setitem(dispatch.METHODS, "pld", dataclasses.replace(pld, probe=partial))
+    with pytest.raises(NoiseLimitExceeded, match=">= 99") as info:
+        dpmf.calibrate(Identity(64), scheme, 1.0, 1e-5, method="pld", max_noise_multiplier=0.5)
+    assert info.value.lower_bound and info.value.limit == 0.5 and calls == [0.5]
+
+    def full(strategy, scheme, sigma, delta, target, **opts):
+        calls.append(sigma)
+        return pld.run(strategy, scheme, sigma, delta, **opts)
+
+    monkeypatch.setitem(dispatch.METHODS, "pld", dataclasses.replace(pld, probe=full))
+    cal = dpmf.calibrate(Identity(64), scheme, 1.0, 1e-5, method="pld", max_noise_multiplier=50.0)
+    plain = dpmf.calibrate(Identity(64), scheme, 1.0, 1e-5, method="pld")
+    assert cal.noise_multiplier == pytest.approx(plain.noise_multiplier, rel=2e-4) and calls[-1] == 50.0

@@ -50,6 +50,10 @@ class AccountingMethod:
     #: options that make a run cheaper when only its epsilon is wanted (a calibration's probe at a
     #: bound): diagnostics-only work switched off, never anything that changes epsilon
     probe_options: tuple[tuple[str, object], ...] = ()
+    #: ``probe(strategy, scheme, sigma, delta, target, **run options)`` -> the report at ``sigma``,
+    #: or a float that is a *lower bound* on the method's epsilon there and already above
+    #: ``target`` (found from part of the work: enough to know the method fails at ``sigma``)
+    probe: Callable[..., PrivacyReport | float] | None = None
     #: Replaces the generic calibration entirely; returns an object with ``noise_multiplier``,
     #: ``report`` and ``evaluations`` (Monte Carlo's Estimate-Verify-Release, Algorithm 5).
     own_calibration: Callable[..., object] | None = None
@@ -319,6 +323,7 @@ def calibrate(
     order = sorted(range(len(methods)), key=lambda i: (not closed_form(methods[i]), i))
     results: dict[int, Calibration] = {}
     at_limit: dict[str, float] = {}  # method -> epsilon at the limit (when it does not pass there)
+    lower_bounds: set[str] = set()  # methods whose at_limit epsilon is a lower bound (a partial probe)
     not_calibrated: dict[str, str] = {}
     start: list[float | None] = []  # the lazily computed unamplified start, when used
     with contextlib.ExitStack() as stack:  # the progress task opens at the first evaluation noted
@@ -355,10 +360,16 @@ def calibrate(
                 # search itself is then the same as without a limit (so is its answer)
                 bound = min((b for b in (cap, limit) if b is not None), default=None)
                 if searches and bound is not None and (m.fast_calibration is not None or bound != cap):
-                    rep = run(bound, probe=True)
-                    note(bound, rep.epsilon)
-                    if rep.epsilon > target:
-                        raise NoiseLimitExceeded("", bound, rep.epsilon)
+                    if m.probe is not None:
+                        probed = m.probe(strategy, scheme, bound, delta, target, **opts, **dict(m.probe_options))
+                        if isinstance(probed, PrivacyReport):
+                            memo[bound] = probed
+                    else:
+                        probed = run(bound, probe=True)
+                    eps, partial = (probed.epsilon, False) if isinstance(probed, PrivacyReport) else (probed, True)
+                    note(bound, eps)
+                    if eps > target:
+                        raise NoiseLimitExceeded("", bound, eps, lower_bound=partial)
                 if not searches:
                     sigma = m.fast_calibration(strategy, scheme, target, delta, **opts)
                 elif m.fast_calibration is not None:
@@ -374,12 +385,15 @@ def calibrate(
                     ).value
             except NoiseLimitExceeded as exc:
                 if best is not None and exc.limit == best.noise_multiplier:
+                    at_least = ">= " if exc.lower_bound else ""
                     not_calibrated[m.name] = (
-                        f"epsilon {exc.epsilon:.6g} > {target:g} already at noise {exc.limit:.6g}, where "
+                        f"epsilon {at_least}{exc.epsilon:.6g} > {target:g} already at noise {exc.limit:.6g}, where "
                         f"{best.report.method} passes: it cannot need less noise"
                     )
                 if limit is not None and exc.limit >= limit:
                     at_limit[m.name] = exc.epsilon
+                    if exc.lower_bound:
+                        lower_bounds.add(m.name)
                 continue
             if limit is not None and sigma > limit and limit in memo and memo[limit].epsilon <= target:
                 sigma = limit  # (the search ended within rel_tol above a bound already seen to pass)
@@ -397,12 +411,15 @@ def calibrate(
             at_limit.setdefault(methods[i].name, _epsilon_at(methods[i], per_method[i], strategy, scheme, limit, delta))
             del results[i]
         if not results:
-            eps = min(at_limit.values(), default=math.inf)
+            name = min(at_limit, key=at_limit.get, default=None)
+            eps = math.inf if name is None else at_limit[name]
+            partial = name in lower_bounds
             raise NoiseLimitExceeded(
                 f"no accountant reaches epsilon <= {target:g} at noise_multiplier <= {limit:g} "
-                f"(epsilon there: {eps:.6g})",
+                f"(epsilon there: {'>= ' if partial else ''}{eps:.6g})",
                 limit,
                 eps,
+                lower_bound=partial,
             )
     assert results
     best = results[min(results, key=lambda i: (results[i].noise_multiplier, i))]

@@ -135,7 +135,7 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf) -> 
             return _row(
                 cand, run, method=cand.method, sigma=exc.limit, epsilon=exc.epsilon, certified=True,
                 rmse=exc.limit * per_sigma, start=start, pruned=True,
-                note=f"epsilon {exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
+                note=f"epsilon {'>= ' if exc.lower_bound else ''}{exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
             )
     return _row(
         cand, run, method=cal.report.method, sigma=cal.noise_multiplier, epsilon=cal.report.epsilon,
