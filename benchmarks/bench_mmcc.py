@@ -21,6 +21,12 @@ number to compare on a loaded machine) and the peak resident memory of the main 
 (``ru_maxrss``; only meaningful when each case runs in a fresh process, as
 ``python benchmarks/bench_mmcc.py --scaling`` does).
 
+Cyclic Poisson (generalized MMCC, Alg. 3 / Thm D.1): ``python benchmarks/bench_mmcc.py --cyclic``
+times the structured tail bounds (:func:`dpmf.accounting.mmcc.structured.toeplitz_cyclic_structure`)
+against the dense reference path (``structured=False``: the encoder and its reduced Gram matrix)
+on the same input, each in a fresh process, checks that both give the same epsilon (bit for bit)
+and prints the ratio of the wall times and the traced peak memory of both.
+
 Targets (issue 4): n = 512 in <= 60 s, n = 2048 in <= 10 min on a 2-core machine; (issue 13
 item 4) binary tree n = 2048 in <= 30 s and sqrt-Toeplitz n = 2048 in <= 120 s.
 """
@@ -165,10 +171,97 @@ def _scaling(sizes=(512, 1024, 2048)) -> None:
                   f"traced memory {grow('peak_mb'):.2f}")
 
 
+def _cyclic_case(kind: str, n: int, b: int, structured: bool):
+    """Generalized MMCC under cyclic Poisson (cycle ``b``, ``q = b / n``: one expected
+    participation per example), sigma = 20 x the largest column norm."""
+
+    def run() -> dict:
+        from dpmf.accounting.mmcc import MMCCAccountant
+        from dpmf.sampling import CyclicPoissonSampling
+        from dpmf.strategies.banded import bsr
+
+        if kind == "sqrt_toeplitz":
+            strategy = ToeplitzStrategy.sqrt_prefix_sum(n)
+        elif kind == "tree":  # all b phases are analysed
+            strategy = BinaryTree(n)
+        else:  # a banded Toeplitz C with band 64 > cycle
+            strategy = bsr(n, 64)
+        norm = float(strategy.column_norms().max())
+        _warm_up()
+        tracemalloc.start()
+        start = time.perf_counter()
+        cpu0 = _cpu()
+        acc = MMCCAccountant(strategy, CyclicPoissonSampling(b / n, n, b), DELTA, structured=structured, workers=WORKERS)
+        setup = time.perf_counter() - start
+        _, setup_peak = tracemalloc.get_traced_memory()
+        rep = acc.report(C_FACTOR * norm, heuristic=False)
+        seconds = time.perf_counter() - start
+        cpu = _cpu() - cpu0
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return {
+            "epsilon": rep.epsilon,
+            "structured": acc.structured,
+            "seconds": seconds,
+            "setup_seconds": setup,
+            "cpu_seconds": cpu,
+            "setup_peak_mb": setup_peak / 2**20,
+            "peak_mb": peak / 2**20,
+            "units": rep.diagnostics["units"],
+            "computed": rep.diagnostics["distinct_units_computed"],
+        }
+
+    return run
+
+
+def _warm_up() -> None:
+    """Import scipy.stats and the MMCC modules before timing (~1 s in a fresh process, paid by
+    both paths alike: not part of the setup being compared)."""
+    from dpmf.accounting.mmcc.tail_bounds import binomial_thresholds
+
+    binomial_thresholds(4, 0.5, 0.1)
+
+
+def _cyclic(cases=(("sqrt_toeplitz", 512, 8), ("sqrt_toeplitz", 1024, 8), ("sqrt_toeplitz", 2048, 8),
+                   ("sqrt_toeplitz", 1024, 2),
+                   ("banded64", 1024, 16), ("banded64", 2048, 16), ("tree", 512, 8), ("tree", 1024, 8),
+                   ("tree", 2048, 8))) -> None:
+    """Structured vs dense generalized MMCC under cyclic Poisson, each in a fresh process
+    (``python benchmarks/bench_mmcc.py --cyclic``); the epsilons must be equal."""
+    import json
+    import subprocess
+    import sys
+
+    for kind, n, b in cases:
+        res = {}
+        for structured in (True, False):
+            code = (
+                "import json, sys, warnings; warnings.simplefilter('ignore'); sys.path.insert(0, 'benchmarks'); "
+                f"import bench_mmcc as b; r = b._cyclic_case({kind!r}, {n}, {b}, {structured})(); print(json.dumps(r))"
+            )
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            res[structured] = json.loads(out.stdout.strip().splitlines()[-1])
+        s, d = res[True], res[False]
+        assert s["structured"] and not d["structured"]
+        same = s["epsilon"] == d["epsilon"]
+        print(f"{kind:14s} n={n:5d} b={b:3d} units {s['units']:5d} (distinct {s['computed']:5d}): "
+              f"structured {s['seconds']:7.2f} s (setup {s['setup_seconds']:6.2f} s, {s['setup_peak_mb']:5.1f} MiB; "
+              f"peak {s['peak_mb']:4.0f} MiB) | "
+              f"dense {d['seconds']:7.2f} s (setup {d['setup_seconds']:6.2f} s, {d['setup_peak_mb']:5.1f} MiB; "
+              f"peak {d['peak_mb']:4.0f} MiB) | "
+              f"ratio dense/structured: wall {d['seconds'] / s['seconds']:.2f}x, setup "
+              f"{d['setup_seconds'] / s['setup_seconds']:.1f}x, setup memory {d['setup_peak_mb'] / s['setup_peak_mb']:.1f}x | "
+              f"eps {s['epsilon']:.8f} {'==' if same else '!='} {d['epsilon']:.8f}", flush=True)
+        if not same:
+            raise SystemExit("structured and dense epsilons differ")
+
+
 if __name__ == "__main__":
     import sys
 
     if "--scaling" in sys.argv:
         _scaling()
+    if "--cyclic" in sys.argv:
+        _cyclic()
 
 __all__ = ["CASES", "dpmf"]

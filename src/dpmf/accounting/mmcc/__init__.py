@@ -2,8 +2,11 @@
 
 * :mod:`.tail_bounds` - Alg. 2/4 and App. F.3: posterior-probability tail bounds, sigma-free part;
 * :mod:`.rows` - App. F.2/F.4: one pessimistic PLD per distinct row, serial/processes/Dask;
+* :mod:`.structured` - the tail-bound structures of Toeplitz strategies and the binary tree from
+  their parameters (Poisson and cyclic Poisson), without the dense encoder;
 * :mod:`.accountant` - Alg. 1/3: :func:`account_mmcc`, :class:`MMCCAccountant`,
-  :func:`calibrate_mmcc`, and the dispatch interface ``NAME`` / :func:`supports`.
+  :func:`calibrate_mmcc` (and :meth:`MMCCAccountant.calibrate`, which also returns the report),
+  and the dispatch interface ``NAME`` / :func:`supports`.
 """
 
 from dpmf.accounting.mmcc.accountant import (

@@ -30,7 +30,9 @@ columns ``k, k+b, ...``, group the rows released in steps ``[k + r b, k + (r+1) 
 block ``r``, bound the posteriors at the block start and use block-column norms (Alg. 3/4). The
 worst phase is reported (all phases are analysed unless ``C`` is Toeplitz or the identity, for
 which phase 0 is the worst: another phase is phase 0 of a leading principal submatrix, which has
-fewer rows and fewer tail events). ``cycle_length = 1`` is plain MMCC.
+fewer rows and fewer tail events). ``cycle_length = 1`` is plain MMCC. Toeplitz strategies and
+the binary tree get these analyses from their structure, without the encoder
+(:mod:`.structured`).
 
 Diagnostics (issue item 5): ``max_probability_ratio`` (max ``p~/q``; about the factor by which
 MMCC can overstate epsilon, paper Sec. 4), ``independent_rows_heuristic_epsilon`` (``p~ = q``
@@ -43,25 +45,41 @@ reused, seconds.
 Cost as a function of ``n`` (steps; ``m`` rows of ``C``, ``nnz`` stored pairs = non-zero
 entries of the analysed rows, ``T`` the largest binomial threshold, ~10-40 in practice):
 
-* **setup** (sigma-free, once per accountant). Structured strategies under Poisson sampling
-  (:mod:`.structured`, no dense matrix): ``Identity`` / Toeplitz / BLT / banded Toeplitz
-  ``O(n A T + nnz)`` time and ``O(A T + nnz)`` memory with ``A = min(n, band)``, so
-  ``O(n^2 T)`` / ``O(n^2)`` for a dense Toeplitz ``C`` (measured 0.7 / 1.7 / 5.6 s at n = 512 /
-  1024 / 2048 for the square-root factorization, 16 / 63 / 251 MiB traced peak) and ``O(n b T)``
-  / ``O(n b)`` for ``b`` bands; the binary tree ``O(n log n)`` time and memory (0.5 / 0.6 /
-  1.5 s, under 6 MiB). Everything else (dense or BandMF matrices, cyclic Poisson) takes the dense
-  reference path: ``O(m n^2)`` time and ``O(m n + n^2)`` memory (the encoder and its Gram
-  matrix); pass ``structured=False`` to :class:`MMCCAccountant` to force it (the tests compare
-  both, which agree bit for bit).
+* **setup** (sigma-free, once per accountant). Structured strategies (:mod:`.structured`, no
+  dense matrix, no Gram matrix, bit for bit the dense path's structure):
+
+  - Poisson sampling (and cyclic Poisson with cycle 1): ``Identity`` / Toeplitz / BLT / banded
+    Toeplitz ``O(n A T)`` time with ``A = min(n, band)`` and ``O(A T + n + changes)`` memory
+    (a compact by-lag structure, :class:`~dpmf.accounting.mmcc.structured.ToeplitzRows`;
+    ``changes`` ~10 per lag for the square-root factorization, ``<= nnz`` in the worst case):
+    measured 8.9 / 9.9 / 11.7 MiB traced peak at n = 1024 / 2048 / 4096 for the square root (was
+    63 / 251 / 1001 MiB with per-entry arrays); the binary tree ``O(n log n)`` time and memory.
+  - cyclic Poisson, cycle ``b >= 2`` (generalized MMCC): Toeplitz family, phase 0, ``O(n A + R^2
+    T)`` time and ``O(A T + R^2)`` memory for ``R = ceil(n / b)`` units (``O(R band / b)`` pairs
+    when banded); the tree, all ``b`` phases, ``O(n log^2 n + n log n T)`` time, ``O(n log n / b)``
+    memory per phase.
+
+  Everything else (dense or BandMF matrices) takes the dense reference path: ``O(m n^2)`` time and
+  ``O(m n + n^2)`` memory (the encoder and its Gram matrix); pass ``structured=False`` to
+  :class:`MMCCAccountant` to force it (the tests compare both, which agree bit for bit). The
+  sigma-free grouping of rows (:func:`_unit_keys`) streams the units and keeps a 32-byte digest
+  per unit (``O(m)`` memory) plus at most :data:`_KEY_BYTES_BUDGET` bytes of representative
+  units to confirm equal digests byte for byte.
 * **rows** (per sigma): one mixture PLD per *distinct* row (rows with equal rounded entries and
   equal tail-bound data share one, :func:`_unit_keys`): ``O(log n)`` distinct rows for the tree,
   ``n`` for a dense Toeplitz ``C`` (each ``O(n + K log K)`` for its sensitivity law on ``K``
   grid points, plus the mixture PLD on the loss grid), a handful for banded or identity; rows
   run in ``workers`` processes from :data:`~dpmf.accounting.mmcc.rows.PARALLEL_MIN_ROWS`
-  distinct rows. The composition and epsilon are ``O(G log G)`` in the loss-grid size ``G``.
-  Measured (sigma = 20 x column norm, p = 1/n, 2 cores shared with other jobs): tree 2048 in
-  19 s wall, sqrt-Toeplitz 2048 in 104 s (``benchmarks/README.md``, MMCC). Memory of the rows
-  is that of their PLDs (up to ~10^7 grid points for the widest tree rows at n = 2048).
+  distinct rows. The rows are streamed from the structure (``p~(sigma)`` computed per row) with
+  at most :data:`~dpmf.accounting.mmcc.rows.PROCESS_WINDOW` rows per worker in flight
+  (:func:`~dpmf.accounting.mmcc.rows.iter_row_plds`), so the inputs take ``O(n)`` memory, not
+  ``O(nnz)`` (a dense Toeplitz ``C`` used to hold ``p~`` and the row inputs for all ``n (n + 1) /
+  2`` pairs); the row PLDs are kept and composed in order at the end (a few KiB each for
+  sqrt-Toeplitz, up to ~10^7 grid points for the widest tree rows at n = 2048). The composition
+  and epsilon are ``O(G log G)`` in the loss-grid size ``G``. Measured (sigma = 20 x column
+  norm, p = 1/n, 2 cores, ``benchmarks/bench_mmcc.py``): tree 2048 in 26-28 s wall (712 MiB
+  traced peak, the tree rows' PLDs), sqrt-Toeplitz 2048 in 85 s on a quiet machine (32 MiB traced
+  peak; 266 MiB before the by-lag structure and the streamed rows), ``benchmarks/README.md``.
 
 Related F.5 uses of mixture-of-Gaussians PLDs (issue item 7) live in
 :mod:`dpmf.privacy.random_sensitivity`: :func:`~dpmf.privacy.last_iterate_linear` (last-iterate
@@ -70,6 +88,8 @@ DP-SGD for linear losses) and :func:`~dpmf.privacy.group_dpsgd` (group privacy f
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import os
 import time
@@ -80,11 +100,11 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
-from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, compute_row_plds
+from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
-from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, tail_bound_structure
+from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import grid_indices
@@ -93,7 +113,14 @@ from dpmf.strategies.identity import Identity
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 
-__all__ = ["NAME", "supports", "account_mmcc", "calibrate_mmcc", "MMCCAccountant", "DEFAULT_GRID_FRACTION"]
+__all__ = [
+    "NAME",
+    "supports",
+    "account_mmcc",
+    "calibrate_mmcc",
+    "MMCCAccountant",
+    "DEFAULT_GRID_FRACTION",
+]
 
 NAME = "mmcc"
 #: Default ``grid_step`` (``Delta_2``) as a fraction of the largest entry of ``C`` (non-integer C).
@@ -191,33 +218,94 @@ class _Analysis:
     """One sigma-free MMCC analysis (one phase class for generalized MMCC)."""
 
     label: str
-    structure: TailBoundStructure
+    structure: TailBoundStructure  # or a compact structure with the same unit-wise interface
     groups: tuple[tuple[int, int], ...]  # (representative unit, multiplicity)
     heuristic_groups: tuple[tuple[int, int], ...]
     num_units: int
+    row_sums: np.ndarray  # total sensitivity of every unit
 
 
-def _unit_keys(struct: TailBoundStructure, grid_step: float) -> tuple[list, list]:
-    """Reuse keys: units with equal keys have identical PLDs at every sigma."""
-    keys, hkeys = [], []
-    for u in range(struct.num_units):
-        sl = struct.unit(u)
-        c = struct.sensitivities[sl]
+def _key_bytes(c: np.ndarray, a: np.ndarray, a2: np.ndarray, s: np.ndarray, grid_step: float) -> tuple[str, bytes, bytes]:
+    """``(tag, bytes of the sorted (value, a, a^2, s) rows, bytes of the sorted values)`` of a unit:
+    the data its PLD (and its heuristic PLD) depends on."""
+    if c.size == 1:
+        val = c.copy()
+        tag = "exact"
+    else:
+        val = grid_indices(c, grid_step).astype(np.float64)
+        tag = "grid"
+    rows = np.stack([val, a, a2, s], axis=1)
+    order = np.lexsort(rows.T[::-1])
+    return tag, rows[order].tobytes(), np.sort(val).tobytes()
+
+
+#: Bytes of representative units kept during :func:`_unit_keys` to confirm equal digests at once;
+#: beyond it, equal digests are confirmed by a second streaming pass (:func:`_confirm_groups`).
+_KEY_BYTES_BUDGET = 8 * 2**20
+
+
+def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
+    """Reuse keys (units with equal keys have identical PLDs at every sigma) and the total
+    sensitivity of every unit (sigma-free, for :func:`_check_row_grid`).
+
+    A key is ``(tag, size, SHA-256 of the unit's sorted (value, a, a^2, s) rows)``, about 40 bytes
+    whatever the unit's size, so the keys of a dense Toeplitz ``C`` take ``O(n)`` memory, not
+    ``O(n^2)``; the units are streamed (``iter_units``). Equal digests are confirmed byte for
+    byte (against the representative's bytes, kept up to :data:`_KEY_BYTES_BUDGET`, else by
+    :func:`_confirm_groups`): the grouping is exact, it does not rest on the hash.
+    """
+    keys: list = []
+    hkeys: list = []
+    row_sums = np.zeros(struct.num_units)
+    kept: tuple[dict, dict] = ({}, {})
+    budget = _KEY_BYTES_BUDGET
+    unconfirmed = [False, False]
+    for u, c, a, a2, s in struct.iter_units():
         if c.size == 0:
             keys.append(None)
             hkeys.append(None)
             continue
-        if c.size == 1:
-            val = c.copy()
-            tag = "exact"
+        row_sums[u] = float(np.sum(c))
+        tag, full, vals = _key_bytes(c, a, a2, s, grid_step)
+        for which, (out, data) in enumerate(((keys, full), (hkeys, vals))):
+            k = (tag, c.size, hashlib.sha256(data).digest())
+            out.append(k)
+            reps = kept[which]
+            if k not in reps:
+                reps[k] = data if len(data) <= budget else None
+                budget -= len(data) if reps[k] is not None else 0
+            elif reps[k] is None:
+                unconfirmed[which] = True
+            elif reps[k] != data:  # pragma: no cover - a SHA-256 collision
+                raise NumericalError(f"MMCC unit {u} shares a SHA-256 digest with an earlier, different unit")
+    del kept
+    for which, ks in ((1, keys), (2, hkeys)):
+        if unconfirmed[which - 1]:
+            _confirm_groups(struct, ks, which, grid_step)
+    return keys, hkeys, row_sums
+
+
+def _confirm_groups(struct, ks: list, which: int, grid_step: float) -> None:
+    """Check that units with equal digests have equal bytes (a second streaming pass holding the
+    bytes of the representatives that have duplicates only). A mismatch would be a SHA-256
+    collision: refuse rather than merge."""
+    first: dict = {}
+    rep_of = {}
+    for u, k in enumerate(ks):
+        if k is None:
+            continue
+        if k in first:
+            rep_of[u] = first[k]
         else:
-            val = grid_indices(c, grid_step).astype(np.float64)
-            tag = "grid"
-        rows = np.stack([val, struct.prior_norm[sl], struct.prior_norm_sq[sl], struct.signal[sl]], axis=1)
-        order = np.lexsort(rows.T[::-1])
-        keys.append((tag, rows[order].tobytes()))
-        hkeys.append((tag, np.sort(val).tobytes()))
-    return keys, hkeys
+            first[k] = u
+    reps = set(rep_of.values())
+    held: dict[int, bytes] = {}
+    for u, c, a, a2, s in struct.iter_units(sorted(reps | set(rep_of))):
+        data = _key_bytes(c, a, a2, s, grid_step)[which]
+        if u in reps:
+            held[u] = data
+        if u in rep_of and held[rep_of[u]] != data:  # pragma: no cover - a SHA-256 collision
+            raise NumericalError(f"MMCC units {rep_of[u]} and {u} share a SHA-256 digest but differ")
 
 
 def _group(keys: list) -> tuple[tuple[int, int], ...]:
@@ -273,20 +361,21 @@ def _structured_row_sum(strategy) -> float | None:
 def _default_grid(analyses: list) -> float:
     """``Delta_2`` default: 1 when every unit sensitivity is an integer (exact: tree, 0/1 C),
     else ``DEFAULT_GRID_FRACTION`` times the largest unit sensitivity."""
-    sens = np.concatenate([s.sensitivities for _, s in analyses])
-    if sens.size == 0:
+    summaries = [s.sensitivity_summary() for _, s in analyses]
+    if all(m == 0.0 for m, _ in summaries):
         return 1.0
-    if np.all(sens == np.round(sens)):
+    if all(integer for _, integer in summaries):
         return 1.0
-    return DEFAULT_GRID_FRACTION * float(sens.max())
+    return DEFAULT_GRID_FRACTION * max(m for m, _ in summaries)
 
 
 class MMCCAccountant:
     """MMCC for one ``(C, scheme, delta)``, reusable across noise multipliers.
 
     ``structured=False`` forces the dense reference path even when the strategy has a structured
-    one (:mod:`dpmf.accounting.mmcc.structured`; same result bit for bit, used as the oracle in
-    tests). :attr:`structured` says which path was taken.
+    one (:mod:`dpmf.accounting.mmcc.structured`: Identity, Toeplitz/BLT/banded Toeplitz and the
+    binary tree, under Poisson and cyclic Poisson sampling; same result bit for bit, used as the
+    oracle in tests). :attr:`structured` says which path was taken.
 
     Construction does all the sigma-independent work once: validation, release order, the
     incremental Gram matrices, column norms, binomial top-t sums and the union-bound split
@@ -352,7 +441,8 @@ class MMCCAccountant:
             self.strategy_description = strategy.describe()
             self.adaptive = bool(adaptive) and bool(getattr(strategy, "adaptive", True))
             self.structured = True
-            self._finish_init(fast, grid_step, max(s.num_units for _, s in fast), start)
+            analyses, rows = fast
+            self._finish_init(analyses, grid_step, rows, start)
             return
         self.structured = False
         C, self.strategy_description, may_adapt = _matrix_of(strategy)
@@ -397,27 +487,53 @@ class MMCCAccountant:
         self.setup_seconds = time.perf_counter() - start
 
     def _analysis(self, label: str, struct: TailBoundStructure) -> _Analysis:
-        keys, hkeys = _unit_keys(struct, self.grid_step)
-        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units)
+        keys, hkeys, row_sums = _unit_keys(struct, self.grid_step)
+        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums)
 
     # ------------------------------------------------------------------ evaluation
     def _compose(
         self,
-        struct: TailBoundStructure,
+        analysis: _Analysis,
         groups,
-        probs: np.ndarray,
         sigma: float,
+        heuristic: bool,
         callback: RowCallback | None,
         description: str = "MMCC rows",
-    ) -> tuple[PrivacyLossDistribution, dict]:
-        tasks = []
-        for u, _ in groups:
-            sl = struct.unit(u)
-            tasks.append((struct.sensitivities[sl], probs[sl]))
-        if tasks:
-            _check_row_grid(max(float(np.sum(c)) for c, _ in tasks), sigma, self.discretization)
-        plds, backend = compute_row_plds(
-            tasks,
+    ) -> tuple[PrivacyLossDistribution, dict, float]:
+        """Compose the PLDs of ``groups`` (each ``count`` times, in group order). The units are
+        streamed from the structure (``p~`` computed per unit), so their entries are never all held
+        at once. Also returns ``max p~/q`` over the representatives (= over all units: equal keys,
+        equal ``p~``)."""
+        struct = analysis.structure
+        q = struct.sampling_prob
+        reps = [u for u, _ in groups]
+        if reps:
+            _check_row_grid(max(float(analysis.row_sums[u]) for u in reps), sigma, self.discretization)
+        ratio = [1.0]
+
+        def tasks():
+            # yield in group order: buffer the (few) units streamed ahead of their turn
+            ahead: dict[int, tuple] = {}
+            stream = struct.iter_units(sorted(reps))
+            for u in reps:
+                while u not in ahead:
+                    v, c, a, a2, s = next(stream)
+                    if heuristic:
+                        p = np.full(c.shape, q)
+                    else:
+                        p = posterior_bounds(q, struct.z, a, a2, s, sigma)
+                        if p.size:
+                            ratio[0] = max(ratio[0], float(np.max(p / q)))
+                    ahead[v] = (c, p)
+                yield ahead.pop(u)
+
+        total: PrivacyLossDistribution | None = None
+        held: list = []
+        info: dict = {}
+        counts = [count for _, count in groups]
+        for k, pld in iter_row_plds(
+            tasks(),
+            len(groups),
             sigma,
             self.grid_step,
             self.discretization,
@@ -427,34 +543,35 @@ class MMCCAccountant:
             callback=callback,
             cache_dir=self.cache_dir,
             description=description,
-        )
-        total: PrivacyLossDistribution | None = None
-        for (_, count), pld in zip(groups, plds):
-            if pld is None:
-                continue
+            info=info,
+        ):
+            if pld is not None:
+                held.append((pld, counts[k]))
+        # composed after the rows, in group order (row PLDs are small next to the rows' inputs:
+        # a few KiB each for sqrt-Toeplitz n = 2048; composing while the row processes run would
+        # only compete with them for the cores)
+        for pld, count in held:
             part = pld.self_compose(count)
             total = part if total is None else total.compose(part)
         if total is None:
             total = PrivacyLossDistribution.identity(self.discretization)
-        return total, backend
+        return total, info, ratio[0]
 
     def _evaluate(self, analysis: _Analysis, sigma: float, heuristic: bool, callback: RowCallback | None) -> dict:
         struct = analysis.structure
         delta1 = struct.delta1
         delta2 = self.delta - delta1
-        probs = struct.probabilities(sigma)
         phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
-        pld, backend = self._compose(struct, analysis.groups, probs, sigma, callback, f"MMCC rows{phase}")
+        pld, backend, ratio = self._compose(analysis, analysis.groups, sigma, False, callback, f"MMCC rows{phase}")
         by_dir = pld.epsilon_by_direction(delta2)
-        nontrivial = struct.prior_norm > 0
         out = {
             "label": analysis.label,
             "epsilon": max(by_dir.values()),
             "epsilon_by_direction": by_dir,
             "delta1": delta1,
             "delta2": delta2,
-            "max_probability_ratio": float(np.max(probs / struct.sampling_prob)) if probs.size else 1.0,
-            "nontrivial_pairs": int(np.count_nonzero(nontrivial)),
+            "max_probability_ratio": ratio,
+            "nontrivial_pairs": struct.nontrivial_pairs,
             "tail_events": struct.tail_events,
             "delta_prime": struct.delta_prime,
             "gaussian_quantile_z": struct.z,
@@ -464,8 +581,8 @@ class MMCCAccountant:
             "backend": backend,
         }
         if heuristic:
-            flat = np.full(struct.sensitivities.shape, struct.sampling_prob)
-            hpld, _ = self._compose(struct, analysis.heuristic_groups, flat, sigma, None, f"MMCC heuristic rows{phase}")
+            hpld, _, _ = self._compose(analysis, analysis.heuristic_groups, sigma, True, None,
+                                       f"MMCC heuristic rows{phase}")
             out["independent_rows_heuristic_epsilon"] = hpld.epsilon(self.delta)
         return out
 
@@ -527,6 +644,56 @@ class MMCCAccountant:
             scheme=self.scheme.describe(),
             diagnostics=diagnostics,
         )
+
+
+    def calibrate(
+        self,
+        target_epsilon: float,
+        *,
+        rel_tol: float = 1e-3,
+        callback: ProgressCallback | None = None,
+        heuristic: bool = False,
+    ) -> tuple[float, PrivacyReport, int]:
+        """``(noise_multiplier, report, evaluations)``: the smallest noise multiplier (to
+        ``rel_tol``, :func:`dpmf.privacy.calibration.smallest_noise`) whose epsilon is ``<=
+        target_epsilon``, and the report at it -- the one the search computed there (every
+        evaluation is a full report, and the search always evaluates the noise it returns), so
+        nothing is recomputed after the search. ``heuristic=True`` adds the independent-rows
+        heuristic to that report (its rows only). The fields of
+        :class:`dpmf.accounting.dispatch.Calibration`, for an ``own_calibration`` hook.
+        ``callback(sigma, epsilon)`` is called per evaluation.
+        """
+        target = _v.positive("target_epsilon", target_epsilon)
+        reports: dict[float, PrivacyReport] = {}
+
+        def epsilon_of(sigma: float) -> float:
+            if sigma not in reports:
+                reports[sigma] = self.report(sigma, heuristic=False)
+            return reports[sigma].epsilon
+
+        res = smallest_noise(epsilon_of, target, rel_tol=rel_tol, callback=callback)
+        if math.isnan(res.epsilon) or not res.epsilon <= target:  # pragma: no cover - by construction
+            raise AssertionError("calibration returned a failing noise multiplier")
+        report = reports[res.value] if res.value in reports else self.report(res.value, heuristic=False)
+        if heuristic:
+            report = self.add_heuristic(report)
+        return res.value, report, len(reports)
+
+    def add_heuristic(self, report: PrivacyReport) -> PrivacyReport:
+        """``report`` (from :meth:`report` with ``heuristic=False``) with the independent-rows
+        heuristic added, computing only the heuristic rows (not the bound's rows again)."""
+        sigma = report.noise_multiplier
+        values = []
+        for a in self.analyses:
+            phase = "" if len(self.analyses) == 1 else f" ({a.label})"
+            hpld, _, _ = self._compose(a, a.heuristic_groups, sigma, True, None, f"MMCC heuristic rows{phase}")
+            values.append(hpld.epsilon(self.delta))
+        diagnostics = {
+            **report.diagnostics,
+            "independent_rows_heuristic_epsilon": max(values),
+            "heuristic_note": "independent-rows heuristic (p~ = q): an estimate of the true epsilon, not a bound",
+        }
+        return dataclasses.replace(report, diagnostics=diagnostics)
 
 
 # ============================================================================ functions
@@ -621,9 +788,9 @@ def calibrate_mmcc(
     :func:`dpmf.privacy.calibration.smallest_noise`; only ``p~(sigma)`` and the row PLDs are
     recomputed per evaluation. The returned sigma was evaluated and passes.
     ``callback(sigma, epsilon)`` is called per evaluation; the other options are those of
-    :func:`account_mmcc`.
+    :func:`account_mmcc`. :meth:`MMCCAccountant.calibrate` also returns the report at that sigma.
     """
-    target = _v.positive("target_epsilon", target_epsilon)
+    target = _v.positive("target_epsilon", target_epsilon)  # bad input: before the setup
     acc = MMCCAccountant(
         strategy,
         scheme,
@@ -637,7 +804,4 @@ def calibrate_mmcc(
         scheduler=scheduler,
         cache_dir=cache_dir,
     )
-    res = smallest_noise(acc.epsilon, target, rel_tol=rel_tol, callback=callback)
-    if math.isnan(res.epsilon) or not res.epsilon <= target:  # pragma: no cover - by construction
-        raise AssertionError("calibration returned a failing noise multiplier")
-    return res.value
+    return acc.calibrate(target, rel_tol=rel_tol, callback=callback)[0]

@@ -29,6 +29,10 @@ written atomically), and rows already there are loaded instead of computed. An i
 run (or calibration: each trial sigma is its own set of rows) resumes where it stopped, and the
 result is bit-for-bit the uninterrupted one.
 
+Streaming: :func:`iter_row_plds` consumes its tasks lazily and yields the PLDs in order (at
+most :data:`PROCESS_WINDOW` tasks per worker process in flight), so a caller can feed rows it
+builds one at a time; :func:`compute_row_plds` is the list version.
+
 Execution: ``workers`` (``None`` = serial below :data:`PARALLEL_MIN_ROWS` distinct rows, else one
 process per CPU; ``1`` = serial; ``k > 1`` = a ``ProcessPoolExecutor`` with ``k`` processes) or
 ``scheduler`` (a Dask ``distributed`` scheduler address such as ``"tcp://host:8786"`` or a
@@ -41,8 +45,8 @@ import hashlib
 import math
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -54,10 +58,13 @@ from dpmf.privacy.mixture import mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import product_mixture
 
-__all__ = ["row_pld", "compute_row_plds", "merge_upward", "RowCache", "PARALLEL_MIN_ROWS", "DEFAULT_MERGE_BUDGET"]
+__all__ = ["row_pld", "compute_row_plds", "iter_row_plds", "merge_upward", "RowCache", "PARALLEL_MIN_ROWS", "DEFAULT_MERGE_BUDGET"]
 
 #: With ``workers=None``, rows are computed in a process pool only from this many distinct rows.
 PARALLEL_MIN_ROWS = 256
+
+#: Tasks in flight per worker process in :func:`iter_row_plds` (bounds the rows held at once).
+PROCESS_WINDOW = 32
 
 #: Default budget of :func:`merge_upward` (probability mass x grid steps moved per merged point).
 DEFAULT_MERGE_BUDGET = 1e-7
@@ -210,59 +217,137 @@ def compute_row_plds(
 ) -> tuple[list[PrivacyLossDistribution | None], dict]:
     """PLDs of all ``tasks`` (``(sensitivities, probabilities)`` pairs), in order.
 
-    Returns the PLDs and ``{"backend": ..., "workers": ..., "rows_loaded": ...}``.
-    ``callback(done, total)`` is called after each row (rows loaded from ``cache_dir`` count at
-    once). With ``cache_dir`` each computed row is saved as soon as it is finished. The loop is a
-    :func:`dpmf.progress.task` named ``description`` (silent unless progress reporting is on, as
-    in the CLI).
+    Returns the PLDs and ``{"backend": ..., "workers": ..., "rows_loaded": ...}``; see
+    :func:`iter_row_plds` (which this collects into a list).
     """
-    jobs = [(c, p, noise_multiplier, grid_step, discretization, merge_budget) for c, p in tasks]
-    total = len(jobs)
-    out: list[PrivacyLossDistribution | None] = [None] * total
-    cache = RowCache(cache_dir) if cache_dir is not None else None
-    todo = list(range(total))
-    if cache is not None:
-        todo = []
-        for i, job in enumerate(jobs):
-            found, pld = cache.load(job)
-            if found:
-                out[i] = pld
-            else:
-                todo.append(i)
-    loaded = total - len(todo)
-    n_workers = _resolve_workers(workers, len(todo)) if scheduler is None else None  # bad input: before any output
-    with progress.task(description, total=total) as bar:
-        done = loaded
+    info: dict = {}
+    out = [pld for _, pld in iter_row_plds(
+        tasks, len(tasks), noise_multiplier, grid_step, discretization, merge_budget=merge_budget,
+        workers=workers, scheduler=scheduler, callback=callback, cache_dir=cache_dir,
+        description=description, info=info,
+    )]
+    return out, info
 
-        def finish(i: int, pld: PrivacyLossDistribution | None) -> None:
-            nonlocal done
-            out[i] = pld
-            if cache is not None:
-                cache.save(jobs[i], pld)
-            done += 1
+
+def iter_row_plds(
+    tasks: Iterable[RowTask],
+    count: int,
+    noise_multiplier: float,
+    grid_step: float,
+    discretization: float,
+    *,
+    merge_budget: float = DEFAULT_MERGE_BUDGET,
+    workers: int | None = None,
+    scheduler: object = None,
+    callback: ProgressCallback | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    description: str = "MMCC rows",
+    info: dict | None = None,
+) -> Iterator[tuple[int, PrivacyLossDistribution | None]]:
+    """Yield ``(k, pld)`` for the ``count`` tasks of the iterable ``tasks``, in order.
+
+    ``tasks`` is consumed lazily: serially one task at a time, in processes with at most
+    ``PROCESS_WINDOW`` x workers tasks in flight (finished PLDs that arrive ahead of their turn
+    wait in a buffer), so the caller can stream rows it never holds all at once. ``info`` (a dict)
+    receives ``{"backend": ..., "workers": ..., "rows_loaded": ...}``. ``callback(done, total)``
+    is called after each row (a row loaded from ``cache_dir`` counts when it is reached). With
+    ``cache_dir`` each computed row is saved as soon as it is finished. The loop is a
+    :func:`dpmf.progress.task` named ``description`` (silent unless progress reporting is on, as
+    in the CLI). The Dask backend collects the tasks first.
+    """
+    info = {} if info is None else info
+    total = int(count)
+    cache = RowCache(cache_dir) if cache_dir is not None else None
+    n_workers = _resolve_workers(workers, total) if scheduler is None else None  # bad input: before any output
+    params = (noise_multiplier, grid_step, discretization, merge_budget)
+    state = {"done": 0, "loaded": 0}
+    with progress.task(description, total=total) as bar:
+
+        def finish(job: tuple, pld: PrivacyLossDistribution | None, computed: bool) -> None:
+            if cache is not None and computed:
+                cache.save(job, pld)
+            if not computed:
+                state["loaded"] += 1
+            state["done"] += 1
             bar.advance()
             if callback is not None:
-                callback(done, total)
+                callback(state["done"], total)
 
-        if loaded:
-            bar.update(completed=loaded, note=f"{loaded} loaded from the cache")
-            if callback is not None:
-                callback(done, total)
-        info = {"rows_loaded": loaded}
-        if scheduler is not None and todo:
-            _run_dask([jobs[i] for i in todo], scheduler, lambda k, pld: finish(todo[k], pld))
-            return out, {"backend": "dask", "workers": None, **info}
-        if n_workers is None:  # a scheduler with nothing left to do
-            n_workers = 1
-        if n_workers == 1 or len(todo) <= 1:
-            for i in todo:
-                finish(i, _job(jobs[i]))
-            return out, {"backend": "serial", "workers": 1, **info}
+        def jobs() -> Iterator[tuple[int, tuple, bool, PrivacyLossDistribution | None]]:
+            """``(k, job, found in the cache, pld)``."""
+            for k, (c, p) in enumerate(tasks):
+                job = (c, p, *params)
+                if cache is not None:
+                    found, pld = cache.load(job)
+                    if found:
+                        yield k, job, True, pld
+                        continue
+                yield k, job, False, None
+
+        if scheduler is not None:
+            listed = list(jobs())
+            todo = [(k, job) for k, job, found, _ in listed if not found]
+            results: dict[int, PrivacyLossDistribution | None] = {}
+            for k, job, found, pld in listed:
+                if found:
+                    results[k] = pld
+                    finish(job, pld, False)
+            if todo:
+                def done_dask(i: int, pld) -> None:
+                    results[todo[i][0]] = pld
+                    finish(todo[i][1], pld, True)
+
+                _run_dask([job for _, job in todo], scheduler, done_dask)
+            info.update({"backend": "dask" if todo else "serial", "workers": None if todo else 1,
+                         "rows_loaded": state["loaded"]})
+            for k in range(total):
+                yield k, results[k]
+            return
+        if n_workers == 1 or total <= 1:
+            for k, job, found, pld in jobs():
+                if not found:
+                    pld = _job(job)
+                finish(job, pld, not found)
+                yield k, pld
+            info.update({"backend": "serial", "workers": 1, "rows_loaded": state["loaded"]})
+            return
+        window = max(1, PROCESS_WINDOW * n_workers)
+        ready: dict[int, PrivacyLossDistribution | None] = {}
+        nxt = 0
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            futures = {pool.submit(_job, jobs[i]): i for i in todo}
-            for fut in as_completed(futures):
-                finish(futures[fut], fut.result())
-        return out, {"backend": "processes", "workers": n_workers, **info}
+            pending: dict = {}
+
+            def collect(block: bool) -> None:
+                if not pending:
+                    return
+                finished, _ = wait(pending, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    k, job = pending.pop(fut)
+                    pld = fut.result()
+                    finish(job, pld, True)
+                    ready[k] = pld
+
+            for k, job, found, pld in jobs():
+                if found:
+                    finish(job, pld, False)
+                    ready[k] = pld
+                else:
+                    pending[pool.submit(_job, job)] = (k, job)
+                while len(pending) >= window:
+                    collect(True)
+                collect(False)
+                while nxt in ready:
+                    yield nxt, ready.pop(nxt)
+                    nxt += 1
+            while pending:
+                collect(True)
+                while nxt in ready:
+                    yield nxt, ready.pop(nxt)
+                    nxt += 1
+        while nxt in ready:
+            yield nxt, ready.pop(nxt)
+            nxt += 1
+        info.update({"backend": "processes", "workers": n_workers, "rows_loaded": state["loaded"]})
 
 
 def _run_dask(jobs: list, scheduler: object, finish: Callable[[int, object], None]) -> None:

@@ -10,8 +10,9 @@ float operations in the same order; tested against the dense path in
 
 * :func:`toeplitz_structure` -- a lower-triangular Toeplitz ``C`` (``ToeplitzStrategy``, its
   ``BLTStrategy`` subclass, banded Toeplitz such as BSR/BISR, and ``Identity`` = coefficients
-  ``[1]``) under Poisson sampling. Row ``i``, column ``j < i``, ``d = i - j``: the Gram entry of
-  columns ``j'``, ``j`` over rows ``< i`` is ``H[d-1, i-1-j']`` with
+  ``[1]``) under Poisson sampling (and cyclic Poisson with cycle 1, the same analysis). Row ``i``,
+  column ``j < i``, ``d = i - j``: the Gram entry of columns ``j'``, ``j`` over rows ``< i`` is
+  ``H[d-1, i-1-j']`` with
 
       H[a, b] = sum_{w=0}^{min(a, b)} f(a - w) f(b - w) = H[a-1, b-1] + f(a) f(b),
 
@@ -19,8 +20,24 @@ float operations in the same order; tested against the dense path in
   running sum starts from the oldest row). So a column of ``H`` follows from the previous one in
   ``O(A)`` (``A = min(n, band) - 1`` rows of ``H`` are ever used), and the ``t`` largest entries
   of ``H[a, 0:i]`` (the top-t sums ``s``) are kept per ``a`` while ``i`` grows, by insertion into a
-  descending list of length ``T = max t``. Time ``O(n A T + nnz)``, memory ``O(A T + nnz)``
-  (``nnz`` = stored pairs: ``n (n + 1) / 2`` for a dense ``C``, ``~ n band`` for a banded one).
+  descending list of length ``T = max t``. The result is a compact :class:`ToeplitzRows`: the
+  sensitivity and ``a``, ``a^2`` of an entry depend on its lag only, and its ``s`` changes at a
+  few rows per lag, so only the changes are stored and the rows are rebuilt one at a time when the
+  accountant streams them. Time ``O(n A T)``, memory ``O(A T + n + changes)``: for the square-root
+  factorization ~10 changes per lag (measured: 9.5k / 21k / 40k at n = 1024 / 2048 / 4096), so
+  ``O(n T)`` in all; at most ``nnz`` (``n (n + 1) / 2`` for a dense ``C``) for coefficients whose
+  top lists keep changing. Measured setup (square root, tracemalloc, scipy already imported):
+  peak 8.9 / 9.9 / 11.7 MiB and 0.5 / 1.3 / 3.4 s at n = 1024 / 2048 / 4096, against 63 / 251 /
+  1001 MiB and 0.6 / 1.5 / 6.1 s with the flat per-entry arrays (``benchmarks/README.md``).
+* :func:`toeplitz_cyclic_structure` -- the same Toeplitz strategies under cyclic Poisson with
+  cycle ``b >= 2`` (generalized MMCC, Alg. 3/4, Thm D.1; phase 0 only, the worst for Toeplitz
+  ``C``, as the dense path): reduced columns ``0, b, 2b, ...``, unit ``r`` = rows ``[r b, (r+1) b)``.
+  The Gram entries are ``H`` sampled at rows and columns ``e b - 1`` (``e`` = a column's age in
+  blocks), the block norms depend on the age only (plus the shorter last block) and are summed in
+  arrays of the dense block's shape, so numpy adds them in the same order. Flat
+  :class:`TailBoundStructure` of ``nnz <= R (R + 1) / 2`` pairs, ``R = ceil(n / b)``: time
+  ``O(n A + R E T)``, memory ``O(A + E T + nnz)`` (``E = min(R, A / b)``), i.e. ``O(n^2 / b^2)``
+  for a dense ``C`` and ``O(n band / b^2)`` for a banded one.
 * :func:`tree_structure` -- the binary tree (:class:`~dpmf.strategies.BinaryTree`, any ``n``)
   under Poisson sampling, in closed form: the rows released before node ``(h, t)`` that touch its
   columns are exactly its descendants (rows are ordered by release step, lower level first), so
@@ -29,57 +46,201 @@ float operations in the same order; tested against the dense path in
   the top-t sum adds the values ``h, h-1, h-2, ...`` with the multiplicities ``1`` and the real
   sizes of the sibling blocks. All integers (the dense path is exact on 0/1 matrices too). Nodes
   with the same level and size have the same data. Time and memory ``O(n log n)``.
+* :func:`tree_cyclic_structures` -- the binary tree under cyclic Poisson with cycle ``b >= 2``,
+  every phase ``k < b`` (the tree is not Toeplitz), the same closed form with the ancestors of a
+  column completed before the unit's first step. ``O(n L / b)`` pairs per phase (``L = log2 n``),
+  time ``O(n L (L + T))`` and memory ``O(n L)`` over all phases.
 
-Anything else (dense matrices, BandMF, cyclic Poisson for the tree or a Toeplitz ``C``) returns
-``None`` and the caller uses the dense reference path.
+Cyclic Poisson with ``b = 1`` is plain MMCC (one unit per row, as in the dense path) and uses the
+Poisson functions. Anything else (dense matrices, BandMF) returns ``None`` and the caller uses the
+dense reference path. The cyclic structures are tested bit for bit against the dense path over
+many ``(n, b, strategy, q, delta)``: ``n`` not divisible by ``b``, ``b = 1``, ``b = n``, ``b > n``,
+bands longer than the cycle, zero runs longer than the cycle, integer and non-integer coefficients.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, _gamma, finish_pairs, union_bound
+from dpmf.accounting.mmcc.tail_bounds import (
+    _U,
+    TailBoundStructure,
+    _block_norms_up,
+    _gamma,
+    finish_pairs,
+    posterior_bounds,
+    union_bound,
+)
 
-__all__ = ["structured_analyses", "toeplitz_structure", "tree_structure"]
+__all__ = ["structured_analyses", "toeplitz_structure", "toeplitz_cyclic_structure", "tree_structure", "tree_cyclic_structures", "ToeplitzRows"]
 
 
-def structured_analyses(strategy, scheme, delta1: float) -> list[tuple[str, TailBoundStructure]] | None:
-    """The analyses MMCC needs for ``(strategy, scheme)`` computed from the strategy's structure,
-    or ``None`` when there is no structured path (the caller then uses the dense encoder)."""
-    from dpmf.sampling.schemes import PoissonSampling
+def structured_analyses(strategy, scheme, delta1: float) -> tuple[list[tuple[str, TailBoundStructure]], int] | None:
+    """``(analyses, rows)``: the analyses MMCC needs for ``(strategy, scheme)`` computed from the
+    strategy's structure and the number of rows of ``C``, or ``None`` when there is no structured
+    path (the caller then uses the dense encoder)."""
+    from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
     from dpmf.strategies.identity import Identity
     from dpmf.strategies.toeplitz import ToeplitzStrategy
     from dpmf.strategies.tree import BinaryTree
 
-    if not isinstance(scheme, PoissonSampling) or scheme.steps != getattr(strategy, "n", None):
+    if not isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)) or scheme.steps != getattr(strategy, "n", None):
         return None
     q = scheme.sampling_prob
+    n = int(strategy.n)
+    coefs = None
     if isinstance(strategy, Identity):
-        return [("all rows", toeplitz_structure(np.ones(1), strategy.n, q, delta1))]
-    if isinstance(strategy, ToeplitzStrategy):
+        coefs = np.ones(1)
+    elif isinstance(strategy, ToeplitzStrategy):
         coefs = np.asarray(strategy.coefs, dtype=np.float64)
-        if np.all(np.isfinite(coefs)) and np.all(coefs >= 0) and coefs[0] > 0:
-            return [("all rows", toeplitz_structure(coefs, strategy.n, q, delta1))]
-        return None
+        if not (np.all(np.isfinite(coefs)) and np.all(coefs >= 0) and coefs.size and coefs[0] > 0):
+            return None
+    if isinstance(scheme, CyclicPoissonSampling) and scheme.cycle_length > 1:
+        if coefs is None:
+            if isinstance(strategy, BinaryTree):  # every phase (the tree is not Toeplitz)
+                return tree_cyclic_structures(n, scheme.cycle_length, q, delta1, strategy.scale), tree_rows(n)
+            return None
+        # phase 0 only, as the dense path does for Toeplitz C (module docstring of the accountant)
+        return [("phase 0", toeplitz_cyclic_structure(coefs, n, scheme.cycle_length, q, delta1))], n
+    if coefs is not None:
+        return [("all rows", toeplitz_structure(coefs, n, q, delta1))], n
     if isinstance(strategy, BinaryTree):
-        return [("all rows", tree_structure(strategy.n, q, delta1, strategy.scale))]
+        return [("all rows", tree_structure(n, q, delta1, strategy.scale))], tree_rows(n)
     return None
+
+
+def tree_rows(n: int) -> int:
+    """Number of rows (kept nodes) of the binary-tree encoder over ``n`` steps."""
+    from dpmf.strategies.tree import tree_nodes
+
+    return int(tree_nodes(n).shape[0])
 
 
 def _insert_descending(top: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Insert ``x[a]`` into each descending row ``top[a]`` (dropping the smallest)."""
-    pos = np.count_nonzero(top > x[:, None], axis=1)[:, None]
+    return _insert_descending_pos(top, x)[0]
+
+
+def _insert_descending_pos(top: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_insert_descending` and the insertion position of every row (``>= top.shape[1]``:
+    the row is unchanged)."""
+    pos = np.count_nonzero(top > x[:, None], axis=1)
     k = np.arange(top.shape[1])[None, :]
     shifted = np.empty_like(top)
     shifted[:, 0] = -np.inf
     shifted[:, 1:] = top[:, :-1]
-    return np.where(k < pos, top, np.where(k == pos, x[:, None], shifted))
+    p = pos[:, None]
+    return np.where(k < p, top, np.where(k == p, x[:, None], shifted)), pos
 
 
-def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: float) -> TailBoundStructure:
+@dataclass(frozen=True)
+class ToeplitzRows:
+    """The :class:`~dpmf.accounting.mmcc.tail_bounds.TailBoundStructure` of a lower-triangular
+    Toeplitz ``C`` (one unit per row, all columns) stored by lag, not by entry.
+
+    Row ``i`` holds the lags ``d <= i`` with ``f(d) > 0`` (``lags``, ascending), its entries in
+    increasing column order (decreasing lag). Its sensitivity ``f(d)`` and its ``a``, ``a^2``
+    (``H[d-1, d-1]`` rounded) depend on the lag only; its top-t sum ``s`` depends on the row too,
+    but only changes at a few rows per lag (when the binomial threshold grows or a new Gram entry
+    enters the lag's top list), so only those changes are stored (``change_row``/``change_pos``/
+    ``change_value``, sorted by row). :meth:`iter_units` replays them and yields the rows one at a
+    time, bit for bit the rows of the flat structure. Memory ``O(n + changes)``: for the square-
+    root factorization a few values per lag (measured: see ``info["signal_changes"]``), at most
+    ``nnz`` for adversarial coefficients. The flat arrays (``columns``, ``sensitivities``,
+    ``prior_norm``, ``prior_norm_sq``, ``signal``, :meth:`probabilities`) are built on demand,
+    in ``O(nnz)`` memory: for tests and small ``n`` only; the accountant never asks for them.
+    """
+
+    sampling_prob: float
+    delta1: float
+    delta_prime: float
+    z: float
+    tail_events: int
+    offsets: np.ndarray
+    coefs: np.ndarray
+    lags: np.ndarray
+    lag_a: np.ndarray
+    lag_a2: np.ndarray
+    change_row: np.ndarray
+    change_pos: np.ndarray
+    change_value: np.ndarray
+    nontrivial_pairs: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_units(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def unit(self, u: int) -> slice:
+        return slice(int(self.offsets[u]), int(self.offsets[u + 1]))
+
+    def iter_units(self, units=None):
+        """Yield ``(u, sensitivities, a, a^2, s)`` of every row (or of the sorted ``units``)."""
+        wanted = None if units is None else iter(units)
+        nxt = None if wanted is None else next(wanted, None)
+        sens_pos = self.coefs[self.lags]
+        cur = np.zeros(self.lags.size)
+        rows, pos, vals = self.change_row, self.change_pos, self.change_value
+        p = 0
+        for i in range(self.num_units):
+            if wanted is not None and nxt is None:
+                return
+            q = int(np.searchsorted(rows, i, side="right"))
+            if q > p:
+                cur[pos[p:q]] = vals[p:q]
+                p = q
+            if wanted is not None and i != nxt:
+                continue
+            k = int(self.offsets[i + 1] - self.offsets[i])
+            yield (i, sens_pos[:k][::-1].copy(), self.lag_a[:k][::-1].copy(), self.lag_a2[:k][::-1].copy(),
+                   cur[:k][::-1].copy())
+            if wanted is not None:
+                nxt = next(wanted, None)
+
+    def sensitivity_summary(self) -> tuple[float, bool]:
+        c = self.coefs[self.lags]
+        if self.num_units == 0 or c.size == 0:
+            return 0.0, True
+        c = c[self.lags < self.num_units]
+        return float(c.max()), bool(np.all(c == np.round(c)))
+
+    # -- flat views, O(nnz): tests and small n only
+    def _flat(self, index: int) -> np.ndarray:
+        parts = [row[index] for row in self.iter_units()]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    @property
+    def columns(self) -> np.ndarray:
+        parts = [u - self.lags[: self.offsets[u + 1] - self.offsets[u]][::-1] for u in range(self.num_units)]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+    @property
+    def sensitivities(self) -> np.ndarray:
+        return self._flat(1)
+
+    @property
+    def prior_norm(self) -> np.ndarray:
+        return self._flat(2)
+
+    @property
+    def prior_norm_sq(self) -> np.ndarray:
+        return self._flat(3)
+
+    @property
+    def signal(self) -> np.ndarray:
+        return self._flat(4)
+
+    def probabilities(self, noise_multiplier: float) -> np.ndarray:
+        return posterior_bounds(self.sampling_prob, self.z, self.prior_norm, self.prior_norm_sq, self.signal,
+                                noise_multiplier)
+
+
+def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: float) -> ToeplitzRows:
     """:func:`~dpmf.accounting.mmcc.tail_bounds.tail_bound_structure` of the ``n x n`` lower-
     triangular Toeplitz ``C`` with coefficients ``coefs`` (``>= 0``, ``coefs[0] > 0``), one unit per
-    row, all columns (module docstring)."""
+    row, all columns (module docstring), as a compact :class:`ToeplitzRows`."""
     n = int(n)
     q = float(sampling_prob)
     f = np.zeros(n)
@@ -91,19 +252,11 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
     sizes = np.searchsorted(nzd, steps, side="right")  # entries of row i: lags d <= i
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(sizes)
-    total = int(offsets[-1])
     appearances = np.searchsorted(nzd, n - 1 - steps, side="right")  # rows touching column j
     pairs = int(np.sum(np.maximum(appearances - 1, 0)))
     events, delta_prime, z, tvals = union_bound(pairs, delta1, n, q)
     exact = bool(np.all(f == np.round(f))) and float(f.max(initial=0.0)) ** 2 * (n + 1) * (n + 1) < 2.0**52
     gam = 0.0 if exact else _gamma(n + n + 4)
-
-    columns = np.empty(total, dtype=np.int64)
-    sens = np.empty(total)
-    gjj_flat = np.zeros(total)
-    sv_flat = np.zeros(total)
-    active = np.zeros(total, dtype=bool)
-    counts_max = -1
 
     A = min(n, w) - 1  # rows a = d - 1 of H that are ever used
     T = int(tvals.max()) if pairs else 0
@@ -114,44 +267,342 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
     diag = np.zeros(A)
     K = np.zeros(A, dtype=np.int64)
     top = np.full((A, max(T, 1)), -np.inf)
-    for i in range(n):
-        if i >= 1 and A > 0:
-            b = i - 1  # insert column b of H (column j' = i - 1 - b of C ... all earlier columns)
-            fb = f[b]
-            new = np.empty(A)
-            new[0] = fa[0] * fb
-            new[1:] = hcol[:-1] + fa[1:] * fb
-            newp = np.empty(A, dtype=bool)
-            newp[0] = pos_a[0] and fb > 0
-            newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
-            hcol, pcol = new, newp
-            if b < A:
-                diag[b] = hcol[b]
-            K += pcol
-            if T > 0:
-                top = _insert_descending(top, hcol)
-        lo, hi = int(offsets[i]), int(offsets[i + 1])
-        d = nzd[: sizes[i]][::-1]  # lags in increasing column order
-        columns[lo:hi] = i - d
-        sens[lo:hi] = f[d]
-        if d.size > 1:
-            a = d[:-1] - 1  # the active (seen) entries: every lag >= 1
-            kk = K[a]
+    la = nzd[1:] - 1  # H rows of the lags d >= 1 (positions 1.. of nzd)
+    t_old = np.full(la.size, -1, dtype=np.int64)
+    ch_row, ch_pos, ch_val = [], [], []
+    for i in range(1, n):
+        if A == 0:
+            break
+        b = i - 1  # insert column b of H (column j' = i - 1 - b of C ... all earlier columns)
+        fb = f[b]
+        new = np.empty(A)
+        new[0] = fa[0] * fb
+        new[1:] = hcol[:-1] + fa[1:] * fb
+        newp = np.empty(A, dtype=bool)
+        newp[0] = pos_a[0] and fb > 0
+        newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
+        hcol, pcol = new, newp
+        if b < A:
+            diag[b] = hcol[b]
+        K += pcol
+        if T > 0:
+            top, ins = _insert_descending_pos(top, hcol)
+        # the top-t sums of the lags present in row i (d <= i) that changed: the lag is new, its
+        # threshold t moved, or the new Gram entry landed among its first t
+        present = int(np.searchsorted(nzd, i, side="right")) - 1  # lags at positions 1..present
+        if present <= 0:
+            continue
+        ap = la[:present]
+        t = tvals[K[ap]]
+        dirty = (t != t_old[:present])
+        if T > 0:
+            dirty |= ins[ap] < t
+        idx = np.flatnonzero(dirty)
+        if idx.size == 0:
+            continue
+        t_old[:present] = t
+        tt = t[idx]
+        tmax = int(tt.max())
+        if tmax > 0:
+            csum = np.cumsum(top[ap[idx], :tmax], axis=1)
+            sv = np.where(tt > 0, csum[np.arange(idx.size), np.maximum(tt - 1, 0)], 0.0)
+        else:
+            sv = np.zeros(idx.size)
+        ch_row.append(np.full(idx.size, i, dtype=np.int64))
+        ch_pos.append(idx + 1)
+        ch_val.append(sv)
+    counts_max = int(K[la].max()) if la.size and n >= 2 else -1
+    # finish (round) per lag and per change, with the same element-wise operations as the flat path
+    lag_a = np.zeros(nzd.size)
+    lag_a2 = np.zeros(nzd.size)
+    if la.size:
+        lag_a[1:], lag_a2[1:], _ = finish_pairs(diag[la], np.zeros(la.size), exact, gam)
+    sv_raw = np.concatenate(ch_val) if ch_val else np.zeros(0)
+    change_value = finish_pairs(np.ones(sv_raw.size), sv_raw, exact, gam)[2] if sv_raw.size else sv_raw
+    nontrivial = int(np.sum((n - nzd[1:]) * (lag_a[1:] > 0)))
+    info = {
+        "pairs": pairs,
+        "max_binomial_count": max(counts_max, 0),
+        "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
+        "structured": "toeplitz",
+        "signal_changes": int(sv_raw.size),
+    }
+    return ToeplitzRows(
+        sampling_prob=q,
+        delta1=float(delta1) if pairs else 0.0,
+        delta_prime=delta_prime,
+        z=z,
+        tail_events=events,
+        offsets=offsets,
+        coefs=f,
+        lags=nzd,
+        lag_a=lag_a,
+        lag_a2=lag_a2,
+        change_row=np.concatenate(ch_row) if ch_row else np.zeros(0, np.int64),
+        change_pos=np.concatenate(ch_pos) if ch_pos else np.zeros(0, np.int64),
+        change_value=change_value,
+        nontrivial_pairs=nontrivial,
+        info=info,
+    )
+
+def _norms_from_squares(sq: np.ndarray, integer: bool, rows: int) -> np.ndarray:
+    """The two branches of :func:`~dpmf.accounting.mmcc.tail_bounds._block_norms_up` applied to
+    column sums of squares ``sq`` of a block with ``rows`` rows (``integer``: every entry of the
+    dense block is an integer below 2^20), element by element (the same float operations)."""
+    if integer:
+        norms = np.sqrt(sq)
+        exact = (norms == np.round(norms)) & (norms * norms == sq)
+        return np.where(exact, norms, np.nextafter(norms, np.inf))
+    gam = _gamma(rows + 4)
+    up = np.nextafter(np.sqrt(sq * (1.0 + gam)) * (1.0 + 2 * _U), np.inf)
+    return np.where(sq > 0, up, 0.0)
+
+
+def toeplitz_cyclic_structure(
+    coefs: np.ndarray, n: int, cycle_length: int, sampling_prob: float, delta1: float
+) -> TailBoundStructure:
+    """Generalized MMCC (Alg. 3/4, Thm D.1) for phase 0 of cyclic Poisson with cycle ``b``: the
+    structure the dense path builds with ``tail_bound_structure(C, units, q, delta1,
+    columns=arange(0, n, b))`` and unit ``r`` = rows ``[r b, min((r+1) b, n))``, without ``C``.
+
+    Column ``c`` (step ``c b``) has *age* ``e = r - c`` at unit ``r``; its Gram entry with the
+    column of age ``e'`` over the rows before the unit is ``H[e b - 1, e' b - 1]`` (``H`` of
+    :func:`toeplitz_structure`, stepped column by column and sampled every ``b`` columns), and its
+    block sensitivity is the rounded-up norm of ``f(e b), ..., f(e b + L - 1)`` (``L`` rows in the
+    block), summed over an array of the dense block's shape ``(L, R)`` so numpy adds in the same
+    order. Time ``O(n A + R E T + R^2)``, memory ``O(A + E T + nnz)`` with ``R = ceil(n / b)``
+    units, ``A = min(n, band)``, ``E = min(R, A / b)`` ages with a non-zero block and ``nnz <=
+    R (R + 1) / 2`` stored pairs.
+    """
+    n = int(n)
+    b = int(cycle_length)
+    q = float(sampling_prob)
+    f = np.zeros(n)
+    c = np.asarray(coefs, dtype=np.float64)[:n]
+    f[: c.size] = c
+    R = -(-n // b)
+    w = int(np.flatnonzero(f > 0)[-1]) + 1
+    fp = np.zeros(R * b + b)  # f padded: lags >= n never occur in a real row (they stay 0)
+    fp[:n] = f
+
+    # -- unit sensitivities: full blocks depend on the age only, the last block may be shorter
+    L_last = n - (R - 1) * b
+    ok_int = (f == np.round(f)) & (np.abs(f) < 2.0**20)
+    first_bad = int(np.argmin(ok_int)) if not ok_int.all() else n  # first lag breaking the integer test
+    ages = np.arange(R)
+
+    def block_values(L: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Sensitivity of age e (e = 0..R-1) for a block of L rows: raw for L = 1, else the
+        norms for the integer and the float branch."""
+        if L == 1:
+            return fp[ages * b], None, None
+        F = fp[ages[None, :] * b + np.arange(L)[:, None]]  # (L, R), C-contiguous like the dense block
+        sq = np.sum(F * F, axis=0)
+        return sq, _norms_from_squares(sq, True, L), _norms_from_squares(sq, False, L)
+
+    full = block_values(b) if R > 1 or L_last == b else None
+    last = block_values(L_last)
+
+    def unit_values(r: int) -> np.ndarray:
+        """Sensitivities of unit r indexed by age e = 0..r (column c = r - e)."""
+        L = b if r < R - 1 else L_last
+        raw, vint, vflt = full if r < R - 1 else last
+        if L == 1:
+            return raw[: r + 1]
+        # the dense block holds lags e b + w (e <= r, w < L); the integer test covers all of them
+        if L == b:
+            integer = first_bad >= min(n, (r + 1) * b)
+        else:
+            lags = (ages[: r + 1, None] * b + np.arange(L)[None, :]).ravel()
+            integer = bool(np.all(ok_int[lags[lags < n]]))
+        return (vint if integer else vflt)[: r + 1]
+
+    # -- union bound: appearances of every column (units r >= c with a positive entry)
+    pos_full = (full[0] if b == 1 else full[1]) > 0 if full is not None else np.zeros(R, dtype=bool)
+    pos_last = (last[0] if L_last == 1 else last[1]) > 0
+    cum_full = np.concatenate([[0], np.cumsum(pos_full)])
+    cols = np.arange(R)
+    appearances = cum_full[np.maximum(R - 1 - cols, 0)] + pos_last[R - 1 - cols]
+    pairs = int(np.sum(np.maximum(appearances - 1, 0)))
+    events, delta_prime, z, tvals = union_bound(pairs, delta1, R, q)
+    exact = bool(np.all(f == np.round(f))) and float(f.max(initial=0.0)) ** 2 * (n + 1) * (R + 1) < 2.0**52
+    gam = 0.0 if exact else _gamma(n + R + 4)
+
+    # -- H stepped column by column (rows a < A), sampled at rows a_e = e b - 1 and columns e' b - 1
+    A = min(n, w) - 1
+    E = min(R - 1, A // b)  # ages e = 1..E can have a non-zero block entry
+    T = int(tvals.max()) if pairs else 0
+    fa = f[:A]
+    pos_a = fa > 0
+    hcol = np.zeros(A)
+    pcol = np.zeros(A, dtype=bool)
+    rows_e = np.arange(1, E + 1) * b - 1
+    diag = np.zeros(E + 1)
+    K = np.zeros(E + 1, dtype=np.int64)  # index by age (K[0] unused)
+    top = np.full((E + 1, max(T, 1)), -np.inf)
+
+    offsets = np.zeros(R + 1, dtype=np.int64)
+    cols_l, sens_l, act_l, gjj_l, sv_l = [], [], [], [], []
+    counts_max = -1
+    bcol = -1  # last column of H computed
+    for r in range(R):
+        if r >= 1 and A > 0:
+            while bcol < r * b - 1:
+                bcol += 1
+                fb = f[bcol]
+                new = np.empty(A)
+                new[0] = fa[0] * fb
+                new[1:] = hcol[:-1] + fa[1:] * fb
+                newp = np.empty(A, dtype=bool)
+                newp[0] = pos_a[0] and fb > 0
+                newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
+                hcol, pcol = new, newp
+            if E > 0:
+                e_new = r  # column c = 0 has age r: its samples H[e b - 1, r b - 1] join every list
+                if e_new <= E:
+                    diag[e_new] = hcol[rows_e[e_new - 1]]
+                K[1:] += pcol[rows_e]
+                if T > 0:
+                    top[1:] = _insert_descending(top[1:], hcol[rows_e])
+        vals_by_age = unit_values(r)
+        e_nz = np.flatnonzero(vals_by_age > 0)[::-1]  # ascending column c = r - e
+        colsr = r - e_nz
+        sens = vals_by_age[e_nz]
+        act = e_nz > 0
+        gjj = np.zeros(e_nz.size)
+        sv = np.zeros(e_nz.size)
+        if act.any():
+            ea = e_nz[act]
+            kk = K[ea]
             t = tvals[kk]
             counts_max = max(counts_max, int(kk.max()))
             tmax = int(t.max())
             if tmax > 0:
-                csum = np.cumsum(top[a, :tmax], axis=1)
-                sv = np.where(t > 0, csum[np.arange(a.size), np.maximum(t - 1, 0)], 0.0)
-            else:
-                sv = np.zeros(a.size)
-            gjj_flat[lo : hi - 1] = diag[a]
-            sv_flat[lo : hi - 1] = sv
-            active[lo : hi - 1] = True
+                csum = np.cumsum(top[ea, :tmax], axis=1)
+                sv[act] = np.where(t > 0, csum[np.arange(ea.size), np.maximum(t - 1, 0)], 0.0)
+            gjj[act] = diag[ea]
+        offsets[r + 1] = offsets[r] + e_nz.size
+        cols_l.append(colsr)
+        sens_l.append(sens)
+        act_l.append(act)
+        gjj_l.append(gjj)
+        sv_l.append(sv)
+    cat = lambda xs, dt=np.float64: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
     return _assemble(
-        q, delta1, delta_prime, z, events, offsets, columns, sens,
-        active, gjj_flat, sv_flat, exact, gam, pairs, counts_max, tvals, "toeplitz",
+        q, delta1, delta_prime, z, events, offsets, cat(cols_l, np.int64), cat(sens_l),
+        cat(act_l, bool), cat(gjj_l), cat(sv_l), exact, gam, pairs, counts_max, tvals, "toeplitz-cyclic",
     )
+
+
+def tree_cyclic_structures(
+    n: int, cycle_length: int, sampling_prob: float, delta1: float, scale: float = 1.0
+) -> list[tuple[str, TailBoundStructure]]:
+    """Generalized MMCC (Alg. 3/4, Thm D.1) of the binary tree under cyclic Poisson with cycle
+    ``b >= 2``: one structure per phase ``k = 0 .. min(b, n) - 1``, each the one the dense path
+    builds (columns ``k, k + b, ...``; unit ``r`` = the nodes released in steps ``[k + r b, k +
+    (r+1) b)``), in closed form.
+
+    Column ``j`` (reduced column ``c``, ``j = k + c b``) at unit ``r`` (``S = k + r b``): the rows
+    before the unit that cover ``j`` are its ancestors with ``stop <= S``, the levels ``h < H_j``
+    (stops grow with the level); the Gram entry with ``j'`` counts the common ones, ``max(0, H_j -
+    l)`` with ``l`` the level of their lowest common ancestor, and is the float sum of that many
+    ``scale^2`` (as the dense path adds them); the ``j'`` with a given ``l`` are the reduced
+    columns before ``S`` in the sibling block at level ``l - 1``. The unit's sensitivity is the
+    rounded-up norm of ``scale`` times the number of its nodes covering ``j``. Time ``O(n L^2 +
+    n L T)`` and memory ``O(n L / b)`` per phase (``L = log2 n`` levels), ``O(n L (L + T))`` time
+    in all; no matrix.
+    """
+    from dpmf.strategies.tree import tree_nodes
+
+    n = int(n)
+    b = int(cycle_length)
+    q = float(sampling_prob)
+    scale = float(scale)
+    nodes = tree_nodes(n)
+    m = nodes.shape[0]
+    L = int(nodes[:, 0].max())
+    release = nodes[:, 4]
+    sq1 = scale * scale
+    g = np.zeros(m + 2)
+    for k_ in range(1, g.size):
+        g[k_] = g[k_ - 1] + sq1
+    hs = np.arange(L + 1)
+    int_scale = scale == round(scale) and abs(scale) < 2.0**20
+    out = []
+    for k in range(min(b, n)):
+        R = -(-(n - k) // b)
+        cols = k + np.arange(R, dtype=np.int64) * b
+        stops = np.minimum(((cols[:, None] >> hs) + 1) << hs, n)  # (R, L+1), non-decreasing in h
+        unit_of = (stops - 1 - k) // b  # unit of each ancestor node of each column
+        appearances = 1 + np.count_nonzero(np.diff(unit_of, axis=1) > 0, axis=1)
+        pairs = int(np.sum(appearances - 1))
+        events, delta_prime, z, tvals = union_bound(pairs, delta1, R, q)
+        exact = scale == round(scale) and sq1 * (m + 1) * (R + 1) < 2.0**52
+        gam = 0.0 if exact else _gamma(m + R + 4)
+        offsets = np.zeros(R + 1, dtype=np.int64)
+        cols_l, sens_l, act_l, gjj_l, sv_l = [], [], [], [], []
+        counts_max = -1
+        for r in range(R):
+            S = k + r * b
+            lo_row, hi_row = np.searchsorted(release, [S, S + b])
+            rows_in = int(hi_row - lo_row)
+            first = int(nodes[lo_row:hi_row, 2].min())  # the block's nodes cover [first, S + b)
+            c0 = max(0, -(-(first - k) // b))
+            c1 = min(R, -(-(min(S + b, n) - k) // b))
+            cc = np.arange(c0, c1)
+            st = stops[cc]
+            H = np.count_nonzero(st <= S, axis=1)
+            cnt = np.count_nonzero(st <= S + b, axis=1) - H  # the unit's nodes covering column j
+            if R == 1:  # one column: the dense block is (rows, 1), which numpy sums pairwise
+                sub = np.zeros((rows_in, 1))
+                blk = nodes[lo_row:hi_row]
+                sub[(blk[:, 2] <= cols[0]) & (cols[0] < blk[:, 3]), 0] = scale
+                vals = sub[0] if rows_in == 1 else _block_norms_up(sub)
+                vals = vals[cc]
+            elif rows_in == 1:
+                vals = np.where(cnt > 0, scale, 0.0)
+            else:
+                vals = _norms_from_squares(g[cnt], int_scale, rows_in)
+            keep = vals > 0
+            cc, H, vals = cc[keep], H[keep], vals[keep]
+            act = cc < r
+            gjj = np.zeros(cc.size)
+            sv = np.zeros(cc.size)
+            if act.any():
+                ca, Ha = cc[act], H[act]
+                ja = cols[ca]
+                # multiplicity of each lowest-common-ancestor level l among the columns before S
+                mult = np.zeros((ca.size, L + 1), dtype=np.int64)
+                mult[:, 0] = 1
+                for l in range(1, L + 1):
+                    lo = ((ja >> (l - 1)) ^ 1) << (l - 1)
+                    hi = lo + (1 << (l - 1))
+                    a0 = np.maximum(0, -((k - lo) // b))
+                    a1 = np.minimum(r, -((k - hi) // b))
+                    mult[:, l] = np.where(l < Ha, np.maximum(0, a1 - a0), 0)
+                Kc = mult.sum(axis=1)
+                t = tvals[Kc]
+                counts_max = max(counts_max, int(Kc.max()))
+                cum = np.cumsum(mult, axis=1)
+                acc = np.zeros(ca.size)
+                for kk in range(int(t.max(initial=0))):
+                    level = np.count_nonzero(cum <= kk, axis=1)  # l of the kk-th largest value
+                    acc = acc + np.where(kk < t, g[np.maximum(Ha - level, 0)], 0.0)
+                gjj[act] = g[Ha]
+                sv[act] = acc
+            offsets[r + 1] = offsets[r] + cc.size
+            cols_l.append(cc)
+            sens_l.append(vals)
+            act_l.append(act)
+            gjj_l.append(gjj)
+            sv_l.append(sv)
+        cat = lambda xs, dt=np.float64: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)  # noqa: E731
+        struct = _assemble(
+            q, delta1, delta_prime, z, events, offsets, cat(cols_l, np.int64), cat(sens_l),
+            cat(act_l, bool), cat(gjj_l), cat(sv_l), exact, gam, pairs, counts_max, tvals, "tree-cyclic",
+        )
+        out.append((f"phase {k}", struct))
+    return out
 
 
 def _assemble(q, delta1, delta_prime, z, events, offsets, columns, sens, active, gjj, sv, exact, gam, pairs,

@@ -58,7 +58,7 @@ from dpmf.errors import NumericalError
 
 stats = LazyModule("scipy.stats")  # ~0.25 s to import: only when a tail bound is computed
 
-__all__ = ["TailBoundStructure", "tail_bound_structure", "binomial_thresholds"]
+__all__ = ["TailBoundStructure", "tail_bound_structure", "binomial_thresholds", "posterior_bounds"]
 
 _U = 2.0**-53
 _GRID_BITS = 40
@@ -144,29 +144,55 @@ class TailBoundStructure:
         return slice(int(self.offsets[u]), int(self.offsets[u + 1]))
 
     def probabilities(self, noise_multiplier: float) -> np.ndarray:
-        """``p~`` for every stored entry at noise ``sigma`` (flat, aligned with ``sensitivities``).
+        """``p~`` for every stored entry at noise ``sigma`` (flat, aligned with ``sensitivities``;
+        :func:`posterior_bounds`)."""
+        return posterior_bounds(self.sampling_prob, self.z, self.prior_norm, self.prior_norm_sq, self.signal,
+                                noise_multiplier)
 
-        ``eps = z a / sigma + (2 s - a^2) / (2 sigma^2)``; ``p~ = 1 / (1 + (1-q)/q e^{-eps})``
-        (overflow-safe logistic), rounded up; exactly ``q`` for trivial pairs (``a = 0``).
-        """
-        sigma = float(noise_multiplier)
-        q = self.sampling_prob
-        a, a2, s = self.prior_norm, self.prior_norm_sq, self.signal
-        out = np.full(a.shape, q)
-        nontrivial = a > 0
-        if not nontrivial.any() or q >= 1.0:
-            return out
-        a, a2, s = a[nontrivial], a2[nontrivial], s[nontrivial]
-        with np.errstate(over="ignore", invalid="ignore"):
-            eps = self.z * a / sigma + (2.0 * s - a2) / (2.0 * sigma * sigma)
-        eps = np.where(np.isnan(eps), np.inf, eps)  # z = inf (delta1 = 0) with a > 0
-        eps = eps + np.abs(eps) * 1e-12 + 1e-300
-        log_odds = math.log1p(-q) - math.log(q)
-        with np.errstate(over="ignore"):
-            pt = special.expit(eps - log_odds)  # = 1 / (1 + (1-q)/q e^{-eps})
-        pt = np.minimum(1.0, pt * (1.0 + 4 * _U))
-        out[nontrivial] = np.maximum(pt, q)
+    # -- the unit-wise interface the accountant uses (shared with the compact structures of
+    #    :mod:`dpmf.accounting.mmcc.structured`, which never hold all entries at once)
+    def iter_units(self, units=None):
+        """Yield ``(u, sensitivities, a, a^2, s)`` of every unit (or of the sorted ``units``) in order."""
+        for u in range(self.num_units) if units is None else units:
+            sl = self.unit(u)
+            yield u, self.sensitivities[sl], self.prior_norm[sl], self.prior_norm_sq[sl], self.signal[sl]
+
+    @property
+    def nontrivial_pairs(self) -> int:
+        """Number of stored pairs with a tail bound (``a > 0``)."""
+        return int(np.count_nonzero(self.prior_norm > 0))
+
+    def sensitivity_summary(self) -> tuple[float, bool]:
+        """``(largest sensitivity, all sensitivities are integers)`` (``(0, True)`` when empty)."""
+        c = self.sensitivities
+        if c.size == 0:
+            return 0.0, True
+        return float(c.max()), bool(np.all(c == np.round(c)))
+
+
+def posterior_bounds(q: float, z: float, a: np.ndarray, a2: np.ndarray, s: np.ndarray, noise_multiplier: float) -> np.ndarray:
+    """``p~`` of pairs with tail-bound data ``(a, a^2, s)`` at noise ``sigma``, element by element.
+
+    ``eps = z a / sigma + (2 s - a^2) / (2 sigma^2)``; ``p~ = 1 / (1 + (1-q)/q e^{-eps})``
+    (overflow-safe logistic), rounded up; exactly ``q`` for trivial pairs (``a = 0``). Every
+    operation is elementwise, so any subset of the entries gives the same values bit for bit.
+    """
+    sigma = float(noise_multiplier)
+    out = np.full(a.shape, q)
+    nontrivial = a > 0
+    if not nontrivial.any() or q >= 1.0:
         return out
+    a, a2, s = a[nontrivial], a2[nontrivial], s[nontrivial]
+    with np.errstate(over="ignore", invalid="ignore"):
+        eps = z * a / sigma + (2.0 * s - a2) / (2.0 * sigma * sigma)
+    eps = np.where(np.isnan(eps), np.inf, eps)  # z = inf (delta1 = 0) with a > 0
+    eps = eps + np.abs(eps) * 1e-12 + 1e-300
+    log_odds = math.log1p(-q) - math.log(q)
+    with np.errstate(over="ignore"):
+        pt = special.expit(eps - log_odds)  # = 1 / (1 + (1-q)/q e^{-eps})
+    pt = np.minimum(1.0, pt * (1.0 + 4 * _U))
+    out[nontrivial] = np.maximum(pt, q)
+    return out
 
 
 def union_bound(pairs: int, delta1: float, columns: int, q: float) -> tuple[int, float, float, np.ndarray]:
