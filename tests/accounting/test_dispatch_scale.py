@@ -66,25 +66,29 @@ def test_auto_never_runs_the_slow_allocation_bounds_for_the_identity(monkeypatch
 
 
 def test_a_calibration_probe_skips_diagnostics_only_work(monkeypatch):
-    # the probe at a bound only needs epsilon: MMCC's independent-rows heuristic (a diagnostic that
-    # doubles the row work) is switched off there, and epsilon is unchanged by it
+    # the probe at a bound only needs epsilon: MMCC's probe gets probe_options (no independent-rows
+    # heuristic, a diagnostic that doubles the row work) and the full run is not called there
     from dpmf.accounting import dispatch
     from dpmf.strategies import bsr
 
-    seen = []
-    real = dispatch.METHODS["mmcc"].run
+    seen, runs = [], []
+    m = dispatch.METHODS["mmcc"]
 
-    def spy(*args, **kwargs):
+    def spy_probe(*args, **kwargs):
         seen.append(kwargs.get("heuristic", True))
-        return real(*args, **kwargs)
+        return m.probe(*args, **kwargs)
 
-    monkeypatch.setitem(dispatch.METHODS, "mmcc", dataclasses.replace(dispatch.METHODS["mmcc"], run=spy))
+    def spy_run(*args, **kwargs):
+        runs.append(args)
+        return m.run(*args, **kwargs)
+
+    monkeypatch.setitem(dispatch.METHODS, "mmcc", dataclasses.replace(m, probe=spy_probe, run=spy_run))
     scheme = dpmf.sampling.PoissonSampling(0.1, 16)
     with pytest.raises(dpmf.privacy.calibration.NoiseLimitExceeded):
         dpmf.calibrate(bsr(16, 2), scheme, 2.0, 1e-5, method="mmcc", max_noise_multiplier=0.3)
-    assert seen == [False]
-    on = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=True)
-    off = real(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=False)
+    assert seen == [False] and runs == []
+    on = m.run(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=True)
+    off = m.run(bsr(16, 2), scheme, 0.9, 1e-5, heuristic=False)
     assert on.epsilon == off.epsilon
 
 

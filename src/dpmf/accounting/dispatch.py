@@ -106,6 +106,7 @@ METHODS: dict[str, AccountingMethod] = {
             mmcc.calibrate_mmcc,
             _MMCC_OPTIONS,
             probe_options=(("heuristic", False),),  # (the independent-rows estimate doubles the row work)
+            probe=mmcc.probe_mmcc,  # cheapest rows first: stops once they already exceed the target
         ),
         AccountingMethod(
             allocation_pld.NAME,

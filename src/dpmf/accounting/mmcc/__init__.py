@@ -15,6 +15,7 @@ from dpmf.accounting.mmcc.accountant import (
     MMCCAccountant,
     account_mmcc,
     calibrate_mmcc,
+    probe_mmcc,
     supports,
 )
 from dpmf.accounting.mmcc.rows import row_pld
@@ -25,6 +26,7 @@ __all__ = [
     "supports",
     "account_mmcc",
     "calibrate_mmcc",
+    "probe_mmcc",
     "MMCCAccountant",
     "DEFAULT_GRID_FRACTION",
     "row_pld",

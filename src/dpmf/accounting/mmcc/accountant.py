@@ -99,7 +99,7 @@ from typing import Callable
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.accounting.guard import guarded
+from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
@@ -117,6 +117,7 @@ __all__ = [
     "NAME",
     "supports",
     "account_mmcc",
+    "probe_mmcc",
     "calibrate_mmcc",
     "MMCCAccountant",
     "DEFAULT_GRID_FRACTION",
@@ -499,14 +500,23 @@ class MMCCAccountant:
         heuristic: bool,
         callback: RowCallback | None,
         description: str = "MMCC rows",
-    ) -> tuple[PrivacyLossDistribution, dict, float]:
+        known: dict | None = None,
+        only: list[int] | None = None,
+    ) -> tuple[PrivacyLossDistribution | None, dict, float]:
         """Compose the PLDs of ``groups`` (each ``count`` times, in group order). The units are
         streamed from the structure (``p~`` computed per unit), so their entries are never all held
-        at once. Also returns ``max p~/q`` over the representatives (= over all units: equal keys,
-        equal ``p~``)."""
+        at once. Also returns ``max p~/q`` over the representatives computed here (= over all
+        units: equal keys, equal ``p~``).
+
+        ``known`` (group index -> row PLD) holds rows already computed at this sigma (they are not
+        recomputed, and the ones computed here are added to it); ``only`` restricts the work to
+        those group indices and the composition to the known rows (a *partial* composition, for
+        :meth:`probe`; ``None`` if no row is known yet)."""
         struct = analysis.structure
         q = struct.sampling_prob
-        reps = [u for u, _ in groups]
+        known = {} if known is None else known
+        todo = [k for k in (range(len(groups)) if only is None else sorted(only)) if k not in known]
+        reps = [groups[k][0] for k in todo]
         if reps:
             _check_row_grid(max(float(analysis.row_sums[u]) for u in reps), sigma, self.discretization)
         ratio = [1.0]
@@ -528,12 +538,10 @@ class MMCCAccountant:
                 yield ahead.pop(u)
 
         total: PrivacyLossDistribution | None = None
-        held: list = []
         info: dict = {}
-        counts = [count for _, count in groups]
-        for k, pld in iter_row_plds(
+        for j, pld in iter_row_plds(
             tasks(),
-            len(groups),
+            len(todo),
             sigma,
             self.grid_step,
             self.discretization,
@@ -545,24 +553,37 @@ class MMCCAccountant:
             description=description,
             info=info,
         ):
-            if pld is not None:
-                held.append((pld, counts[k]))
+            known[todo[j]] = pld
         # composed after the rows, in group order (row PLDs are small next to the rows' inputs:
         # a few KiB each for sqrt-Toeplitz n = 2048; composing while the row processes run would
         # only compete with them for the cores)
-        for pld, count in held:
+        for k, (_, count) in enumerate(groups):
+            pld = known.get(k)
+            if pld is None:
+                continue
             part = pld.self_compose(count)
             total = part if total is None else total.compose(part)
-        if total is None:
+        if total is None and only is None:
             total = PrivacyLossDistribution.identity(self.discretization)
         return total, info, ratio[0]
 
-    def _evaluate(self, analysis: _Analysis, sigma: float, heuristic: bool, callback: RowCallback | None) -> dict:
+    def _evaluate(
+        self,
+        analysis: _Analysis,
+        sigma: float,
+        heuristic: bool,
+        callback: RowCallback | None,
+        known: tuple[dict, float] | None = None,
+    ) -> dict:
         struct = analysis.structure
         delta1 = struct.delta1
         delta2 = self.delta - delta1
         phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
-        pld, backend, ratio = self._compose(analysis, analysis.groups, sigma, False, callback, f"MMCC rows{phase}")
+        rows, known_ratio = known if known is not None else ({}, 1.0)  # (rows a probe computed)
+        pld, backend, ratio = self._compose(
+            analysis, analysis.groups, sigma, False, callback, f"MMCC rows{phase}", known=rows
+        )
+        ratio = max(ratio, known_ratio)
         by_dir = pld.epsilon_by_direction(delta2)
         out = {
             "label": analysis.label,
@@ -592,7 +613,12 @@ class MMCCAccountant:
         return max(self._evaluate(a, sigma, False, None)["epsilon"] for a in self.analyses)
 
     def report(
-        self, noise_multiplier: float, *, heuristic: bool = True, callback: RowCallback | None = None
+        self,
+        noise_multiplier: float,
+        *,
+        heuristic: bool = True,
+        callback: RowCallback | None = None,
+        _known: dict | None = None,
     ) -> PrivacyReport:
         """The :class:`~dpmf.accounting.report.PrivacyReport` at ``noise_multiplier``.
 
@@ -601,7 +627,8 @@ class MMCCAccountant:
         """
         start = time.perf_counter()
         sigma = _v.positive("noise_multiplier", noise_multiplier)
-        results = [self._evaluate(a, sigma, heuristic, callback) for a in self.analyses]
+        known = _known or {}
+        results = [self._evaluate(a, sigma, heuristic, callback, known.get(i)) for i, a in enumerate(self.analyses)]
         worst = max(results, key=lambda r: r["epsilon"])
         diagnostics = {
             "algorithm": "MMCC (Alg. 1)" if self.cycle_length == 1 else "generalized MMCC (Alg. 3)",
@@ -645,6 +672,59 @@ class MMCCAccountant:
             diagnostics=diagnostics,
         )
 
+
+    #: Fractions of a phase's row work (entries per row as the cost) after which :meth:`probe`
+    #: checks its partial composition.
+    PROBE_FRACTIONS = (1 / 16, 1 / 4, 1 / 2)
+
+    def probe(self, noise_multiplier: float, target_epsilon: float) -> PrivacyReport | float:
+        """The report at ``noise_multiplier`` (without the heuristic), or -- as soon as part of the
+        rows shows it -- a lower bound on its epsilon that is already above ``target_epsilon``.
+
+        Rows are computed cheapest first (entries per row as the cost). After each fraction of a
+        phase's work in :data:`PROBE_FRACTIONS` the rows computed so far are composed and their
+        epsilon is read at ``delta_2 + m tau`` (``m`` the compositions made, ``tau`` the tail mass
+        each may move to +inf). Composing more rows can only raise delta(eps) (the composed pair
+        projects onto the partial one: post-processing), so, up to those truncations, the full
+        composition's delta at that epsilon exceeds ``delta_2``: MMCC's epsilon at this noise is
+        at least the partial one. When no check fires, the rows already computed are reused and
+        the full report is the same, bit for bit, as :meth:`report` (same rows, same order).
+        """
+        from dpmf.privacy.pld import DEFAULT_TAIL_MASS_TRUNCATION
+
+        sigma = _v.positive("noise_multiplier", noise_multiplier)
+        target = _v.positive("target_epsilon", target_epsilon)
+        known: dict[int, tuple[dict, float]] = {}
+        for i, a in enumerate(self.analyses):
+            struct = a.structure
+            size = np.array([struct.offsets[u + 1] - struct.offsets[u] for u, _ in a.groups], dtype=np.float64)
+            order = np.argsort(size, kind="stable")
+            cum = np.cumsum(size[order]) / max(float(size.sum()), 1.0)
+            rows: dict = {}
+            ratio = 1.0
+            done = 0
+            for frac in self.PROBE_FRACTIONS:
+                upto = int(np.searchsorted(cum, frac, side="right"))
+                if upto <= done or upto >= len(order):
+                    continue
+                phase = "" if len(self.analyses) == 1 else f" ({a.label})"
+                partial, _, r = self._compose(
+                    a, a.groups, sigma, False, None, f"MMCC rows{phase} (probe)", known=rows,
+                    only=[int(k) for k in order[:upto]],
+                )
+                ratio = max(ratio, r)
+                done = upto
+                if partial is None:
+                    continue
+                compositions = sum(max(int(c), 1) for k, (_, c) in enumerate(a.groups) if rows.get(k) is not None)
+                slack = 2 * compositions * DEFAULT_TAIL_MASS_TRUNCATION
+                delta2 = self.delta - struct.delta1
+                if delta2 + slack < 1:
+                    eps = max(partial.epsilon_by_direction(delta2 + slack).values())
+                    if eps > target:
+                        return float(eps)
+            known[i] = (rows, ratio)
+        return self.report(sigma, heuristic=False, _known=known)
 
     def calibrate(
         self,
@@ -805,3 +885,28 @@ def calibrate_mmcc(
         cache_dir=cache_dir,
     )
     return acc.calibrate(target, rel_tol=rel_tol, callback=callback)[0]
+
+
+def probe_mmcc(
+    strategy,
+    scheme,
+    noise_multiplier: float,
+    delta: float,
+    target_epsilon: float,
+    *,
+    heuristic: bool = False,
+    **options,
+) -> PrivacyReport | float:
+    """For ``dpmf.calibrate``'s one evaluation at a bound (the registry's ``probe``): the MMCC
+    report at ``noise_multiplier``, or a lower bound (> ``target_epsilon``) on its epsilon found
+    from the cheapest rows (:meth:`MMCCAccountant.probe`). ``options`` are those of
+    :func:`calibrate_mmcc` (``heuristic`` is accepted and ignored: a probe computes no
+    diagnostics). Not a privacy claim when it returns a float: only "MMCC cannot certify the
+    target at this noise"."""
+    check_pair(NAME, supports, strategy, scheme, {k: options[k] for k in ("adaptive",) if k in options})
+    acc = MMCCAccountant(strategy, scheme, delta, **options)
+    out = acc.probe(noise_multiplier, target_epsilon)
+    if isinstance(out, PrivacyReport):
+        out = dataclasses.replace(out, options=recorded_options(options))
+    return out
+
