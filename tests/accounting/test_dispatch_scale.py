@@ -117,3 +117,22 @@ def test_a_partial_probe_prunes_with_a_lower_bound_and_a_full_one_is_reused(monk
     cal = dpmf.calibrate(Identity(64), scheme, 1.0, 1e-5, method="pld", max_noise_multiplier=50.0)
     plain = dpmf.calibrate(Identity(64), scheme, 1.0, 1e-5, method="pld")
     assert cal.noise_multiplier == pytest.approx(plain.noise_multiplier, rel=2e-4) and calls[-1] == 50.0
+
+
+def test_mmcc_calibration_reuses_the_report_its_search_computed(monkeypatch):
+    from dpmf.accounting import dispatch
+    from dpmf.accounting.mmcc import account_mmcc
+    from dpmf.strategies import bsr
+
+    m = dispatch.METHODS["mmcc"]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the calibrated noise was evaluated again")
+
+    monkeypatch.setitem(dispatch.METHODS, "mmcc", dataclasses.replace(m, run=refuse))
+    scheme = dpmf.sampling.PoissonSampling(0.05, 64)
+    cal = dpmf.calibrate(bsr(64, 4), scheme, 2.0, 1e-6, method="mmcc")
+    again = account_mmcc(bsr(64, 4), scheme, cal.noise_multiplier, 1e-6)  # the report a user would get
+    assert cal.report.epsilon == again.epsilon <= 2.0
+    assert cal.report.options == again.options
+    assert cal.report.diagnostics["independent_rows_heuristic_epsilon"] == again.diagnostics["independent_rows_heuristic_epsilon"]

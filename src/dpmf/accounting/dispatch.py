@@ -43,7 +43,9 @@ class AccountingMethod:
     run_options: frozenset[str] = frozenset()
     #: options that change which pairs the method covers; passed on to ``supports``
     pair_options: frozenset[str] = frozenset()
-    fast_calibration: Callable[..., float] | None = None  # (strategy, scheme, target, delta, **opts) -> sigma
+    #: (strategy, scheme, target, delta, **opts) -> sigma, or (sigma, the report at sigma) when the
+    #: search already computed it (then it is not recomputed)
+    fast_calibration: Callable[..., float | tuple[float, PrivacyReport]] | None = None
     calibration_options: frozenset[str] | None = None  # None: the run options
     calibration_searches: bool = True  # fast_calibration takes rel_tol and callback (False: closed form)
     in_auto: bool = True  # False for estimates (Monte Carlo): never chosen silently
@@ -103,7 +105,7 @@ METHODS: dict[str, AccountingMethod] = {
             mmcc.account_mmcc,
             _MMCC_OPTIONS | {"heuristic", "callback"},
             frozenset({"adaptive"}),
-            mmcc.calibrate_mmcc,
+            mmcc.noise_and_report,
             _MMCC_OPTIONS,
             probe_options=(("heuristic", False),),  # (the independent-rows estimate doubles the row work)
             probe=mmcc.probe_mmcc,  # cheapest rows first: stops once they already exceed the target
@@ -380,6 +382,9 @@ def calibrate(
                         sigma = m.fast_calibration(
                             strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note
                         )
+                    if isinstance(sigma, tuple):  # (noise, the report the search computed there)
+                        sigma, found = sigma
+                        memo[sigma] = found
                 else:  # cheap at any noise: from 1 (or the cap, if lower), given up above the cap
                     sigma = smallest_noise(
                         lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=note, limit=cap

@@ -15,6 +15,7 @@ from dpmf.accounting.mmcc.accountant import (
     MMCCAccountant,
     account_mmcc,
     calibrate_mmcc,
+    noise_and_report,
     probe_mmcc,
     supports,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "account_mmcc",
     "calibrate_mmcc",
     "probe_mmcc",
+    "noise_and_report",
     "MMCCAccountant",
     "DEFAULT_GRID_FRACTION",
     "row_pld",

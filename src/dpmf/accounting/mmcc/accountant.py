@@ -118,6 +118,7 @@ __all__ = [
     "supports",
     "account_mmcc",
     "probe_mmcc",
+    "noise_and_report",
     "calibrate_mmcc",
     "MMCCAccountant",
     "DEFAULT_GRID_FRACTION",
@@ -909,4 +910,24 @@ def probe_mmcc(
     if isinstance(out, PrivacyReport):
         out = dataclasses.replace(out, options=recorded_options(options))
     return out
+
+
+def noise_and_report(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    rel_tol: float = 1e-3,
+    callback: ProgressCallback | None = None,
+    **options,
+) -> tuple[float, PrivacyReport]:
+    """:func:`calibrate_mmcc` for the dispatcher (the registry's ``fast_calibration``): the noise
+    and the report the search computed there, with the independent-rows heuristic added from its
+    own rows only (:meth:`MMCCAccountant.calibrate`), so the answer is not evaluated twice."""
+    check_pair(NAME, supports, strategy, scheme, {k: options[k] for k in ("adaptive",) if k in options})
+    target = _v.positive("target_epsilon", target_epsilon)
+    acc = MMCCAccountant(strategy, scheme, delta, **options)
+    sigma, report, _ = acc.calibrate(target, rel_tol=rel_tol, callback=callback, heuristic=True)
+    return sigma, dataclasses.replace(report, options=recorded_options(options))
 
