@@ -118,6 +118,18 @@ def tree_rows(n: int) -> int:
     return int(tree_nodes(n).shape[0])
 
 
+def _next_h_column(hcol: np.ndarray, pcol: np.ndarray, fa: np.ndarray, pos_a: np.ndarray, fb: float):
+    """Column ``b + 1`` of ``H[a, b] = H[a-1, b-1] + f(a) f(b)`` (and of its positivity pattern)
+    from column ``b``, with ``fb = f(b + 1)``: the dense path's running sum, term by term."""
+    new = np.empty(fa.size)
+    new[0] = fa[0] * fb
+    new[1:] = hcol[:-1] + fa[1:] * fb
+    newp = np.empty(fa.size, dtype=bool)
+    newp[0] = pos_a[0] and fb > 0
+    newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
+    return new, newp
+
+
 def _insert_descending(top: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Insert ``x[a]`` into each descending row ``top[a]`` (dropping the smallest)."""
     return _insert_descending_pos(top, x)[0]
@@ -274,14 +286,7 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
         if A == 0:
             break
         b = i - 1  # insert column b of H (column j' = i - 1 - b of C ... all earlier columns)
-        fb = f[b]
-        new = np.empty(A)
-        new[0] = fa[0] * fb
-        new[1:] = hcol[:-1] + fa[1:] * fb
-        newp = np.empty(A, dtype=bool)
-        newp[0] = pos_a[0] and fb > 0
-        newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
-        hcol, pcol = new, newp
+        hcol, pcol = _next_h_column(hcol, pcol, fa, pos_a, f[b])
         if b < A:
             diag[b] = hcol[b]
         K += pcol
@@ -449,14 +454,7 @@ def toeplitz_cyclic_structure(
         if r >= 1 and A > 0:
             while bcol < r * b - 1:
                 bcol += 1
-                fb = f[bcol]
-                new = np.empty(A)
-                new[0] = fa[0] * fb
-                new[1:] = hcol[:-1] + fa[1:] * fb
-                newp = np.empty(A, dtype=bool)
-                newp[0] = pos_a[0] and fb > 0
-                newp[1:] = pcol[:-1] | (pos_a[1:] & (fb > 0))
-                hcol, pcol = new, newp
+                hcol, pcol = _next_h_column(hcol, pcol, fa, pos_a, f[bcol])
             if E > 0:
                 e_new = r  # column c = 0 has age r: its samples H[e b - 1, r b - 1] join every list
                 if e_new <= E:
