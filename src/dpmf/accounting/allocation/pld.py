@@ -187,8 +187,9 @@ def orthogonal_groups(means: np.ndarray, *, exact: bool | None = None) -> Orthog
     than the exact one (a looser, still sound bound): time ``O(b N + b^2)``.
 
     >>> import numpy as np
-    >>> orthogonal_groups(np.eye(6))                       # the identity: every slot alone
-    OrthogonalGroups(period=1, slots=6, max_norm_sq=1.0)
+    >>> g = orthogonal_groups(np.eye(6))                   # the identity: every slot alone
+    >>> (g.period, g.slots), 1.0 <= g.max_norm_sq < 1.0 + 1e-14   # (the norm is rounded up)
+    ((1, 6), True)
     >>> m = np.eye(6) + 0.5 * np.eye(6, k=1)               # 2-banded C, one epoch
     >>> g = orthogonal_groups(m); (g.period, g.slots)
     (2, 3)
@@ -230,7 +231,7 @@ def toeplitz_orthogonal_groups(h: np.ndarray, b: int) -> OrthogonalGroups:
 def _groups(lags: np.ndarray, max_norm_sq: float, n: int) -> OrthogonalGroups:
     b = lags.size
     period = next((p for p in range(1, b + 1) if not np.any(lags[p::p])), b)
-    g_max = float(max_norm_sq) * (1.0 + 2.0 * (n + 2) * _U) + np.finfo(np.float64).tiny  # rounded up
+    g_max = float(max_norm_sq) * (1.0 + 2.0 * (n + 2) * _U) + float(np.finfo(np.float64).tiny)  # rounded up
     return OrthogonalGroups(period, b // period, g_max)
 
 
