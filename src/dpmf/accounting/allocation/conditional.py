@@ -62,7 +62,7 @@ float rounding, checked against it in ``tests/accounting/test_allocation_conditi
 * Softmax weights below ``e^-700`` of the largest are set to 0 (no subnormal arithmetic). That is
   a different but equally valid ``psi`` (any data-independent ``psi`` gives a valid ELBO bound and
   all its moments are computed for the ``psi`` actually used); the moments move by far less than
-  an ulp. BLAS runs single-threaded in the step loop (``threadpoolctl`` if installed): threaded
+  an ulp. BLAS runs single-threaded in the step loop (``threadpoolctl``): threaded
   products of this size were 10-15x slower on the shared 2-core machine.
 
 Cost, with ``F = 1 + len(temperatures)`` (6), ``r_n`` the rows at step ``n`` (``<= b - 1``;
@@ -414,7 +414,7 @@ def step_weights(lam: np.ndarray) -> np.ndarray:
 def _single_thread_blas():
     """Limit BLAS to one thread for the per-step products (``(6 r) x b`` by ``b x b``): on a
     shared 2-core machine a threaded BLAS was 10-15x *slower* on them (measured, b = 100).
-    Uses ``threadpoolctl`` when it is installed (it is optional); a no-op otherwise."""
+    Uses ``threadpoolctl`` (a dependency; a no-op if it is somehow missing)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - optional
