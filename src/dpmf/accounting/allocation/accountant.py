@@ -28,11 +28,11 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
-from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means
+from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means, pair_problem
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -53,11 +53,7 @@ def supports(strategy, scheme) -> str | None:
     """``None`` when the accountant applies, else the reason it does not."""
     if not isinstance(scheme, BallsInBinsSampling):
         return f"random allocation needs BallsInBinsSampling, got {type(scheme).__name__}"
-    try:
-        mixture_means(strategy, scheme.epochs, scheme.steps)
-    except DPMFError as exc:
-        return str(exc)
-    return None
+    return pair_problem(strategy, scheme)
 
 
 @dataclass(frozen=True)

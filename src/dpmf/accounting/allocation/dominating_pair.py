@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
 
 __all__ = [
     "encoder_matrix",
@@ -39,7 +39,18 @@ __all__ = [
     "band_truncation",
     "toeplitz_coefficients",
     "describe_strategy",
+    "pair_problem",
 ]
+
+
+def pair_problem(strategy, scheme) -> str | None:
+    """Why the dominating pair of random allocation does not exist for ``strategy`` under the
+    balls-in-bins ``scheme`` (e.g. a negative or non-lower-triangular ``C``), or ``None``."""
+    try:
+        mixture_means(strategy, scheme.epochs, scheme.steps)
+    except DPMFError as exc:
+        return str(exc)
+    return None
 
 
 def describe_strategy(strategy) -> dict:

@@ -106,10 +106,15 @@ from scipy import fft as _fft
 from scipy import special
 
 from dpmf import validation as _v
-from dpmf.accounting.allocation.dominating_pair import describe_strategy, mixture_means, toeplitz_coefficients
+from dpmf.accounting.allocation.dominating_pair import (
+    describe_strategy,
+    mixture_means,
+    pair_problem,
+    toeplitz_coefficients,
+)
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.errors import InvalidParameterError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -153,11 +158,7 @@ def supports(strategy, scheme) -> str | None:
         return f"the random-allocation PLD accountant needs BallsInBinsSampling, got {type(scheme).__name__}"
     if isinstance(strategy, Identity):
         return None
-    try:
-        mixture_means(strategy, scheme.epochs, scheme.steps)
-    except DPMFError as exc:
-        return str(exc)
-    return None
+    return pair_problem(strategy, scheme)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ import numpy as np
 from dpmf.accounting.mmcc.tail_bounds import (
     _U,
     TailBoundStructure,
+    UnitOffsets,
     _block_norms_up,
     _gamma,
     finish_pairs,
@@ -118,6 +119,17 @@ def tree_rows(n: int) -> int:
     return int(tree_nodes(n).shape[0])
 
 
+def _structure_info(pairs: int, counts_max: int, tvals: np.ndarray, kind: str) -> dict:
+    """The ``info`` of a structure: union-bound pairs, the largest binomial count seen and its
+    threshold, and which structured path built it."""
+    return {
+        "pairs": pairs,
+        "max_binomial_count": max(counts_max, 0),
+        "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
+        "structured": kind,
+    }
+
+
 def _next_h_column(hcol: np.ndarray, pcol: np.ndarray, fa: np.ndarray, pos_a: np.ndarray, fb: float):
     """Column ``b + 1`` of ``H[a, b] = H[a-1, b-1] + f(a) f(b)`` (and of its positivity pattern)
     from column ``b``, with ``fb = f(b + 1)``: the dense path's running sum, term by term."""
@@ -148,7 +160,7 @@ def _insert_descending_pos(top: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, 
 
 
 @dataclass(frozen=True)
-class ToeplitzRows:
+class ToeplitzRows(UnitOffsets):
     """The :class:`~dpmf.accounting.mmcc.tail_bounds.TailBoundStructure` of a lower-triangular
     Toeplitz ``C`` (one unit per row, all columns) stored by lag, not by entry.
 
@@ -180,13 +192,6 @@ class ToeplitzRows:
     change_value: np.ndarray
     nontrivial_pairs: int
     info: dict = field(default_factory=dict)
-
-    @property
-    def num_units(self) -> int:
-        return int(self.offsets.size - 1)
-
-    def unit(self, u: int) -> slice:
-        return slice(int(self.offsets[u]), int(self.offsets[u + 1]))
 
     def iter_units(self, units=None):
         """Yield ``(u, sensitivities, a, a^2, s)`` of every row (or of the sorted ``units``)."""
@@ -325,13 +330,7 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
     sv_raw = np.concatenate(ch_val) if ch_val else np.zeros(0)
     change_value = finish_pairs(np.ones(sv_raw.size), sv_raw, exact, gam)[2] if sv_raw.size else sv_raw
     nontrivial = int(np.sum((n - nzd[1:]) * (lag_a[1:] > 0)))
-    info = {
-        "pairs": pairs,
-        "max_binomial_count": max(counts_max, 0),
-        "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
-        "structured": "toeplitz",
-        "signal_changes": int(sv_raw.size),
-    }
+    info = {**_structure_info(pairs, counts_max, tvals, "toeplitz"), "signal_changes": int(sv_raw.size)}
     return ToeplitzRows(
         sampling_prob=q,
         delta1=float(delta1) if pairs else 0.0,
@@ -613,12 +612,7 @@ def _assemble(q, delta1, delta_prime, z, events, offsets, columns, sens, active,
     signal = np.zeros(total)
     if active.any():
         prior_norm[active], prior_sq[active], signal[active] = finish_pairs(gjj[active], sv[active], exact, gam)
-    info = {
-        "pairs": pairs,
-        "max_binomial_count": max(counts_max, 0),
-        "max_threshold": int(tvals[counts_max]) if counts_max >= 0 else 0,
-        "structured": kind,
-    }
+    info = _structure_info(pairs, counts_max, tvals, kind)
     return TailBoundStructure(
         sampling_prob=q,
         delta1=float(delta1) if pairs else 0.0,

@@ -112,8 +112,21 @@ def binomial_thresholds(max_count: int, prob: float, delta_prime: float) -> np.n
     return t
 
 
+class UnitOffsets:
+    """Units (rows or row blocks) as slices ``offsets[u]:offsets[u + 1]`` of the stored entries:
+    the unit interface shared by :class:`TailBoundStructure` and the compact structures of
+    :mod:`dpmf.accounting.mmcc.structured` (each declares the ``offsets`` field)."""
+
+    @property
+    def num_units(self) -> int:
+        return int(self.offsets.size - 1)
+
+    def unit(self, u: int) -> slice:
+        return slice(int(self.offsets[u]), int(self.offsets[u + 1]))
+
+
 @dataclass(frozen=True)
-class TailBoundStructure:
+class TailBoundStructure(UnitOffsets):
     """Everything of the tail bounds that does not depend on sigma (see module docstring).
 
     Entries of all units are stored flat: unit ``u`` owns ``slice(offsets[u], offsets[u+1])``.
@@ -135,13 +148,6 @@ class TailBoundStructure:
     prior_norm_sq: np.ndarray
     signal: np.ndarray
     info: dict = field(default_factory=dict)
-
-    @property
-    def num_units(self) -> int:
-        return int(self.offsets.size - 1)
-
-    def unit(self, u: int) -> slice:
-        return slice(int(self.offsets[u]), int(self.offsets[u + 1]))
 
     def probabilities(self, noise_multiplier: float) -> np.ndarray:
         """``p~`` for every stored entry at noise ``sigma`` (flat, aligned with ``sensitivities``;
