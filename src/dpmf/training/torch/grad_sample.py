@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin, toward_zero
 
 torch = require_torch()
 
@@ -63,46 +64,6 @@ class ClippedGradients(NamedTuple):
 
     grads: list
     norms: Any
-
-
-def clip_margin(dtypes: Sequence) -> float:
-    """Relative margin ``max(8 eps, 2**-40)`` over the given parameter dtypes (the largest eps)."""
-    eps = max((torch.finfo(d).eps for d in dtypes), default=torch.finfo(torch.float32).eps)
-    return max(8.0 * eps, 2.0**-40)
-
-
-def clip_factors(norms, max_grad_norm: float, margin: float):
-    """``f_i = min(1, C (1 - margin) / n_i)`` in float64; 1 for ``n_i = 0``; 0 for inf/NaN ``n_i``.
-
-    >>> clip_factors(torch.tensor([0.0, 0.5, 4.0, float("inf")]), 2.0, 0.0).tolist()
-    [1.0, 1.0, 0.5, 0.0]
-    """
-    norms = norms.to(torch.float64)
-    f = torch.clamp(max_grad_norm * (1.0 - margin) / norms, max=1.0)  # n = 0 -> inf -> 1
-    return torch.where(torch.isfinite(norms), f, torch.zeros_like(f))
-
-
-def _toward_zero(f64, dtype):
-    """``f64`` cast to ``dtype`` rounding toward zero (never up), so scaling never exceeds the bound."""
-    f = f64.to(dtype)
-    if dtype == torch.float64:
-        return f
-    too_big = f.to(torch.float64) > f64
-    return torch.where(too_big, torch.nextafter(f, torch.zeros_like(f)), f)
-
-
-def _check_weights(weights, batch: int):
-    """``weights`` as a float64 tensor of shape ``(batch,)`` with entries in ``[0, 1]``."""
-    try:
-        w = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise InvalidParameterError(f"weights must be a 1-d tensor of {batch} numbers in [0, 1]") from exc
-    if w.shape != (batch,):
-        raise InvalidParameterError(f"weights must have one entry per example, shape ({batch},), got {tuple(w.shape)}")
-    if batch and not (bool(torch.isfinite(w).all()) and float(w.min()) >= 0.0 and float(w.max()) <= 1.0):
-        raise InvalidParameterError(f"weights must be finite numbers in [0, 1], got min {float(w.min())!r}, "
-                                    f"max {float(w.max())!r}")
-    return w
 
 
 def _as_args(inputs) -> tuple:
@@ -174,7 +135,7 @@ class PerExampleClipper:
         example ``i``'s own past, never on other examples of the batch.
         """
         args, batch = self._check_batch(inputs, targets)
-        w_all = None if weights is None else _check_weights(weights, batch)
+        w_all = None if weights is None else check_weights(weights, batch)
         sums = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
         norms = []
         for lo in range(0, batch, self.chunk_size or max(batch, 1)):
@@ -189,7 +150,7 @@ class PerExampleClipper:
             for s, g in zip(sums, grads):
                 if any_bad:  # 0 * inf would be NaN: drop the example's gradient outright
                     g = torch.where(bad.view(-1, *([1] * (g.ndim - 1))), torch.zeros_like(g), g)
-                s.add_(torch.tensordot(_toward_zero(f, g.dtype), g, dims=1))
+                s.add_(torch.tensordot(toward_zero(f, g.dtype), g, dims=1))
             norms.append(n)
         norms = torch.cat(norms) if norms else torch.zeros(0, dtype=torch.float64, device=self.params[0].device)
         return ClippedGradients(sums, norms)
@@ -210,7 +171,7 @@ class PerExampleClipper:
         f = clip_factors(n, self.max_grad_norm, self.margin)
         out = []
         for g in grads:
-            scale = _toward_zero(f, g.dtype).view(-1, *([1] * (g.ndim - 1)))
+            scale = toward_zero(f, g.dtype).view(-1, *([1] * (g.ndim - 1)))
             out.append(torch.where(scale == 0, torch.zeros_like(g), g * scale))
         return out
 

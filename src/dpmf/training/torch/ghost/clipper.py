@@ -1,0 +1,446 @@
+"""``GhostClipper``: per-example clipping from one forward and one backward, without per-example
+gradient tensors for the layers that have a ghost rule (``grad_sample_mode="ghost"``).
+
+Stages (DESIGN.md, "per-example work"):
+
+1. *capture* -- a forward hook on every layer that owns trainable parameters records its inputs, and a
+   tensor hook on each of its outputs records the output gradient during the backward;
+2. *norms* -- when the backward ends (a callback queued on the autograd engine), every layer's rule
+   (:mod:`~dpmf.training.torch.ghost.registry`) returns an upper bound of each example's squared
+   gradient norm over its parameters; layers without a rule use per-example gradients of that layer
+   alone (:mod:`~dpmf.training.torch.ghost.fallback`); ``n_i = sqrt(sum over layers)``, float64;
+3. *clip factors* -- :func:`~dpmf.training.torch.clipping.clip_factors` (``min(1, C (1 - margin) / n_i)``);
+4. *clipped sum* -- each rule forms ``sum_i f_i g_i`` for its layer (book-keeping: ``(f * G)^T A`` for
+   Linear and convolutions, ``index_add`` for embeddings), then the captured tensors are released.
+
+Loss reduction: with ``loss_reduction="mean"`` the captured gradients are ``(1/B) dL_i/ds`` for the
+``B`` examples of that backward, so norms are multiplied by ``B`` and the clipped sum is
+``sum_i f_i B (1/B) g_i = sum_i f_i g_i``: the *sum* of clipped per-example gradients, as in the other
+modes. The loss must be a sum or a mean over examples of per-example losses (a token-level mean over
+the whole batch couples examples and is not covered by per-example clipping).
+
+Two ways to use it: :meth:`GhostClipper.clipped_sum` (``inputs, targets``: it runs the forward and the
+backward itself) and the loop users already have (``loss = criterion(model(x), y); loss.backward()``)
+followed by :meth:`GhostClipper.collect`, which returns what the backwards since the last call formed.
+
+Refused rather than computed wrong (clear errors): a layer called twice in one forward (shared
+weights), parameters tied between layers, a captured input modified in place before the backward,
+a second backward through the same forward, BatchNorm in training mode, non-finite gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from dpmf import validation as _v
+from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
+from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin
+from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost.fallback import _flat_tensors, fallback_gradients
+from dpmf.training.torch.ghost.registry import LayerCall, rule_for
+from dpmf.training.torch.ghost.sequence import F64
+
+torch = require_torch()
+
+__all__ = ["GhostClipper", "BatchResult", "model_loss", "split_batch", "batch_size_of"]
+
+
+#: layers whose forward uses their sub-layers' parameters without calling them (MultiheadAttention
+#: reads ``out_proj.weight`` directly): one unit with all their parameters, through the fallback
+WHOLE_LAYERS = (torch.nn.MultiheadAttention,)
+
+
+@dataclass
+class _Unit:
+    """A layer owning trainable parameters: its rule (or None: fallback) and where its sums go."""
+
+    name: str
+    module: Any
+    rule: Callable | None
+    trainable: dict  # local name -> parameter
+    index: dict  # local name -> position in GhostClipper.params
+    call: LayerCall | None = None
+
+
+@dataclass
+class BatchResult:
+    """What one backward formed: clipped sums (one per trainable parameter, ``None`` = zero), norms, ``B``."""
+
+    sums: list
+    norms: Any
+    batch: int
+
+
+def _wrapped(t) -> bool:
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+
+
+def _tensors_of(value) -> list:
+    return _flat_tensors(value)
+
+
+def batch_size_of(inputs) -> int:
+    """The number of examples of a batch: dim 0 of its first tensor (tensor, tuple, list or dict)."""
+    tensors = _tensors_of(inputs)
+    if not tensors or tensors[0].ndim < 1:
+        raise InvalidParameterError(
+            "inputs must be a tensor, a tuple of tensors or a dict of tensors with the examples along dim 0"
+        )
+    return tensors[0].shape[0]
+
+
+def split_batch(inputs, lo: int, hi: int, batch: int):
+    """``inputs`` with every tensor whose dim 0 is ``batch`` cut to ``[lo:hi]`` (same nesting)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs[lo:hi] if inputs.ndim >= 1 and inputs.shape[0] == batch else inputs
+    if isinstance(inputs, dict):
+        return type(inputs)({k: split_batch(v, lo, hi, batch) for k, v in inputs.items()})
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(split_batch(v, lo, hi, batch) for v in inputs)
+    return inputs
+
+
+def model_loss(output):
+    """The loss a model returned: a scalar tensor, ``output.loss`` or ``output["loss"]``."""
+    if isinstance(output, torch.Tensor):
+        loss = output
+    elif isinstance(output, dict) and "loss" in output:
+        loss = output["loss"]
+    elif getattr(output, "loss", None) is not None:
+        loss = output.loss
+    else:
+        raise InvalidParameterError(
+            f"loss_fn=None needs a model that returns its loss (a scalar tensor, .loss or ['loss']); "
+            f"it returned {type(output).__name__}: pass loss_fn=..."
+        )
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise InvalidParameterError(
+            f"the loss must be a scalar tensor (reduced over the batch by a sum or a mean), got {shape}; "
+            "a loss with reduction='none' must be reduced (loss.mean() or loss.sum())"
+        )
+    return loss
+
+
+class GhostClipper:
+    """Per-example clipping by ghost norms and book-keeping (module docstring).
+
+    Args:
+        module: the model. Every sub-module owning trainable parameters is a *layer*: Linear,
+            Conv1d/2d, Embedding, LayerNorm, GroupNorm, RMSNorm have ghost rules; any other uses
+            per-example gradients of that layer only. Inputs must be batch-first.
+        loss_fn: ``loss_fn(output, targets) -> scalar`` over the batch (reduced as ``loss_reduction``
+            says), ``loss_fn(output)`` when there are no targets, or ``None`` when the model returns
+            its loss (used by :meth:`clipped_sum`; the loop mode never calls it).
+        max_grad_norm: the clip norm ``C``.
+        loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses.
+        chunk_size: :meth:`clipped_sum` runs forward and backward on at most this many examples at once.
+    """
+
+    mode = "ghost"
+
+    def __init__(self, module, loss_fn: Callable | None, max_grad_norm: float, *, loss_reduction: str = "mean",
+                 chunk_size: int | None = None) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        if loss_fn is not None and not callable(loss_fn):
+            raise InvalidParameterError(f"loss_fn must be callable or None, got {loss_fn!r}")
+        if loss_reduction not in ("mean", "sum"):
+            raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.module, self.loss_fn, self.loss_reduction = module, loss_fn, loss_reduction
+        self.max_grad_norm = _v.positive("max_grad_norm", max_grad_norm)
+        self.chunk_size = None if chunk_size is None else _v.positive_int("chunk_size", chunk_size)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not named:
+            raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.margin = clip_margin([p.dtype for p in self.params])
+        self._batchnorms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        self.units = self._find_units()
+        self._suspended = False
+        self._queued = False
+        self._weights = None
+        self._results: list[BatchResult] = []
+        self._error: Exception | None = None
+        self._handles = [u.module.register_forward_hook(functools.partial(self._forward_hook, u), with_kwargs=True)
+                         for u in self.units]
+        self._handles.append(module.register_forward_pre_hook(self._model_pre_hook))
+        self._touched: set[int] = set()
+        self._unit_of = {}
+        for u in self.units:
+            for k in u.index.values():
+                self._unit_of[k] = u
+        self._handles += [p.register_hook(functools.partial(self._param_hook, k)) for k, p in enumerate(self.params)]
+
+    # ------------------------------------------------------------------ layers
+    def _find_units(self) -> list[_Unit]:
+        position = {id(p): k for k, p in enumerate(self.params)}
+        owner: dict[int, str] = {}
+        units: list[_Unit] = []
+        inside: list[str] = []  # prefixes of layers that own their sub-layers' parameters
+        for name, m in self.module.named_modules(remove_duplicate=False):
+            if any(name.startswith(prefix + ".") for prefix in inside):
+                continue
+            whole = isinstance(m, WHOLE_LAYERS)
+            if whole:
+                inside.append(name)
+            own = {n: p for n, p in m.named_parameters(recurse=whole, remove_duplicate=False) if p.requires_grad}
+            if not own:
+                continue
+            for n, p in own.items():
+                full = f"{name}.{n}" if name else n
+                if id(p) in owner:
+                    raise UnsupportedConfigurationError(
+                        f"parameter {full!r} is the same tensor as {owner[id(p)]!r} (tied weights): its per-example "
+                        "gradient adds the two uses, which ghost norms cannot split; use grad_sample_mode='functorch'"
+                    )
+                owner[id(p)] = full
+            if any(u.module is m for u in units):
+                continue
+            rule = None if whole else rule_for(m)
+            units.append(_Unit(name or type(m).__name__, m, rule, own, {n: position[id(p)] for n, p in own.items()}))
+        return units
+
+    def covered_layers(self) -> dict:
+        """``{layer name: "ghost" | "fallback"}``: how each layer's per-example norms are computed
+        (a rule may still hand an unusual call, e.g. an ``Embedding(max_norm=...)``, to the fallback)."""
+        return {u.name: ("ghost" if u.rule is not None else "fallback") for u in self.units}
+
+    # ------------------------------------------------------------------ capture
+    def _capturing(self) -> bool:
+        return not self._suspended and torch.is_grad_enabled()
+
+    def _model_pre_hook(self, module, args):
+        """A new forward of the whole model: captures that never saw a backward are stale (e.g. an
+        evaluation forward with gradients enabled); drop them."""
+        if not self._capturing():
+            return
+        for u in self.units:
+            if u.call is not None and all(g is None for g in u.call.grads):
+                u.call.stale = True
+                u.call = None
+
+    def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
+        if not self._capturing():
+            return
+        if any(m.training for m in self._batchnorms):
+            raise UnsupportedConfigurationError(
+                "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
+                "replace it (e.g. torch.nn.GroupNorm) or put it in eval mode"
+            )
+        if unit.call is not None:
+            raise UnsupportedConfigurationError(
+                f"layer {unit.name!r} ran twice before one backward (a layer reused in the forward, or two "
+                "forwards before one backward): its per-example gradient would add both uses, which ghost norms "
+                "cannot split; use grad_sample_mode='functorch', or one backward per forward"
+            )
+        det = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
+        args = tuple(det(a) for a in args)
+        kwargs = {k: det(v) for k, v in kwargs.items()}
+        first = _tensors_of((args, kwargs))
+        if any(_wrapped(t) for t in first):
+            return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
+        batch = first[0].shape[0] if first and first[0].ndim >= 1 else 0
+        outputs = _tensors_of(output)
+        call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
+                         versions=[(t, t._version) for t in first])
+        call.stale, call.done = False, False
+        for k, t in enumerate(outputs):
+            if t.requires_grad:
+                t.register_hook(functools.partial(self._grad_hook, unit, call, k))
+        unit.call = call
+
+    def _grad_hook(self, unit, call, k, grad):
+        if call.done or call.stale:
+            raise UnsupportedConfigurationError(
+                f"a backward reached layer {unit.name!r} through a forward that was already used (a second "
+                "backward through the same forward, or two forwards before one backward); run one forward "
+                "and one backward per (micro-)batch"
+            )
+        call.grads[k] = grad.detach()
+        if not self._queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._queued = True
+
+    def _param_hook(self, k, grad):
+        """Every parameter that receives a gradient must belong to a layer whose call was captured."""
+        self._touched.add(k)
+        if not self._queued and self._capturing():
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            self._queued = True
+
+    def _on_backward_end(self) -> None:
+        self._queued = False
+        touched, self._touched = self._touched, set()
+        for k in sorted(touched):
+            u = self._unit_of[k]
+            if u.call is None or all(g is None for g in u.call.grads):
+                for u2 in self.units:
+                    u2.call = None
+                raise UnsupportedConfigurationError(
+                    f"parameter {self.param_names[k]!r} received a gradient, but no call of its layer {u.name!r} "
+                    "was seen in this forward (another module used the parameter directly, or the forward ran "
+                    "with gradients disabled in the layer); ghost norms cannot cover it: use "
+                    "grad_sample_mode='functorch'"
+                )
+        calls = [(u, u.call) for u in self.units if u.call is not None and any(g is not None for g in u.call.grads)]
+        for u in self.units:
+            if u.call is not None:
+                u.call.done = True
+                u.call = None
+        if calls:
+            self._results.append(self._finish(calls))
+
+    # ------------------------------------------------------------------ norms, factors, sums
+    def _finish(self, calls) -> BatchResult:
+        batches = {c.batch for _, c in calls}
+        if len(batches) != 1:
+            sizes = {u.name: c.batch for u, c in calls}
+            raise UnsupportedConfigurationError(
+                f"layers saw different batch sizes in one backward ({sizes}); ghost mode needs batch-first "
+                "inputs (e.g. MultiheadAttention(batch_first=True))"
+            )
+        B = batches.pop()
+        if B == 0:  # an empty (Poisson) batch: nothing to clip, the noise is still added by the optimizer
+            return BatchResult([None] * len(self.params), torch.zeros(0, dtype=F64, device=self.params[0].device), 0)
+        scale = float(B) if self.loss_reduction == "mean" else 1.0
+        device = self.params[0].device
+        sq = torch.zeros(B, dtype=F64, device=device)
+        layer_grads = []
+        with self.suspended():
+            for u, c in calls:
+                for t, version in c.versions:
+                    if t._version != version:
+                        raise UnsupportedConfigurationError(
+                            f"the input of layer {u.name!r} was modified in place after the forward (an in-place "
+                            "operation such as ReLU(inplace=True) on it); use the out-of-place version"
+                        )
+                lg = u.rule(u.module, c, u.trainable) if u.rule is not None else None
+                if lg is None:
+                    lg = fallback_gradients(u.module, c, u.trainable, u.name)
+                sq += lg.sq.to(device)
+                layer_grads.append((u, lg))
+        norms = torch.sqrt(sq) * scale
+        if B and not bool(torch.isfinite(norms).all()):
+            bad = int((~torch.isfinite(norms)).sum())
+            raise NumericalError(
+                f"{bad} of {B} examples have a non-finite gradient (NaN or inf in the inputs or the loss); "
+                "dpmf refuses to train on them: clean the data or lower the learning rate"
+            )
+        f = clip_factors(norms, self.max_grad_norm, self.margin)
+        if self._weights is not None:
+            f = f * check_weights(self._weights, B).to(device)
+        f = f * scale
+        sums: list = [None] * len(self.params)
+        for u, lg in layer_grads:
+            for name, s in lg.weighted_sum(f).items():
+                sums[u.index[name]] = s
+        return BatchResult(sums, norms, B)
+
+    @contextlib.contextmanager
+    def suspended(self):
+        """No capture inside (re-running a layer for its per-example gradients, evaluation)."""
+        old, self._suspended = self._suspended, True
+        try:
+            yield
+        finally:
+            self._suspended = old
+
+    # ------------------------------------------------------------------ public
+    def clipped_sum(self, inputs, targets=None, weights=None):
+        """``(S_p for every trainable parameter, unclipped norms n_i)`` of a batch, from forward(s) and
+        backward(s) run here (in chunks of ``chunk_size``); ``.grad`` is left untouched.
+
+        ``inputs``: a tensor, a tuple of tensors (``module(*inputs)``) or a dict (``module(**inputs)``);
+        ``targets``: passed to ``loss_fn`` (None: ``loss_fn(output)``, or the model's own loss when
+        ``loss_fn`` is None). ``weights``: optional per-example multipliers in ``[0, 1]`` of the clip factors.
+        """
+        from dpmf.training.torch.grad_sample import ClippedGradients
+
+        if self.pending():
+            raise InvalidParameterError(
+                "a backward already ran this step (the loop form): call optimizer.step() without a batch, "
+                "or pass the batch to optimizer.step(inputs, targets), not both"
+            )
+        batch = batch_size_of(inputs)
+        if targets is not None and (not isinstance(targets, torch.Tensor) or targets.ndim < 1 or targets.shape[0] != batch):
+            raise InvalidParameterError(f"targets must be a tensor with {batch} examples along dim 0")
+        w_all = None if weights is None else check_weights(weights, batch)
+        sums = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        norms = []
+        step = self.chunk_size or max(batch, 1)
+        for lo in range(0, max(batch, 1), step):
+            hi = min(batch, lo + step)
+            part = split_batch(inputs, lo, hi, batch)
+            tpart = None if targets is None else targets[lo:hi]
+            self._weights = None if w_all is None else w_all[lo:hi]
+            try:
+                result = self._forward_backward(part, tpart, hi - lo)
+            finally:
+                self._weights = None
+            for s, r in zip(sums, result.sums):
+                if r is not None:
+                    s.add_(r)
+            norms.append(result.norms)
+        return ClippedGradients(sums, torch.cat(norms))
+
+    def _forward_backward(self, inputs, targets, batch: int) -> BatchResult:
+        module = self.module
+        with torch.enable_grad():
+            out = module(**inputs) if isinstance(inputs, dict) else (
+                module(*inputs) if isinstance(inputs, (tuple, list)) else module(inputs))
+            if self.loss_fn is None:
+                loss = model_loss(out)
+            else:
+                loss = model_loss(self.loss_fn(out) if targets is None else self.loss_fn(out, targets))
+            if loss.requires_grad:
+                torch.autograd.grad(loss, self.params, allow_unused=True)
+        for u in self.units:  # layers whose output reached no loss
+            u.call = None
+        got = self._results
+        self._results = []
+        if not got:
+            return BatchResult([None] * len(self.params), torch.zeros(batch, dtype=F64, device=self.params[0].device), batch)
+        return got[0]
+
+    def pending(self) -> bool:
+        """True when a loop backward formed clipped sums that :meth:`collect` has not taken yet."""
+        return bool(self._results)
+
+    def forwards_waiting(self) -> list:
+        """Names of layers whose forward has not been followed by a backward yet."""
+        return [u.name for u in self.units if u.call is not None]
+
+    def collect(self) -> tuple[list | None, Any, int]:
+        """``(sums, norms, backwards)`` formed by the loop's backwards since the last call: ``sums`` one
+        tensor per trainable parameter (``None`` if no backward ran), the unclipped norms of all their
+        examples, and how many backwards there were."""
+        results, self._results = self._results, []
+        if not results:
+            return None, torch.zeros(0, dtype=F64, device=self.params[0].device), 0
+        sums = [torch.zeros_like(p, memory_format=torch.contiguous_format) for p in self.params]
+        for r in results:
+            for s, x in zip(sums, r.sums):
+                if x is not None:
+                    s.add_(x)
+        return sums, torch.cat([r.norms for r in results]), len(results)
+
+    def discard(self) -> None:
+        """Forget captures and formed sums (``zero_grad``)."""
+        self._results = []
+        for u in self.units:
+            if u.call is not None:
+                u.call.stale = True
+                u.call = None
+
+    def close(self) -> None:
+        """Remove the hooks from the module."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.discard()

@@ -1,0 +1,76 @@
+"""Ghost rules for ``LayerNorm``, ``GroupNorm`` and ``RMSNorm``: their per-example gradients are small
+(``B x`` the affine parameters), so they are materialized in float64 from the recomputed normalized
+input ``xhat`` (from the stored input and the layer's ``eps``, never from the output: dividing by the
+scale is unstable near 0):
+
+* LayerNorm over the last ``k`` dims: ``g_gamma,i = sum_t xhat_{i,t} * g_{i,t}``, ``g_beta,i = sum_t g_{i,t}``;
+* GroupNorm on ``(B, C, *)``: ``xhat`` per (example, group); per channel, summed over positions;
+* RMSNorm: ``xhat = x / sqrt(mean(x^2) + eps)`` over the normalized dims (``eps=None``: the dtype's eps).
+"""
+
+from __future__ import annotations
+
+from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.ghost.materialized import from_per_example
+from dpmf.training.torch.ghost.registry import register_ghost_rule
+from dpmf.training.torch.ghost.sequence import F64
+
+torch = require_torch()
+
+
+def _affine(xhat, g, trainable, reduce_dims, shape):
+    """Per-example ``gamma``/``beta`` gradients: ``xhat * g`` and ``g`` summed over ``reduce_dims``."""
+
+    def per_example(t):
+        t = t.sum(reduce_dims) if reduce_dims else t  # (sum over () would sum everything)
+        return t.reshape(g.shape[0], *shape)
+
+    per = {}
+    if "weight" in trainable:
+        per["weight"] = per_example(xhat * g)
+    if "bias" in trainable:
+        per["bias"] = per_example(g)
+    return from_per_example(per, trainable)
+
+
+@register_ghost_rule(torch.nn.LayerNorm)
+def layer_norm_rule(module, call, trainable):
+    x = call.input
+    k = len(module.normalized_shape)
+    if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
+        return None
+    x64, g64 = x.to(F64), call.grad_output.to(F64)
+    dims = tuple(range(x.ndim - k, x.ndim))
+    mean = x64.mean(dims, keepdim=True)
+    var = x64.var(dims, unbiased=False, keepdim=True)
+    xhat = (x64 - mean) / torch.sqrt(var + module.eps)
+    return _affine(xhat, g64, trainable, tuple(range(1, x.ndim - k)), tuple(module.normalized_shape))
+
+
+@register_ghost_rule(torch.nn.GroupNorm)
+def group_norm_rule(module, call, trainable):
+    x = call.input
+    if not isinstance(x, torch.Tensor) or x.ndim < 2:
+        return None
+    B, C = x.shape[0], x.shape[1]
+    x64, g64 = x.to(F64), call.grad_output.to(F64)
+    grouped = x64.reshape(B, module.num_groups, -1)
+    mean = grouped.mean(2, keepdim=True)
+    var = grouped.var(2, unbiased=False, keepdim=True)
+    xhat = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(B, C, -1)
+    return _affine(xhat, g64.reshape(B, C, -1), trainable, (2,), (C,))
+
+
+if hasattr(torch.nn, "RMSNorm"):
+
+    @register_ghost_rule(torch.nn.RMSNorm)
+    def rms_norm_rule(module, call, trainable):
+        x = call.input
+        k = len(module.normalized_shape)
+        if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
+            return None
+        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+        x64, g64 = x.to(F64), call.grad_output.to(F64)
+        dims = tuple(range(x.ndim - k, x.ndim))
+        xhat = x64 / torch.sqrt((x64 * x64).mean(dims, keepdim=True) + eps)
+        return _affine(xhat, g64, trainable, tuple(range(1, x.ndim - k)), tuple(module.normalized_shape))

@@ -1,0 +1,97 @@
+"""The per-layer registry of ghost-norm rules (Opacus' ``GRAD_SAMPLERS``, for norms and book-keeping).
+
+A *rule* turns what one call of a layer saw -- its inputs ``A`` and its output gradients ``G``
+(:class:`LayerCall`) -- into a :class:`LayerGradients`: an upper bound on every example's squared
+gradient norm over the layer's own trainable parameters, and a function that forms the clipped sum
+``sum_i f_i g_i`` for given per-example factors ``f_i`` without a per-example gradient tensor where
+the rule has a product form. One module per layer family registers its rules here with
+:func:`register_ghost_rule`; :func:`rule_for` looks a module up by exact type (or a subclass that
+keeps the parent's ``forward``, e.g. ``NonDynamicallyQuantizableLinear``) and returns ``None`` for
+layers without a rule, which :mod:`~dpmf.training.torch.ghost.fallback` then covers with per-example
+gradients of that layer alone.
+
+A rule may also return ``None`` for a configuration it does not cover (an ``Embedding`` with
+``max_norm``); the fallback takes that call. It must never return a wrong norm: the norm it reports
+is an upper bound of the exact one for the computed ``A`` and ``G`` (see
+:mod:`~dpmf.training.torch.ghost.sequence` for the rounding argument).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from dpmf.training.torch._deps import require_torch
+
+torch = require_torch()
+
+__all__ = ["LayerCall", "LayerGradients", "GHOST_RULES", "register_ghost_rule", "rule_for"]
+
+
+@dataclass
+class LayerCall:
+    """One forward call of a layer and the gradients that reached its outputs.
+
+    ``args``/``kwargs``: the call's arguments (tensors detached); ``outputs``: the flat list of the
+    output tensors; ``grads``: the gradient of the loss with respect to each of them (``None`` when
+    no gradient reached it, i.e. zero); ``batch``: the number of examples (dim 0 of the input);
+    ``grad_scale``: the factor that turns ``grads`` into per-example gradients (the batch size when
+    the loss was a mean over the batch, else 1).
+    """
+
+    args: tuple
+    kwargs: dict
+    outputs: list
+    grads: list
+    batch: int
+    versions: list = field(default_factory=list)
+    grad_scale: float = 1.0
+
+    @property
+    def input(self):
+        """The layer's main input: the first positional argument, or the keyword ``input``."""
+        if self.args:
+            return self.args[0]
+        return self.kwargs.get("input")
+
+    @property
+    def grad_output(self):
+        """The gradient of the first output (zeros if none arrived)."""
+        g = self.grads[0]
+        return torch.zeros_like(self.outputs[0]) if g is None else g
+
+
+@dataclass
+class LayerGradients:
+    """``sq``: float64 ``(B,)`` upper bounds of ``||g_i||^2`` over the layer's trainable parameters;
+    ``weighted_sum(f)``: ``{name: sum_i f_i g_{i,name}}`` for float64 factors ``f`` (``(B,)``),
+    each in the parameter's dtype and shape."""
+
+    sq: Any
+    weighted_sum: Callable[[Any], dict]
+
+
+Rule = Callable[[Any, LayerCall, dict], "LayerGradients | None"]
+#: layer type -> rule(module, call, trainable) ; ``trainable`` maps the layer's own parameter names
+#: (``weight``, ``bias``) to the parameters that require a gradient
+GHOST_RULES: dict[type, Rule] = {}
+
+
+def register_ghost_rule(*layer_types: type) -> Callable[[Rule], Rule]:
+    """Decorator: ``@register_ghost_rule(torch.nn.Linear)`` makes the function the rule of those types."""
+
+    def wrap(fn: Rule) -> Rule:
+        for t in layer_types:
+            GHOST_RULES[t] = fn
+        return fn
+
+    return wrap
+
+
+def rule_for(module) -> Rule | None:
+    """The rule of ``module``'s type, of a parent type whose ``forward`` it keeps, or ``None``."""
+    for cls in type(module).__mro__:
+        rule = GHOST_RULES.get(cls)
+        if rule is not None:
+            return rule if type(module).forward is cls.forward else None
+    return None
