@@ -42,6 +42,8 @@ SPAWN_TIMEOUT_S = 240  # a hung rendezvous fails the test instead of hanging the
 CONFIGS = {
     "bandmf-cyclic": (lambda: bsr(6, 2), lambda: CyclicPoissonSampling(0.5, 6, 2)),
     "dpsgd-poisson": (lambda: Identity(6), lambda: PoissonSampling(0.25, 6)),
+    # ghost mode in the loss.backward() loop
+    "bandmf-cyclic-ghost-loop": (lambda: bsr(6, 2), lambda: CyclicPoissonSampling(0.5, 6, 2)),
 }
 
 
@@ -76,14 +78,20 @@ def _train(config: str, *, distributed: bool, seed: int | None, noise_multiplier
     data = _dataset()
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5)
+    loop = config.endswith("-loop")
+    loss = torch.nn.functional.cross_entropy
     run = make_private(model, opt, data, strategy=strategy, sampling=scheme, noise_multiplier=noise_multiplier,
-                       delta=1e-5, max_grad_norm=1.0, loss_fn=torch.nn.functional.cross_entropy,
+                       delta=1e-5, max_grad_norm=1.0, loss_fn=None if loop else loss,
                        seed=seed, secure=seed is None, distributed=distributed, accountant=accountant)
     shards = []
     for x, y in run.data_loader:
         shards.append(_indices(x, data.tensors[0]))
         run.optimizer.zero_grad()
-        run.optimizer.step(x, y)
+        if loop:
+            loss(run.module(x), y).backward()
+            run.optimizer.step()
+        else:
+            run.optimizer.step(x, y)
     return {
         "params": [p.detach().clone() for p in model.parameters()],
         "shards": shards,

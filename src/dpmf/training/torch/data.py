@@ -148,6 +148,7 @@ class SchemeBatchSampler(torch.utils.data.Sampler):
             next(iter(scheme.batches(self.num_examples, np.random.default_rng(0))))  # size checks, now
         self._steps_done = 0
         self._stream: Iterator[np.ndarray] | None = None
+        self._sizes: dict[int, int] = {}
 
     # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
@@ -182,8 +183,15 @@ class SchemeBatchSampler(torch.utils.data.Sampler):
     def _generate(self) -> Iterator[list[int]]:
         while self._steps_done < len(self):
             batch = next(self._open())  # re-read each step: load_state_dict may swap the stream
+            self._sizes[self._steps_done] = len(batch)
+            self._sizes.pop(self._steps_done - 64, None)  # keep the recent steps only
             self._steps_done += 1
             yield batch.tolist()
+
+    def batch_size_at(self, step: int) -> int | None:
+        """The size of the batch handed out for ``step`` (None if it was not handed out in this
+        process, or long ago): what the optimizer checks a step's examples against."""
+        return self._sizes.get(step)
 
     # ------------------------------------------------------------------ checkpoints
     def _expected(self) -> dict:

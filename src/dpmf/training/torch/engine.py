@@ -38,6 +38,7 @@ from dpmf.errors import InvalidParameterError
 from dpmf.training.plan import ExecutionPlan, build_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
+from dpmf.training.torch.ghost import GhostClipper
 from dpmf.training.torch.grad_sample import PerExampleClipper
 from dpmf.training.torch.noise import correlated_noise
 from dpmf.training.torch.optimizer import DPOptimizer
@@ -62,13 +63,25 @@ class ShardedBatchSampler(torch.utils.data.Sampler):
     def __init__(self, sampler: SchemeBatchSampler, rank: int, world_size: int) -> None:
         super().__init__()
         self.sampler, self.rank, self.world_size = sampler, rank, world_size
+        self._sizes: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def __iter__(self):
         for batch in self.sampler:
-            yield batch[self.rank :: self.world_size]
+            shard = batch[self.rank :: self.world_size]
+            self._sizes[self.sampler.steps_done - 1] = len(shard)
+            self._sizes.pop(self.sampler.steps_done - 65, None)
+            yield shard
+
+    @property
+    def steps_done(self) -> int:
+        return self.sampler.steps_done
+
+    def batch_size_at(self, step: int) -> int | None:
+        """This rank's share of the batch of ``step`` (None if not handed out here)."""
+        return self._sizes.get(step)
 
     def state_dict(self, **kwargs) -> dict:
         return self.sampler.state_dict(**kwargs)
@@ -104,6 +117,7 @@ class Privacy:
         diag = {**r.diagnostics, "training": {"steps_done": self.steps_done, "steps_planned": self.plan.steps,
                                               "max_grad_norm": self.plan.max_grad_norm,
                                               "normalizer": self.plan.normalizer,
+                                              "grad_sample_mode": getattr(self.optimizer.clipper, "mode", "?"),
                                               "num_examples": self.plan.num_examples}}
         return dataclasses.replace(r, diagnostics=diag)
 
@@ -202,14 +216,14 @@ def make_private(
     sampling,
     delta: float,
     max_grad_norm: float,
-    loss_fn: Callable,
+    loss_fn: Callable | None = None,
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None,
     accountant: str = "auto",
     seed: int | None = None,
     secure: bool = False,
     normalizer: float | None = None,
-    grad_sample_mode: str = "functorch",
+    grad_sample_mode: str | None = None,
     chunk_size: int | None = None,
     loss_reduction: str = "mean",
     noise_dtype=None,
@@ -231,13 +245,23 @@ def make_private(
         sampling: the ``dpmf.sampling`` scheme; ``sampling.steps`` must equal ``strategy.n``.
         delta, target_epsilon | noise_multiplier: the guarantee; exactly one of the last two.
         max_grad_norm: per-example clip norm (all parameters jointly).
-        loss_fn: ``loss_fn(output, target)`` (sees one example as a batch of 1 in functorch mode).
+        loss_fn: ``loss_fn(output, target)`` for ``optimizer.step(inputs, targets)`` (sees one example as
+            a batch of 1 in functorch mode, the batch in ghost mode); ``None`` (default) for the loop
+            users already have: ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``
+            (ghost mode; ``model(**batch)`` and models returning their own loss work too).
         accountant: a ``dpmf.account`` method or ``"auto"`` (the tightest proved one).
         seed: one integer seed for batches and noise (independent streams); or ``secure=True``
             (OS entropy for both; see :mod:`dpmf.training.torch.seeding` for what that guarantees).
         normalizer: the public divisor of the noisy sum; default the expected batch size.
-        grad_sample_mode: ``"functorch"`` (``torch.func``) or ``"opacus"`` (hooks; needs Opacus).
-        chunk_size: at most this many per-example gradients in memory at once.
+        grad_sample_mode: ``"ghost"`` (per-example norms from each layer's activations and output
+            gradients, no per-example gradient tensors: :mod:`dpmf.training.torch.ghost`; the fastest),
+            ``"functorch"`` (``torch.func``) or ``"opacus"`` (hooks; needs Opacus). Default: ghost when
+            ``loss_fn`` is None, else functorch.
+        chunk_size: at most this many examples per forward/backward (ghost) or per-example gradients
+            in memory at once (functorch).
+        loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses
+            (ghost and opacus modes; Opacus' convention). It must be one of the two: a loss averaged
+            over all tokens of the batch couples examples (average per sequence first).
         noise_dtype: ``torch.float32`` (default for float32 models) or ``torch.float64``.
         distributed: data parallel over the initialized ``torch.distributed`` group: every rank
             takes its shard of each global batch, clipped sums are all-reduced, and the same noise
@@ -259,6 +283,13 @@ def make_private(
         num_examples = len(dataset)
     except TypeError as exc:
         raise InvalidParameterError("the dataset must have len() (the number of examples is public)") from exc
+    if grad_sample_mode is None:
+        grad_sample_mode = "ghost" if loss_fn is None else "functorch"
+    if loss_fn is None and grad_sample_mode != "ghost":
+        raise InvalidParameterError(
+            f"loss_fn=None (the loss.backward() loop) needs grad_sample_mode='ghost', got {grad_sample_mode!r}; "
+            "pass loss_fn=... to use optimizer.step(inputs, targets)"
+        )
     plan = build_plan(
         strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
         noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
@@ -282,8 +313,11 @@ def make_private(
             sampler_seed = box[0]
     noise_seed = None if secure else _derived_seed(seed, 1)
     sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed)
-    clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
-                                loss_reduction=loss_reduction)
+    if grad_sample_mode == "ghost":
+        clipper = GhostClipper(module, loss_fn, max_grad_norm, loss_reduction=loss_reduction, chunk_size=chunk_size)
+    else:
+        clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
+                                    loss_reduction=loss_reduction)
     noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
                              max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
     if distributed and secure:  # the same secure noise stream on every rank: rank 0's state
@@ -297,5 +331,5 @@ def make_private(
                                          collate_fn=EmptyBatchCollate(dataset, collate_fn), num_workers=num_workers,
                                          generator=torch.Generator().manual_seed(0))
     dp_opt = DPOptimizer(optimizer, plan=plan, clipper=clipper, noise=noise, distributed=distributed,
-                         process_group=process_group)
+                         process_group=process_group, batch_source=batch_sampler, exact_position=num_workers == 0)
     return PrivateRun(module, dp_opt, loader, Privacy(plan, module, dp_opt, sampler))

@@ -10,6 +10,18 @@ scheduler attached to either optimizer). The noise is added exactly once per ste
 accountant used, because the batch of a step is the scheme's, whatever the memory split.
 
 Like Opacus' ``DPOptimizer`` it shares ``param_groups`` and ``state`` with the wrapped optimizer.
+
+The loop users already have (ghost mode, :class:`~dpmf.training.torch.ghost.GhostClipper`)::
+
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)      # or model(**batch).loss
+        loss.backward()                    # the clipped sum is formed at the end of the backward
+        optimizer.step()                   # + noise, / normalizer, inner step
+
+Several forward/backward pairs before one ``step()`` are micro-batches of one step. ``step()``
+refuses a step whose examples are not the data loader's batch for that step (another size, a skipped
+batch, a batch used twice) and a step without a backward (unless the loader's batch is empty).
 """
 
 from __future__ import annotations
@@ -33,7 +45,8 @@ class DPOptimizer(torch.optim.Optimizer):
     the noise is added (every rank then adds the same noise: the generators share their state).
     """
 
-    def __init__(self, optimizer, *, plan, clipper, noise, process_group=None, distributed: bool = False) -> None:
+    def __init__(self, optimizer, *, plan, clipper, noise, process_group=None, distributed: bool = False,
+                 batch_source=None, exact_position: bool = False) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         self.original_optimizer = optimizer
@@ -45,6 +58,9 @@ class DPOptimizer(torch.optim.Optimizer):
         if missing:
             raise InvalidParameterError(f"the optimizer does not hold the trainable parameters {missing[:3]}")
         self.steps_done = 0
+        #: the sampler whose batches this optimizer steps on (``batch_size_at(t)``, ``steps_done``), or None
+        self.batch_source, self.exact_position = batch_source, exact_position
+        self._examples = 0
         self._sum: list | None = None
         self._norms: list = []
         self.last_norms = None  # unclipped per-example norms of the last step (float64)
@@ -68,9 +84,6 @@ class DPOptimizer(torch.optim.Optimizer):
     def defaults(self):
         return self.original_optimizer.defaults
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.original_optimizer.zero_grad(set_to_none=set_to_none)
-
     def state_dict(self):
         return self.original_optimizer.state_dict()
 
@@ -87,13 +100,66 @@ class DPOptimizer(torch.optim.Optimizer):
         of the clip factors (one per example of this micro-batch)."""
         self.plan.check_step(self.steps_done)
         grads, norms = self.clipper.clipped_sum(inputs, targets, weights=weights)
+        self._add(grads, norms)
+        return norms
+
+    def _add(self, grads, norms) -> None:
         if self._sum is None:
             self._sum = [g.detach().clone() for g in grads]
         else:
             for acc, g in zip(self._sum, grads):
                 acc.add_(g)
         self._norms.append(norms)
-        return norms
+        self._examples += int(norms.shape[0])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The inner optimizer's ``zero_grad``; also forgets the clipped sums accumulated for this step
+        (micro-batches, loop backwards, forwards not yet backpropagated)."""
+        discard = getattr(self.clipper, "discard", None)
+        if discard is not None:
+            discard()
+        self._sum, self._norms, self._examples = None, [], 0
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _collect_loop(self) -> int:
+        """Take the clipped sums the loop's backwards formed (ghost mode); returns how many backwards."""
+        collect = getattr(self.clipper, "collect", None)
+        if collect is None:
+            return 0
+        waiting = self.clipper.forwards_waiting()
+        if waiting:
+            raise InvalidParameterError(
+                f"step() after a forward without its backward (layers {waiting[:3]}): call loss.backward() "
+                "before optimizer.step()"
+            )
+        sums, norms, backwards = collect()
+        if backwards:
+            self._add(sums, norms)
+        return backwards
+
+    def _check_batch(self, backwards: int) -> None:
+        """The examples of this step must be the loader's batch for it (when the loader produced it)."""
+        src, t = self.batch_source, self.steps_done
+        expected = None if src is None else src.batch_size_at(t)
+        if expected is not None and self.exact_position and src.steps_done > t + 1:
+            raise InvalidParameterError(
+                f"the data loader is at step {src.steps_done - 1} but the optimizer at step {t}: a batch was "
+                "skipped without optimizer.step(); every batch the loader yields must be stepped on (the "
+                "accounting counts it)"
+            )
+        seen = self._examples
+        if expected is not None and seen != expected:
+            raise InvalidParameterError(
+                f"step {t} clipped {seen} examples but the data loader's batch for this step has {expected}: "
+                "step on exactly the loader's batch (once; micro-batches must add up to it), and call "
+                "zero_grad() before a new forward"
+            )
+        lone_ghost = getattr(self.clipper, "collect", None) is not None
+        if expected is None and lone_ghost and backwards == 0 and not self._norms:
+            raise InvalidParameterError(
+                "step() without a backward: run loss.backward() (or pass the batch: optimizer.step(inputs, "
+                "targets)) before optimizer.step()"
+            )
 
     def step(self, inputs=None, targets=None, closure=None, *, weights=None):
         """One private step: accumulate ``inputs`` (if given, with optional per-example ``weights``),
@@ -108,6 +174,8 @@ class DPOptimizer(torch.optim.Optimizer):
             self.accumulate(inputs, targets, weights=weights)
         elif weights is not None:
             raise InvalidParameterError("weights go with a batch: pass them to accumulate() with its micro-batch")
+        backwards = self._collect_loop()
+        self._check_batch(backwards)
         sums = self._sum if self._sum is not None else [torch.zeros_like(p) for p in self.params]
         if self.distributed:
             import torch.distributed as dist
@@ -120,7 +188,7 @@ class DPOptimizer(torch.optim.Optimizer):
             for p, s, w in zip(self.params, sums, noise):
                 p.grad = ((s + w.to(device=s.device, dtype=s.dtype)) * scale).to(p.dtype)
         self.last_norms = torch.cat(self._norms) if self._norms else torch.zeros(0, dtype=torch.float64)
-        self._sum, self._norms = None, []
+        self._sum, self._norms, self._examples = None, [], 0
         out = self.original_optimizer.step()
         self.steps_done += 1
         return out

@@ -294,7 +294,9 @@ class GhostClipper:
                 u.call.done = True
                 u.call = None
         if calls:
-            self._results.append(self._finish(calls))
+            device_type = self.params[0].device.type
+            with torch.autocast(device_type, enabled=False):  # norms and sums never in reduced precision
+                self._results.append(self._finish(calls))
 
     # ------------------------------------------------------------------ norms, factors, sums
     def _finish(self, calls) -> BatchResult:
