@@ -385,3 +385,20 @@ def test_chunks_and_weights():
     assert torch.allclose(whole.norms, chunked.norms)
     for a, b in zip(whole.grads, chunked.grads):
         assert torch.allclose(a, b)
+
+
+def test_layer_shared_across_the_batch_refused():
+    """A position embedding called once and broadcast over the batch is not a per-example layer."""
+
+    class Broadcast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Embedding(4, 3)
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x + self.pos(torch.arange(4))).sum(1)
+
+    g = GhostClipper(Broadcast(), ce, 1.0)
+    with pytest.raises(UnsupportedConfigurationError, match="batch-first"):
+        g.clipped_sum(torch.randn(5, 4, 3), torch.randint(0, 2, (5,)))

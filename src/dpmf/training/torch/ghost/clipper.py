@@ -169,7 +169,8 @@ class GhostClipper:
         self._error: Exception | None = None
         self._handles = [u.module.register_forward_hook(functools.partial(self._forward_hook, u), with_kwargs=True)
                          for u in self.units]
-        self._handles.append(module.register_forward_pre_hook(self._model_pre_hook))
+        self._model_batch: int | None = None
+        self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True))
         self._touched: set[int] = set()
         self._unit_of = {}
         for u in self.units:
@@ -215,11 +216,14 @@ class GhostClipper:
     def _capturing(self) -> bool:
         return not self._suspended and torch.is_grad_enabled()
 
-    def _model_pre_hook(self, module, args):
+    def _model_pre_hook(self, module, args, kwargs):
         """A new forward of the whole model: captures that never saw a backward are stale (e.g. an
-        evaluation forward with gradients enabled); drop them."""
+        evaluation forward with gradients enabled); drop them. Records the batch size of the model's
+        input (dim 0 of its first tensor), which every layer's call must share."""
         if not self._capturing():
             return
+        tensors = [t for t in _tensors_of((args, kwargs)) if t.ndim >= 1]
+        self._model_batch = tensors[0].shape[0] if tensors else None
         for u in self.units:
             if u.call is not None and all(g is None for g in u.call.grads):
                 u.call.stale = True
@@ -302,12 +306,20 @@ class GhostClipper:
     def _finish(self, calls) -> BatchResult:
         batches = {c.batch for _, c in calls}
         if len(batches) != 1:
+            self._model_batch = None
             sizes = {u.name: c.batch for u, c in calls}
             raise UnsupportedConfigurationError(
                 f"layers saw different batch sizes in one backward ({sizes}); ghost mode needs batch-first "
                 "inputs (e.g. MultiheadAttention(batch_first=True))"
             )
         B = batches.pop()
+        model_batch, self._model_batch = self._model_batch, None
+        if model_batch is not None and B != model_batch:
+            raise UnsupportedConfigurationError(
+                f"the layers saw {B} rows along dim 0 but the model's input has {model_batch} examples: every "
+                "layer with trainable parameters must be called on batch-first, per-example inputs (e.g. "
+                "pos_embedding(positions.expand(B, T)) rather than a shared call broadcast over the batch)"
+            )
         if B == 0:  # an empty (Poisson) batch: nothing to clip, the noise is still added by the optimizer
             return BatchResult([None] * len(self.params), torch.zeros(0, dtype=F64, device=self.params[0].device), 0)
         scale = float(B) if self.loss_reduction == "mean" else 1.0
