@@ -10,14 +10,16 @@ per-example gradient has norm ``<= C`` for the computed numbers (the argument is
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
+from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
 from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights"]
+__all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper"]
 
 
 def clip_margin(dtypes: Sequence) -> float:
@@ -58,3 +60,38 @@ def check_weights(weights, batch: int):
         raise InvalidParameterError(f"weights must be finite numbers in [0, 1], got min {float(w.min())!r}, "
                                     f"max {float(w.max())!r}")
     return w
+
+
+@dataclass
+class ClipperSetup:
+    """What every clipper holds: the checked arguments and the trainable parameters (in
+    ``named_parameters()`` order), their clip margin and the module's BatchNorm layers."""
+
+    max_grad_norm: float
+    chunk_size: int | None
+    param_names: list
+    params: list
+    margin: float
+    batchnorms: list
+
+
+def setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, *, loss_fn_optional: bool) -> ClipperSetup:
+    """Validate a clipper's common arguments (clear errors) and collect its trainable parameters."""
+    if not isinstance(module, torch.nn.Module):
+        raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not (callable(loss_fn) or (loss_fn is None and loss_fn_optional)):
+        raise InvalidParameterError(f"loss_fn must be callable{' or None' if loss_fn_optional else ''}, got {loss_fn!r}")
+    if loss_reduction not in ("mean", "sum"):
+        raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
+    params: list[Any] = [p for _, p in named]
+    return ClipperSetup(
+        max_grad_norm=_v.positive("max_grad_norm", max_grad_norm),
+        chunk_size=None if chunk_size is None else _v.positive_int("chunk_size", chunk_size),
+        param_names=[n for n, _ in named],
+        params=params,
+        margin=clip_margin([p.dtype for p in params]),
+        batchnorms=[m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
+    )

@@ -41,12 +41,11 @@ Example (``loss = (w.x - y)^2 / 2`` at ``w = 0`` has per-example gradient ``-y x
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
-from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin, toward_zero
+from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin, setup_clipper, toward_zero
 
 torch = require_torch()
 
@@ -103,25 +102,12 @@ class PerExampleClipper:
         chunk_size: int | None = None,
         loss_reduction: str = "mean",
     ) -> None:
-        if not isinstance(module, torch.nn.Module):
-            raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if not callable(loss_fn):
-            raise InvalidParameterError(f"loss_fn must be callable, got {loss_fn!r}")
         if mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {MODES}, got {mode!r}")
-        if loss_reduction not in ("mean", "sum"):
-            raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        self.module, self.loss_fn, self.mode = module, loss_fn, mode
-        self.max_grad_norm = _v.positive("max_grad_norm", max_grad_norm)
-        self.chunk_size = None if chunk_size is None else _v.positive_int("chunk_size", chunk_size)
-        self.loss_reduction = loss_reduction
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
-        self.param_names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.margin = clip_margin([p.dtype for p in self.params])
-        self._batchnorms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, loss_fn_optional=False)
+        self.module, self.loss_fn, self.mode, self.loss_reduction = module, loss_fn, mode, loss_reduction
+        self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
+        self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
         self._gsm = self._attach_opacus() if mode == "opacus" else None
 
     # ------------------------------------------------------------------ public

@@ -35,10 +35,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin
+from dpmf.training.torch.clipping import check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import _flat_tensors, fallback_gradients
 from dpmf.training.torch.ghost.registry import LayerCall, rule_for
@@ -145,22 +144,10 @@ class GhostClipper:
 
     def __init__(self, module, loss_fn: Callable | None, max_grad_norm: float, *, loss_reduction: str = "mean",
                  chunk_size: int | None = None) -> None:
-        if not isinstance(module, torch.nn.Module):
-            raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if loss_fn is not None and not callable(loss_fn):
-            raise InvalidParameterError(f"loss_fn must be callable or None, got {loss_fn!r}")
-        if loss_reduction not in ("mean", "sum"):
-            raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, loss_fn_optional=True)
         self.module, self.loss_fn, self.loss_reduction = module, loss_fn, loss_reduction
-        self.max_grad_norm = _v.positive("max_grad_norm", max_grad_norm)
-        self.chunk_size = None if chunk_size is None else _v.positive_int("chunk_size", chunk_size)
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        if not named:
-            raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
-        self.param_names = [n for n, _ in named]
-        self.params = [p for _, p in named]
-        self.margin = clip_margin([p.dtype for p in self.params])
-        self._batchnorms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
+        self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
         self.units = self._find_units()
         self._suspended = False
         self._queued = False

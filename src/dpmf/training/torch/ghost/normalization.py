@@ -33,18 +33,25 @@ def _affine(xhat, g, trainable, reduce_dims, shape):
     return from_per_example(per, trainable)
 
 
-@register_ghost_rule(torch.nn.LayerNorm)
-def layer_norm_rule(module, call, trainable):
+def _over_last_dims(module, call):
+    """``(x64, g64, normalized dims, summed dims)`` for a layer normalizing its last dims, or None."""
     x = call.input
     k = len(module.normalized_shape)
     if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
         return None
-    x64, g64 = x.to(F64), call.grad_output.to(F64)
-    dims = tuple(range(x.ndim - k, x.ndim))
+    return x.to(F64), call.grad_output.to(F64), tuple(range(x.ndim - k, x.ndim)), tuple(range(1, x.ndim - k))
+
+
+@register_ghost_rule(torch.nn.LayerNorm)
+def layer_norm_rule(module, call, trainable):
+    got = _over_last_dims(module, call)
+    if got is None:
+        return None
+    x64, g64, dims, summed = got
     mean = x64.mean(dims, keepdim=True)
     var = x64.var(dims, unbiased=False, keepdim=True)
     xhat = (x64 - mean) / torch.sqrt(var + module.eps)
-    return _affine(xhat, g64, trainable, tuple(range(1, x.ndim - k)), tuple(module.normalized_shape))
+    return _affine(xhat, g64, trainable, summed, tuple(module.normalized_shape))
 
 
 @register_ghost_rule(torch.nn.GroupNorm)
@@ -65,12 +72,10 @@ if hasattr(torch.nn, "RMSNorm"):
 
     @register_ghost_rule(torch.nn.RMSNorm)
     def rms_norm_rule(module, call, trainable):
-        x = call.input
-        k = len(module.normalized_shape)
-        if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
+        got = _over_last_dims(module, call)
+        if got is None:
             return None
-        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
-        x64, g64 = x.to(F64), call.grad_output.to(F64)
-        dims = tuple(range(x.ndim - k, x.ndim))
+        x64, g64, dims, summed = got
+        eps = module.eps if module.eps is not None else torch.finfo(call.input.dtype).eps
         xhat = x64 / torch.sqrt((x64 * x64).mean(dims, keepdim=True) + eps)
-        return _affine(xhat, g64, trainable, tuple(range(1, x.ndim - k)), tuple(module.normalized_shape))
+        return _affine(xhat, g64, trainable, summed, tuple(module.normalized_shape))
