@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dpmf.errors import InvalidParameterError
 from dpmf.sampling import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies import Identity, bsr
 from dpmf.training.torch import SchemeBatchSampler, make_private
@@ -109,6 +110,13 @@ def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     try:
         results = {name: _train(name, distributed=True, seed=SEED) for name in CONFIGS}
         results["secure"] = _train("bandmf-cyclic", distributed=True, seed=None)
+        results["mismatch"] = {}
+        for what, kwargs in {"seed": {"seed": SEED + rank}, "plan": {"noise_multiplier": SIGMA * (1 + rank)}}.items():
+            try:
+                _train("dpsgd-poisson", distributed=True, **{"seed": SEED, **kwargs})
+                results["mismatch"][what] = "accepted"
+            except InvalidParameterError as exc:
+                results["mismatch"][what] = str(exc)
         torch.save(results, f"{out_dir}/rank{rank}.pt")
         # both ranks done before either tears down: a rank that destroys its gloo group while the
         # other still talks to it can abort ("terminate called without an active exception")
@@ -220,3 +228,11 @@ def test_secure_mode_ranks_share_seed_noise_and_end_identical(ranks):
     assert [sorted(a + b) for a, b in zip(r0["shards"], r1["shards"])] == expected
     # secure noise differs from the seeded run's (it is fresh OS entropy)
     assert any(not torch.equal(p, q) for p, q in zip(r0["params"], ranks[0]["bandmf-cyclic"]["params"]))
+
+
+def test_ranks_that_disagree_are_refused_on_every_rank(ranks):
+    """Different seeds (different batches and noise) or different plans: each rank gets the error
+    before its first step, naming what differs."""
+    for r in ranks:
+        assert "sampler seed" in r["mismatch"]["seed"] and "noise stream" in r["mismatch"]["seed"]
+        assert "plan" in r["mismatch"]["plan"]

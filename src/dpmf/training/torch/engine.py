@@ -198,6 +198,38 @@ class Privacy:
         self.load_state_dict(state)
 
 
+def _digest(value) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _check_ranks_agree(plan, sampler, noise, clipper, process_group) -> None:
+    """Before the first step every rank must hold the same plan, sampler seed, noise stream and
+    clipping: otherwise ranks draw different batches and noise, an example can be counted twice in
+    one step's sum, and the accountant's assumption fails. Digests are exchanged (never the seeds);
+    a mismatch is an error on every rank, naming what differs."""
+    import torch.distributed as dist
+
+    gen = noise.generator
+    mine = {
+        "plan": plan.fingerprint(),
+        "sampler seed": _digest(sampler.seed),
+        "noise stream": _digest([noise.fingerprint(), None if gen is None else gen.get_state().tolist()]),
+        "clipping": _digest([getattr(clipper, "mode", "?"), clipper.loss_reduction, clipper.param_names]),
+    }
+    everyone: list = [None] * dist.get_world_size(process_group)
+    dist.all_gather_object(everyone, mine, group=process_group)
+    differ = [k for k in mine if len({d[k] for d in everyone}) > 1]
+    if differ:
+        raise InvalidParameterError(
+            f"data-parallel ranks disagree on {', '.join(differ)}: every rank must call make_private with the same "
+            "strategy, sampling, noise/epsilon, delta, clip norm, dataset size, seed and model; otherwise batches and "
+            "noise differ between ranks and the privacy accounting does not hold"
+        )
+
+
 class PrivateRun(NamedTuple):
     """What :func:`make_private` returns: ``module, optimizer, data_loader, privacy = make_private(...)``."""
 
@@ -324,6 +356,8 @@ def make_private(
         box = [noise.state_dict() if rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=process_group)
         noise.load_state_dict(box[0])
+    if distributed:
+        _check_ranks_agree(plan, sampler, noise, clipper, process_group)
     batch_sampler = ShardedBatchSampler(sampler, rank, world) if distributed else sampler
     # the loader gets its own generator: iterating it must not draw from torch's global RNG, which
     # the model's randomness (dropout) uses and checkpoints restore
