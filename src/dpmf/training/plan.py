@@ -178,6 +178,13 @@ def build_plan(
     d = _v.open_unit("delta", delta)
     if (noise_multiplier is None) == (target_epsilon is None):
         raise InvalidParameterError("pass exactly one of noise_multiplier and target_epsilon")
+    if normalizer is None and expected_batch_size(scheme, m) < 1:
+        raise InvalidParameterError(
+            f"the expected batch size is {expected_batch_size(scheme, m):.3g} examples (< 1) for {m} examples "
+            f"under {scheme.describe()['name']}: dividing the noisy sum by it would amplify the noise "
+            f"{1 / expected_batch_size(scheme, m):.3g}x and train on noise; use more data, fewer steps per epoch or "
+            "a larger sampling probability, or pass a public normalizer= explicitly"
+        )
     if target_epsilon is not None:
         cal = calibrate(strategy, scheme, _v.positive("target_epsilon", target_epsilon), d, accountant,
                         **accountant_options)

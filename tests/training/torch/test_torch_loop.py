@@ -144,7 +144,7 @@ def test_dict_inputs_and_a_model_returning_its_loss():
 
 
 def test_empty_poisson_batches_step():
-    run = _run(True, strategy=Identity(8), scheme=PoissonSampling(0.02, 8), data=_data(10))
+    run = _run(True, strategy=Identity(8), scheme=PoissonSampling(0.02, 8), data=_data(10), normalizer=1.0)
     sizes = []
     for x, y in run.data_loader:
         sizes.append(len(x))
@@ -299,3 +299,11 @@ def test_clip_bound_under_autocast(dtype):
     with torch.autocast("cpu", dtype=dtype):
         got = g.clipped_sum(ids, ids)
     assert all(s.dtype == torch.float32 and torch.isfinite(s).all() for s in got.grads)
+
+
+@pytest.mark.parametrize("scheme", [PoissonSampling(0.01, 6), BallsInBinsSampling(1, 6)])
+def test_expected_batch_below_one_example_is_refused_before_training(scheme):
+    with pytest.raises(InvalidParameterError, match="expected batch size"):
+        make_private(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _data(5), strategy=Identity(6),
+                     sampling=scheme, noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0, seed=0,
+                     accountant="unamplified")
