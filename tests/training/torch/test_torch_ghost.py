@@ -369,6 +369,20 @@ def test_non_finite_gradient_raises():
         GhostClipper(model, ce, 1.0).clipped_sum(x, torch.randint(0, 2, (4,)))
 
 
+def test_non_finite_examples_skipped_on_request():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    bad = x.clone()
+    bad[1, 2] = float("inf")
+    g = GhostClipper(model, ce_sum, 0.5, loss_reduction="sum", nonfinite="skip")
+    got = g.clipped_sum(bad, y)
+    keep = [0, 2, 3, 4]
+    want = GhostClipper(model, ce_sum, 0.5, loss_reduction="sum").clipped_sum(x[keep], y[keep])
+    assert g.skipped_nonfinite == 1 and not torch.isfinite(got.norms[1])
+    for a, b in zip(got.grads, want.grads):
+        assert torch.allclose(a, b)
+
+
 def test_empty_batch_gives_zero_sums():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
     got = GhostClipper(model, ce_sum, 1.0).clipped_sum(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))

@@ -20,7 +20,7 @@ torch = require_torch()
 nn = torch.nn
 F = nn.functional
 
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
+from dpmf.errors import NumericalError, InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.training.torch.grad_sample import (  # noqa: E402
     ClippedGradients,
     PerExampleClipper,
@@ -211,12 +211,15 @@ def test_clip_factors_formula():
     assert clip_margin([torch.float64, torch.bfloat16]) == 8 * torch.finfo(torch.bfloat16).eps
 
 
-def test_non_finite_example_contributes_zero():
+def test_non_finite_example_raises_or_contributes_zero():
     model, x, y = build("mlp", torch.float32)
     bad = x.clone()
     bad[2, 0] = float("nan")
-    clipper = PerExampleClipper(model, F.cross_entropy, 0.5)
+    with pytest.raises(NumericalError, match="1 of 9 examples"):
+        PerExampleClipper(model, F.cross_entropy, 0.5).clipped_sum(bad, y)
+    clipper = PerExampleClipper(model, F.cross_entropy, 0.5, nonfinite="skip")
     grads, norms = clipper.clipped_sum(bad, y)
+    assert clipper.skipped_nonfinite == 1
     assert math.isnan(norms[2]) and torch.isfinite(norms[[0, 1, 3, 4, 5, 6, 7, 8]]).all()
     keep = [i for i in range(9) if i != 2]
     want, _ = clipper.clipped_sum(x[keep], y[keep])

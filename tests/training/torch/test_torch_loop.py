@@ -307,3 +307,22 @@ def test_expected_batch_below_one_example_is_refused_before_training(scheme):
         make_private(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _data(5), strategy=Identity(6),
                      sampling=scheme, noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0, seed=0,
                      accountant="unamplified")
+
+
+def test_non_finite_data_raises_by_default_and_is_counted_when_skipped():
+    data = _data()
+    data.tensors[0][::4, 0] = float("nan")  # a quarter of the examples
+    run = _run(True, data=data)
+    x, y = next(iter(run.data_loader))
+    from dpmf.errors import NumericalError
+
+    with pytest.raises(NumericalError, match="non-finite"):
+        F.cross_entropy(run.module(x), y).backward()
+    run = _run(True, data=data, nonfinite="skip")
+    for x, y in run.data_loader:
+        run.optimizer.zero_grad()
+        F.cross_entropy(run.module(x), y).backward()
+        run.optimizer.step()
+    skipped = run.privacy.report().diagnostics["training"]["nonfinite_examples_skipped"]
+    assert skipped == 2 * 10  # 10 bad examples, each once per epoch, 2 epochs
+    assert all(torch.isfinite(p).all() for p in run.module.parameters())

@@ -19,7 +19,11 @@ from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper"]
+__all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper",
+           "check_nonfinite", "NONFINITE"]
+
+#: what a clipper does with an example whose gradient is NaN/inf: raise (default), or drop it (count it)
+NONFINITE = ("raise", "skip")
 
 
 def clip_margin(dtypes: Sequence) -> float:
@@ -73,9 +77,11 @@ class ClipperSetup:
     params: list
     margin: float
     batchnorms: list
+    nonfinite: str
 
 
-def setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, *, loss_fn_optional: bool) -> ClipperSetup:
+def setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, nonfinite, *,
+                  loss_fn_optional: bool) -> ClipperSetup:
     """Validate a clipper's common arguments (clear errors) and collect its trainable parameters."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
@@ -83,6 +89,8 @@ def setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, *,
         raise InvalidParameterError(f"loss_fn must be callable{' or None' if loss_fn_optional else ''}, got {loss_fn!r}")
     if loss_reduction not in ("mean", "sum"):
         raise InvalidParameterError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    if nonfinite not in NONFINITE:
+        raise InvalidParameterError(f"nonfinite must be one of {NONFINITE}, got {nonfinite!r}")
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     if not named:
         raise InvalidParameterError("module has no trainable parameter (requires_grad=True)")
@@ -94,4 +102,20 @@ def setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, *,
         params=params,
         margin=clip_margin([p.dtype for p in params]),
         batchnorms=[m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)],
+        nonfinite=nonfinite,
     )
+
+
+def check_nonfinite(bad, policy: str) -> int:
+    """For a boolean mask of examples whose gradient norm is NaN/inf: raise under ``"raise"``, else
+    return how many are skipped (they contribute 0)."""
+    count = int(bad.sum())
+    if count and policy == "raise":
+        from dpmf.errors import NumericalError
+
+        raise NumericalError(
+            f"{count} of {bad.shape[0]} examples have a non-finite gradient (NaN or inf in the inputs, the loss or "
+            "the model): dpmf refuses to train on noise alone; clean the data or lower the learning rate, or pass "
+            "nonfinite='skip' to drop such examples (counted in the report's diagnostics)"
+        )
+    return count

@@ -118,6 +118,7 @@ class Privacy:
                                               "max_grad_norm": self.plan.max_grad_norm,
                                               "normalizer": self.plan.normalizer,
                                               "grad_sample_mode": getattr(self.optimizer.clipper, "mode", "?"),
+                                              "nonfinite_examples_skipped": self.optimizer.clipper.skipped_nonfinite,
                                               "num_examples": self.plan.num_examples}}
         return dataclasses.replace(r, diagnostics=diag)
 
@@ -258,6 +259,7 @@ def make_private(
     grad_sample_mode: str | None = None,
     chunk_size: int | None = None,
     loss_reduction: str = "mean",
+    nonfinite: str = "raise",
     noise_dtype=None,
     collate_fn: Callable | None = None,
     num_workers: int = 0,
@@ -294,6 +296,8 @@ def make_private(
         loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses
             (ghost and opacus modes; Opacus' convention). It must be one of the two: a loss averaged
             over all tokens of the batch couples examples (average per sequence first).
+        nonfinite: ``"raise"`` (default): an example whose gradient is NaN/inf stops training with an
+            error; ``"skip"``: it contributes nothing and is counted in the report's diagnostics.
         noise_dtype: ``torch.float32`` (default for float32 models) or ``torch.float64``.
         distributed: data parallel over the initialized ``torch.distributed`` group: every rank
             takes its shard of each global batch, clipped sums are all-reduced, and the same noise
@@ -346,10 +350,11 @@ def make_private(
     noise_seed = None if secure else _derived_seed(seed, 1)
     sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed)
     if grad_sample_mode == "ghost":
-        clipper = GhostClipper(module, loss_fn, max_grad_norm, loss_reduction=loss_reduction, chunk_size=chunk_size)
+        clipper = GhostClipper(module, loss_fn, max_grad_norm, loss_reduction=loss_reduction, chunk_size=chunk_size,
+                               nonfinite=nonfinite)
     else:
         clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
-                                    loss_reduction=loss_reduction)
+                                    loss_reduction=loss_reduction, nonfinite=nonfinite)
     noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
                              max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
     if distributed and secure:  # the same secure noise stream on every rank: rank 0's state

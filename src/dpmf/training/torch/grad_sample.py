@@ -16,7 +16,7 @@ for gradients near the float32 maximum); ``f_i`` is cast to the parameter dtype 
 zero, and ``margin = max(8 eps(dtype), 2**-40)`` (``~9.5e-7`` in float32) absorbs the float64
 norm error and the rounding of the products ``f_i g_{i,j}``, so the bound holds for the computed
 numbers, not only in exact arithmetic. An example whose gradient is not finite contributes 0
-(a valid clipped gradient); its returned norm is inf or NaN. The rounding inside the *sum* over
+(a valid clipped gradient) with ``nonfinite="skip"``, and raises by default; its returned norm is inf or NaN. The rounding inside the *sum* over
 examples is the usual floating-point caveat of DP-SGD and is not modelled.
 
 Modes: ``"functorch"`` (default) is ``torch.func.vmap(torch.func.grad(...))`` over examples, each
@@ -45,7 +45,14 @@ from typing import Any, Callable, NamedTuple
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_weights, clip_factors, clip_margin, setup_clipper, toward_zero
+from dpmf.training.torch.clipping import (
+    check_nonfinite,
+    check_weights,
+    clip_factors,
+    clip_margin,
+    setup_clipper,
+    toward_zero,
+)
 
 torch = require_torch()
 
@@ -83,6 +90,8 @@ class PerExampleClipper:
         mode: ``"functorch"`` or ``"opacus"`` (needs ``opacus``; the module must be in training
             mode, as in Opacus).
         chunk_size: at most this many per-example gradients in memory at once (None: the batch).
+        nonfinite: ``"raise"`` (default: a NaN/inf gradient raises :class:`~dpmf.errors.NumericalError`)
+            or ``"skip"`` (such an example contributes 0, counted in :attr:`skipped_nonfinite`).
 
     ``inputs`` is a tensor or a tuple of tensors (positional arguments of ``forward``), each with
     the examples along dim 0; ``targets`` a tensor with the examples along dim 0, or None (then
@@ -101,13 +110,16 @@ class PerExampleClipper:
         mode: str = "functorch",
         chunk_size: int | None = None,
         loss_reduction: str = "mean",
+        nonfinite: str = "raise",
     ) -> None:
         if mode not in MODES:
             raise InvalidParameterError(f"mode must be one of {MODES}, got {mode!r}")
-        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, loss_fn_optional=False)
+        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, nonfinite,
+                              loss_fn_optional=False)
         self.module, self.loss_fn, self.mode, self.loss_reduction = module, loss_fn, mode, loss_reduction
         self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
+        self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
         self._gsm = self._attach_opacus() if mode == "opacus" else None
 
     # ------------------------------------------------------------------ public
@@ -133,6 +145,8 @@ class PerExampleClipper:
                 f = f * w_all[lo:hi].to(device=f.device)
             bad = ~torch.isfinite(n)
             any_bad = bool(bad.any())
+            if any_bad:
+                self.skipped_nonfinite += check_nonfinite(bad, self.nonfinite)
             for s, g in zip(sums, grads):
                 if any_bad:  # 0 * inf would be NaN: drop the example's gradient outright
                     g = torch.where(bad.view(-1, *([1] * (g.ndim - 1))), torch.zeros_like(g), g)

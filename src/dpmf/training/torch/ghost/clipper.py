@@ -35,9 +35,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_weights, clip_factors, setup_clipper
+from dpmf.training.torch.clipping import check_nonfinite, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import _flat_tensors, fallback_gradients
 from dpmf.training.torch.ghost.registry import LayerCall, rule_for
@@ -72,6 +72,20 @@ class BatchResult:
     sums: list
     norms: Any
     batch: int
+
+
+def _without_rows(call: LayerCall, bad) -> LayerCall:
+    """A copy of ``call`` whose float tensors have the ``bad`` examples' rows set to 0."""
+    B = call.batch
+
+    def clean(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.ndim >= 1 and t.shape[0] == B:
+            return torch.where(bad.to(t.device).view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype,
+                               device=t.device), t)
+        return t
+
+    return LayerCall(tuple(clean(a) for a in call.args), {k: clean(v) for k, v in call.kwargs.items()},
+                     call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[])
 
 
 def _wrapped(t) -> bool:
@@ -138,13 +152,18 @@ class GhostClipper:
         max_grad_norm: the clip norm ``C``.
         loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses.
         chunk_size: :meth:`clipped_sum` runs forward and backward on at most this many examples at once.
+        nonfinite: ``"raise"`` (default: an example with a NaN/inf gradient raises
+            :class:`~dpmf.errors.NumericalError`) or ``"skip"`` (it contributes 0, counted in
+            :attr:`skipped_nonfinite`).
     """
 
     mode = "ghost"
 
     def __init__(self, module, loss_fn: Callable | None, max_grad_norm: float, *, loss_reduction: str = "mean",
-                 chunk_size: int | None = None) -> None:
-        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, loss_fn_optional=True)
+                 chunk_size: int | None = None, nonfinite: str = "raise") -> None:
+        setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, nonfinite,
+                              loss_fn_optional=True)
+        self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
         self.module, self.loss_fn, self.loss_reduction = module, loss_fn, loss_reduction
         self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
@@ -311,6 +330,26 @@ class GhostClipper:
             return BatchResult([None] * len(self.params), torch.zeros(0, dtype=F64, device=self.params[0].device), 0)
         scale = float(B) if self.loss_reduction == "mean" else 1.0
         device = self.params[0].device
+        layer_grads, sq = self._layer_gradients(calls, B, device)
+        norms = torch.sqrt(sq) * scale
+        bad = ~torch.isfinite(norms)
+        if bool(bad.any()):
+            self.skipped_nonfinite += check_nonfinite(bad, self.nonfinite)
+            # skip: zero the examples' rows everywhere (0 * inf would poison the products), recompute
+            calls = [(u, _without_rows(c, bad)) for u, c in calls]
+            layer_grads, _ = self._layer_gradients(calls, B, device)
+        f = clip_factors(norms, self.max_grad_norm, self.margin)
+        if self._weights is not None:
+            f = f * check_weights(self._weights, B).to(device)
+        f = f * scale
+        sums: list = [None] * len(self.params)
+        for u, lg in layer_grads:
+            for name, s in lg.weighted_sum(f).items():
+                sums[u.index[name]] = s
+        return BatchResult(sums, norms, B)
+
+    def _layer_gradients(self, calls, B: int, device):
+        """Each layer's gradients (rule or fallback) and the summed squared norms, float64 ``(B,)``."""
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
         with self.suspended():
@@ -326,22 +365,7 @@ class GhostClipper:
                     lg = fallback_gradients(u.module, c, u.trainable, u.name)
                 sq += lg.sq.to(device)
                 layer_grads.append((u, lg))
-        norms = torch.sqrt(sq) * scale
-        if B and not bool(torch.isfinite(norms).all()):
-            bad = int((~torch.isfinite(norms)).sum())
-            raise NumericalError(
-                f"{bad} of {B} examples have a non-finite gradient (NaN or inf in the inputs or the loss); "
-                "dpmf refuses to train on them: clean the data or lower the learning rate"
-            )
-        f = clip_factors(norms, self.max_grad_norm, self.margin)
-        if self._weights is not None:
-            f = f * check_weights(self._weights, B).to(device)
-        f = f * scale
-        sums: list = [None] * len(self.params)
-        for u, lg in layer_grads:
-            for name, s in lg.weighted_sum(f).items():
-                sums[u.index[name]] = s
-        return BatchResult(sums, norms, B)
+        return layer_grads, sq
 
     @contextlib.contextmanager
     def suspended(self):
