@@ -326,3 +326,40 @@ def test_non_finite_data_raises_by_default_and_is_counted_when_skipped():
     skipped = run.privacy.report().diagnostics["training"]["nonfinite_examples_skipped"]
     assert skipped == 2 * 10  # 10 bad examples, each once per epoch, 2 epochs
     assert all(torch.isfinite(p).all() for p in run.module.parameters())
+
+
+# ---------------------------------------------------------------------------- misuse gets a DPMFError
+@pytest.mark.parametrize("seed", ["abc", 1.5, -1, True])
+def test_bad_seed(seed):
+    with pytest.raises(InvalidParameterError, match="seed"):
+        make_private(_model(), torch.optim.SGD(_model().parameters(), lr=0.1), _data(), strategy=Identity(6),
+                     sampling=PoissonSampling(0.5, 6), noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0,
+                     seed=seed, accountant="unamplified")
+
+
+@pytest.mark.parametrize("mode", ["functorch", "ghost"])
+def test_loss_with_reduction_none_is_refused(mode):
+    model = _model()
+    run = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), strategy=Identity(6),
+                       sampling=PoissonSampling(0.5, 6), noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0,
+                       loss_fn=lambda o, y: F.cross_entropy(o, y, reduction="none"), grad_sample_mode=mode,
+                       seed=0, accountant="unamplified")
+    x, y = next(iter(run.data_loader))
+    with pytest.raises(InvalidParameterError, match="reduction='none'"):
+        run.optimizer.step(x, y)
+
+
+def test_checkpoint_unwritable_other_architecture_and_non_finite(tmp_path):
+    run = _run(True)
+    with pytest.raises(InvalidParameterError, match="cannot write"):
+        run.privacy.save_checkpoint("/proc/dpmf-checkpoint.pt")  # /proc takes no new files
+    run.privacy.save_checkpoint(tmp_path / "c.pt")
+    other = torch.nn.Sequential(torch.nn.Linear(D, 8), torch.nn.Tanh(), torch.nn.Linear(8, K), torch.nn.Identity())
+    wrapped = torch.nn.Sequential(other)  # same parameters, other keys
+    run2 = _run(True, model=wrapped)
+    with pytest.raises(InvalidParameterError, match="another architecture"):
+        run2.privacy.load_checkpoint(tmp_path / "c.pt")
+    state = torch.load(tmp_path / "c.pt", weights_only=True)
+    state["model"]["0.weight"][0, 0] = float("nan")
+    with pytest.raises(InvalidParameterError, match="NaN or inf"):
+        run.privacy.load_state_dict(state)

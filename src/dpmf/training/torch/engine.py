@@ -166,6 +166,7 @@ class Privacy:
         steps = state["steps_done"]
         if not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
             raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.plan.steps}")
+        _check_model_state(state.get("model"), self.module)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
@@ -183,8 +184,12 @@ class Privacy:
         buf = io.BytesIO()
         torch.save(self.state_dict(), buf)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(buf.getvalue())
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot write the checkpoint {path}: {exc.strerror or exc} "
+                                        "(choose a writable folder)") from exc
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Load a checkpoint written by :meth:`save_checkpoint` (tensors only, ``weights_only=True``);
@@ -229,6 +234,27 @@ def _check_ranks_agree(plan, sampler, noise, clipper, process_group) -> None:
             "strategy, sampling, noise/epsilon, delta, clip norm, dataset size, seed and model; otherwise batches and "
             "noise differ between ranks and the privacy accounting does not hold"
         )
+
+
+def _check_model_state(saved, module) -> None:
+    """The checkpoint's model must be this model's architecture (same keys and shapes) with finite
+    floating-point values; checked before anything is loaded."""
+    if not isinstance(saved, dict):
+        raise InvalidParameterError("the checkpoint has no model state (key 'model')")
+    here = module.state_dict()
+    missing, extra = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+    if missing or extra:
+        raise InvalidParameterError(
+            f"the checkpoint's model is another architecture (missing {missing[:3]}, unexpected {extra[:3]}): load it "
+            "into the model it was saved from"
+        )
+    for k, v in saved.items():
+        if not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(here[k].shape):
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise InvalidParameterError(f"the checkpoint's {k!r} has shape {got}, this model's {tuple(here[k].shape)}: "
+                                        "another architecture")
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise InvalidParameterError(f"the checkpoint's {k!r} holds NaN or inf: it cannot resume a run")
 
 
 class PrivateRun(NamedTuple):
@@ -335,6 +361,8 @@ def make_private(
         raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
     if seed is not None and secure:
         raise InvalidParameterError("pass seed or secure=True, not both")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
     rank, world = 0, 1
     sampler_seed = None if secure else _derived_seed(seed, 0)
     if distributed:
