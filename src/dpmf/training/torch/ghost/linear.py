@@ -3,8 +3,9 @@
 All middle dimensions are flattened into one sequence axis ``T`` (a ``(B, H, T, d)`` input is a
 sequence of ``H T`` rows), so the weight gradient of example ``i`` is ``G_i^T A_i`` and
 :mod:`~dpmf.training.torch.ghost.sequence` gives its norm (Gram or materialized, by cost) and the
-clipped sum ``(f * G)^T A``. The bias gradient ``sum_t g_{i,t}`` is summed first (``B x d_out``, float64)
-rather than through the Gram of ``G``: cheaper and free of cancellation.
+clipped sum ``(f * G)^T A``. The bias gradient ``sum_t g_{i,t}`` is summed first (``B x d_out``, as autograd forms it) rather than
+through the Gram of ``G``: cheaper and free of cancellation; its norm is taken in float64 of that very
+tensor, which is also what is summed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.materialized import combine, from_per_example
 from dpmf.training.torch.ghost.registry import LayerGradients, register_ghost_rule
-from dpmf.training.torch.ghost.sequence import F64, sequence_sq_norms, sequence_weighted_sum
+from dpmf.training.torch.ghost.sequence import sequence_sq_norms, sequence_weighted_sum
 
 torch = require_torch()
 
@@ -31,7 +32,8 @@ def linear_parts(A, G, trainable: dict, weight_shape=None) -> LayerGradients:
 
         parts.append(LayerGradients(sq, weight_sum))
     if "bias" in trainable:
-        parts.append(from_per_example({"bias": G.to(F64).sum(1)}, {"bias": trainable["bias"]}))
+        work = torch.promote_types(trainable["bias"].dtype, torch.float32)
+        parts.append(from_per_example({"bias": G.to(work).sum(1)}, {"bias": trainable["bias"]}))
     return combine(parts)
 
 

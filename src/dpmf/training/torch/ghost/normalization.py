@@ -1,7 +1,9 @@
 """Ghost rules for ``LayerNorm``, ``GroupNorm`` and ``RMSNorm``: their per-example gradients are small
-(``B x`` the affine parameters), so they are materialized in float64 from the recomputed normalized
-input ``xhat`` (from the stored input and the layer's ``eps``, never from the output: dividing by the
-scale is unstable near 0):
+(``B x`` the affine parameters), so they are materialized from the recomputed normalized input
+``xhat`` (from the stored input and the layer's ``eps``, never from the output: dividing by the scale
+is unstable near 0), in the working precision (at least float32, as autograd forms them). The norm
+is taken in float64 of the very tensors that are summed, so the clip bound holds for them exactly as
+in the per-example-gradient modes:
 
 * LayerNorm over the last ``k`` dims: ``g_gamma,i = sum_t xhat_{i,t} * g_{i,t}``, ``g_beta,i = sum_t g_{i,t}``;
 * GroupNorm on ``(B, C, *)``: ``xhat`` per (example, group); per channel, summed over positions;
@@ -13,7 +15,6 @@ from __future__ import annotations
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.materialized import from_per_example
 from dpmf.training.torch.ghost.registry import register_ghost_rule
-from dpmf.training.torch.ghost.sequence import F64
 
 torch = require_torch()
 
@@ -34,12 +35,18 @@ def _affine(xhat, g, trainable, reduce_dims, shape):
 
 
 def _over_last_dims(module, call):
-    """``(x64, g64, normalized dims, summed dims)`` for a layer normalizing its last dims, or None."""
+    """``(x, g, normalized dims, summed dims)`` in the working precision for a layer normalizing its last dims, or None."""
     x = call.input
     k = len(module.normalized_shape)
     if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
         return None
-    return x.to(F64), call.grad_output.to(F64), tuple(range(x.ndim - k, x.ndim)), tuple(range(1, x.ndim - k))
+    work = _work(x)
+    return x.to(work), call.grad_output.to(work), tuple(range(x.ndim - k, x.ndim)), tuple(range(1, x.ndim - k))
+
+
+def _work(x):
+    """The working precision: the input's, at least float32."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 @register_ghost_rule(torch.nn.LayerNorm)
@@ -47,11 +54,11 @@ def layer_norm_rule(module, call, trainable):
     got = _over_last_dims(module, call)
     if got is None:
         return None
-    x64, g64, dims, summed = got
-    mean = x64.mean(dims, keepdim=True)
-    var = x64.var(dims, unbiased=False, keepdim=True)
-    xhat = (x64 - mean) / torch.sqrt(var + module.eps)
-    return _affine(xhat, g64, trainable, summed, tuple(module.normalized_shape))
+    xw, gw, dims, summed = got
+    mean = xw.mean(dims, keepdim=True)
+    var = xw.var(dims, unbiased=False, keepdim=True)
+    xhat = (xw - mean) / torch.sqrt(var + module.eps)
+    return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
 
 
 @register_ghost_rule(torch.nn.GroupNorm)
@@ -60,12 +67,12 @@ def group_norm_rule(module, call, trainable):
     if not isinstance(x, torch.Tensor) or x.ndim < 2:
         return None
     B, C = x.shape[0], x.shape[1]
-    x64, g64 = x.to(F64), call.grad_output.to(F64)
-    grouped = x64.reshape(B, module.num_groups, -1)
+    xw, gw = x.to(_work(x)), call.grad_output.to(_work(x))
+    grouped = xw.reshape(B, module.num_groups, -1)
     mean = grouped.mean(2, keepdim=True)
     var = grouped.var(2, unbiased=False, keepdim=True)
     xhat = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(B, C, -1)
-    return _affine(xhat, g64.reshape(B, C, -1), trainable, (2,), (C,))
+    return _affine(xhat, gw.reshape(B, C, -1), trainable, (2,), (C,))
 
 
 if hasattr(torch.nn, "RMSNorm"):
@@ -75,7 +82,7 @@ if hasattr(torch.nn, "RMSNorm"):
         got = _over_last_dims(module, call)
         if got is None:
             return None
-        x64, g64, dims, summed = got
+        xw, gw, dims, summed = got
         eps = module.eps if module.eps is not None else torch.finfo(call.input.dtype).eps
-        xhat = x64 / torch.sqrt((x64 * x64).mean(dims, keepdim=True) + eps)
-        return _affine(xhat, g64, trainable, summed, tuple(module.normalized_shape))
+        xhat = xw / torch.sqrt((xw * xw).mean(dims, keepdim=True) + eps)
+        return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))

@@ -21,11 +21,13 @@ bounds ``||G_i^T A_i||_F`` and, entrywise, ``|| |G_i|^T |A_i| ||_F``. With ``gam
   |g_s.g_t| <= s_i^2`` (``d = max(d_in, d_out)``); we return ``max(fl(N^2), 0) + gamma s_i^2``.
 * Materialized form, ``P_i = fl(G_i^T A_i)`` in the working precision ``u_w`` (float32): each entry errs
   by ``gamma_T (|G_i|^T |A_i|)_{jk}``, so ``||G_i^T A_i|| <= ||P_i|| + gamma_T s_i``; ``||P_i||`` is taken in
-  float64. We return ``(||P_i|| + gamma_T s_i)^2``.
+  float64. We return ``(||P_i|| + gamma_T s_i)^2``. Here ``s_i`` enters only the error term, so it is
+  formed in the working precision from row norms and inflated by ``1 + 2 gamma_{d+T+2}`` of that
+  precision (an upper bound of the exact ``s_i``), which saves a float64 copy of ``A`` and ``G``.
 * ``T = 1``: ``||a||^2 ||g||^2`` in float64 (relative error ``gamma_{d+2}``, added as well).
 
-``s_i`` itself is formed in float64 (relative error far below the clip margin, which absorbs it with
-the square root). These bounds are loose only where they must be (cancelling sequences: the
+In the Gram form ``s_i`` is formed in float64 (relative error far below the clip margin, which
+absorbs it with the square root). These bounds are loose only where they must be (cancelling sequences: the
 cancellation is exactly what makes the computed Gram value untrustworthy).
 """
 
@@ -82,22 +84,35 @@ def sequence_sq_norms(A, G, work_dtype=torch.float32):
     out = torch.empty(B, dtype=F64, device=A.device)
     step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
     g_T = gamma(T, work_dtype)
+    inflate = 1 + 2 * gamma(max(d_in, d_out) + T + 2, work_dtype)  # s in the working precision, rounded up
     for lo in range(0, B, step):
-        a, g = A[lo : lo + step], G[lo : lo + step]
-        p = torch.bmm(g.to(work_dtype).transpose(1, 2), a.to(work_dtype)).reshape(a.shape[0], -1)
+        a, g = A[lo : lo + step].to(work_dtype), G[lo : lo + step].to(work_dtype)
+        p = torch.bmm(g.transpose(1, 2), a).reshape(a.shape[0], -1)
         norm = torch.linalg.vector_norm(p, dim=1, dtype=F64)
-        s = _row_norm_products(a.to(F64), g.to(F64))
+        s = _row_norm_products(a, g).to(F64) * inflate
         out[lo : lo + step] = (norm + g_T * s) ** 2
     return out
 
 
 def sequence_weighted_sum(A, G, f, dtype):
-    """``sum_i f_i G_i^T A_i`` as one product (``(d_out, d_in)``, ``dtype``); ``f`` float64 ``(B,)``."""
-    d_in, d_out = A.shape[-1], G.shape[-1]
-    if A.shape[0] == 0:
+    """``sum_i f_i G_i^T A_i`` (``(d_out, d_in)``, ``dtype``); ``f`` float64 ``(B,)``.
+
+    One product over the flattened batch and positions when ``A`` and ``G`` are contiguous
+    ``(B, T, d)`` (Linear); otherwise (transposed views, as the convolution rule passes) a batched
+    product summed over examples, a chunk at a time, so no transposed copy of ``A`` is made."""
+    B, d_in, d_out = A.shape[0], A.shape[-1], G.shape[-1]
+    if B == 0:
         return torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
-    scaled = G.to(dtype) * toward_zero(f, dtype).view(-1, 1, 1)
-    return scaled.reshape(-1, d_out).t().mm(A.to(dtype).reshape(-1, d_in))
+    fz = toward_zero(f, dtype).view(-1, 1, 1)
+    if A.is_contiguous() and G.is_contiguous():
+        scaled = G.to(dtype) * fz
+        return scaled.reshape(-1, d_out).t().mm(A.to(dtype).reshape(-1, d_in))
+    out = torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
+    step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
+    for lo in range(0, B, step):
+        g = G[lo : lo + step].to(dtype) * fz[lo : lo + step]
+        out += torch.bmm(g.transpose(1, 2), A[lo : lo + step].to(dtype)).sum(0)
+    return out
 
 
 def rows_sq_norms(rows64):
