@@ -16,9 +16,14 @@ Rounding (why the returned squares are upper bounds). Let ``s_i = sum_t ||a_{i,t
 bounds ``||G_i^T A_i||_F`` and, entrywise, ``|| |G_i|^T |A_i| ||_F``. With ``gamma_m = m u / (1 - m u)``
 (Higham, Accuracy and Stability, Lemma 3.1; ``u`` the unit roundoff of the arithmetic):
 
-* Gram form, computed in float64 from the (exactly widened) inputs: every inner product and the
-  ``T^2``-term sum together err by at most ``gamma_{d + T^2 + 2} S_i`` with ``S_i = sum_{s,t} |a_s.a_t|
-  |g_s.g_t| <= s_i^2`` (``d = max(d_in, d_out)``); we return ``max(fl(N^2), 0) + gamma s_i^2``.
+* Gram form, computed in the working precision (float32 for float32 models; float64 if it
+  overflows): every inner product and the ``T^2``-term sum together err by at most
+  ``gamma_{d + T^2 + 2} S_i`` with ``S_i = sum_{s,t} |a_s.a_t| |g_s.g_t| <= s_i^2`` (``d = max(d_in, d_out)``;
+  the bound holds for any summation order, blocked or with FMA); we return
+  ``max(fl(N^2), 0) + gamma s_i^2`` plus ``(d + T^2 + 2) T^2`` times the smallest normal number for
+  underflow. In float32 ``gamma`` is about ``6e-8 (d + T^2)``: for typical sequences the bound exceeds the
+  exact squared norm by well under 1%, so examples near the clip norm are clipped a little harder;
+  where the Gram value cancels it is the (safe) bound that clips.
 * Materialized form, ``P_i = fl(G_i^T A_i)`` in the working precision ``u_w`` (float32): each entry errs
   by ``gamma_T (|G_i|^T |A_i|)_{jk}``, so ``||G_i^T A_i|| <= ||P_i|| + gamma_T s_i``; ``||P_i||`` is taken in
   float64. We return ``(||P_i|| + gamma_T s_i)^2``. Here ``s_i`` enters only the error term, so it is
@@ -26,8 +31,7 @@ bounds ``||G_i^T A_i||_F`` and, entrywise, ``|| |G_i|^T |A_i| ||_F``. With ``gam
   precision (an upper bound of the exact ``s_i``), which saves a float64 copy of ``A`` and ``G``.
 * ``T = 1``: ``||a||^2 ||g||^2`` in float64 (relative error ``gamma_{d+2}``, added as well).
 
-In the Gram form ``s_i`` is formed in float64 (relative error far below the clip margin, which
-absorbs it with the square root). These bounds are loose only where they must be (cancelling sequences: the
+``s_i`` is formed from row norms in the working precision and inflated by ``1 + 2 gamma_{d+T+2}``. These bounds are loose only where they must be (cancelling sequences: the
 cancellation is exactly what makes the computed Gram value untrustworthy).
 """
 
@@ -56,9 +60,20 @@ def use_gram(T: int, d_in: int, d_out: int) -> bool:
     return 2 * T * T <= d_in * d_out
 
 
-def _row_norm_products(A64, G64):
-    """``s_i = sum_t ||a_{i,t}|| ||g_{i,t}||`` (float64, ``(B,)``)."""
-    return (torch.linalg.vector_norm(A64, dim=2) * torch.linalg.vector_norm(G64, dim=2)).sum(1)
+def _row_norm_products(A, G):
+    """``s_i = sum_t ||a_{i,t}|| ||g_{i,t}||`` in the inputs' precision, ``(B,)``."""
+    return (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)
+
+
+def _gram_sq_norms(A, G, work):
+    """Gram form in precision ``work`` plus its rounding bound (module docstring)."""
+    T, d = A.shape[1], max(A.shape[2], G.shape[2])
+    Aw, Gw = A.to(work), G.to(work)
+    s = _row_norm_products(Aw, Gw).to(F64) * (1 + 2 * gamma(d + T + 2, work))
+    n2 = (torch.bmm(Aw, Aw.transpose(1, 2)) * torch.bmm(Gw, Gw.transpose(1, 2))).sum((1, 2)).to(F64)
+    # gamma bound for normal numbers, plus every operation's possible underflow (absolute, tiny)
+    underflow = (d + T * T + 2) * T * T * torch.finfo(work).smallest_normal
+    return n2.clamp_min(0.0) + gamma(d + T * T + 2, work) * s * s + underflow
 
 
 def sequence_sq_norms(A, G, work_dtype=torch.float32):
@@ -74,12 +89,10 @@ def sequence_sq_norms(A, G, work_dtype=torch.float32):
         sq = (a * a).sum(1) * (g * g).sum(1)
         return sq * (1 + gamma(max(d_in, d_out) + 2, F64))
     if use_gram(T, d_in, d_out):
-        A64, G64 = A.to(F64), G.to(F64)
-        s = _row_norm_products(A64, G64)
-        aa = torch.bmm(A64, A64.transpose(1, 2))
-        gg = torch.bmm(G64, G64.transpose(1, 2))
-        n2 = (aa * gg).sum((1, 2)).clamp_min(0.0)
-        return n2 + gamma(max(d_in, d_out) + T * T + 2, F64) * s * s
+        out = _gram_sq_norms(A, G, work_dtype)
+        if not bool(torch.isfinite(out).all()) and work_dtype != F64:  # overflow in the working precision
+            out = _gram_sq_norms(A, G, F64)
+        return out
     # materialized, a chunk of examples at a time
     out = torch.empty(B, dtype=F64, device=A.device)
     step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
