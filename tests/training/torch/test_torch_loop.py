@@ -363,3 +363,23 @@ def test_checkpoint_unwritable_other_architecture_and_non_finite(tmp_path):
     state["model"]["0.weight"][0, 0] = float("nan")
     with pytest.raises(InvalidParameterError, match="NaN or inf"):
         run.privacy.load_state_dict(state)
+
+
+def test_no_step_leaves_its_tensors_alive():
+    """A finished layer call must let its tensors go: the output's tensor hook holds the call, so a
+    call holding the output would be a cycle through autograd's C++ storage, invisible to the garbage
+    collector (it leaked every step's activations)."""
+    import gc
+    import weakref
+
+    run = _run(True)
+    refs = []
+    for x, y in run.data_loader:
+        run.optimizer.zero_grad()
+        out = run.module(x)
+        refs.append(weakref.ref(out))
+        F.cross_entropy(out, y).backward()
+        run.optimizer.step()
+        del out
+    gc.collect()
+    assert all(r() is None for r in refs)

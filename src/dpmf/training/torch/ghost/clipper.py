@@ -88,6 +88,13 @@ def _without_rows(call: LayerCall, bad) -> LayerCall:
                      call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[])
 
 
+def _release(call: LayerCall) -> None:
+    """Drop a finished call's tensors. The tensor hook on each output holds the call, and the call held
+    the output: a cycle through autograd's C++ hook storage that Python's collector cannot see, which
+    kept every step's activations alive (a leak of the whole step's tensors per step)."""
+    call.args, call.kwargs, call.outputs, call.grads, call.versions = (), {}, [], [], []
+
+
 def _wrapped(t) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
@@ -233,6 +240,7 @@ class GhostClipper:
         for u in self.units:
             if u.call is not None and all(g is None for g in u.call.grads):
                 u.call.stale = True
+                _release(u.call)
                 u.call = None
 
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
@@ -291,6 +299,8 @@ class GhostClipper:
             u = self._unit_of[k]
             if u.call is None or all(g is None for g in u.call.grads):
                 for u2 in self.units:
+                    if u2.call is not None:
+                        _release(u2.call)
                     u2.call = None
                 raise UnsupportedConfigurationError(
                     f"parameter {self.param_names[k]!r} received a gradient, but no call of its layer {u.name!r} "
@@ -299,14 +309,19 @@ class GhostClipper:
                     "grad_sample_mode='functorch'"
                 )
         calls = [(u, u.call) for u in self.units if u.call is not None and any(g is not None for g in u.call.grads)]
+        pending = [u.call for u in self.units if u.call is not None]
         for u in self.units:
             if u.call is not None:
                 u.call.done = True
                 u.call = None
-        if calls:
-            device_type = self.params[0].device.type
-            with torch.autocast(device_type, enabled=False):  # norms and sums never in reduced precision
-                self._results.append(self._finish(calls))
+        try:
+            if calls:
+                device_type = self.params[0].device.type
+                with torch.autocast(device_type, enabled=False):  # norms and sums never in reduced precision
+                    self._results.append(self._finish(calls))
+        finally:
+            for c in pending:
+                _release(c)
 
     # ------------------------------------------------------------------ norms, factors, sums
     def _finish(self, calls) -> BatchResult:
@@ -426,6 +441,9 @@ class GhostClipper:
             if loss.requires_grad:
                 torch.autograd.grad(loss, self.params, allow_unused=True)
         for u in self.units:  # layers whose output reached no loss
+            if u.call is not None:
+                u.call.stale = True
+                _release(u.call)
             u.call = None
         got = self._results
         self._results = []
@@ -461,6 +479,7 @@ class GhostClipper:
         for u in self.units:
             if u.call is not None:
                 u.call.stale = True
+                _release(u.call)
                 u.call = None
 
     def close(self) -> None:
