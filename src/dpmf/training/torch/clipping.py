@@ -20,7 +20,7 @@ from dpmf.training.torch._deps import require_torch
 torch = require_torch()
 
 __all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper",
-           "check_nonfinite", "NONFINITE"]
+           "check_nonfinite", "NONFINITE", "check_scalar_loss"]
 
 #: what a clipper does with an example whose gradient is NaN/inf: raise (default), or drop it (count it)
 NONFINITE = ("raise", "skip")
@@ -119,3 +119,14 @@ def check_nonfinite(bad, policy: str) -> int:
             "nonfinite='skip' to drop such examples (counted in the report's diagnostics)"
         )
     return count
+
+
+def check_scalar_loss(loss):
+    """``loss`` if it is a scalar tensor (a batch loss reduced by a sum or a mean), else a clear error."""
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise InvalidParameterError(
+            f"the loss must be a scalar tensor (reduced over the batch by a sum or a mean), got {shape}; "
+            "a loss with reduction='none' must be reduced (loss.mean() or loss.sum())"
+        )
+    return loss

@@ -47,6 +47,7 @@ from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import (
     check_nonfinite,
+    check_scalar_loss,
     check_weights,
     clip_factors,
     clip_margin,
@@ -228,14 +229,7 @@ class PerExampleClipper:
 
         def example_loss(params, example_args, target):
             out = func.functional_call(module, params, tuple(a.unsqueeze(0) for a in example_args))
-            loss = loss_fn(out) if target is None else loss_fn(out, target.unsqueeze(0))
-            if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-                shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-                raise InvalidParameterError(
-                    f"loss_fn must return a scalar (reduction 'mean' or 'sum'), got {shape}; "
-                    "a loss with reduction='none' must be reduced"
-                )
-            return loss
+            return check_scalar_loss(loss_fn(out) if target is None else loss_fn(out, target.unsqueeze(0)))
 
         params = {n: p.detach() for n, p in zip(names, self.params)}
         in_dims = (None, 0, None if targets is None else 0)

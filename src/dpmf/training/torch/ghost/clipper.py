@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_nonfinite, check_weights, clip_factors, setup_clipper
+from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import _flat_tensors, fallback_gradients
 from dpmf.training.torch.ghost.registry import LayerCall, rule_for
@@ -137,13 +137,7 @@ def model_loss(output):
             f"loss_fn=None needs a model that returns its loss (a scalar tensor, .loss or ['loss']); "
             f"it returned {type(output).__name__}: pass loss_fn=..."
         )
-    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise InvalidParameterError(
-            f"the loss must be a scalar tensor (reduced over the batch by a sum or a mean), got {shape}; "
-            "a loss with reduction='none' must be reduced (loss.mean() or loss.sum())"
-        )
-    return loss
+    return check_scalar_loss(loss)
 
 
 class GhostClipper:
