@@ -154,8 +154,8 @@ class DPOptimizer(torch.optim.Optimizer):
                 "step on exactly the loader's batch (once; micro-batches must add up to it), and call "
                 "zero_grad() before a new forward"
             )
-        lone_ghost = getattr(self.clipper, "collect", None) is not None
-        if expected is None and lone_ghost and backwards == 0 and not self._norms:
+        loop_form = getattr(self.clipper, "collect", None) is not None
+        if expected is None and loop_form and backwards == 0 and not self._norms:
             raise InvalidParameterError(
                 "step() without a backward: run loss.backward() (or pass the batch: optimizer.step(inputs, "
                 "targets)) before optimizer.step()"

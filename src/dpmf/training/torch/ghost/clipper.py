@@ -39,7 +39,7 @@ from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
-from dpmf.training.torch.ghost.fallback import _flat_tensors, fallback_gradients
+from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
 from dpmf.training.torch.ghost.registry import LayerCall, rule_for
 from dpmf.training.torch.ghost.sequence import F64
 
@@ -99,13 +99,9 @@ def _wrapped(t) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def _tensors_of(value) -> list:
-    return _flat_tensors(value)
-
-
 def batch_size_of(inputs) -> int:
     """The number of examples of a batch: dim 0 of its first tensor (tensor, tuple, list or dict)."""
-    tensors = _tensors_of(inputs)
+    tensors = flat_tensors(inputs)
     if not tensors or tensors[0].ndim < 1:
         raise InvalidParameterError(
             "inputs must be a tensor, a tuple of tensors or a dict of tensors with the examples along dim 0"
@@ -229,7 +225,7 @@ class GhostClipper:
         input (dim 0 of its first tensor), which every layer's call must share."""
         if not self._capturing():
             return
-        tensors = [t for t in _tensors_of((args, kwargs)) if t.ndim >= 1]
+        tensors = [t for t in flat_tensors((args, kwargs)) if t.ndim >= 1]
         self._model_batch = tensors[0].shape[0] if tensors else None
         for u in self.units:
             if u.call is not None and all(g is None for g in u.call.grads):
@@ -254,11 +250,11 @@ class GhostClipper:
         det = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
         args = tuple(det(a) for a in args)
         kwargs = {k: det(v) for k, v in kwargs.items()}
-        first = _tensors_of((args, kwargs))
+        first = flat_tensors((args, kwargs))
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
         batch = first[0].shape[0] if first and first[0].ndim >= 1 else 0
-        outputs = _tensors_of(output)
+        outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
                          versions=[(t, t._version) for t in first])
         call.stale, call.done = False, False

@@ -57,14 +57,8 @@ def conv_rule(module, call, trainable) -> LayerGradients | None:
     for j in range(groups):
         A_j = cols[:, j * d_in : (j + 1) * d_in].transpose(1, 2)
         G_j = G[:, j * d_out : (j + 1) * d_out].transpose(1, 2)
-        sub = {}
-        if "weight" in trainable:
-            sub["weight"] = trainable["weight"]
-        if "bias" in trainable:
-            sub["bias"] = trainable["bias"]
-        parts.append(linear_parts(A_j, G_j, sub, weight_shape=(d_out, d_in)))
-    whole = combine_groups(parts, trainable, module)
-    return whole
+        parts.append(linear_parts(A_j, G_j, trainable, weight_shape=(d_out, d_in)))
+    return combine_groups(parts, trainable, module)
 
 
 def combine_groups(parts, trainable, module) -> LayerGradients:

@@ -23,21 +23,22 @@ from dpmf.training.torch.ghost.materialized import from_per_example
 
 torch = require_torch()
 
-__all__ = ["fallback_gradients"]
+__all__ = ["fallback_gradients", "flat_tensors"]
 
 #: floats of per-example gradients per vmap chunk
 CHUNK_FLOATS = 1 << 23
 
 
-def _flat_tensors(out) -> list:
+def flat_tensors(out) -> list:
+    """The tensors of a (nested) output: tensors, dicts, tuples, lists and dataclasses, in order."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _flat_tensors(v)]
+        return [t for v in out.values() for t in flat_tensors(v)]
     if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _flat_tensors(v)]
+        return [t for v in out for t in flat_tensors(v)]
     if hasattr(out, "__dataclass_fields__"):
-        return [t for k in out.__dataclass_fields__ for t in _flat_tensors(getattr(out, k))]
+        return [t for k in out.__dataclass_fields__ for t in flat_tensors(getattr(out, k))]
     return []
 
 
@@ -80,7 +81,7 @@ def fallback_gradients(module, call, trainable: dict, name: str):
 
         def forward(p):
             out = func.functional_call(module, p, a, kv, strict=False)
-            flat = _flat_tensors(out)
+            flat = flat_tensors(out)
             return tuple(flat[k] for k in keep)
 
         _, pullback = func.vjp(forward, params)
