@@ -111,6 +111,7 @@ def test_reports_of_other_strategies_and_methods_hold(strategy, scheme, method):
     v = verify_report(json.loads(r.to_json()))
     assert v.holds, v.message
     assert v.recomputed_epsilon == r.epsilon
+    assert v.edited is False  # the digest survives the JSON round trip of every report kind
 
 
 def test_large_dense_strategy_needs_its_matrix(tmp_path):
@@ -238,3 +239,107 @@ def test_infinite_claims(pld_report):
     d["epsilon_by_direction"] = {"remove": "inf", "add": "inf"}
     v = verify_report(d)
     assert v.holds and math.isinf(v.claimed_epsilon)
+
+
+# ----------------------------------------------------------------------------- edits (issue 24 item 14)
+def test_a_fresh_report_carries_a_digest_and_is_not_edited(pld_report):
+    d = json.loads(pld_report.to_json())
+    assert d["digest"].startswith("sha256:") and len(d["digest"]) == len("sha256:") + 64
+    v = verify_report(d)
+    assert v.holds and v.edited is False
+    assert v.edit_message.startswith("NOT EDITED")
+    assert v.summary().splitlines() == [f"HOLDS: {v.message}", v.edit_message]
+    assert v.to_dict()["edited"] is False
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.update(noise_multiplier=d["noise_multiplier"] * 1.5),  # sigma raised
+        lambda d: d["scheme"].update(sampling_prob=d["scheme"]["sampling_prob"] / 2),  # q halved
+        lambda d: d.update(epsilon=d["epsilon"] * 2),  # a looser claim
+    ],
+    ids=["sigma raised", "q halved", "epsilon raised"],
+)
+def test_an_edit_to_a_more_private_run_holds_but_is_reported_as_edited(pld_report, edit):
+    d = pld_report.to_dict()
+    edit(d)
+    v = verify_report(d)
+    assert v.holds, v.message
+    assert v.edited is True and v.edit_message.startswith("EDITED since it was produced")
+    assert v.summary().startswith("HOLDS: ") and "\nEDITED" in v.summary()
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.update(noise_multiplier=d["noise_multiplier"] / 2),  # sigma lowered
+        lambda d: d.update(epsilon=d["epsilon"] / 2),  # epsilon lowered
+    ],
+    ids=["sigma lowered", "epsilon lowered"],
+)
+def test_an_edit_to_a_less_private_run_does_not_hold_and_is_edited(pld_report, edit):
+    d = pld_report.to_dict()
+    edit(d)
+    v = verify_report(d)
+    assert not v.holds and v.edited is True
+    assert v.summary().startswith("DOES NOT HOLD: ") and "\nEDITED" in v.summary()
+
+
+def test_without_a_digest_verify_cannot_tell(pld_report):
+    d = pld_report.to_dict()
+    del d["digest"]  # a report written before digests existed
+    v = verify_report(d)
+    assert v.holds and v.edited is None
+    assert v.edit_message.startswith("NO DIGEST: cannot tell")
+    assert v.to_dict()["edited"] is None
+    d["noise_multiplier"] = 1.0  # and a claim that fails is still said to fail
+    v = verify_report(d)
+    assert not v.holds and v.edited is None
+
+
+@pytest.mark.parametrize("digest", ["sha256:" + "0" * 64, "", 42, None, "md5:abc"])
+def test_a_wrong_or_foreign_digest_counts_as_edited(pld_report, digest):
+    d = pld_report.to_dict()
+    d["digest"] = digest
+    v = verify_report(d)
+    assert v.holds and v.edited is True
+
+
+def test_the_digest_covers_the_claim_and_description_but_not_presentation(pld_report):
+    from dpmf.accounting.report import DIGEST_KEYS, report_digest
+
+    d = pld_report.to_dict()
+    for key in ("epsilon", "delta", "noise_multiplier", "method", "strategy", "scheme", "options",
+                "adjacency", "diagnostics", "certified", "epsilon_by_direction"):
+        assert key in DIGEST_KEYS
+        e = json.loads(json.dumps(d))
+        e[key] = "changed"
+        assert report_digest(e) != d["digest"], key
+    # fields added next to a report (a checkpoint path, the version) are not part of its claim
+    e = dict(d, checkpoint="mc.npz", dpmf_version="9.9")
+    assert report_digest(e) == d["digest"]
+    # a calibration's target is part of its claim
+    assert report_digest(dict(d, target_epsilon=2.0)) != d["digest"]
+
+
+def test_digest_survives_json_round_trips_of_every_report_kind(mc_report):
+    from dpmf.accounting.report import report_digest
+
+    for r in (mc_report, dpmf.account(bsr(16, 2), PoissonSampling(0.1, 16), 3.0, 1e-5, method="mmcc")):
+        d = json.loads(json.dumps(json.loads(r.to_json()), indent=2))
+        assert report_digest(d) == d["digest"] == r.to_dict()["digest"]
+
+
+# ----------------------------------------------------------------------------- adjacency (issue 24 item 13)
+def test_every_report_form_states_the_adjacency(pld_report, mc_report):
+    from dpmf.accounting.report import ADJACENCY
+
+    for phrase in ("zero-out", "add or remove", "worst of both directions", "dataset size is public",
+                   "len(dataset)", "normalizer="):
+        assert phrase in ADJACENCY
+    for r in (pld_report, mc_report):
+        assert r.adjacency == ADJACENCY
+        assert ADJACENCY in r.summary() and ADJACENCY in str(r)
+        assert r.summary().splitlines()[1] == f"  adjacency: {ADJACENCY}"
+        assert json.loads(r.to_json())["adjacency"] == ADJACENCY

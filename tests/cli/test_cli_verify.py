@@ -149,3 +149,94 @@ def test_cli_method_option_the_method_does_not_take_is_refused(base):
     assert result.exit_code == 2
     assert "'--samples' is not used" in result.output and "option of montecarlo" in result.output
     assert "Traceback" not in result.output
+
+
+# --------------------------------------------------------------------------- edits (issue 24 item 14)
+def _edited_file(report_file, tmp_path, name, edit):
+    data = json.loads(report_file.read_text())
+    edit(data)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2))
+    return path
+
+
+def test_an_unedited_report_exits_0_and_says_not_edited(report_file):
+    res = invoke(["verify", report_file])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("HOLDS:") and lines[1].startswith("NOT EDITED")
+    data = json.loads(invoke(["verify", report_file, "--json"]).stdout)
+    assert data["holds"] is True and data["edited"] is False
+
+
+def test_an_edit_to_a_more_private_run_holds_but_exits_3(report_file, tmp_path):
+    for name, edit in (
+        ("sigma-raised", lambda d: d.update(noise_multiplier=d["noise_multiplier"] * 2)),
+        ("q-halved", lambda d: d["scheme"].update(sampling_prob=d["scheme"]["sampling_prob"] / 2)),
+    ):
+        path = _edited_file(report_file, tmp_path, name, edit)
+        res = invoke(["verify", path])
+        assert res.exit_code == 3, (name, res.output)
+        assert res.stdout.startswith("HOLDS:") and "EDITED since it was produced" in res.stdout
+        data = json.loads(invoke(["verify", path, "--json"]).stdout)
+        assert data["holds"] is True and data["edited"] is True
+
+
+def test_an_edit_to_a_less_private_run_exits_1(report_file, tmp_path):
+    for name, edit in (
+        ("sigma-lowered", lambda d: d.update(noise_multiplier=d["noise_multiplier"] / 2)),
+        ("epsilon-lowered", lambda d: d.update(epsilon=d["epsilon"] / 2)),
+    ):
+        res = invoke(["verify", _edited_file(report_file, tmp_path, name, edit)])
+        assert res.exit_code == 1, (name, res.output)
+        assert res.stdout.startswith("DOES NOT HOLD:") and "EDITED since it was produced" in res.stdout
+
+
+def test_a_report_without_digest_holds_but_cannot_tell_and_exits_4(report_file, tmp_path):
+    path = _edited_file(report_file, tmp_path, "old", lambda d: d.pop("digest"))
+    res = invoke(["verify", path])
+    assert res.exit_code == 4, res.output
+    assert res.stdout.startswith("HOLDS:") and "NO DIGEST: cannot tell" in res.stdout
+    assert json.loads(invoke(["verify", path, "--json"]).stdout)["edited"] is None
+
+
+def test_help_documents_the_exit_codes_and_what_the_digest_is():
+    from dpmf.cli.verify import EXIT_CODES
+
+    res = runner.invoke(app, ["verify", "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    text = " ".join(res.stdout.split())
+    assert "not forgery" in text and "not a signature" in text
+    for code in sorted(set(EXIT_CODES.values())):
+        assert f"{code} the " in text or f"{code} the" in text, code
+    assert EXIT_CODES == {"holds, not edited": 0, "does not hold": 1, "cannot be checked": 2,
+                          "holds, edited since produced": 3, "holds, no digest (cannot tell whether edited)": 4}
+
+
+def test_a_raised_calibration_target_is_an_edit(tmp_path):
+    res = invoke(
+        "calibrate --strategy identity --sampling poisson --sampling-prob 0.05 --steps 100 --epsilon 2 "
+        "--delta 1e-6 --json".split()
+    )
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    data["target_epsilon"] = 4.0
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    res = invoke(["verify", path])
+    assert res.exit_code == 3 and "EDITED" in res.stdout, res.output
+
+
+# --------------------------------------------------------------------------- adjacency (issue 24 item 13)
+def test_printed_and_json_reports_state_the_adjacency(report_file):
+    from dpmf.accounting.report import ADJACENCY
+
+    assert json.loads(report_file.read_text())["adjacency"] == ADJACENCY
+    res = invoke([a for a in ACCOUNT if a != "--json"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[1].startswith("  adjacency: zero-out")
+    assert f"adjacency: {ADJACENCY}" in " ".join(res.stdout.split())  # (wrapped at the console's width)
+    res = invoke("calibrate --strategy identity --sampling poisson --sampling-prob 0.05 --steps 100 --epsilon 2 "
+                 "--delta 1e-6".split())
+    assert res.exit_code == 0, res.output
+    assert f"adjacency: {ADJACENCY}" in " ".join(res.stdout.split())

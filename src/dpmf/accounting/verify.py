@@ -17,6 +17,15 @@ whether the claim holds:
 * and the report's ``certified`` flag equals the recomputed one (a report claiming a proof where
   the method gives an estimate fails, and so does the reverse: the claim is wrong either way).
 
+Separately, :func:`verify_report` says whether the report was **edited** since it was produced:
+every serialized report carries a ``digest`` (:func:`~dpmf.accounting.report.report_digest`, a
+sha256 over a canonical JSON of the fields that describe the mechanism and the claim), and
+``Verification.edited`` is False when the report's digest matches its fields, True when it does
+not (a report edited to describe a *more* private run can still hold, but it is no longer the
+report that was produced), and None for a report without a digest ("no digest: cannot tell";
+reports written before digests existed). The digest detects edits, not forgery: it is not a
+signature, and whoever edits a report can recompute it.
+
 Reports without ``options`` (written before the field existed) are recomputed with the method's
 defaults. Monte Carlo reports (``montecarlo``, estimates) are recomputed with the seed, sample
 count, chunk size, confidence and grid recorded in their ``diagnostics``, which reproduces the same
@@ -32,12 +41,15 @@ method, an edited description -- raises :class:`~dpmf.errors.InvalidParameterErr
 >>> from dpmf.strategies import Identity
 >>> r = dpmf.account(Identity(100), PoissonSampling(0.05, 100), 2.0, 1e-5)
 >>> v = verify_report(r.to_json())
->>> v.holds, v.recomputed_epsilon == r.epsilon
-(True, True)
+>>> v.holds, v.recomputed_epsilon == r.epsilon, v.edited
+(True, True, False)
 >>> d = r.to_dict()
 >>> d["epsilon"] = 0.5
->>> print(verify_report(d).message)  # doctest: +ELLIPSIS
+>>> v = verify_report(d)
+>>> print(v.message)  # doctest: +ELLIPSIS
 claimed epsilon 0.5 < recomputed 1.09... at delta 1e-05 (method pld)
+>>> v.edited
+True
 """
 
 from __future__ import annotations
@@ -49,7 +61,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Mapping
 
-from dpmf.accounting.report import PrivacyReport, _jsonable
+from dpmf.accounting.report import DIGEST_PREFIX, PrivacyReport, _jsonable, report_digest
 from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.files import read_json
 
@@ -86,8 +98,10 @@ class Verification:
     ``holds`` is True iff the claimed epsilon (and every claimed direction) is at least the
     recomputed one up to :data:`REL_SLACK` and the ``certified`` claims agree; ``message`` says
     what holds or, otherwise, everything that does not. ``estimate`` is True for Monte Carlo
-    reports (the recomputation reproduces an estimate, not a proof). ``report`` is the recomputed
-    :class:`~dpmf.accounting.report.PrivacyReport`.
+    reports (the recomputation reproduces an estimate, not a proof). ``edited`` is, separately,
+    whether the report changed since it was produced: False (its digest matches), True (it does
+    not) or None (no digest: cannot tell); ``edit_message`` says which in words. ``report`` is the
+    recomputed :class:`~dpmf.accounting.report.PrivacyReport`.
     """
 
     holds: bool
@@ -101,6 +115,8 @@ class Verification:
     recomputed_certified: bool
     estimate: bool = False
     problems: tuple[str, ...] = ()
+    edited: bool | None = None
+    edit_message: str = ""
     report: PrivacyReport | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -118,14 +134,17 @@ class Verification:
             "recomputed_certified": self.recomputed_certified,
             "estimate": self.estimate,
             "problems": list(self.problems),
+            "edited": self.edited,
+            "edit_message": self.edit_message,
         }
         if self.report is not None:
             out["recomputed_epsilon_by_direction"] = dict(self.report.epsilon_by_direction)
         return _jsonable(out)
 
     def summary(self) -> str:
-        """One line for people: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``."""
-        return f"{'HOLDS' if self.holds else 'DOES NOT HOLD'}: {self.message}"
+        """Two lines for people: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``, then whether the report was
+        edited (``NOT EDITED: ...``, ``EDITED: ...`` or ``NO DIGEST: ...``)."""
+        return f"{'HOLDS' if self.holds else 'DOES NOT HOLD'}: {self.message}\n{self.edit_message}"
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -237,6 +256,23 @@ def _montecarlo_options(d: dict, opts: dict) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------- edits
+def _edited(d: dict) -> tuple[bool | None, str]:
+    """(edited, message) from the report's ``digest`` (module docstring)."""
+    if "digest" not in d:
+        return None, (
+            "NO DIGEST: cannot tell whether the report was edited since it was produced (it records no "
+            "digest: written before dpmf recorded digests, or the digest was removed)"
+        )
+    stored = d["digest"]
+    if isinstance(stored, str) and stored.startswith(DIGEST_PREFIX) and stored == report_digest(d):
+        return False, "NOT EDITED: the report's digest matches its description and claim"
+    return True, (
+        "EDITED since it was produced: its description or claim no longer matches its digest (the claim "
+        "was checked as the report reads now)"
+    )
+
+
 # ---------------------------------------------------------------------------------- verify
 def _fmt(x: float) -> str:
     return f"{x:.10g}" if math.isfinite(x) else str(x)
@@ -261,7 +297,8 @@ def verify_report(
     file (e.g. the output of ``dpmf account --json``) or a :class:`PrivacyReport`. ``search_dir``
     / ``matrices`` supply dense strategy matrices the report references by hash
     (:func:`~dpmf.strategies.serialization.find_matrix`). ``workers`` (MMCC, Monte Carlo) only
-    changes how the recomputation runs, never its value. Returns a :class:`Verification`; raises
+    changes how the recomputation runs, never its value. Returns a :class:`Verification` (the
+    claim's verdict, and separately whether the report was edited); raises
     :class:`~dpmf.errors.InvalidParameterError` when the report cannot be recomputed.
     """
     from dpmf.accounting.dispatch import METHODS, account
@@ -270,6 +307,7 @@ def verify_report(
 
     d = _load(report)
     _check_report(d)
+    edited, edit_message = _edited(d)
     method = d["method"]
     if method == MONTECARLO_EVR:
         seed = (d.get("diagnostics") or {}).get("seed_entropy")
@@ -293,6 +331,12 @@ def verify_report(
         opts = _montecarlo_options(d, opts)
     if workers is not None and "workers" in getattr(METHODS[method], "run_options", ()):
         opts["workers"] = workers
+    elif workers is not None:  # an option the recomputation would ignore is an error (README)
+        takes = sorted(name for name, m in METHODS.items() if "workers" in m.run_options)
+        raise InvalidParameterError(
+            f"workers (--workers) {workers!r} is not used to recompute a report of method {method!r} (it "
+            f"runs in this process); only {', '.join(takes)} reports take workers: leave it out"
+        )
     try:
         new = account(strategy, scheme, sigma, delta, method=method, **opts)
     except DPMFError as exc:
@@ -338,5 +382,7 @@ def verify_report(
         recomputed_certified=bool(new.certified),
         estimate=estimate,
         problems=tuple(problems),
+        edited=edited,
+        edit_message=edit_message,
         report=new,
     )

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from dpmf._version import __version__
-from dpmf.cli.console import cli_errors, cli_progress, err, out, typer_app
+from dpmf.cli.console import cli_errors, cli_progress, err, note_workers, out, typer_app
 from dpmf.cli.specs import (
     WARM_START,
     SamplingName,
@@ -64,6 +64,10 @@ def _main(
     ),
 ) -> None:
     """dpmf command line."""
+    from dpmf.cli.console import progress_settings
+
+    with cli_errors():
+        progress_settings()  # a bad DPMF_PROGRESS / DPMF_PROGRESS_INTERVAL is refused before any work
 
 
 def _build(strategy: str, sampling: SamplingName, steps, bands, force: bool, **scheme_options):
@@ -106,6 +110,17 @@ def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, 
     _note_cost(est)
 
 
+def _note_workers(method: MethodName, workers: int, *, calibrating: bool) -> None:
+    """The note that --workers is capped at the CPUs (:func:`note_workers`), unless ``method`` does
+    not take --workers at all: then ``dpmf.account`` refuses the option, and that error is the only
+    line (an ignored option is an error, README)."""
+    from dpmf.accounting.dispatch import METHODS
+
+    m = METHODS.get(method.value)
+    if m is None or "workers" in m.accepts(calibrating):
+        note_workers(workers)
+
+
 def _note_cost(est) -> None:
     if est.seconds > 60:
         err.print(f"note: this will take {est.describe()} (a rough estimate)", highlight=False)
@@ -130,16 +145,25 @@ def _check_montecarlo_samples(samples, delta) -> None:
         )
 
 
-def _interrupted(cache_dir) -> None:
-    """Ctrl-C during account/calibrate: say how to resume (MMCC rows saved in --cache-dir)."""
-    if cache_dir is not None:
+def _interrupted(cache_dir, strat=None, scheme=None, method: str = "auto") -> None:
+    """Ctrl-C during account/calibrate: say how to resume where a run can resume (MMCC saves its
+    finished rows in --cache-dir); for the other accountants, just that it was interrupted."""
+    try:
+        from dpmf.accounting.dispatch import selected_methods
+
+        mmcc = "mmcc" in selected_methods(strat, scheme, method)
+    except Exception:  # (only deciding which message to print)
+        mmcc = method == "mmcc"
+    if mmcc and cache_dir is not None:
         err.print(
             f"interrupted; every finished MMCC row is saved in {cache_dir}: run the same command again "
             f"(with --cache-dir {cache_dir}) to resume where it stopped",
             highlight=False,
         )
-    else:
+    elif mmcc:
         err.print("interrupted (nothing saved; add --cache-dir DIR to make an MMCC run resumable)", highlight=False)
+    else:
+        err.print("interrupted", highlight=False)
     raise typer.Exit(code=130)
 
 
@@ -244,6 +268,7 @@ def account(
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
         if workers is not None:
             _v.positive_int("workers", workers)  # before any progress line
+            _note_workers(method, workers, calibrating=False)
         if cache_dir is not None:
             check_output_dir(cache_dir, "--cache-dir")  # before the work
         if method is MethodName.montecarlo:
@@ -253,7 +278,7 @@ def account(
             with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
                 report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
         except KeyboardInterrupt:
-            _interrupted(cache_dir)
+            _interrupted(cache_dir, strat, scheme, method.value)
     if as_json:
         out.print_json(report.to_json())
         return
@@ -307,6 +332,7 @@ def calibrate(
         opts = _method_options(samples, seed, workers, scheduler, cache_dir)
         if workers is not None:
             _v.positive_int("workers", workers)  # before any progress line
+            _note_workers(method, workers, calibrating=True)
         if cache_dir is not None:
             check_output_dir(cache_dir, "--cache-dir")  # before the work
         _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon)
@@ -314,11 +340,14 @@ def calibrate(
             with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
                 cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, **opts)
         except KeyboardInterrupt:
-            _interrupted(cache_dir)
+            _interrupted(cache_dir, strat, scheme, method.value)
     if as_json:
+        from dpmf.accounting.report import report_digest
+
         payload = cal.report.to_dict()
         payload["target_epsilon"] = epsilon
         payload["evaluations"] = cal.evaluations
+        payload["digest"] = report_digest(payload)  # the target is part of the claim
         out.print_json(json.dumps(payload))
         return
     out.print(
@@ -326,6 +355,7 @@ def calibrate(
         f"at delta {delta:g} (method {cal.report.method}, {cal.evaluations} evaluations)",
         highlight=False,
     )
+    out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)
 
 
 @app.command()
@@ -375,22 +405,25 @@ def plan(
     with cli_errors():
         from dpmf.accounting.cost import check_cost, plan_cost
         from dpmf.files import check_output_file
-        from dpmf.planner import TrainingRun, default_cache_dir, plan as _plan, plot_plan
-        from dpmf.planning.cache import PlanCache
+        from dpmf.planner import TrainingRun, plan as _plan, plot_plan
+        from dpmf.planning.cache import PlanCache, default_plan_cache
 
         if plot:
-            check_output_file(plot, "--plot")  # before minutes of calibration
+            check_output_file(plot, "--plot", plot=True)  # before minutes of calibration
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
         if workers is not None:
             from dpmf import validation as _v
 
             _v.positive_int("workers", workers)
+            note_workers(workers)
         cache = None
-        if not no_cache:
-            folder = default_cache_dir() if cache_dir is None else cache_dir
-            if cache_dir is not None:
-                check_output_dir(cache_dir, "--cache-dir")  # before the work
-            cache = PlanCache(folder)
+        if not no_cache and cache_dir is not None:
+            check_output_dir(cache_dir, "--cache-dir")  # before the work
+            cache = PlanCache(cache_dir)
+        elif not no_cache:  # a bad DPMF_CACHE_DIR is refused; an unwritable default folder is noted once
+            cache, note = default_plan_cache()
+            if note:
+                err.print(f"note: {note}", highlight=False, markup=False)
         est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
         check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
         _note_cost(est)
@@ -415,9 +448,10 @@ def plan(
         out.print_json(json.dumps(payload))
         return
     out.print(plan_table(run, rows))
+    estimate = any(not r.certified for r in rows if not r.pruned)
     out.print(
         "prefix RMSE: root-mean-square noise on the running sums of clipped gradients (clip norm 1); "
-        "RMSE/batch divides by the batch size. ESTIMATE: Monte Carlo, not a proof.",
+        "RMSE/batch divides by the batch size." + (" ESTIMATE: Monte Carlo, not a proof." if estimate else ""),
         highlight=False,
     )
     for r in rows:
@@ -439,42 +473,102 @@ def plan(
         out.print(f"plot written to {plot}")
 
 
-def plan_table(run, rows) -> Table:
-    """The ranking as a table that fits an 80-column terminal: numbers (at most 9 characters with
-    4 significant digits) never wrap or get cut; strategy and sampling share a two-line cell.
-    A pruned row shows lower bounds (``>``) and no epsilon."""
-    from rich import box
+def plan_table(run, rows) -> "PlanTable":
+    """The ranking, laid out for the width it is printed at (:class:`PlanTable`)."""
+    return PlanTable(run, rows)
 
-    table = Table(
-        title=f"dpmf plan: {run.dataset_size} examples, batch {run.batch_size}, {run.epochs} epochs "
-        f"({run.steps} steps), target (epsilon={run.epsilon:g}, delta={run.delta:g})",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 0, 0, 1),
-    )
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("strategy\nsampling", no_wrap=True, min_width=18)
-    table.add_column("accountant", no_wrap=True, min_width=11)
-    for col in ("sigma", "epsilon", "prefix\nRMSE", "RMSE/\nbatch"):
-        table.add_column(col, justify="right", no_wrap=True, min_width=9)
-    for i, r in enumerate(rows, 1):
-        if getattr(r, "pruned", False):
-            table.add_row(
-                "", f"{r.strategy}\n{r.sampling}", f"{r.method}\npruned", f">{r.noise_multiplier:.3g}", "-",
-                f">{r.prefix_sum_rmse:.3g}", f">{r.rmse_per_example_in_batch:.3g}", end_section=True,
-            )
-            continue
-        table.add_row(
-            str(i),
-            f"{r.strategy}\n{r.sampling}",
-            r.method + ("" if r.certified else "\nESTIMATE"),
-            f"{r.noise_multiplier:.4g}",
-            f"{r.epsilon:.4g}",
-            f"{r.prefix_sum_rmse:.4g}",
-            f"{r.rmse_per_example_in_batch:.4g}",
-            end_section=True,
-        )
-    return table
+
+class PlanTable:
+    """The ranking of ``dpmf plan`` as a rich renderable that picks its layout from the width it is
+    printed at, so that every number, name and rank is shown whole at any width:
+
+    * one line per row (strategy, sampling and accountant in their own columns) when that fits;
+    * else two-line rows (strategy over sampling, accountant over ESTIMATE/pruned), which fit 80
+      columns for every row dpmf produces;
+    * else a compact list: per row, the rank and names on one line, then ``sigma 2.37  epsilon 2
+      ...`` items, wrapped between items (never inside one).
+
+    A pruned row shows lower bounds (``>``) and no epsilon; an estimate says ESTIMATE."""
+
+    _NUMBERS = ("sigma", "epsilon", "prefix\nRMSE", "RMSE/\nbatch")
+
+    def __init__(self, run, rows) -> None:
+        self.run = run
+        self.rows = list(rows)
+
+    def title(self) -> str:
+        r = self.run
+        return (f"dpmf plan: {r.dataset_size} examples, batch {r.batch_size}, {r.epochs} epochs "
+                f"({r.steps} steps), target (epsilon={r.epsilon:g}, delta={r.delta:g})")
+
+    def cells(self):
+        """Per row: (rank, strategy, sampling, accountant, status, sigma, epsilon, RMSE, RMSE/batch)."""
+        rank = 0
+        for r in self.rows:
+            if getattr(r, "pruned", False):
+                yield ("", r.strategy, r.sampling, r.method, "pruned", f">{r.noise_multiplier:.3g}", "-",
+                       f">{r.prefix_sum_rmse:.3g}", f">{r.rmse_per_example_in_batch:.3g}")
+                continue
+            rank += 1
+            yield (str(rank), r.strategy, r.sampling, r.method, "" if r.certified else "ESTIMATE",
+                   f"{r.noise_multiplier:.4g}", f"{r.epsilon:.4g}", f"{r.prefix_sum_rmse:.4g}",
+                   f"{r.rmse_per_example_in_batch:.4g}")
+
+    def _table(self, one_line: bool) -> Table:
+        from rich import box
+
+        table = Table(title=self.title(), box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0, 0, 1))
+        table.add_column("#", justify="right", no_wrap=True)
+        if one_line:
+            for name in ("strategy", "sampling", "accountant"):
+                table.add_column(name, no_wrap=True)
+        else:
+            table.add_column("strategy\nsampling", no_wrap=True)
+            table.add_column("accountant", no_wrap=True)
+        for name in self._NUMBERS:
+            table.add_column(name, justify="right", no_wrap=True)
+        cells = list(self.cells())
+        for i, (rank, strategy, sampling, method, status, *numbers) in enumerate(cells):
+            if one_line:  # (a gap between the ranked rows and the pruned ones)
+                gap = bool(rank) and i + 1 < len(cells) and not cells[i + 1][0]
+                table.add_row(rank, strategy, sampling, method + (f", {status}" if status else ""), *numbers,
+                              end_section=gap)
+            else:
+                table.add_row(rank, f"{strategy}\n{sampling}", method + (f"\n{status}" if status else ""), *numbers,
+                              end_section=True)
+        return table
+
+    def compact(self, width: int) -> list[str]:
+        """The narrow layout as plain lines (items wrapped between, never inside, at ``width``)."""
+        import textwrap
+
+        lines = textwrap.wrap(self.title(), max(width, 20), break_on_hyphens=False, break_long_words=False)
+        labels = ("sigma", "epsilon", "prefix RMSE", "RMSE/batch")
+        for rank, strategy, sampling, method, status, *numbers in self.cells():
+            lines.append("")
+            head = f"{rank or '-':>2}  {strategy} / {sampling}"
+            lines += [head] if len(head) <= width else [f"{rank or '-':>2}  {strategy} /", f"    {sampling}"]
+            items = [method + (f", {status}" if status else "")] + [f"{k} {v}" for k, v in zip(labels, numbers)]
+            line = "   "
+            for item in items:
+                if line.strip() and len(line) + 2 + len(item) > width:
+                    lines.append(line)
+                    line = "   "
+                line += f"  {item}" if line.strip() else f" {item}"
+            lines.append(line)
+        return lines
+
+    def __rich_console__(self, console, options):
+        from rich.measure import Measurement
+        from rich.text import Text
+
+        width = options.max_width
+        for one_line in (True, False):
+            table = self._table(one_line)
+            if Measurement.get(console, options.update_width(10**6), table).maximum <= width:
+                yield table
+                return
+        yield Text("\n".join(self.compact(width)), no_wrap=True, overflow="ignore")
 
 
 def _register_subcommands() -> None:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from dpmf.cli.console import _fail, cli_errors, err, out, typer_app
+from dpmf.cli.console import _fail, cli_errors, err, note_workers, out, typer_app
 from dpmf.cli.specs import WARM_START, build_scheme, build_strategy, check_options_used
 from dpmf.cli.specs import SamplingName as Sampling
 from dpmf.errors import DPMFError, InvalidParameterError
@@ -57,7 +57,7 @@ def _execute(run_fn, description: str, total: int, done: int, checkpoint):
     from dpmf.cli.console import cli_progress
 
     try:
-        with cli_progress(), progress.task(description, total=total) as bar:
+        with cli_progress(), progress.task(description, total=total, unit="samples") as bar:
             bar.update(completed=done)
 
             def callback(done: int, total: int) -> None:
@@ -153,6 +153,7 @@ def run(
     with cli_errors():
         _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
                     max_batch_size, dataset_size)
+        note_workers(workers)
         if checkpoint is not None:
             check_output_file(checkpoint, "--checkpoint")
         need = samples_to_estimate(delta, confidence)
@@ -201,9 +202,13 @@ def resume(
     from dpmf.accounting.montecarlo.accountant import montecarlo_report
     from dpmf.accounting.montecarlo.run import MonteCarloRun
 
+    from dpmf.files import check_output_file
+
     with cli_errors():
+        check_output_file(checkpoint, "checkpoint")  # every chunk is saved to it: writable before the work
         mc = MonteCarloRun.load(checkpoint)
         delta, confidence = _report_settings(mc, delta, confidence)
+        note_workers(workers)
         _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "resuming", mc.samples_total,
                  mc.samples_done, checkpoint)
         report = montecarlo_report(mc, delta, confidence)
@@ -282,15 +287,16 @@ def calibrate(
     try:
         _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
                     max_batch_size, dataset_size)
+        note_workers(workers)
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
         from dpmf import progress as _progress
         from dpmf.cli.console import cli_progress
 
-        with cli_progress(), _progress.task("Algorithm 5: pilot estimate and verification") as bar:
+        with cli_progress(), _progress.task("Algorithm 5: pilot estimate and verification", unit="samples") as bar:
 
             def progress(done: int, total: int) -> None:
-                bar.update(completed=done, total=total, note="verifying a candidate (samples)")
+                bar.update(completed=done, total=total, note="verifying a candidate")
 
             cal = calibrate_montecarlo(
                 strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,
@@ -321,3 +327,4 @@ def calibrate(
         f"  fallback {d['fallback_noise_multiplier']:.6g} ({d['fallback_method']}); seed entropy {d['seed_entropy']}",
         highlight=False,
     )
+    out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)

@@ -2,10 +2,13 @@
 
 The library does the work (:func:`dpmf.accounting.verify.verify_report`): it rebuilds the
 strategy and the sampling scheme from the report's own descriptions, recomputes the report with
-its method and options, and compares. Exit status: 0 when the claim holds, 1 when it does not
-(the output says what does not hold), 2 when the report cannot be checked (not JSON, not a dpmf
-report, an unknown method, a Monte Carlo calibration, a missing dense matrix ...): one line on
-stderr, no traceback.
+its method and options, and compares; separately it checks the report's digest to say whether the
+report was edited since it was produced. Exit status (:data:`EXIT_CODES`): 0 when the claim holds
+and the report is not edited, 1 when the claim does not hold (the output says what), 2 when the
+report cannot be checked (not JSON, not a dpmf report, an unknown method, a Monte Carlo
+calibration, a missing dense matrix ...: one line on stderr, no traceback), 3 when the claim holds
+but the report was edited since it was produced, 4 when the claim holds but the report has no
+digest (cannot tell whether it was edited).
 """
 
 from __future__ import annotations
@@ -20,11 +23,33 @@ from rich.markup import escape
 from dpmf.cli.console import err, out
 from dpmf.errors import DPMFError
 
-__all__ = ["verify"]
+__all__ = ["verify", "EXIT_CODES", "exit_code"]
+
+#: ``dpmf verify``'s exit status, by outcome (the command's help says the same).
+EXIT_CODES = {
+    "holds, not edited": 0,
+    "does not hold": 1,
+    "cannot be checked": 2,
+    "holds, edited since produced": 3,
+    "holds, no digest (cannot tell whether edited)": 4,
+}
+
+
+def exit_code(result) -> int:
+    """The exit status of a :class:`~dpmf.accounting.verify.Verification` (:data:`EXIT_CODES`): a claim
+    that does not hold wins over an edit."""
+    if not result.holds:
+        return EXIT_CODES["does not hold"]
+    edited = {False: "not edited", True: "edited since produced", None: "no digest (cannot tell whether edited)"}
+    return EXIT_CODES[f"holds, {edited[result.edited]}"]
 
 
 def verify(
-    report: Path = typer.Argument(..., help="A report written by 'dpmf account --json' (or 'calibrate --json')."),
+    report: Path = typer.Argument(
+        ...,
+        help="A report written by 'dpmf account --json', 'calibrate --json' or a training run "
+        "(privacy.report().to_json()).",
+    ),
     matrices: Optional[Path] = typer.Option(
         None,
         "--matrices",
@@ -36,16 +61,24 @@ def verify(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the verification as one JSON object."),
 ) -> None:
-    """Recompute a saved privacy report and check its claimed epsilon.
+    """Recompute a saved privacy report and check its claimed epsilon; say whether it was edited.
 
-    Exit status 0 if the claimed epsilon holds (recomputed <= claimed, certified flags agree),
-    1 if it does not, 2 if the file cannot be checked.
+    Two verdicts: whether the claim holds (recomputed epsilon <= claimed, certified flags agree),
+    and whether the report was edited since it was produced (its digest of the description and
+    claim no longer matches; "no digest: cannot tell" for older reports). The digest detects
+    edits, not forgery: it is not a signature.
+
+    Exit status: 0 the claim holds and the report is not edited; 1 the claim does not hold
+    (edited or not); 2 the file cannot be checked; 3 the claim holds but the report was edited
+    since it was produced; 4 the claim holds but the report has no digest.
 
     Example: dpmf account --sampling poisson --sampling-prob 0.01 --steps 1000
     --noise-multiplier 1.0 --delta 1e-6 --json > report.json; dpmf verify report.json
     """
     from dpmf.accounting.verify import verify_report
+    from dpmf.cli.console import note_workers
 
+    note_workers(workers)  # (the recomputation starts at most one process per CPU)
     try:
         with err.status(f"recomputing {report} ..."):
             result = verify_report(report, search_dir=matrices, workers=workers)
@@ -57,4 +90,4 @@ def verify(
         out.print_json(json.dumps(result.to_dict()))
     else:
         out.print(result.summary(), highlight=False, markup=False)
-    raise typer.Exit(code=0 if result.holds else 1)
+    raise typer.Exit(code=exit_code(result))

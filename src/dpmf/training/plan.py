@@ -14,7 +14,11 @@ with ``z_t ~ N(0, I)`` and ``normalizer`` the *expected* batch size of the schem
 not depend on which examples were drawn), never the realized ``|B_t|``, which would leak. Dividing
 the mechanism ``C x + z`` (clip norm 1, DESIGN.md) by the public constant ``max_grad_norm /
 normalizer`` is post-processing, so the report of ``(strategy, scheme, noise_multiplier, delta)``
-covers the run.
+covers the run. The default normalizer is computed from ``num_examples`` (``len(dataset)``), which is
+public under zero-out adjacency (:data:`~dpmf.accounting.report.ADJACENCY`: neighbours have the same
+size); where the size must stay private, pass a public constant as ``normalizer`` (then, for samplers
+that draw each example's participation independently of the others, the report also covers a
+neighbour with one example more or fewer; docs/tutorials/pytorch.md).
 
 >>> from dpmf.strategies import Identity
 >>> from dpmf.sampling import PoissonSampling
@@ -42,7 +46,7 @@ from dpmf.sampling.schemes import (
     PoissonSampling,
 )
 
-__all__ = ["ExecutionPlan", "build_plan", "expected_batch_size", "StepOutOfPlanError"]
+__all__ = ["ExecutionPlan", "build_plan", "expected_batch_size", "StepOutOfPlanError", "description_fingerprint"]
 
 
 class StepOutOfPlanError(UnsupportedConfigurationError):
@@ -79,8 +83,11 @@ def expected_batch_size(scheme, num_examples: int) -> float:
     raise InvalidParameterError(f"scheme must be a dpmf sampling scheme, got {type(scheme).__name__}")
 
 
-def _fingerprint(obj: dict) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def description_fingerprint(description: dict) -> str:
+    """The short hash :meth:`ExecutionPlan.fingerprint` gives a :meth:`ExecutionPlan.describe` dict
+    (16 hex digits of the SHA-256 of its sorted JSON): a checkpoint stores both, and loading
+    recomputes this one to catch a description edited after saving."""
+    return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ class ExecutionPlan:
 
     def fingerprint(self) -> str:
         """A short hash of :meth:`describe` (checkpoints compare it)."""
-        return _fingerprint(self.describe())
+        return description_fingerprint(self.describe())
 
     def check_step(self, step: int) -> None:
         """Raise :class:`StepOutOfPlanError` unless ``0 <= step < steps``."""

@@ -157,22 +157,29 @@ from dpmf.accounting.montecarlo.run import MonteCarloRun
 from dpmf.sampling import MinSepSampling, PoissonSampling
 from dpmf.strategies import Identity
 
+def park(done, total):
+    # after three chunks (each checkpointed before this callback), announce and wait for the signal:
+    # the run cannot finish before the parent interrupts it, however loaded the machine is
+    if done >= 3000:
+        open({ready!r}, "w").close()
+        time.sleep(120)
+
 run = MonteCarloRun(Identity(10), PoissonSampling(0.1, 10), 1.0, 20_000, seed=99, chunk_size=1000,
                     checkpoint={ck!r}, sampler=dpsgd_loss_samples)
-run.run(callback=lambda done, total: time.sleep(0.05))
+run.run(callback=park)
 print("finished without interruption")
 """
 
 
 def test_sigint_then_resume_gives_the_uninterrupted_counts(tmp_path):
-    ck = tmp_path / "sigint.npz"
+    ck, ready = tmp_path / "sigint.npz", tmp_path / "ready"
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent(CHILD.format(here=str(HERE), ck=str(ck))))
+    script.write_text(textwrap.dedent(CHILD.format(here=str(HERE), ck=str(ck), ready=str(ready))))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while not ck.exists():
+    deadline = time.time() + 120
+    while not ready.exists():
         assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the child never wrote a checkpoint"
+        assert time.time() < deadline, "the child never reached its third chunk"
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

@@ -35,7 +35,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, build_plan
+from dpmf.training.plan import ExecutionPlan, build_plan, description_fingerprint
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
@@ -110,7 +110,9 @@ class Privacy:
     def report(self):
         """The certified report of the planned run (``PrivacyReport``; ``.to_json()``), with the steps
         done so far in its diagnostics. Releasing the models of the first ``t`` steps is
-        post-processing of the whole run, so the planned epsilon bounds the privacy spent at any step."""
+        post-processing of the whole run, so the planned epsilon bounds the privacy spent at any step.
+        Its ``adjacency`` states what the epsilon is for (zero-out: ``len(dataset)`` is public); its
+        JSON carries the digest ``dpmf verify`` checks for edits."""
         import dataclasses
 
         r = self.plan.report
@@ -154,33 +156,60 @@ class Privacy:
         return self.optimizer.noise.state_dict()
 
     def load_state_dict(self, state) -> None:
-        """Restore a :meth:`state_dict`; refuses one from another plan (strategy, sampler, sigma,
-        clip norm, dataset size, delta) naming what differs."""
+        """Restore a :meth:`state_dict`; refuses, before anything is loaded, one from another plan
+        (strategy, sampler, sigma, clip norm, dataset size, delta) naming what differs, one whose
+        plan description no longer matches its stored fingerprint, step counters that disagree or
+        were changed after saving (the noise state's digest), and model weights of another
+        architecture or with NaN/inf. What this does and does not protect against:
+        :meth:`load_checkpoint`."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
             raise InvalidParameterError("not a dpmf training checkpoint (missing format/plan)")
-        if state.get("plan_fingerprint") != self.plan.fingerprint():
+        there, stored = state["plan"], state.get("plan_fingerprint")
+        recomputed = description_fingerprint(there) if isinstance(there, dict) else None
+        if recomputed is None or stored != recomputed:
+            raise InvalidParameterError(
+                f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
+                f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
+                "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
+            )
+        if stored != self.plan.fingerprint():
             here, there = self.plan.describe(), state["plan"]
             diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
             detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
             raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
-        steps = state["steps_done"]
-        if not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
+        steps = state.get("steps_done")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
             raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.plan.steps}")
+        counters = {"noise": _saved_steps(state, "noise"), "sampler": _saved_steps(state, "sampler")}
+        if any(c != steps for c in counters.values()):
+            raise InvalidParameterError(
+                f"inconsistent checkpoint: steps_done={steps}, but the noise state is at step {counters['noise']!r} and "
+                f"the sampler at step {counters['sampler']!r} (they are saved equal): the counters were edited or the "
+                "file is damaged; resume from an unedited checkpoint"
+            )
         _check_model_state(state.get("model"), self.module)
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.sampler.load_state_dict(state["sampler"])
+        # the noise first: it checks everything (its digest too) before changing anything
         self.optimizer.noise.load_state_dict(state["noise"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.module.load_state_dict(state["model"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise InvalidParameterError(
+                f"the checkpoint's optimizer state does not fit this optimizer ({exc}): build the run with the "
+                "optimizer it was saved from"
+            ) from None
         if self.optimizer.noise.steps_done != steps or self.sampler.steps_done != steps:
             raise InvalidParameterError("inconsistent checkpoint: noise, sampler and step counters differ")
         torch.set_rng_state(state["torch_rng"])
         self.optimizer.steps_done = steps
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
-        """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename)."""
-        path = Path(path)
-        if not path.parent.exists():
-            raise InvalidParameterError(f"checkpoint folder {path.parent} does not exist")
+        """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename; the folder
+        must exist and be writable). See :meth:`load_checkpoint` for what loading it checks."""
+        from dpmf.files import check_output_file
+
+        path = check_output_file(path, "checkpoint path")  # folder exists and takes a file, not a folder
         buf = io.BytesIO()
         torch.save(self.state_dict(), buf)
         tmp = path.with_name(path.name + ".tmp")
@@ -192,8 +221,24 @@ class Privacy:
                                         "(choose a writable folder)") from exc
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
-        """Load a checkpoint written by :meth:`save_checkpoint` (tensors only, ``weights_only=True``);
-        a corrupt file or another plan's checkpoint is refused with a clear error."""
+        """Load a checkpoint written by :meth:`save_checkpoint` (tensors only, ``weights_only=True``).
+
+        **What it catches** (each an :class:`~dpmf.errors.InvalidParameterError` before anything
+        is loaded): a file that is not a readable torch checkpoint; a checkpoint of another plan
+        (strategy, sampler, sigma, clip norm, dataset size, delta: the differences are named); a plan
+        description edited after saving (it no longer hashes to its stored fingerprint); step
+        counters that disagree (run, sampler, noise) or were changed after saving, e.g. all rewound
+        to an earlier step while the noise generator is the later one (the noise state carries a
+        digest binding its step counter to its generator and recurrence state); model weights of
+        another architecture or with NaN/inf; a noise state of another generator.
+
+        **What it does not protect against**: a deliberate edit. Fingerprints and digests are plain
+        hashes stored in the file, not signatures: whoever edits a checkpoint can recompute them,
+        and finite weights changed by hand are not detected. Nor does it stop resuming the same
+        checkpoint twice (two branches of one run: release the models of one branch only), or
+        loading an *older* checkpoint of the same run (legitimate: the run continues from there,
+        as the plan allows). Keep checkpoints where only the trainer can write them; a secure run's
+        checkpoint holds its secret noise state, so keep it as private as the noise."""
         path = Path(path)
         if not path.is_file():
             raise InvalidParameterError(f"checkpoint {path} does not exist")
@@ -202,6 +247,12 @@ class Privacy:
         except Exception as exc:  # torch raises many types for a corrupt file
             raise InvalidParameterError(f"checkpoint {path} is not a readable torch checkpoint ({type(exc).__name__})") from exc
         self.load_state_dict(state)
+
+
+def _saved_steps(state: dict, key: str):
+    """``state[key]["steps_done"]`` (None when absent)."""
+    part = state.get(key)
+    return part.get("steps_done") if isinstance(part, dict) else None
 
 
 def _digest(value) -> str:
