@@ -10,8 +10,9 @@ dpmf's words. Nothing is ever unpickled (``allow_pickle=False`` everywhere), and
 suggests unpickling.
 
 Writers check their destination *before* the work starts (:func:`check_output_file`,
-:func:`check_output_dir`: the folder exists, is a folder and is writable; the file is not a
-folder) and turn an ``OSError`` while writing into the same one-line error (:func:`writing`).
+:func:`check_output_dir`: the folder exists, is a folder and takes a new file -- tried for real,
+since permission bits do not tell for root or ``/proc``; the file is not a folder; a plot's
+extension is one matplotlib writes) and turn an ``OSError`` while writing into the same one-line error (:func:`writing`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "writing",
     "check_output_file",
     "check_output_dir",
+    "plot_formats",
     "label",
 ]
 
@@ -251,10 +253,43 @@ def reading(source, what: str) -> Iterator[None]:
         raise InvalidParameterError(f"{where}: corrupt {what} ({detail})") from None
 
 
-def check_output_file(path, name: str = "path") -> Path:
-    """Check, before any work, that a file can be written at ``path``: its folder exists and is
-    writable, and ``path`` is not a folder. ``name`` is how the message names the argument (a
-    library argument or a CLI option). Returns ``path`` as a :class:`Path`."""
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why no new file can be created in the existing ``folder`` (``None`` if one can): a real
+    attempt -- an empty temporary file, removed at once -- since permission bits do not tell (root
+    passes ``os.access`` everywhere; ``/proc`` or a read-only mount refuse anyway)."""
+    import errno
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dpmf-write-check-")
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL):
+            return "it accepts no new files"
+        if exc.errno == errno.EROFS:
+            return "read-only file system"
+        return _reason(exc)
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:  # pragma: no cover - removed by someone else
+        pass
+    return None
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The file extensions matplotlib can save a figure as (``png``, ``pdf``, ``svg`` ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def check_output_file(path, name: str = "path", *, plot: bool = False, suffixes: tuple[str, ...] = ()) -> Path:
+    """Check, before any work, that a file can be written at ``path``: its folder exists, is a folder
+    and accepts a new file (tried for real), ``path`` is not a folder and, if it exists, can be
+    overwritten. With ``plot`` its extension must be one matplotlib writes (:func:`plot_formats`);
+    with ``suffixes`` (e.g. ``(".npz",)``) one of those. ``name`` is how the message names the
+    argument (a library argument or a CLI option). The one check every command and library writer
+    uses; returns ``path`` as a :class:`Path`."""
     if isinstance(path, (io.IOBase,)) or hasattr(path, "write"):
         return path  # a file object: the caller owns it
     p = Path(path)
@@ -262,6 +297,17 @@ def check_output_file(path, name: str = "path") -> Path:
         raise InvalidParameterError(f"{name} must be a file path, got an empty string")
     if p.is_dir():
         raise InvalidParameterError(f"{name} {str(p)!r} is a directory, expected a file path")
+    if plot:
+        formats = plot_formats()
+        ext = p.suffix.lower().lstrip(".")
+        if ext not in formats:
+            got = f"has the extension {p.suffix!r}" if ext else "has no file extension"
+            raise InvalidParameterError(
+                f"{name} {str(p)!r} {got}: a plot is saved as one of .{', .'.join(formats)} (e.g. .png)"
+            )
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise InvalidParameterError(f"{name} {str(p)!r} must end in {' or '.join(suffixes)} (dpmf recognizes such "
+                                    "a file by its extension when it is given back, e.g. '--strategy FILE.npz')")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.exists():
         raise InvalidParameterError(f"{name} {str(p)!r}: the folder {str(parent)!r} does not exist")
@@ -269,13 +315,24 @@ def check_output_file(path, name: str = "path") -> Path:
         raise InvalidParameterError(f"{name} {str(p)!r}: {str(parent)!r} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InvalidParameterError(f"{name} {str(p)!r}: the folder {str(parent)!r} is not writable")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise InvalidParameterError(f"{name} {str(p)!r}: the file exists and is not writable")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise InvalidParameterError(f"{name} {str(p)!r}: the file exists and is not writable")
+        if p.is_file():
+            try:
+                open(p, "r+b").close()  # opened for writing, not truncated
+            except OSError as exc:
+                raise InvalidParameterError(f"{name} {str(p)!r}: the file exists and cannot be written "
+                                            f"({_reason(exc)})") from None
+    why = _cannot_create_in(parent)
+    if why is not None:
+        raise InvalidParameterError(f"{name} {str(p)!r}: cannot write in the folder {str(parent)!r} ({why})")
     return p
 
 
 def check_output_dir(path, name: str = "directory", *, create: bool = True) -> Path:
-    """Check (and with ``create`` make) a folder that files will be written to."""
+    """Check (and with ``create`` make) a folder that files will be written to: it is a folder and
+    accepts a new file (tried for real, as :func:`check_output_file`)."""
     p = Path(path)
     if str(path) == "":
         raise InvalidParameterError(f"{name} must be a folder path, got an empty string")
@@ -285,9 +342,16 @@ def check_output_dir(path, name: str = "directory", *, create: bool = True) -> P
         try:
             p.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise InvalidParameterError(f"{name} {str(p)!r} cannot be created: {_reason(exc)}") from None
+            why = _reason(exc)
+            if isinstance(exc, FileNotFoundError) and p.parent.is_dir():
+                why = f"the folder {str(p.parent)!r} accepts no new folders"
+            raise InvalidParameterError(f"{name} {str(p)!r} cannot be created: {why}") from None
     if p.exists() and not os.access(p, os.W_OK | os.X_OK):
         raise InvalidParameterError(f"{name} {str(p)!r} is not writable")
+    if p.is_dir():
+        why = _cannot_create_in(p)
+        if why is not None:
+            raise InvalidParameterError(f"{name} {str(p)!r}: cannot write in it ({why})")
     return p
 
 

@@ -41,6 +41,7 @@ from dpmf.planning.candidates import (  # noqa: F401 - the public names of the p
     sort_rows,
 )
 from dpmf.planning.evaluate import _estimate_montecarlo, evaluate  # noqa: F401
+from dpmf.resources import usable_workers
 
 __all__ = ["TrainingRun", "Candidate", "PlanRow", "candidates", "plan", "plan_figure", "plot_plan"]
 
@@ -69,7 +70,8 @@ def plan(
     ``prune``: ``True`` (default) prunes candidates that provably cannot beat the best row of an
     earlier wave (same best row, fewer calibrations); ``False`` calibrates every candidate
     precisely. ``only``: rank these candidates instead of :func:`candidates` ``(run)``.
-    ``workers``: run each wave's candidates in this many local processes (same rows as one).
+    ``workers``: run each wave's candidates in this many local processes (same rows as one; never
+    more processes than candidates or CPUs: :func:`dpmf.resources.usable_workers`).
     """
     from dpmf import progress
     from dpmf.planning.cache import PlanCache
@@ -83,14 +85,15 @@ def plan(
         from dpmf.accounting._dask import connect
 
         client, own = connect(scheduler)
-    elif workers is not None and _v.positive_int("workers", workers) > 1:
+    elif workers is not None and usable_workers(_v.positive_int("workers", workers), len(cands)) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        # spawn: fresh processes (no copy of a live progress bar or of BLAS threads)
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        # spawn: fresh processes (no copy of a live progress bar or of BLAS threads); never more
+        # processes than candidates or CPUs
+        pool = ProcessPoolExecutor(usable_workers(workers, len(cands)), mp_context=multiprocessing.get_context("spawn"))
     try:
-        with progress.task(f"plan candidates ({run.steps} steps)", total=len(cands)) as bar:
+        with progress.task(f"plan candidates ({run.steps} steps)", total=len(cands), unit="candidates") as bar:
 
             def done(i: int, row: PlanRow) -> None:
                 rows[i] = row
@@ -179,7 +182,7 @@ def plot_plan(run: TrainingRun, rows: list[PlanRow], path: str) -> None:
 
     from dpmf.files import check_output_file, writing
 
-    check_output_file(path, "path")
+    check_output_file(path, "path", plot=True)
     fig = plan_figure(run, rows)
     try:
         with writing(path, "plot"):

@@ -52,7 +52,7 @@ def test_o7_warm_start_expected_batch_size_every_step():
 
 def test_cold_start_first_step_samples_everyone_at_p():
     m, p0, b = 100_000, 0.02, 10
-    scheme = MinSepSampling.from_participation_rate(p0, 1, b)
+    scheme = MinSepSampling.from_participation_rate(p0, b, b)  # only the first step is drawn
     p = scheme.sampling_prob
     size = next(iter(scheme.batches(m, 4))).size
     assert abs(size - m * p) < 4.5 * math.sqrt(m * p)  # m p = 2439, far from m p0 = 2000

@@ -25,7 +25,8 @@ try:  # typer >= 0.16 vendors click and has its own command classes
 except ImportError:  # pragma: no cover
     TyperCommand = TyperGroup = None
 
-out = Console(width=None if sys.stdout.isatty() else 120)
+#: stdout: the terminal's width (or $COLUMNS when set); 120 columns into a pipe or file
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 120)
 err = Console(stderr=True, soft_wrap=True)
 
 #: API argument names -> CLI option names, so errors name what the user typed. The one place
@@ -103,6 +104,17 @@ def cli_errors(hint: str = "use fewer --steps"):
         _fail(f"out of memory: the computation needs more memory than this machine has; {hint}")
 
 
+def note_workers(workers) -> None:
+    """One ``note:`` line on stderr when ``--workers`` asks for more processes than this machine's
+    CPUs: the library starts at most that many (and never more than there are tasks), so the
+    user learns why fewer processes run (:func:`dpmf.resources.workers_note`)."""
+    from dpmf.resources import workers_note
+
+    note = workers_note(workers)
+    if note:
+        err.print(f"note: {note}", highlight=False, markup=False)
+
+
 def _hide_flag_types(command, ctx) -> None:
     """Plain on/off flags take no value: show no ``<bool>`` type for them in ``--help``."""
     for param in command.get_params(ctx):
@@ -110,23 +122,129 @@ def _hide_flag_types(command, ctx) -> None:
             param.metavar = ""
 
 
+#: a list of choices longer than this is shown as ``<name>`` (the choices go into the help text),
+#: so the options table keeps room for the help and never cuts an option name
+_LONGEST_CHOICE_METAVAR = 16
+
+
+def param_choices(param) -> list[str]:
+    """The values a command-line parameter accepts when it is a choice (an Enum), else ``[]``."""
+    desc = getattr(param, "type_descriptor", None)  # typer >= 0.20 describes types itself
+    if desc is not None:
+        found = desc.choices if getattr(desc, "is_choice", False) else None
+    else:  # pragma: no cover - click's own parameters
+        found = getattr(getattr(param, "type", None), "choices", None)
+    return [str(getattr(c, "value", c)) for c in found or ()]
+
+
+def _short_choice_metavars(command, ctx) -> None:
+    """An option with many choices shows ``<name>`` as its value and lists the choices in its help
+    (``Choices: a, b, c.`` unless the help already names every one), instead of a long
+    ``<a|b|c|...>`` that squeezes the help column and gets folded mid-word at 80 columns."""
+    for param in command.get_params(ctx):
+        choices = param_choices(param)
+        if not choices or getattr(param, "metavar", None) is not None:
+            continue
+        if len("|".join(choices)) + 2 <= _LONGEST_CHOICE_METAVAR:
+            continue
+        param.metavar = "<name>"
+        help_text = param.help or ""
+        if not all(re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", help_text) for c in choices):
+            param.help = (help_text.rstrip() + " " if help_text else "") + f"Choices: {', '.join(choices)}."
+
+
+def reflow_help(text: str | None) -> str | None:
+    """A command's help (its docstring) with the line breaks inside each paragraph removed, so the
+    terminal wraps sentences at its own width: typer's rich help keeps a docstring's hard line
+    breaks after the first paragraph, which breaks sentences mid-line at 80 columns. A paragraph
+    that starts with ``\\b`` (click's "do not rewrap" marker) keeps its lines."""
+    if not text:
+        return text
+    import inspect
+
+    body, sep, tail = inspect.cleandoc(text).partition("\f")
+    paragraphs = []
+    for para in re.split(r"\n[ \t]*\n", body.strip()):
+        if para.startswith("\b"):
+            paragraphs.append(para)
+        else:
+            paragraphs.append(" ".join(line.strip() for line in para.splitlines() if line.strip()))
+    return "\n\n".join(paragraphs) + sep + tail
+
+
+#: below this many columns help is plain click text (option, then its help, wrapped): typer's rich
+#: options table has no room for its columns there and cuts option names and values
+_NARROW_HELP = 80
+
+
+def _format_help(command, base, ctx, formatter) -> None:
+    """``--help`` of a dpmf command or group: typer's rich panels, plain text on a narrow terminal."""
+    from rich.console import Console
+
+    _hide_flag_types(command, ctx)
+    _short_choice_metavars(command, ctx)
+    width = Console().width  # (the terminal's, or $COLUMNS)
+    if width < _NARROW_HELP:
+        formatter.write(narrow_help(command, ctx, width))
+        return None
+    return base.format_help(command, ctx, formatter)
+
+
+def narrow_help(command, ctx, width: int) -> str:
+    """Help as plain lines for a narrow terminal: each option on its own line, its help below it,
+    wrapped at spaces only (an option name or value is never split or cut)."""
+    import textwrap
+
+    def wrap(text: str, indent: int) -> list[str]:
+        return textwrap.wrap(text, max(width - 1, indent + 20), break_on_hyphens=False,
+                             break_long_words=False, initial_indent=" " * indent, subsequent_indent=" " * indent)
+
+    lines = wrap(f"Usage: {ctx.command_path} {' '.join(command.collect_usage_pieces(ctx))}", 0)
+    for para in (command.help or "").partition("\f")[0].split("\n\n"):
+        lines.append("")
+        lines += [" " * 2 + line for line in para[1:].splitlines()] if para.startswith("\b") else wrap(para, 2)
+    sections = {"Arguments": [], "Options": []}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            where = "Options" if getattr(param, "param_type_name", "") == "option" else "Arguments"
+            sections[where].append(record)
+    commands = getattr(command, "commands", None) or {}
+    if commands:
+        sections["Commands"] = [(name, (sub.help or "").split("\n\n")[0]) for name, sub in commands.items()
+                                if not getattr(sub, "hidden", False)]
+    for title, records in sections.items():
+        if records:
+            lines += ["", f"{title}:"]
+            for name, text in records:
+                lines += wrap(name, 2) + wrap(text, 6)
+    return "\n".join(lines) + "\n"
+
+
 if TyperCommand is not None:
 
     class Command(TyperCommand):
-        """A typer command whose help shows no value type for flags."""
+        """A typer command whose help shows no value type for flags, short value names for long
+        lists of choices, and docstring paragraphs wrapped at the terminal's width."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.help = reflow_help(self.help)
 
         def format_help(self, ctx, formatter):  # noqa: D102 - click API
-            _hide_flag_types(self, ctx)
-            return super().format_help(ctx, formatter)
+            return _format_help(self, TyperCommand, ctx, formatter)
 
     class Group(TyperGroup):
         """A typer group whose help (and whose commands' help) shows no value type for flags."""
 
         command_class = Command
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.help = reflow_help(self.help)
+
         def format_help(self, ctx, formatter):  # noqa: D102 - click API
-            _hide_flag_types(self, ctx)
-            return super().format_help(ctx, formatter)
+            return _format_help(self, TyperGroup, ctx, formatter)
 
 else:  # pragma: no cover
     Command = Group = None
@@ -146,23 +264,50 @@ def typer_app(**kwargs) -> typer.Typer:
     return _Typer(**kwargs)
 
 
+#: The values ``DPMF_PROGRESS`` takes (empty or unset: ``auto``).
+PROGRESS_MODES = ("auto", "bar", "log", "off")
+
+
+def progress_settings() -> tuple[str, float]:
+    """``(mode, interval)`` from the environment: ``DPMF_PROGRESS`` (one of :data:`PROGRESS_MODES`,
+    any case; default ``auto``) and ``DPMF_PROGRESS_INTERVAL`` (seconds >= 0; default 10). A value
+    outside these is refused (an :class:`~dpmf.errors.InvalidParameterError` naming the variable
+    and the valid values), never silently replaced by the default: a typo such as
+    ``DPMF_PROGRESS=of`` would otherwise print progress in a job that asked for none. Checked
+    when a command starts, before any work, so fixing it costs nothing."""
+    from dpmf.errors import InvalidParameterError
+
+    raw = os.environ.get("DPMF_PROGRESS", "")
+    mode = raw.strip().lower() or "auto"
+    if mode not in PROGRESS_MODES:
+        raise InvalidParameterError(
+            f"environment variable DPMF_PROGRESS={raw!r} is not valid: use one of {', '.join(PROGRESS_MODES)} "
+            "(or unset it)"
+        )
+    raw = os.environ.get("DPMF_PROGRESS_INTERVAL", "")
+    try:
+        interval = float(raw) if raw.strip() else 10.0
+    except ValueError:
+        interval = float("nan")
+    if not interval >= 0:  # NaN fails too (inf: no line between a task's first and last)
+        raise InvalidParameterError(
+            f"environment variable DPMF_PROGRESS_INTERVAL={raw!r} is not valid: use a number of seconds >= 0 "
+            "(default 10; 0 prints every update), or unset it"
+        )
+    return mode, interval
+
+
 @contextmanager
 def cli_progress(quiet: bool = False):
     """Progress of the command's long computations on stderr (:mod:`dpmf.progress`): a rich bar
     on a terminal, timestamped lines otherwise. ``--quiet`` or ``DPMF_PROGRESS=off`` turns it off;
     ``DPMF_PROGRESS=log`` / ``bar`` forces a mode, ``DPMF_PROGRESS_INTERVAL`` (seconds, default 10)
-    sets how often a log line may come."""
+    sets how often a log line may come; a bad value of either is refused (:func:`progress_settings`)."""
     from dpmf import progress
 
-    mode = os.environ.get("DPMF_PROGRESS", "auto").strip().lower() or "auto"
+    mode, interval = progress_settings()
     if quiet:
         mode = "off"
-    if mode not in ("auto", "bar", "log", "off"):
-        mode = "auto"
-    try:
-        interval = max(float(os.environ.get("DPMF_PROGRESS_INTERVAL", "10")), 0.0)
-    except ValueError:
-        interval = 10.0
     console = err if mode == "bar" or (mode == "auto" and err.is_terminal) else None
     if mode == "auto":
         mode = "bar" if console is not None else "log"

@@ -62,7 +62,7 @@ def report(
 
     with cli_errors(hint="the ledger is too large for this machine"):
         if plot:
-            check_output_file(plot, "--plot")  # before the work
+            check_output_file(plot, "--plot", plot=True)  # before the work
         led = IndividualGDPLedger.load(ledger, run_id=run_id)
         summary, eps = summarize(led, delta)
         if plot:

@@ -115,7 +115,7 @@ def build(
     from dpmf.strategies import catalog
 
     try:
-        check_output_file(out_path, "--out")  # before any work
+        check_output_file(out_path, "--out", suffixes=(".npz",))  # before any work; '--strategy' needs .npz
         mat = None
         if matrix is not None:
             if kind != "matrix":

@@ -36,11 +36,41 @@ FORMAT_VERSION = 1
 
 
 def default_cache_dir() -> Path:
-    """``$DPMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpmf``, else ``~/.cache/dpmf``."""
-    if os.environ.get("DPMF_CACHE_DIR"):
-        return Path(os.environ["DPMF_CACHE_DIR"])
+    """``$DPMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpmf``, else ``~/.cache/dpmf``.
+
+    ``DPMF_CACHE_DIR`` is an explicit request: it is created if missing, and a value that is not a
+    writable folder (a file, a folder that cannot be created or written) is refused with an
+    :class:`~dpmf.errors.InvalidParameterError` naming the variable -- silently not caching would
+    make every rerun start from scratch. The fallback folders are not checked here (see
+    :func:`default_plan_cache`)."""
+    value = os.environ.get("DPMF_CACHE_DIR")
+    if value:
+        from dpmf.files import check_output_dir
+
+        try:
+            return check_output_dir(value, "environment variable DPMF_CACHE_DIR")
+        except DPMFError as exc:
+            raise type(exc)(f"{exc} (point it to a writable folder, or unset it)") from None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dpmf"
+
+
+def default_plan_cache() -> "tuple[PlanCache | None, str | None]":
+    """``(cache, note)`` for ``dpmf plan`` without ``--cache-dir``: the cache in
+    :func:`default_cache_dir` (a bad ``DPMF_CACHE_DIR`` raises). When the *fallback* folder
+    (``$XDG_CACHE_HOME/dpmf`` or ``~/.cache/dpmf``, which nobody asked for) cannot be written,
+    ``(None, note)``: the plan runs without a cache and the caller shows the note once -- refusing
+    would be wrong, the cache only saves time."""
+    from dpmf.files import check_output_dir
+
+    folder = default_cache_dir()
+    if os.environ.get("DPMF_CACHE_DIR"):
+        return PlanCache(folder), None
+    try:
+        check_output_dir(folder, "the default cache folder")
+    except DPMFError as exc:
+        return None, f"{exc}: rows will not be cached (set DPMF_CACHE_DIR or --cache-dir to a writable folder)"
+    return PlanCache(folder), None
 
 
 @functools.lru_cache(maxsize=1)

@@ -208,6 +208,35 @@ def save(strategy, path: str | Path, *, workload: dict | None = None) -> None:
         np.savez_compressed(fh, metadata=np.array(json.dumps(meta)), **arrays)
 
 
+def _check_recorded_sha256(desc: dict, C: np.ndarray, where: str) -> None:
+    """A dense encoder (or a stamped one's block) must still hash to the ``sha256`` its description
+    recorded when the file was written (:func:`~dpmf.strategies.matrix_identity.matrix_sha256`);
+    a file whose matrix was changed afterwards is refused, naming the file."""
+    from dpmf.strategies.matrix_identity import matrix_sha256
+    from dpmf.strategies.stamping import stamp
+
+    if "sha256" not in desc:
+        return  # a description without a recorded hash (nothing to verify)
+    recorded, matrix, what = desc["sha256"], C, "encoder"
+    if desc.get("name") == "stamped":
+        bs, copies = desc.get("block_shape"), desc.get("copies")
+        ok = isinstance(bs, list) and len(bs) == 2 and all(isinstance(k, int) and k >= 1 for k in bs)
+        if not ok or not isinstance(copies, int) or copies < 1 or C.shape != (bs[0] * copies, bs[1] * copies):
+            raise InvalidParameterError(f"{where}: corrupt strategy file (the stamped encoder does not match its "
+                                        "block_shape and copies)")
+        matrix, what = C[: bs[0], : bs[1]], "encoder's block"
+        if not np.array_equal(stamp(matrix, copies), C):
+            raise InvalidParameterError(f"{where}: corrupt strategy file (the encoder is not {copies} copies of its "
+                                        "block: it was changed after the file was written)")
+    actual = matrix_sha256(matrix)
+    if actual != recorded:
+        raise InvalidParameterError(
+            f"{where}: corrupt strategy file (the {what} hashes to sha256 {actual[:16]}..., but the file records "
+            f"{str(recorded)[:16]}...: the matrix or its record was changed after the file was written; rebuild it "
+            "with 'dpmf strategy build')"
+        )
+
+
 def load(path: str | Path):
     """Read a strategy written by :func:`save`; refuses foreign, corrupt or inconsistent files."""
     return read(path)[0]
@@ -246,6 +275,7 @@ def read(path) -> tuple[object, dict | None]:
             blt = BLT(desc["buf_decay"], desc["output_scale"], nonnegative=bool(desc.get("nonnegative", True)))
             strat = BLTStrategy.from_blt(blt, n, desc.get("scale", 1.0))
         else:
+            _check_recorded_sha256(desc, C, contents.path)
             return DenseStrategy(C, name=str(name or "matrix")), workload
         if strat.encoder().shape != C.shape or not np.allclose(strat.encoder(), C, rtol=0, atol=1e-12):
             raise InvalidParameterError(f"{contents.path}: corrupt strategy file (encoder does not match its metadata)")

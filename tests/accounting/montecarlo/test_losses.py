@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from dpmf.accounting.montecarlo import _loss_bruteforce as bf
+from dpmf.errors import DPMFWarning
 from dpmf.accounting.montecarlo.losses import (
     describe_loss_sampler,
     log_likelihood_ratio,
@@ -421,7 +422,8 @@ def test_min_sep_longer_than_horizon(p, warm):
     rng = np.random.default_rng(50)
     strat = toeplitz(rng, 7, 2)
     Y = outputs(rng, strat.encoder(), 7, 1.0)
-    scheme = MinSepSampling(p, 7, 20, warm_start=warm)
+    with pytest.warns(DPMFWarning, match="longer than the run"):  # on purpose: the edge case under test
+        scheme = MinSepSampling(p, 7, 20, warm_start=warm)
     got = log_likelihood_ratio(strat, scheme, 1.0, Y)
     want = [bf.log_mixture_ratio(strat.encoder(), bf.minsep_patterns(7, 20, p, warm), 1.0, Y[:, j]) for j in range(4)]
     np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12)

@@ -34,7 +34,7 @@ def summarize(ledger: IndividualGDPLedger, delta: float) -> tuple[dict, np.ndarr
 def plot_epsilons(eps: np.ndarray, summary: dict, path: str) -> None:
     """Histogram and empirical CDF of individual epsilons, with the budget marked (``path``'s
     folder must exist; checked before drawing)."""
-    check_output_file(path, "path")
+    check_output_file(path, "path", plot=True)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -37,8 +37,8 @@ torch = require_torch()
 
 __all__ = ["NoiseExhaustedError", "TorchCorrelatedNoise", "STATE_FORMAT"]
 
-#: Version of the layout of :meth:`TorchCorrelatedNoise.state_dict`.
-STATE_FORMAT = 1
+#: Version of the layout of :meth:`TorchCorrelatedNoise.state_dict` (2: with ``digest``).
+STATE_FORMAT = 2
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -188,6 +188,35 @@ def _jsonable(obj: object) -> object:
     return str(obj)
 
 
+def state_digest(fingerprint: Mapping, steps_done: int, seed: object, generator_state: object,
+                 recurrence: Mapping) -> str:
+    """The digest a saved state carries: SHA-256 (32 hex digits) of the fingerprint, the step
+    counter, the seed, the generator state's bytes and every recurrence tensor's dtype, shape and
+    bytes. It binds ``steps_done`` to the generator and recurrence state it was saved with: a
+    counter lowered (or raised) afterwards no longer matches, although telling how far a generator
+    has advanced would otherwise take replaying the whole stream. A cheap check against accidents,
+    not a signature: whoever edits the state can recompute it."""
+    h = hashlib.sha256()
+    head = {"fingerprint": dict(fingerprint), "steps_done": steps_done, "seed": seed}
+    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+
+    def tensor_bytes(name: str, t: object) -> None:
+        if not isinstance(t, torch.Tensor):
+            h.update(f"|{name}:{t!r}|".encode())
+            return
+        t = t.detach().cpu().contiguous()
+        h.update(f"|{name}:{t.dtype}:{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    if generator_state is None:
+        h.update(b"|generator:none|")
+    else:
+        tensor_bytes("generator", generator_state)
+    for key in sorted(recurrence):
+        tensor_bytes(f"recurrence.{key}", recurrence[key])
+    return h.hexdigest()[:32]
+
+
 class TorchCorrelatedNoise:
     """Base class: ``n`` per-step noise vectors ``(L z)_t`` of ``numel`` floats, with torch.
 
@@ -328,11 +357,13 @@ class TorchCorrelatedNoise:
 
     def state_dict(self) -> dict:
         """The resumable state: ``{"format", "fingerprint", "steps_done", "seed",
-        "generator_state", "recurrence"}`` (tensors, dicts, ints, floats, strings and ``None``, so
-        ``torch.load(..., weights_only=True)`` reads it back). Tensors are copies: later steps do
-        not change a saved state. For a secure generator the state holds the secret generator
-        state (needed to resume bit for bit): keep such a checkpoint as private as the noise."""
-        return {
+        "generator_state", "recurrence", "digest"}`` (tensors, dicts, ints, floats, strings and
+        ``None``, so ``torch.load(..., weights_only=True)`` reads it back). Tensors are copies: later
+        steps do not change a saved state. ``digest`` (:func:`state_digest`) binds the step counter
+        to the generator and recurrence state, so a counter edited after saving is refused on load.
+        For a secure generator the state holds the secret generator state (needed to resume bit for
+        bit): keep such a checkpoint as private as the noise."""
+        state = {
             "format": STATE_FORMAT,
             "fingerprint": self.fingerprint(),
             "steps_done": self._t,
@@ -340,15 +371,22 @@ class TorchCorrelatedNoise:
             "generator_state": None if self._generator is None else self._generator.get_state(),
             "recurrence": {k: v.detach().clone() for k, v in self._recurrence_state().items()},
         }
+        state["digest"] = state_digest(state["fingerprint"], state["steps_done"], state["seed"],
+                                       state["generator_state"], state["recurrence"])
+        return state
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore a :meth:`state_dict` of a generator with the same :meth:`fingerprint`: the step
         counter, the recurrence state and the ``torch.Generator`` state (the next draws are those
         the saved generator would have made). The saved generator state replaces this one's
-        (also a caller's ``generator``, whose state is set in place). Nothing changes on error."""
+        (also a caller's ``generator``, whose state is set in place). A state whose ``digest`` no
+        longer matches its step counter, generator and recurrence state (edited or damaged after
+        saving, e.g. ``steps_done`` rewound while the generator had already produced later noise:
+        resuming would repeat steps the accounting counts once) is refused. Nothing changes on
+        error."""
         if not isinstance(state, Mapping):
             raise InvalidParameterError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        required = ("format", "fingerprint", "steps_done", "seed", "generator_state", "recurrence")
+        required = ("format", "fingerprint", "steps_done", "seed", "generator_state", "recurrence", "digest")
         missing = [k for k in required if k not in state]
         if missing:
             raise InvalidParameterError(f"state is missing {missing}; pass the dict state_dict() returned")
@@ -384,6 +422,13 @@ class TorchCorrelatedNoise:
         if not isinstance(rec, Mapping):
             raise InvalidParameterError("state['recurrence'] must be a dict of tensors")
         apply = self._prepare_recurrence_state(rec, t)
+        if state["digest"] != state_digest(saved, t, seed, gen_state, rec):
+            raise InvalidParameterError(
+                f"the noise state (steps_done={t}) does not match the digest recorded when it was saved: its step "
+                "counter, generator state or recurrence state was changed afterwards (e.g. steps_done rewound while "
+                "the generator had already produced later noise). Resuming from it would repeat or skip noise steps "
+                "the privacy accounting counts once; resume from the state exactly as it was saved"
+            )
         # all checks passed: mutate
         if gen is not None:
             gen.set_state(gen_state.cpu())
