@@ -191,8 +191,8 @@ def test_plan_progress_lines_off_terminal(monkeypatch, tmp_path):
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()
     assert lines and all(STAMP.match(line) for line in lines), res.stderr
-    assert any("plan candidates (20 steps): started (7 units)" in line for line in lines)
-    assert any("plan candidates (20 steps): done, 7/7 (100.0%)" in line for line in lines)
+    assert any("plan candidates (20 steps): started (7 candidates)" in line for line in lines)
+    assert any("plan candidates (20 steps): done, 7/7 candidates (100.0%)" in line for line in lines)
     assert any("calibrating noise (pld)" in line and "sigma=" in line and "epsilon=" in line for line in lines)
     json.loads(res.stdout)  # stdout stays pure JSON
     quiet = CliRunner().invoke(

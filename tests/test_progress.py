@@ -21,16 +21,16 @@ def test_off_terminal_lines_are_timestamped_with_counts_and_time_left():
     stream = io.StringIO()  # not a terminal
     with progress.reporting(stream=stream, interval=0.0):
         assert progress.active()
-        with progress.task("MMCC rows", total=4) as bar:
+        with progress.task("MMCC rows", total=4, unit="rows") as bar:
             bar.advance()
             bar.update(note="sigma=1.5")
     lines = stream.getvalue().splitlines()
     stamp = r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] "
     assert all(re.match(stamp, line) for line in lines), lines
-    assert "MMCC rows: started (4 units)" in lines[0]
-    assert "1/4 (25.0%)" in lines[1] and "left" in lines[1]
+    assert "MMCC rows: started (4 rows)" in lines[0]
+    assert "1/4 rows (25.0%)" in lines[1] and "left" in lines[1]
     assert "[sigma=1.5]" in lines[2]
-    assert "done" in lines[-1]
+    assert "MMCC rows: done, 1/4 rows (25.0%)" in lines[-1] and "left" not in lines[-1]
 
 
 def test_interval_throttles_lines():
@@ -68,8 +68,6 @@ def test_quick_tasks_print_nothing_so_an_error_stays_one_line():
 
 
 def test_a_task_past_the_delay_prints_its_start_and_end(monkeypatch):
-    import time as _time
-
     clock = [100.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     stream = io.StringIO()
@@ -79,7 +77,70 @@ def test_a_task_past_the_delay_prints_its_start_and_end(monkeypatch):
             clock[0] += 2.0
             bar.advance()  # t = 2 s: start line, and a progress line
     lines = stream.getvalue().splitlines()
-    assert "slow: started (3 units)" in lines[0] and "done" in lines[-1]
+    assert "slow: started (3 units)" in lines[0] and "slow: done, 2/3 units" in lines[-1]
+
+
+def _log(work, unit="evaluations", total=None):
+    """The log lines of one task running ``work(bar)`` (shown at once: delay 0)."""
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+        with progress.task("calibrating noise (pld)", total=total, unit=unit) as bar:
+            work(bar)
+    return stream.getvalue().splitlines()
+
+
+def test_an_interrupted_task_says_interrupted_not_done():
+    def work(bar):
+        bar.advance(3)
+        raise KeyboardInterrupt
+
+    stream = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+            with progress.task("plan candidates (500 steps)", total=18, unit="candidates") as bar:
+                work(bar)
+    last = stream.getvalue().splitlines()[-1]
+    assert "plan candidates (500 steps): interrupted, 3/18 candidates (16.7%)" in last, last
+    assert "done" not in last and "left" not in last
+
+
+def test_a_task_stopped_by_an_error_says_so():
+    stream = io.StringIO()
+    with pytest.raises(ValueError):
+        with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+            with progress.task("MMCC rows", total=10, unit="rows") as bar:
+                bar.advance(2)
+                raise ValueError("boom")
+    last = stream.getvalue().splitlines()[-1]
+    assert "MMCC rows: stopped by an error, 2/10 rows" in last and "done" not in last
+
+
+def test_counts_carry_their_unit_and_are_written_whole():
+    lines = _log(lambda bar: bar.advance(10))
+    assert "calibrating noise (pld): done, 10 evaluations," in lines[-1], lines
+    lines = _log(lambda bar: bar.advance(43_266_000), unit="program terms", total=43_266_000)
+    assert "started (43,266,000 program terms)" in lines[0]
+    assert "done, 43,266,000/43,266,000 program terms (100.0%)" in lines[-1]
+    assert "e+07" not in "".join(lines)
+
+
+def test_every_progress_task_in_dpmf_names_its_unit():
+    """Each ``progress.task(...)`` call in the package passes ``unit=`` (so its counts carry it)."""
+    import ast
+    from pathlib import Path
+
+    import dpmf
+
+    root = Path(dpmf.__file__).parent
+    calls = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "task":
+                if isinstance(node.func.value, ast.Name) and node.func.value.id in ("progress", "_progress"):
+                    calls.append((path.relative_to(root).as_posix(), node.lineno,
+                                  any(k.arg == "unit" for k in node.keywords)))
+    assert len(calls) >= 7, calls
+    assert all(has_unit for *_, has_unit in calls), [c for c in calls if not c[2]]
 
 
 def _lines_of(work) -> str:

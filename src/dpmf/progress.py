@@ -5,7 +5,7 @@ allocation, ``dpmf plan`` candidates, Monte Carlo chunks) wraps its loop in :fun
 
     from dpmf import progress
 
-    with progress.task("MMCC rows", total=len(jobs)) as bar:
+    with progress.task("MMCC rows", total=len(jobs), unit="rows") as bar:
         for job in jobs:
             ...
             bar.advance()
@@ -16,8 +16,9 @@ with :func:`reporting`:
 * on a terminal: a rich progress bar per task, with counts, elapsed time and time left;
 * otherwise (CI logs, ``nohup``, a pipe): plain timestamped lines on stderr, at the start and end of
   each task and at most every ``interval`` seconds in between, e.g.
-  ``[2026-11-23 14:03:07] MMCC rows: 120/2046 (5.9%), 31 s elapsed, about 8 min left``,
-  so a long run is never minutes of silence.
+  ``[2026-11-23 14:03:07] MMCC rows: 120/2,046 rows (5.9%), 31 s elapsed, about 8 min left``,
+  so a long run is never minutes of silence. Counts carry the task's ``unit``; the last line says
+  how the task ended: ``done``, ``interrupted`` (Ctrl-C) or ``stopped by an error``.
 
 ``with dpmf.progress.reporting(): dpmf.calibrate(...)`` shows the same from Python.
 """
@@ -42,15 +43,30 @@ def _clock(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-class Task:
-    """One long computation: ``completed`` out of ``total`` units (``total`` may be unknown)."""
+def _count(x: float) -> str:
+    """``1,234`` for whole counts, ``1.5`` otherwise (never ``4.3266e+07``)."""
+    x = float(x)
+    return f"{int(x):,}" if x.is_integer() and abs(x) < 1e18 else f"{x:.4g}"
 
-    def __init__(self, reporter: "_Reporter", description: str, total: Optional[float]) -> None:
+
+#: how a task ended, as its last line says it
+DONE, INTERRUPTED, FAILED = "done", "interrupted", "stopped by an error"
+
+
+class Task:
+    """One long computation: ``completed`` out of ``total`` ``unit`` (``total`` may be unknown).
+
+    ``outcome`` is ``None`` while it runs, then ``"done"``, ``"interrupted"`` (KeyboardInterrupt)
+    or ``"stopped by an error"``."""
+
+    def __init__(self, reporter: "_Reporter", description: str, total: Optional[float], unit: str = "units") -> None:
         self._reporter = reporter
         self.description = description
         self.total = total
+        self.unit = str(unit)
         self.completed = 0.0
         self.note = ""
+        self.outcome: Optional[str] = None
         self.started = time.monotonic()
 
     def advance(self, amount: float = 1.0) -> None:
@@ -69,15 +85,18 @@ class Task:
         self._reporter.changed(self)
 
     def line(self) -> str:
-        """``"MMCC rows: 120/2046 (5.9%), 31 s elapsed, about 8 min left"``."""
+        """``"MMCC rows: 120/2,046 rows (5.9%), 31 s elapsed, about 8 min left"``; once the task has
+        ended, its outcome comes first: ``"MMCC rows: interrupted, 120/2,046 rows (5.9%), ..."``."""
         elapsed = time.monotonic() - self.started
-        done = f"{self.completed:g}"
-        text = f"{self.description}: {done}"
+        text = f"{self.description}: " + (f"{self.outcome}, " if self.outcome else "") + _count(self.completed)
         if self.total:
             frac = min(self.completed / self.total, 1.0)
-            text += f"/{self.total:g} ({100 * frac:.1f}%)"
+            text += f"/{_count(self.total)}"
+        text += f" {self.unit}" if self.unit else ""
+        if self.total:
+            text += f" ({100 * frac:.1f}%)"
         text += f", {_clock(elapsed)} elapsed"
-        if self.total and 0 < self.completed < self.total:
+        if self.outcome is None and self.total and 0 < self.completed < self.total:
             text += f", about {_clock(elapsed * (self.total - self.completed) / self.completed)} left"
         if self.note:
             text += f" [{self.note}]"
@@ -128,7 +147,7 @@ class _LogReporter(_Reporter):
             if time.monotonic() - task.started < self.delay:
                 return False
             self._shown.add(id(task))
-            total = f" ({task.total:g} units)" if task.total else ""
+            total = f" ({' '.join(filter(None, (_count(task.total), task.unit)))})" if task.total else ""
             self._write(f"{task.description}: started{total}")
         return True
 
@@ -146,7 +165,7 @@ class _LogReporter(_Reporter):
     def finish(self, task: Task) -> None:
         self._last.pop(id(task), None)
         if self._show(task):
-            self._write(task.line().replace(": ", ": done, ", 1))
+            self._write(task.line())
         self._shown.discard(id(task))
 
 
@@ -160,6 +179,7 @@ class _RichReporter(_Reporter):
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"),
             TimeElapsedColumn(),
             TextColumn("left"),
             TimeRemainingColumn(),
@@ -171,7 +191,8 @@ class _RichReporter(_Reporter):
         self._ids: dict[int, object] = {}
 
     def start(self, task: Task) -> None:
-        self._ids[id(task)] = self.progress.add_task(task.description, total=task.total, note=task.note)
+        self._ids[id(task)] = self.progress.add_task(task.description, total=task.total, note=task.note,
+                                                     unit=task.unit)
 
     def changed(self, task: Task) -> None:
         tid = self._ids.get(id(task))
@@ -237,12 +258,24 @@ def reporting(
 
 
 @contextmanager
-def task(description: str, total: Optional[float] = None) -> Iterator[Task]:
-    """A long computation whose progress the active reporter shows (nothing by default)."""
+def task(description: str, total: Optional[float] = None, *, unit: str = "units") -> Iterator[Task]:
+    """A long computation whose progress the active reporter shows (nothing by default).
+
+    ``unit`` names what is counted (``"rows"``, ``"evaluations"``, ``"samples"`` ...): every count
+    is shown with it. The task's last line says how it ended: ``done``, ``interrupted`` (Ctrl-C:
+    a KeyboardInterrupt left the block) or ``stopped by an error`` (any other exception)."""
     reporter = _ACTIVE.get()
-    t = Task(reporter, description, None if total is None else float(total))
+    t = Task(reporter, description, None if total is None else float(total), unit)
     reporter.start(t)
     try:
         yield t
+    except KeyboardInterrupt:
+        t.outcome = INTERRUPTED
+        raise
+    except BaseException:
+        t.outcome = FAILED
+        raise
+    else:
+        t.outcome = DONE
     finally:
         reporter.finish(t)

@@ -198,8 +198,8 @@ def test_rows_report_progress_and_callbacks_still_work():
                            callback=lambda done, total: calls.append((done, total)))
     log = buf.getvalue()
     total = rep.diagnostics["distinct_units_computed"]
-    assert f"MMCC rows: started ({total} units)" in log
-    assert f"MMCC rows: done, {total}/{total}" in log
+    assert f"MMCC rows: started ({total} rows)" in log
+    assert f"MMCC rows: done, {total}/{total} rows" in log
     assert calls == [(k, total) for k in range(1, total + 1)]
 
 
