@@ -55,6 +55,7 @@ from scipy import special
 
 from dpmf import progress
 from dpmf import validation as _v
+from dpmf.accounting.allocation._compiled import step_lse
 from dpmf.accounting.allocation.dominating_pair import band_truncation, cyclic_bandwidth
 from dpmf.errors import InvalidParameterError
 from dpmf.privacy.rdp import rdp_to_epsilon
@@ -197,9 +198,9 @@ def _log_sums(gp: np.ndarray, sigma: float, bandwidth: int, max_order: int, clos
     states = init
     for j, k in enumerate(range(w, b)):
         st = shape.steps[min(j, len(shape.steps) - 1)]
-        inter = st.window @ gp[k, k - w : k] if w else 0.0
-        vals = f[st.src] + (gp[k, k] * st.t_pairs + st.t * inter) * inv_s2 - st.log_t_fact
-        f = _segment_lse(vals, st.starts, st.counts)
+        # v = f[src] + (G_kk t(t-1)/2 + t <window, G[k, k-w:k]>) / sigma^2 - log t!, log-sum-exp per target
+        f = step_lse(f, st.src, st.t, st.t_pairs, st.log_t_fact, st.window, np.ascontiguousarray(gp[k, k - w : k]),
+                     float(gp[k, k]), inv_s2, st.starts, st.counts)
         states = st.targets
     states = states.astype(np.float64) if states.dtype != np.float64 else states
     if w:
@@ -414,7 +415,7 @@ class RenyiAllocation:
         b = self.gram.shape[0]
         # work per level ~ b * C(A + 2p, 2p) program terms (shown only when it takes over a second)
         work = [b * transition_count(lev.bandwidth, lev.max_order) for lev in self.levels]
-        with progress.task("Renyi program (random allocation): program terms", total=float(sum(work))) as bar:
+        with progress.task("Renyi program (random allocation)", total=float(sum(work)), unit="program terms") as bar:
             for lev, w in zip(self.levels, work):
                 bar.update(note=f"bandwidth {lev.bandwidth}, orders <= {lev.max_order}, sigma={sigma:.6g}")
                 rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
