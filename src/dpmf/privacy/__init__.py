@@ -6,7 +6,8 @@
 * :mod:`~dpmf.privacy.product_mixtures` - sums of independent Bernoulli-weighted sensitivities;
 * :mod:`~dpmf.privacy.rdp` - Rényi DP of the subsampled Gaussian and its conversion;
 * :mod:`~dpmf.privacy.gdp` - mu-GDP <-> (epsilon, delta), exact Gaussian mechanism;
-* :mod:`~dpmf.privacy.calibration` - smallest noise / largest step count for a target.
+* :mod:`~dpmf.privacy.calibration` - smallest noise / largest step count for a target;
+* :mod:`~dpmf.privacy.tradeoff` - f-DP: the TPR-at-FPR curve of a PLD, GDP or (epsilon, delta), composition.
 """
 
 from typing import TYPE_CHECKING
@@ -39,6 +40,12 @@ _EXPORTS = {
     "rdp_to_delta": ".rdp",
     "rdp_to_epsilon": ".rdp",
     "subsampled_gaussian_rdp": ".rdp",
+    "PrivacyCurve": ".tradeoff",
+    "TradeOff": ".tradeoff",
+    "tpr_from_pld": ".tradeoff",
+    "tpr_gdp": ".tradeoff",
+    "tpr_epsilon_delta": ".tradeoff",
+    "epsilon_delta_pld": ".tradeoff",
 }
 
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
@@ -58,6 +65,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         rdp_to_delta,
         rdp_to_epsilon,
         subsampled_gaussian_rdp,
+    )
+    from dpmf.privacy.tradeoff import (
+        PrivacyCurve,
+        TradeOff,
+        epsilon_delta_pld,
+        tpr_epsilon_delta,
+        tpr_from_pld,
+        tpr_gdp,
     )
 
 __all__ = [
@@ -85,4 +100,10 @@ __all__ = [
     "rdp_to_epsilon",
     "rdp_to_delta",
     "epsilon_subsampled_gaussian_rdp",
+    "PrivacyCurve",
+    "TradeOff",
+    "tpr_from_pld",
+    "tpr_gdp",
+    "tpr_epsilon_delta",
+    "epsilon_delta_pld",
 ]

@@ -152,6 +152,34 @@ class PrivacyLossDistribution:
             return PrivacyLossDistribution(remove, remove)
         return PrivacyLossDistribution(remove, self.add.self_compose(count, tail))
 
+    def regrid(self, discretization: float) -> "PrivacyLossDistribution":
+        """The same PLD on the grid ``k * discretization``, every loss rounded **up** (pessimistic:
+        the result dominates this PLD in both directions), so that PLDs built on different grids can
+        be composed. ``self`` when the grid is already that one. A coarser grid loses at most one
+        new grid step of loss; a finer one changes nothing but the spacing."""
+        disc = _v.positive("discretization", discretization)
+        if disc == self.discretization:
+            return self
+        old = self.discretization
+        ratio = disc / old
+
+        def one(direction: str) -> pld_pmf.DensePLDPmf:
+            dense = self._direction(direction).to_dense_pmf()
+            probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
+            j = np.arange(probs.size, dtype=np.int64) + int(dense._lower_loss)  # noqa: SLF001
+            m = round(ratio)
+            if m >= 1 and abs(ratio - m) <= 1e-12 * m and old * m == disc:
+                idx = -((-j) // m)  # exact ceil(j / m): the new grid is every m-th old point
+            else:  # ceil(j * old / disc), nudged up past its rounding error (never below the old loss)
+                x = j * (old / disc)
+                idx = np.ceil(x + 1e-12 + 8 * 2.0**-53 * np.abs(x)).astype(np.int64)
+            lo = int(idx.min())
+            new = np.bincount(idx - lo, weights=probs)
+            return dense_pmf(lo, new, float(dense._infinity_mass), disc)  # noqa: SLF001
+
+        remove = one("remove")
+        return PrivacyLossDistribution(remove, remove if self.symmetric else one("add"))
+
     # ----------------------------------------------------------------- queries
     def epsilon_by_direction(self, delta: float) -> dict[str, float]:
         """Smallest epsilon >= 0 with hockey-stick divergence <= delta, per direction."""
