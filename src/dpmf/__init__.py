@@ -25,6 +25,7 @@ __all__ = [
     "__version__",
     "account",
     "calibrate",
+    "compose",
     "PrivacyReport",
     "errors",
     "privacy",
@@ -35,6 +36,8 @@ __all__ = [
 _EXPORTS = {
     "account": ".accounting",
     "calibrate": ".accounting",
+    "compose": ".accounting",
+    "plots": ".plots",
     "PrivacyReport": ".accounting",
     "accounting": ".accounting",
     "privacy": ".privacy",
@@ -48,4 +51,4 @@ __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from dpmf import accounting, privacy, sampling, strategies
-    from dpmf.accounting import PrivacyReport, account, calibrate
+    from dpmf.accounting import PrivacyReport, account, calibrate, compose

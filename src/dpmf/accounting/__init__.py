@@ -9,6 +9,7 @@ _EXPORTS = {
     "METHODS": ".dispatch",
     "Calibration": ".dispatch",
     "account": ".dispatch",
+    "compose": ".composition",
     "calibrate": ".dispatch",
     "valid_methods": ".dispatch",
     "PrivacyReport": ".report",
@@ -19,8 +20,9 @@ _EXPORTS = {
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from dpmf.accounting.composition import compose
     from dpmf.accounting.dispatch import METHODS, Calibration, account, calibrate, valid_methods
     from dpmf.accounting.report import PrivacyReport
     from dpmf.accounting.verify import Verification, verify_report
 
-__all__ = ["account", "calibrate", "Calibration", "PrivacyReport", "METHODS", "valid_methods", "verify_report", "Verification"]
+__all__ = ["account", "calibrate", "compose", "Calibration", "PrivacyReport", "METHODS", "valid_methods", "verify_report", "Verification"]

@@ -21,6 +21,7 @@ from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
+from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import PoissonSampling
 from dpmf.strategies.identity import Identity
 
@@ -62,8 +63,12 @@ def account_dpsgd(
     """Report for DP-SGD with Poisson sampling (see module docstring)."""
     start = time.perf_counter()
     sigma = _v.positive("noise_multiplier", noise_multiplier)
-    by_dir = dpsgd_epsilon_by_direction(
-        sigma, scheme.sampling_prob, scheme.steps, delta, discretization=discretization
+    steps = _v.positive_int("steps", scheme.steps)
+    pld = subsampled_gaussian(sigma, scheme.sampling_prob, discretization=discretization).self_compose(steps)
+    by_dir = pld.epsilon_by_direction(delta)
+    curve = PrivacyCurve.from_pld(
+        pld, epsilon=max(by_dir.values()), delta=delta,
+        note=f"pessimistic PLD of {steps} Poisson-subsampled Gaussian steps (q = {scheme.sampling_prob:g})",
     )
     return PrivacyReport(
         epsilon=max(by_dir.values()),
@@ -75,4 +80,5 @@ def account_dpsgd(
         strategy=strategy.describe(),
         scheme=scheme.describe(),
         diagnostics={"discretization": discretization, "seconds": time.perf_counter() - start},
+        curve=curve,
     )

@@ -16,10 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import TYPE_CHECKING, Mapping
 
 from dpmf._version import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dpmf.privacy.tradeoff import PrivacyCurve, TradeOff
 
 #: The adjacency every dpmf epsilon is for, said once (DESIGN.md): every report states it.
 ADJACENCY = (
@@ -85,14 +88,65 @@ class PrivacyReport:
     options: dict = field(default_factory=dict)
     adjacency: str = ADJACENCY
     dpmf_version: str = __version__
+    #: In memory only (never serialized, not compared, not in the digest): what the accountant
+    #: proved in its strongest form -- its pessimistic PLD, an exact GDP mu, or ``None`` when it has
+    #: only the (epsilon, delta) pair (:class:`~dpmf.privacy.tradeoff.PrivacyCurve`). Used by
+    #: :meth:`tradeoff` and :func:`dpmf.compose`; a report read back from JSON has none until it is
+    #: recomputed from its description (:func:`dpmf.accounting.verify_report`).
+    curve: "PrivacyCurve | None" = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (infinite epsilons become the string ``"inf"``), with the ``digest`` of
         its description and claim (:func:`report_digest`; a caller that adds a claim such as
-        ``target_epsilon`` recomputes it)."""
-        d = _jsonable(asdict(self))
+        ``target_epsilon`` recomputes it). The in-memory :attr:`curve` is not written."""
+        d = _jsonable({f.name: getattr(self, f.name) for f in fields(self) if f.name != "curve"})
         d["digest"] = report_digest(d)
         return d
+
+    @property
+    def privacy_curve(self) -> "PrivacyCurve":
+        """:attr:`curve`, or -- when the method carries none -- the curve of the (epsilon, delta)
+        claim alone (a sound but weaker f-DP statement)."""
+        from dpmf.privacy.tradeoff import PrivacyCurve
+
+        if self.curve is not None:
+            return self.curve
+        return PrivacyCurve.from_epsilon_delta(
+            self.epsilon, self.delta,
+            note=f"the {self.method} report carries only its (epsilon, delta) claim (no PLD or GDP in this object)",
+        )
+
+    def tradeoff(self, fpr=None, *, symmetric: bool = False) -> "TradeOff":
+        """f-DP: the largest true-positive rate any membership test can reach at each false-positive
+        rate ``fpr`` (a number or an array in [0, 1]; default a grid from 1e-6 to 1), i.e.
+        ``1 - f(fpr)`` for the trade-off function ``f`` this report proves, the worst of the add and
+        remove directions. It is an upper bound (pessimistic: never more privacy than proved):
+        from the report's PLD where its method has one, the exact Gaussian curve where the mechanism
+        is exactly GDP (``result.mu``), else the bound implied by (epsilon, delta) alone --
+        ``result.bound`` says which. An audit's empirical (FPR, TPR) must lie below it
+        (:func:`dpmf.plots.tradeoff_plot`). The two orders of a pair (the test's null is "without the
+        example", or "with it") are bounded separately and the larger TPR kept, which need not be
+        concave; ``symmetric=True`` gives the concave curve of the worst delta of both directions
+        instead (at least as large: the proper symmetric trade-off function ``1 - tpr`` that an f-DP
+        audit's hypothesis needs).
+
+        >>> import dpmf
+        >>> r = dpmf.account(dpmf.strategies.Identity(10), dpmf.sampling.FixedOrderSampling(1, 10), 5.0, 1e-6)
+        >>> t = r.tradeoff(0.01)
+        >>> t.kind, round(t.mu, 4), round(t.tpr, 4)   # the Gaussian mechanism: Phi(Phi^-1(0.01) + 0.2)
+        ('gdp', 0.2, 0.0167)
+        """
+        from dpmf.privacy.tradeoff import TradeOff
+
+        return TradeOff.of(self.privacy_curve, fpr, certified=self.certified, symmetric=symmetric)
+
+    def gdp_mu(self) -> tuple[float | None, str]:
+        """``(mu, note)``: the exact GDP mu when the mechanism is exactly mu-GDP (the matrix mechanism
+        without amplification: ``mu = sensitivity / sigma``, and compositions of such runs:
+        ``sqrt(sum mu_i^2)``), else ``(None, why not)``."""
+        from dpmf.privacy.tradeoff import gdp_mu_of
+
+        return gdp_mu_of(self.privacy_curve)
 
     def to_json(self, **kwargs) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -108,6 +162,8 @@ class PrivacyReport:
 
 
 def _jsonable(obj):
+    if is_dataclass(obj) and not isinstance(obj, type):  # (as dataclasses.asdict did)
+        return _jsonable({f.name: getattr(obj, f.name) for f in fields(obj)})
     if isinstance(obj, float) and not math.isfinite(obj):
         return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
     if isinstance(obj, dict):

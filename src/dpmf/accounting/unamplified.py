@@ -20,6 +20,7 @@ from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.privacy.gdp import gaussian_epsilon, gdp_mu
+from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import (
     BallsInBinsSampling,
     CyclicPoissonSampling,
@@ -77,6 +78,11 @@ def account_unamplified(strategy, scheme, noise_multiplier: float, delta: float)
             "mu_gdp": sens / sigma,
             "seconds": time.perf_counter() - start,
         },
+        curve=PrivacyCurve.gaussian(
+            sens / sigma,
+            note=f"the Gaussian mechanism: sensitivity {sens:.6g} / noise multiplier {sigma:.6g}",
+            exact=isinstance(scheme, FixedOrderSampling),  # (other samplers' randomness is not credited)
+        ),
     )
 
 

@@ -31,7 +31,8 @@ defaults. Monte Carlo reports (``montecarlo``, estimates) are recomputed with th
 count, chunk size, confidence and grid recorded in their ``diagnostics``, which reproduces the same
 samples; a report without a recorded seed, with a custom sampler, or from a partial run is refused.
 ``montecarlo-evr`` reports (Monte Carlo calibration, Estimate-Verify-Release) are refused: re-checking
-one means re-running the whole calibration.
+one means re-running the whole calibration. A ``composition`` report (``dpmf compose --json``) is
+recomputed from its parts (``diagnostics["parts"]``), each part re-checked as above, and composed again.
 
 Anything else that cannot be recomputed -- not JSON, not a dict, not a dpmf report, an unknown
 method, an edited description -- raises :class:`~dpmf.errors.InvalidParameterError` with the reason.
@@ -80,6 +81,7 @@ REL_SLACK = 1e-9
 REPORT_KEYS = ("epsilon", "delta", "noise_multiplier", "method", "certified", "strategy", "scheme")
 
 MONTECARLO = "montecarlo"
+COMPOSITION = "composition"  # dpmf.compose: recomputed from its parts
 MONTECARLO_EVR = "montecarlo-evr"
 #: Monte Carlo account options recovered from ``diagnostics`` when ``options`` lacks them.
 _MC_FROM_DIAGNOSTICS = {
@@ -274,6 +276,29 @@ def _edited(d: dict) -> tuple[bool | None, str]:
 
 
 # ---------------------------------------------------------------------------------- verify
+def _recompose(d: dict, delta: float, search_dir, matrices, workers) -> PrivacyReport:
+    """A composition report (:func:`dpmf.compose`) recomputed from its parts' descriptions (each part
+    re-checked by :func:`verify_report`)."""
+    from dpmf.accounting.composed import composition_parts, composition_report
+    from dpmf.accounting.dispatch import METHODS
+
+    reports, times = composition_parts(d)
+    parts = []
+    for i, (part, k) in enumerate(zip(reports, times), 1):
+        m = part.get("method")
+        takes = m == COMPOSITION or (m in METHODS and "workers" in METHODS[m].run_options)
+        try:
+            v = verify_report(part, search_dir=search_dir, matrices=matrices, workers=workers if takes else None)
+        except DPMFError as exc:
+            raise InvalidParameterError(f"part {i} of the composition cannot be recomputed: {exc}") from None
+        parts.append((v.report, k, {"source": f"part {i}", "recomputed": True, "claim_held": v.holds}))
+    disc = (d.get("options") or {}).get("discretization")
+    try:
+        return composition_report(parts, delta, discretization=disc)
+    except DPMFError as exc:
+        raise InvalidParameterError(f"the composition cannot be recomputed from its parts: {exc}") from None
+
+
 def _fmt(x: float) -> str:
     return f"{x:.10g}" if math.isfinite(x) else str(x)
 
@@ -317,30 +342,35 @@ def verify_report(
             "means re-running the whole calibration, which verify does not do (run 'dpmf calibrate --method "
             f"montecarlo' again{hint})"
         )
-    if method not in METHODS:
-        raise InvalidParameterError(f"report key 'method' must be one of {sorted(METHODS)}, got {method!r}")
+    if method not in METHODS and method != COMPOSITION:
+        raise InvalidParameterError(
+            f"report key 'method' must be one of {sorted([*METHODS, COMPOSITION])}, got {method!r}"
+        )
     claimed = _epsilon(d["epsilon"], "epsilon")
     delta, sigma = float(d["delta"]), float(d["noise_multiplier"])
     claimed_dirs = {
         k: _epsilon(v, f"epsilon_by_direction[{k!r}]") for k, v in (d.get("epsilon_by_direction") or {}).items()
     }
-    strategy = strategy_from_dict(d["strategy"], matrices=matrices, search_dir=search_dir)
-    scheme = scheme_from_dict(d["scheme"])
-    opts = _options(d)
-    if method == MONTECARLO:
-        opts = _montecarlo_options(d, opts)
-    if workers is not None and "workers" in getattr(METHODS[method], "run_options", ()):
-        opts["workers"] = workers
-    elif workers is not None:  # an option the recomputation would ignore is an error (README)
-        takes = sorted(name for name, m in METHODS.items() if "workers" in m.run_options)
-        raise InvalidParameterError(
-            f"workers (--workers) {workers!r} is not used to recompute a report of method {method!r} (it "
-            f"runs in this process); only {', '.join(takes)} reports take workers: leave it out"
-        )
-    try:
-        new = account(strategy, scheme, sigma, delta, method=method, **opts)
-    except DPMFError as exc:
-        raise InvalidParameterError(f"the report cannot be recomputed from its own inputs: {exc}") from None
+    if method == COMPOSITION:  # (dpmf compose --json): recomputed from its parts, each from its description
+        new = _recompose(d, delta, search_dir, matrices, workers)
+    else:
+        strategy = strategy_from_dict(d["strategy"], matrices=matrices, search_dir=search_dir)
+        scheme = scheme_from_dict(d["scheme"])
+        opts = _options(d)
+        if method == MONTECARLO:
+            opts = _montecarlo_options(d, opts)
+        if workers is not None and "workers" in getattr(METHODS[method], "run_options", ()):
+            opts["workers"] = workers
+        elif workers is not None:  # an option the recomputation would ignore is an error (README)
+            takes = sorted(name for name, m in METHODS.items() if "workers" in m.run_options)
+            raise InvalidParameterError(
+                f"workers (--workers) {workers!r} is not used to recompute a report of method {method!r} (it "
+                f"runs in this process); only {', '.join(takes)} reports take workers: leave it out"
+            )
+        try:
+            new = account(strategy, scheme, sigma, delta, method=method, **opts)
+        except DPMFError as exc:
+            raise InvalidParameterError(f"the report cannot be recomputed from its own inputs: {exc}") from None
 
     problems = []
     at = f"at delta {delta:g}"

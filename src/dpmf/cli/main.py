@@ -248,6 +248,10 @@ def account(
     force: bool = _FORCE,
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
+    plot: Optional[str] = typer.Option(
+        None, "--plot", help="Also save the f-DP trade-off curve (largest TPR of any membership test at each "
+        "FPR, from the report's PLD) to this image file, e.g. curve.png (its folder must exist)."
+    ),
 ) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
 
@@ -273,13 +277,25 @@ def account(
             check_output_dir(cache_dir, "--cache-dir")  # before the work
         if method is MethodName.montecarlo:
             _check_montecarlo_samples(samples, delta)
+        if plot is not None:
+            from dpmf.files import check_output_file
+
+            check_output_file(plot, "--plot", plot=True)  # before the work
         _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
         try:
             with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
                 report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
         except KeyboardInterrupt:
             _interrupted(cache_dir, strat, scheme, method.value)
+        if plot is not None:
+            from dpmf.plots import tradeoff_plot
+
+            tradeoff_plot(report, path=plot)
+    if plot is not None:
+        plotted = f"trade-off curve ({report.tradeoff(0.5).bound}) written to {plot}"
     if as_json:
+        if plot is not None:
+            err.print(plotted, highlight=False, markup=False)
         out.print_json(report.to_json())
         return
     out.print(report.summary(), highlight=False)
@@ -287,6 +303,8 @@ def account(
     out.print(f"  remove direction: {d['remove']:.6g}   add direction: {d['add']:.6g}", highlight=False)
     if report.diagnostics.get("warning"):
         out.print(f"  warning: {report.diagnostics['warning']}", highlight=False)
+    if plot is not None:
+        out.print(plotted, highlight=False, markup=False)
 
 
 @app.command()
@@ -575,12 +593,14 @@ def _register_subcommands() -> None:
     from dpmf.cli.individual import app as individual_app
     from dpmf.cli.montecarlo import app as montecarlo_app
     from dpmf.cli.strategy import app as strategy_app
+    from dpmf.cli.compose import compose as compose_command
     from dpmf.cli.verify import verify as verify_command
 
     app.add_typer(individual_app, name="individual")
     app.add_typer(strategy_app, name="strategy")
     app.add_typer(montecarlo_app, name="montecarlo")
     app.command("verify")(verify_command)
+    app.command("compose")(compose_command)
 
 
 _register_subcommands()

@@ -144,7 +144,9 @@ def tpr_epsilon_delta(epsilon: float, delta: float, fpr) -> np.ndarray | float:
     return float(tpr[0]) if scalar else tpr
 
 
-def epsilon_delta_pld(epsilon: float, delta: float, discretization: float = DEFAULT_DISCRETIZATION) -> PrivacyLossDistribution:
+def epsilon_delta_pld(
+    epsilon: float, delta: float, discretization: float = DEFAULT_DISCRETIZATION
+) -> PrivacyLossDistribution:
     """The pessimistic PLD of the pair that dominates every ``(epsilon, delta)``-DP mechanism (both
     directions): loss ``+inf`` with probability ``delta``, ``+eps`` with ``(1 - delta) e^eps / (1 + e^eps)``
     and ``-eps`` with ``(1 - delta) / (1 + e^eps)`` (Kairouz, Oh & Viswanath 2015, Thm 2.1), losses
@@ -258,7 +260,8 @@ def tpr_from_profile(epsilons, delta_remove, delta_add, fpr, *, delta_offset: fl
         h = np.maximum(d_r, d_a)
         tpr = _lower_envelope(eps, h, eps, h, alpha, off)
     else:
-        tpr = np.maximum(_lower_envelope(eps, d_r, eps, d_a, alpha, off), _lower_envelope(eps, d_a, eps, d_r, alpha, off))
+        tpr = np.maximum(_lower_envelope(eps, d_r, eps, d_a, alpha, off),
+                         _lower_envelope(eps, d_a, eps, d_r, alpha, off))
     tpr = _finish(alpha, tpr)
     return float(tpr[0]) if scalar else tpr
 

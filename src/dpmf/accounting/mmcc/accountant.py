@@ -131,6 +131,26 @@ DEFAULT_GRID_FRACTION = 0.01
 RowCallback = Callable[[int, int], None]
 
 
+#: Most PLD grid points (both directions, all phases) a report keeps for its f-DP curve.
+_CURVE_MAX_POINTS = 2**23
+
+
+def _curve(results: list[dict], epsilon: float, delta: float):
+    """The report's :class:`~dpmf.privacy.tradeoff.PrivacyCurve`: each phase's composed PLD with its
+    ``delta_1`` (conditional composition: ``(eps, delta_PLD(eps) + delta_1)``-DP for every ``eps``), the
+    worst over phases; ``None`` when they would take too much memory."""
+    from dpmf.privacy.tradeoff import PrivacyCurve
+
+    points = sum(r["pld"].pmf("remove")[1].size * (1 if r["pld"].symmetric else 2) for r in results)
+    if points > _CURVE_MAX_POINTS:
+        return None
+    return PrivacyCurve.from_pld(
+        [(r["pld"], r["delta1"]) for r in results], epsilon=epsilon, delta=delta,
+        note="MMCC: the composed PLD of the rows" + (f", worst of {len(results)} phases" if len(results) > 1 else "")
+        + " (conditional composition: delta_1 added to every delta)",
+    )
+
+
 # ============================================================================ inputs
 def _matrix_of(strategy) -> tuple[np.ndarray, dict, bool]:
     """``(C, description, may_be_adaptive)`` of a strategy object or a plain matrix."""
@@ -601,6 +621,7 @@ class MMCCAccountant:
             "distinct_units_computed": len(analysis.groups),
             "units_reused": sum(c for _, c in analysis.groups) - len(analysis.groups),
             "backend": backend,
+            "pld": pld,  # (not a diagnostic: the report's curve, below)
         }
         if heuristic:
             hpld, _, _ = self._compose(analysis, analysis.heuristic_groups, sigma, True, None,
@@ -661,6 +682,10 @@ class MMCCAccountant:
             )
         if len(results) > 1:
             diagnostics["epsilon_by_phase"] = {r["label"]: r["epsilon"] for r in results}
+        curve = _curve(results, worst["epsilon"], self.delta)
+        if curve is None:
+            diagnostics["curve"] = (f"the {len(results)} phases' PLDs are too large to keep in memory together; "
+                                    "tradeoff() and compose() use the (epsilon, delta) claim")
         return PrivacyReport(
             epsilon=worst["epsilon"],
             delta=self.delta,
@@ -671,6 +696,7 @@ class MMCCAccountant:
             strategy=self.strategy_description,
             scheme=self.scheme.describe(),
             diagnostics=diagnostics,
+            curve=curve,
         )
 
 
