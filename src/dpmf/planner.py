@@ -12,6 +12,12 @@ under cyclic Poisson sampling (the min-sep sweep: cycle = bands); MMCC for bande
 tree under Poisson sampling (``mmcc=True``, the default, up to 2048 steps); random allocation
 (balls-in-bins) for DP-SGD and BSR; Monte Carlo rows (b-min-sep, estimates) only when asked for.
 
+Rows build what they describe (:mod:`dpmf.planning.rows`): each carries its strategy and scheme
+as specs, its accountant's options and the run it was planned for; ``row.build()`` returns
+``(strategy, scheme, noise_multiplier)``, :func:`export_row` writes a row to a file (``dpmf plan
+--export FILE``), and ``dpmf.training.torch.make_private(..., plan=row)`` trains exactly what the
+row certified, without calibrating again (docs/tutorials/plan-to-training.md).
+
 Speed (:func:`plan`): candidates run in three waves, cheapest first; a candidate of a later wave
 that provably cannot beat the best row so far is *pruned* after one evaluation (a sound bound,
 never a reported epsilon: :mod:`dpmf.planning.evaluate`); finished rows are cached on disk
@@ -33,7 +39,6 @@ from dpmf.planning.candidates import (  # noqa: F401 - the public names of the p
     MAX_TREE_STEPS,
     OPTIMAL_GAP,
     Candidate,
-    PlanRow,
     StrategySpec,
     TrainingRun,
     band_sweep,
@@ -41,9 +46,11 @@ from dpmf.planning.candidates import (  # noqa: F401 - the public names of the p
     sort_rows,
 )
 from dpmf.planning.evaluate import _estimate_montecarlo, evaluate  # noqa: F401
+from dpmf.planning.rows import BuiltRow, PlanRow, export_row, load_row  # noqa: F401
 from dpmf.resources import usable_workers
 
-__all__ = ["TrainingRun", "Candidate", "PlanRow", "candidates", "plan", "plan_figure", "plot_plan"]
+__all__ = ["TrainingRun", "Candidate", "PlanRow", "candidates", "plan", "plan_figure", "plot_plan", "export_row",
+           "load_row"]
 
 
 def _evaluate_task(cand: Candidate, run: TrainingRun, threshold: float) -> PlanRow:
@@ -136,7 +143,19 @@ def plan(
             client.close()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-    return sort_rows([r for r in rows if r is not None])
+    return _ranked(sort_rows([r for r in rows if r is not None]))
+
+
+def _ranked(rows: list[PlanRow]) -> list[PlanRow]:
+    """``rows`` (sorted) with ``rank`` 1, 2, ... on the calibrated rows (pruned rows have none)."""
+    from dataclasses import replace
+
+    out, k = [], 0
+    for r in rows:
+        if not r.pruned:
+            k += 1
+        out.append(r if r.pruned else replace(r, rank=k))
+    return out
 
 
 def _finish(i, row, cands, run, cache, threshold, done) -> None:

@@ -385,6 +385,13 @@ def plan(
     delta: float = typer.Option(1e-6, "--delta", help="Target delta."),
     as_json: bool = _JSON,
     plot: Optional[str] = typer.Option(None, "--plot", help="Also save a PNG bar chart to this file (its folder must exist)."),
+    export: Optional[Path] = typer.Option(
+        None, "--export", help="Also write the chosen row (the best; --rank for another) as JSON to this file, for "
+        "make_private(plan=FILE) (a dense strategy's matrix goes next to it as <sha256>.npz)."
+    ),
+    rank: Optional[int] = typer.Option(
+        None, "--rank", help="With --export: the rank of the row to write (1 = best, the default)."
+    ),
     mmcc: bool = typer.Option(
         True, "--mmcc/--no-mmcc", help="Rank MMCC rows (banded Toeplitz band sweep and the tree under Poisson "
         "sampling, up to 2048 steps); on by default."
@@ -428,6 +435,13 @@ def plan(
 
         if plot:
             check_output_file(plot, "--plot", plot=True)  # before minutes of calibration
+        if rank is not None and export is None:
+            raise InvalidParameterError("--rank chooses the row --export writes: pass --export FILE too")
+        if export is not None:
+            from dpmf import validation as _v
+
+            _v.positive_int("--rank", 1 if rank is None else rank)
+            check_output_file(export, "--export")  # before the work
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
         if workers is not None:
             from dpmf import validation as _v
@@ -457,6 +471,7 @@ def plan(
                 err.print(f"note: {line}", highlight=False, markup=False)
         if plot:
             plot_plan(run, [r for r in rows if not r.pruned], plot)
+        exported = _export_row(rows, export, rank) if export is not None else None
     if as_json:
         payload = {
             "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
@@ -464,6 +479,8 @@ def plan(
             "pruned": [r.to_dict() for r in rows if r.pruned],
         }
         out.print_json(json.dumps(payload))
+        if exported:
+            err.print(exported, highlight=False, markup=False)
         return
     out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)
@@ -489,6 +506,24 @@ def plan(
         out.print(f"{hits} of {len(rows)} rows from the cache ({cache.folder}; --no-cache recomputes)", highlight=False)
     if plot:
         out.print(f"plot written to {plot}")
+    if exported:
+        out.print(exported, highlight=False, markup=False)
+
+
+def _export_row(rows, path: Path, rank: Optional[int]) -> str:
+    """Write the ranked row ``rank`` (default 1) for ``--export``; the line that says so."""
+    from dpmf.planner import export_row
+
+    ranked = [r for r in rows if not r.pruned]
+    k = 1 if rank is None else rank
+    if not 1 <= k <= len(ranked):
+        raise InvalidParameterError(f"--rank must be between 1 and {len(ranked)} (the ranked rows), got {k}")
+    row = ranked[k - 1]
+    written = export_row(row, path, rank=k)
+    extra = f" (and its matrix in {', '.join(str(p) for p in written[1:])})" if len(written) > 1 else ""
+    tag = "" if row.certified else "; an ESTIMATE: make_private refuses it until certified"
+    return (f"row {k} ({row.strategy} / {row.sampling}, {row.method}, sigma {row.noise_multiplier:.6g}) written to "
+            f"{path}{extra}{tag}: train it with make_private(..., plan={str(path)!r})")
 
 
 def plan_table(run, rows) -> "PlanTable":

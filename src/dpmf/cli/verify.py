@@ -3,7 +3,9 @@
 The library does the work (:func:`dpmf.accounting.verify.verify_report`): it rebuilds the
 strategy and the sampling scheme from the report's own descriptions, recomputes the report with
 its method and options, and compares; separately it checks the report's digest to say whether the
-report was edited since it was produced. Exit status (:data:`EXIT_CODES`): 0 when the claim holds
+report was edited since it was produced. A training run's report (``privacy.report()``) also gets one
+line saying what was trained (steps done of steps planned, clip norm, normalizer, the ``dpmf plan``
+row it came from). Exit status (:data:`EXIT_CODES`): 0 when the claim holds
 and the report is not edited, 1 when the claim does not hold (the output says what), 2 when the
 report cannot be checked (not JSON, not a dpmf report, an unknown method, a Monte Carlo
 calibration, a missing dense matrix ...: one line on stderr, no traceback), 3 when the claim holds
@@ -86,8 +88,32 @@ def verify(
         # not console._fail: the names in these messages are report keys, not command-line options
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
+    trained = _training(report)
     if as_json:
-        out.print_json(json.dumps(result.to_dict()))
+        payload = result.to_dict()
+        if trained is not None:
+            payload["training"] = trained
+        out.print_json(json.dumps(payload))
     else:
         out.print(result.summary(), highlight=False, markup=False)
+        if trained is not None:
+            from dpmf.training.plan import training_summary
+
+            out.print(training_summary({"diagnostics": {"training": trained}}), highlight=False, markup=False,
+                      soft_wrap=True)  # (one line, whole: easy to grep)
     raise typer.Exit(code=exit_code(result))
+
+
+def _training(path: Path) -> dict | None:
+    """A training run's report says what was trained (``diagnostics["training"]``: steps done of
+    steps planned, clip norm, normalizer, the plan row): shown after the verdict (covered by the
+    digest like the rest of the description)."""
+    from dpmf.files import read_json
+
+    try:
+        data = read_json(path, "dpmf report")
+    except DPMFError:  # pragma: no cover - verify_report read it already
+        return None
+    diag = data.get("diagnostics") if isinstance(data, dict) else None
+    trained = diag.get("training") if isinstance(diag, dict) else None
+    return trained if isinstance(trained, dict) else None

@@ -1,8 +1,10 @@
 """On-disk cache of ``dpmf plan`` rows: a rerun of the same plan is instant.
 
 One small JSON file per candidate, named by the SHA-256 of its *key*: the strategy recipe, the
-scheme, the accountant and its options, the target (epsilon, delta), the batch size and the
-calibration tolerance -- plus the code: dpmf's version and a fingerprint of its source files, and
+scheme, the accountant and its options, the target (epsilon, delta), the run (dataset size, batch
+size, epochs) and the calibration tolerance -- plus the file format
+(:data:`~dpmf.planning.rows.FORMAT_VERSION`: rows that predate a change of what a row carries are
+never read, they are computed again) and the code: dpmf's version and a fingerprint of its source files, and
 the versions of numpy, scipy and dp_accounting. Anything that can change a row changes the key, so
 a stale row is never reused (a changed dpmf gets a fresh cache). The file stores the full key
 again, and a hit requires it to match exactly.
@@ -12,7 +14,10 @@ truncated, foreign or for another key is ignored -- the row is computed again an
 replaced -- and the reason is kept in :attr:`PlanCache.ignored` for the caller to show. Writes go
 to a temporary file first and are renamed into place, so an interrupted run never leaves half a
 file. A *pruned* row is stored with the threshold it was pruned against and reused only for a
-threshold at most as large (it then still proves the candidate cannot win).
+threshold at most as large (it then still proves the candidate cannot win). A row's dense matrix
+(the optimal factorization above 64 steps, named by hash in its strategy spec) is kept in
+``plan/matrices/<sha256>.npz`` and attached to the row when it is read
+(:meth:`~dpmf.planning.rows.PlanRow.build` rebuilds it from the recipe if that file is gone).
 
 Default folder: ``$DPMF_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpmf``, else ``~/.cache/dpmf``
 (rows go in its ``plan/`` subfolder).
@@ -25,14 +30,13 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import fields
 from pathlib import Path
 
 from dpmf.errors import DPMFError
-from dpmf.planning.candidates import PlanRow
+from dpmf.planning.rows import FORMAT, FORMAT_VERSION, PlanRow, attach_matrices, save_row_matrices  # noqa: F401
 
-FORMAT = "dpmf-plan-row"
-FORMAT_VERSION = 1
+# FORMAT_VERSION 2: rows carry their strategy and scheme specs, accountant options and run; a file
+# of version 1 has another key, hence another name: it is never read, the row is computed again.
 
 
 def default_cache_dir() -> Path:
@@ -97,26 +101,13 @@ def code_fingerprint() -> dict:
     return out
 
 
-_ROW_FIELDS = {f.name: f.type for f in fields(PlanRow)}
-
-
 def _row_from(data: object) -> PlanRow:
-    """A :class:`PlanRow` from its stored dict; ``ValueError`` for anything malformed."""
-    if not isinstance(data, dict) or set(data) != set(_ROW_FIELDS):
-        raise ValueError("row fields do not match")
-    for name in ("strategy", "sampling", "method", "label", "note"):
-        if not isinstance(data[name], str):
-            raise ValueError(f"{name} is not text")
-    for name in ("certified", "pruned", "cached"):
-        if not isinstance(data[name], bool):
-            raise ValueError(f"{name} is not true/false")
-    for name in ("noise_multiplier", "epsilon", "prefix_sum_rmse", "rmse_per_example_in_batch", "seconds"):
-        v = data[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{name} is not a non-negative number")
-    if not data["noise_multiplier"] > 0:
+    """A :class:`PlanRow` from its stored dict; ``ValueError`` for anything malformed
+    (:meth:`PlanRow.from_dict`)."""
+    row = PlanRow.from_dict(data)
+    if not row.pruned and not row.noise_multiplier > 0:  # pragma: no cover - from_dict checks it
         raise ValueError("noise_multiplier is not positive")
-    return PlanRow(**data)
+    return row
 
 
 class PlanCache:
@@ -157,7 +148,7 @@ class PlanCache:
             return None  # pruned against a smaller best row: not a proof for this threshold
         from dataclasses import replace
 
-        return replace(row, cached=True)
+        return attach_matrices(replace(row, cached=True), self.folder / "matrices")
 
     def put(self, key: dict, row: PlanRow, threshold: float = math.inf) -> None:
         """Store ``row`` (atomically; an unwritable folder only costs the cache)."""
@@ -170,9 +161,12 @@ class PlanCache:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            if row.matrices:  # a dense strategy named by hash: its matrix next to the rows
+                (self.folder / "matrices").mkdir(exist_ok=True)
+                save_row_matrices(row, self.folder / "matrices")
             tmp.write_text(json.dumps(payload, sort_keys=True), encoding="utf-8")
             os.replace(tmp, path)
-        except OSError as exc:
+        except (OSError, DPMFError) as exc:
             self.ignored.append(f"could not write the cache file {path}: {exc}")
             try:
                 tmp.unlink()

@@ -1,4 +1,5 @@
-"""What ``dpmf plan`` compares: the training run, the candidate configurations and the rows.
+"""What ``dpmf plan`` compares: the training run and the candidate configurations (the rows they
+become: :mod:`dpmf.planning.rows`).
 
 A candidate is a small picklable *recipe* -- a :class:`StrategySpec` (kind and size, built on
 first use), a sampling scheme, an accountant and its options -- so it can be looked up in the
@@ -107,6 +108,19 @@ class TrainingRun:
     def sampling_prob(self) -> float:
         return self.batch_size / self.dataset_size
 
+    def describe(self) -> dict:
+        """The run a plan row was planned for (:attr:`dpmf.planning.rows.PlanRow.run`): dataset size,
+        batch size, epochs, target epsilon and delta, and the steps and sampling probability they give."""
+        return {
+            "dataset_size": self.dataset_size,
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "steps": self.steps,
+            "sampling_prob": self.sampling_prob,
+        }
+
 
 @dataclass(frozen=True)
 class StrategySpec:
@@ -204,6 +218,8 @@ class Candidate:
             "epsilon": run.epsilon,
             "delta": run.delta,
             "batch_size": run.batch_size,
+            "dataset_size": run.dataset_size,  # (the row records its run)
+            "epochs": run.epochs,
             "rel_tol": REL_TOL,
         }
 
@@ -211,35 +227,6 @@ class Candidate:
         state = dict(self.__dict__)
         state.pop("strategy", None)
         return state
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One configuration: calibrated, or (``pruned``) shown to be worse than the best row.
-
-    A calibrated row's ``epsilon <= target`` is the accountant's certified bound at
-    ``noise_multiplier`` (an ESTIMATE when ``certified`` is False). A pruned row was not calibrated
-    precisely: its accountant's epsilon at ``noise_multiplier`` (the noise at which it would tie
-    the best row of an earlier wave) is already above the target, so it needs more noise and its
-    prefix RMSE is larger than ``prefix_sum_rmse``, a lower bound; ``epsilon`` is the value at that
-    noise (above the target). ``note`` says how the row was obtained when that is not plain."""
-
-    strategy: str
-    sampling: str
-    method: str
-    noise_multiplier: float
-    epsilon: float
-    certified: bool
-    prefix_sum_rmse: float
-    rmse_per_example_in_batch: float
-    seconds: float
-    pruned: bool = False
-    cached: bool = False
-    label: str = ""
-    note: str = ""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def band_sweep(run: TrainingRun) -> list[int]:

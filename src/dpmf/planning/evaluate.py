@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 import time
 
-from dpmf.planning.candidates import REL_TOL, Candidate, PlanRow, TrainingRun, optimal_strategy
+from dpmf.planning.candidates import REL_TOL, Candidate, TrainingRun, optimal_strategy
+from dpmf.planning.rows import PlanRow, dense_arrays
 
 
 def fixed_order_rmse_bound(n: int, epochs: int) -> float:
@@ -50,7 +51,14 @@ def fixed_order_rmse_bound(n: int, epochs: int) -> float:
 
 
 def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified, rmse, start, pruned=False,
-         note="") -> PlanRow:
+         note="", report=None) -> PlanRow:
+    """The row of ``cand``: with ``report`` (a calibration's) its options and both directions; the
+    strategy spec whenever the strategy was built (a pruned optimal factorization may never be)."""
+    import json
+
+    built = cand.__dict__.get("strategy")  # (the cached_property, when it ran)
+    spec = None if built is None else json.loads(json.dumps(built.describe()))
+    options = report.options if report is not None else (cand.options or {})
     return PlanRow(
         strategy=cand.strategy_name,
         sampling=cand.scheme.name,
@@ -64,6 +72,13 @@ def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified
         pruned=pruned,
         label=cand.label,
         note=note,
+        strategy_spec=spec,
+        scheme_spec=json.loads(json.dumps(cand.scheme.describe())),
+        recipe=cand.spec.key(),
+        options=json.loads(json.dumps(dict(options))),
+        epsilon_by_direction={} if report is None else {k: float(v) for k, v in report.epsilon_by_direction.items()},
+        run=run.describe(),
+        matrices=() if built is None else dense_arrays(built),
     )
 
 
@@ -140,4 +155,5 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf) -> 
     return _row(
         cand, run, method=cal.report.method, sigma=cal.noise_multiplier, epsilon=cal.report.epsilon,
         certified=cal.report.certified, rmse=cal.noise_multiplier * per_sigma, start=start, note=note,
+        report=cal.report,
     )

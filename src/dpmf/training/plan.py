@@ -46,7 +46,8 @@ from dpmf.sampling.schemes import (
     PoissonSampling,
 )
 
-__all__ = ["ExecutionPlan", "build_plan", "expected_batch_size", "StepOutOfPlanError", "description_fingerprint"]
+__all__ = ["ExecutionPlan", "build_plan", "plan_from_row", "as_plan_row", "training_summary", "expected_batch_size",
+           "StepOutOfPlanError", "description_fingerprint"]
 
 
 class StepOutOfPlanError(UnsupportedConfigurationError):
@@ -102,6 +103,9 @@ class ExecutionPlan:
     num_examples: int
     delta: float
     report: object = field(repr=False)  # PrivacyReport
+    #: The ``dpmf plan`` row the plan was built from (:meth:`~dpmf.planning.rows.PlanRow.describe_source`),
+    #: or ``None`` (built from a strategy and a scheme).
+    plan_row: dict | None = field(default=None, repr=False)
 
     @property
     def steps(self) -> int:
@@ -128,6 +132,7 @@ class ExecutionPlan:
             "delta": self.delta,
             "epsilon": self.report.epsilon,
             "method": self.report.method,
+            **({"plan_row": self.plan_row} if self.plan_row is not None else {}),
         }
 
     def fingerprint(self) -> str:
@@ -170,28 +175,9 @@ def build_plan(
     """
     from dpmf.accounting import account, calibrate
 
-    if not isinstance(scheme, SCHEMES):
-        raise InvalidParameterError(f"sampling must be a dpmf sampling scheme, got {type(scheme).__name__}")
-    n = getattr(strategy, "n", None)
-    if n is None or not callable(getattr(strategy, "describe", None)):
-        raise InvalidParameterError(f"strategy must be a dpmf strategy with n steps, got {type(strategy).__name__}")
-    if n != scheme.steps:
-        raise InvalidParameterError(
-            f"the strategy covers n={n} steps but the sampler has steps={scheme.steps}: they must be equal "
-            "(the noise of step t is row t of C^{-1}, and the accounting covers exactly the scheme's steps)"
-        )
-    m = _v.positive_int("num_examples", num_examples)
-    clip = _v.positive("max_grad_norm", max_grad_norm)
-    d = _v.open_unit("delta", delta)
+    m, clip, d = _check_run(strategy, scheme, num_examples, max_grad_norm, delta, normalizer)
     if (noise_multiplier is None) == (target_epsilon is None):
         raise InvalidParameterError("pass exactly one of noise_multiplier and target_epsilon")
-    if normalizer is None and expected_batch_size(scheme, m) < 1:
-        raise InvalidParameterError(
-            f"the expected batch size is {expected_batch_size(scheme, m):.3g} examples (< 1) for {m} examples "
-            f"under {scheme.describe()['name']}: dividing the noisy sum by it would amplify the noise "
-            f"{1 / expected_batch_size(scheme, m):.3g}x and train on noise; use more data, fewer steps per epoch or "
-            "a larger sampling probability, or pass a public normalizer= explicitly"
-        )
     if target_epsilon is not None:
         cal = calibrate(strategy, scheme, _v.positive("target_epsilon", target_epsilon), d, accountant,
                         **accountant_options)
@@ -206,3 +192,162 @@ def build_plan(
         )
     norm = expected_batch_size(scheme, m) if normalizer is None else _v.positive("normalizer", normalizer)
     return ExecutionPlan(strategy, scheme, float(sigma), clip, float(norm), m, d, report)
+
+
+def _check_run(strategy, scheme, num_examples, max_grad_norm, delta, normalizer) -> tuple[int, float, float]:
+    """The checks every plan passes before any accounting: ``(num_examples, max_grad_norm, delta)``."""
+    if not isinstance(scheme, SCHEMES):
+        raise InvalidParameterError(f"sampling must be a dpmf sampling scheme, got {type(scheme).__name__}")
+    n = getattr(strategy, "n", None)
+    if n is None or not callable(getattr(strategy, "describe", None)):
+        raise InvalidParameterError(f"strategy must be a dpmf strategy with n steps, got {type(strategy).__name__}")
+    if n != scheme.steps:
+        raise InvalidParameterError(
+            f"the strategy covers n={n} steps but the sampler has steps={scheme.steps}: they must be equal "
+            "(the noise of step t is row t of C^{-1}, and the accounting covers exactly the scheme's steps)"
+        )
+    m = _v.positive_int("num_examples", num_examples)
+    clip = _v.positive("max_grad_norm", max_grad_norm)
+    d = _v.open_unit("delta", delta)
+    if normalizer is None and expected_batch_size(scheme, m) < 1:
+        raise InvalidParameterError(
+            f"the expected batch size is {expected_batch_size(scheme, m):.3g} examples (< 1) for {m} examples "
+            f"under {scheme.describe()['name']}: dividing the noisy sum by it would amplify the noise "
+            f"{1 / expected_batch_size(scheme, m):.3g}x and train on noise; use more data, fewer steps per epoch or "
+            "a larger sampling probability, or pass a public normalizer= explicitly"
+        )
+    return m, clip, d
+
+
+def as_plan_row(plan):
+    """A :class:`~dpmf.planning.rows.PlanRow` from a row, a row dict (a row of ``dpmf plan --json``,
+    or the JSON of ``dpmf plan --export``) or the path of a file ``dpmf plan --export`` wrote."""
+    import os
+
+    from dpmf.planning.rows import PlanRow, load_row, row_from_json
+
+    if isinstance(plan, PlanRow):
+        return plan
+    if isinstance(plan, dict):
+        return row_from_json(plan)[0]
+    if isinstance(plan, (str, os.PathLike)):
+        return load_row(plan)
+    raise InvalidParameterError(
+        "plan must be a dpmf plan row (dpmf.planner.plan(...)[k]), its dict or the path of a file written by "
+        f"dpmf plan --export, or an ExecutionPlan; got {type(plan).__name__}"
+    )
+
+
+def plan_from_row(
+    row,
+    *,
+    num_examples: int,
+    max_grad_norm: float,
+    delta: float | None = None,
+    normalizer: float | None = None,
+    search_dir=None,
+    **execution_options,
+) -> ExecutionPlan:
+    """The execution plan of exactly what a ``dpmf plan`` row certified: its strategy, its scheme
+    and its noise multiplier (:meth:`~dpmf.planning.rows.PlanRow.build`), with no second calibration.
+
+    ``row``: a :class:`~dpmf.planning.rows.PlanRow`, its dict, or the path of a file ``dpmf plan
+    --export`` wrote (:func:`as_plan_row`). The row is **re-checked**, not trusted: its accountant
+    runs once at its noise multiplier (``dpmf.account(strategy, scheme, sigma, delta,
+    method=row.method, **row.options)``, one evaluation where a calibration takes several), and
+    that fresh report, for exactly the strategy, scheme, sigma and delta trained, certifies the run.
+    ``execution_options`` (``workers=2`` for MMCC, ...) only change how that evaluation runs.
+
+    Refused, before anything is computed: a pruned row (a lower bound, never calibrated), an
+    uncertified one (a Monte Carlo ESTIMATE), a row planned for another dataset size than
+    ``num_examples`` or another ``delta`` (when given; default the row's), a row without its specs
+    (from an older dpmf). Refused after the evaluation: a row whose recomputed epsilon is above the
+    epsilon it claims or above its run's target (edited, or from a dpmf whose accountant changed).
+    """
+    from dpmf.accounting import dispatch
+    from dpmf.accounting.verify import REL_SLACK
+    from dpmf.errors import DPMFError
+
+    row = as_plan_row(row)
+    where = f"the plan row {row.strategy} / {row.sampling} ({row.method}, sigma {row.noise_multiplier:.6g})"
+    if row.pruned:
+        row.build()  # raises: a pruned row certifies nothing
+    if not row.certified:
+        raise UnsupportedConfigurationError(
+            f"{where} is an ESTIMATE (certified=False): it cannot certify training. Certify that configuration "
+            "first: strategy, sampling, _ = row.build(); make_private(..., strategy=strategy, sampling=sampling, "
+            "target_epsilon=..., accountant='montecarlo') calibrates with Estimate-Verify-Release"
+        )
+    if row.run is None or row.strategy_spec is None or row.scheme_spec is None:
+        row.build()  # raises: no specs
+    run = row.run
+    m = _v.positive_int("num_examples", num_examples)
+    if m != run["dataset_size"]:
+        raise InvalidParameterError(
+            f"the dataset has {m} examples but {where} was planned and certified for dataset_size="
+            f"{run['dataset_size']} (batch {run['batch_size']}, {run['epochs']} epochs): its sampling probability "
+            "and steps are those of that run; plan again for this dataset (TrainingRun(dataset_size="
+            f"{m}, ...), dpmf plan --dataset-size {m})"
+        )
+    if delta is not None and _v.open_unit("delta", delta) != run["delta"]:
+        raise InvalidParameterError(
+            f"delta={delta!r} but {where} was certified at delta={run['delta']!r}: leave delta out (the row's is "
+            "used) or plan again for this delta"
+        )
+    unknown = sorted(set(execution_options) - _EXECUTION_OPTIONS)
+    if unknown:
+        raise InvalidParameterError(
+            f"accountant option(s) {', '.join(map(repr, unknown))} cannot be combined with a plan row: the row fixes "
+            f"the accountant and its options ({row.method}, {row.options}); only execution options "
+            f"({', '.join(sorted(_EXECUTION_OPTIONS))}) may be given"
+        )
+    strategy, scheme, sigma = row.build(search_dir=search_dir)
+    m, clip, d = _check_run(strategy, scheme, m, max_grad_norm, run["delta"], normalizer)
+    try:
+        report = dispatch.account(strategy, scheme, sigma, d, method=row.method, **row.options,
+                                  **{k: v for k, v in execution_options.items() if v is not None})
+    except DPMFError as exc:
+        raise type(exc)(f"{where} cannot be re-checked: {exc}") from None
+    claim, target = row.epsilon, run["epsilon"]
+    if not report.certified:
+        raise UnsupportedConfigurationError(f"{where}: its accountant now returns an estimate (certified=False)")
+    if report.epsilon > claim + REL_SLACK * abs(claim) or report.epsilon > target + REL_SLACK * target:
+        raise InvalidParameterError(
+            f"{where} claims epsilon {claim!r} <= its target {target!r}, but its accountant gives {report.epsilon!r} "
+            f"at that noise and delta {d!r}: the row was edited or comes from a dpmf whose accountant changed; "
+            "plan again"
+        )
+    norm = expected_batch_size(scheme, m) if normalizer is None else _v.positive("normalizer", normalizer)
+    return ExecutionPlan(strategy, scheme, float(sigma), clip, float(norm), m, d, report,
+                         plan_row=row.describe_source())
+
+
+def training_summary(report) -> str | None:
+    """One line saying what a training run's report covers (``privacy.report()``, or its JSON dict):
+    steps done of steps planned, clip norm, normalizer, and the ``dpmf plan`` row it came from;
+    ``None`` for a report that is not a training run's. ``dpmf verify`` prints it."""
+    diag = getattr(report, "diagnostics", None) if not isinstance(report, dict) else report.get("diagnostics")
+    t = diag.get("training") if isinstance(diag, dict) else None
+    if not isinstance(t, dict):
+        return None
+
+    def num(key):
+        v = t.get(key)
+        return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+
+    line = (f"trained: {t.get('steps_done', '?')} of {t.get('steps_planned', '?')} planned steps, clip norm "
+            f"{num('max_grad_norm')}, normalizer {num('normalizer')}, {num('num_examples')} examples, "
+            f"per-example gradients {t.get('grad_sample_mode', '?')}")
+    row = t.get("plan_row")
+    if isinstance(row, dict):
+        run = row.get("run") if isinstance(row.get("run"), dict) else {}
+        rank = f" {row['rank']}" if row.get("rank") is not None else ""
+        line += (f"; from dpmf plan row{rank}: {row.get('strategy')} / {row.get('sampling')} ({row.get('method')}, "
+                 f"sigma {row.get('noise_multiplier', float('nan')):.6g}), planned for {run.get('dataset_size')} examples, "
+                 f"batch {run.get('batch_size')}, {run.get('epochs')} epochs, target epsilon {run.get('epsilon')} at "
+                 f"delta {run.get('delta')}")
+    return line
+
+
+#: Options that change how an accountant runs, never its value (:data:`dpmf.accounting.guard.EXECUTION_OPTIONS`).
+_EXECUTION_OPTIONS = frozenset({"workers", "scheduler", "cache_dir"})

@@ -121,7 +121,8 @@ class Privacy:
                                               "normalizer": self.plan.normalizer,
                                               "grad_sample_mode": getattr(self.optimizer.clipper, "mode", "?"),
                                               "nonfinite_examples_skipped": self.optimizer.clipper.skipped_nonfinite,
-                                              "num_examples": self.plan.num_examples}}
+                                              "num_examples": self.plan.num_examples,
+                                              **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
         return dataclasses.replace(r, diagnostics=diag)
 
     def get_epsilon(self, delta: float | None = None) -> float:
@@ -308,6 +309,46 @@ def _check_model_state(saved, module) -> None:
             raise InvalidParameterError(f"the checkpoint's {k!r} holds NaN or inf: it cannot resume a run")
 
 
+def _plan_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conflicts, accountant_options) -> ExecutionPlan:
+    """``make_private(plan=...)``: the execution plan of a plan row (re-checked, never recalibrated) or
+    an :class:`ExecutionPlan` used as it is; options that would contradict it are refused."""
+    from dpmf.training.plan import plan_from_row
+
+    given = [k for k, v in conflicts.items() if v is not None]
+    if given:
+        raise InvalidParameterError(
+            f"plan= fixes the strategy, the sampling scheme and the noise (hence epsilon); do not also pass "
+            f"{', '.join(f'{k}={conflicts[k]!r}' for k in given)}: drop {'it' if len(given) == 1 else 'them'}, or "
+            "drop plan= to choose them yourself"
+        )
+    if isinstance(plan, ExecutionPlan):
+        if accountant_options:
+            raise InvalidParameterError(
+                f"accountant_options={accountant_options!r} have nothing to do with an ExecutionPlan: it is already "
+                "certified (its report was computed when it was built); drop them"
+            )
+        for name, value, planned in (("delta", delta, plan.delta), ("max_grad_norm", max_grad_norm, plan.max_grad_norm),
+                                     ("normalizer", normalizer, plan.normalizer)):
+            if value is not None and value != planned:
+                raise InvalidParameterError(
+                    f"{name}={value!r} but the ExecutionPlan has {name}={planned!r}: leave {name} out (the plan's is "
+                    "used) or build a new plan"
+                )
+        if num_examples != plan.num_examples:
+            raise InvalidParameterError(
+                f"the dataset has {num_examples} examples but the ExecutionPlan was built for num_examples="
+                f"{plan.num_examples}: build a plan for this dataset"
+            )
+        return plan
+    if max_grad_norm is None:
+        raise InvalidParameterError(
+            "max_grad_norm is needed with a plan row (a row fixes the mechanism, not the clip norm): pass "
+            "max_grad_norm=<per-example clip norm>"
+        )
+    return plan_from_row(plan, num_examples=num_examples, max_grad_norm=max_grad_norm, delta=delta,
+                         normalizer=normalizer, **(accountant_options or {}))
+
+
 class PrivateRun(NamedTuple):
     """What :func:`make_private` returns: ``module, optimizer, data_loader, privacy = make_private(...)``."""
 
@@ -322,10 +363,11 @@ def make_private(
     optimizer,
     data,
     *,
-    strategy,
-    sampling,
-    delta: float,
-    max_grad_norm: float,
+    strategy=None,
+    sampling=None,
+    delta: float | None = None,
+    max_grad_norm: float | None = None,
+    plan=None,
     loss_fn: Callable | None = None,
     noise_multiplier: float | None = None,
     target_epsilon: float | None = None,
@@ -356,6 +398,16 @@ def make_private(
         sampling: the ``dpmf.sampling`` scheme; ``sampling.steps`` must equal ``strategy.n``.
         delta, target_epsilon | noise_multiplier: the guarantee; exactly one of the last two.
         max_grad_norm: per-example clip norm (all parameters jointly).
+        plan: instead of ``strategy``, ``sampling`` and the guarantee, train exactly what a ``dpmf
+            plan`` row certified: a row (``dpmf.planner.plan(run)[0]``), its dict, or the path of a
+            file ``dpmf plan --export`` wrote. The row is re-checked by one evaluation of its accountant
+            at its noise multiplier -- no second calibration -- and refused when it is pruned, an
+            uncertified estimate, or planned for another dataset size or ``delta``
+            (:func:`~dpmf.training.plan.plan_from_row`). Or an
+            :class:`~dpmf.training.plan.ExecutionPlan` (``build_plan``), used as it is (its dataset
+            size, and ``delta`` / ``max_grad_norm`` / ``normalizer`` when given, must match it).
+            ``strategy``, ``sampling``, ``noise_multiplier``, ``target_epsilon``, ``accountant`` and
+            value-changing ``accountant_options`` conflict with ``plan`` and are refused with it.
         loss_fn: ``loss_fn(output, target)`` for ``optimizer.step(inputs, targets)`` (sees one example as
             a batch of 1 in functorch mode, the batch in ghost mode); ``None`` (default) for the loop
             users already have: ``loss = criterion(model(x), y); loss.backward(); optimizer.step()``
@@ -403,11 +455,27 @@ def make_private(
             f"loss_fn=None (the loss.backward() loop) needs grad_sample_mode='ghost', got {grad_sample_mode!r}; "
             "pass loss_fn=... to use optimizer.step(inputs, targets)"
         )
-    plan = build_plan(
-        strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
-        noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
-        normalizer=normalizer, **(accountant_options or {}),
-    )
+    if plan is None:
+        missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
+                                  ("max_grad_norm", max_grad_norm)) if v is None]
+        if missing:
+            raise InvalidParameterError(
+                f"make_private needs {', '.join(missing)} (with noise_multiplier or target_epsilon), or plan=<a dpmf "
+                "plan row, its exported file, or an ExecutionPlan>"
+            )
+        plan = build_plan(
+            strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
+            noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
+            normalizer=normalizer, **(accountant_options or {}),
+        )
+    else:
+        plan = _plan_from(plan, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
+                          normalizer=normalizer, conflicts={"strategy": strategy, "sampling": sampling,
+                                                            "noise_multiplier": noise_multiplier,
+                                                            "target_epsilon": target_epsilon,
+                                                            "accountant": None if accountant == "auto" else accountant},
+                          accountant_options=accountant_options)
+    strategy, sampling, max_grad_norm = plan.strategy, plan.scheme, plan.max_grad_norm
     if seed is None and not secure:
         raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
     if seed is not None and secure:
