@@ -201,6 +201,8 @@ def test_a_composition_report_is_recomputed_and_verified(dpsgd):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"times": 0}, "times"),
+    ({"times": True}, "times"),
+    ({"times": "x"}, "times"),
     ({"times": [1, 2]}, "one per report"),
     ({"delta": 1.5}, "delta"),
 ])

@@ -38,6 +38,7 @@ disjoint data do not compose (their worst part bounds them): do not use this for
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -119,12 +120,14 @@ def compose(
         raise InvalidParameterError("reports must name at least one report to compose")
     if times is None:
         counts = [1] * len(items)
-    elif isinstance(times, (int,)) and not isinstance(times, bool):
+    elif isinstance(times, numbers.Integral) and not isinstance(times, bool):
         counts = [_v.positive_int("times", times)] * len(items)
-    else:
+    elif isinstance(times, (list, tuple)) or (hasattr(times, "__iter__") and not isinstance(times, (str, bytes))):
         counts = [_v.positive_int("times", t) for t in times]
         if len(counts) != len(items):
             raise InvalidParameterError(f"times must be one number or one per report ({len(items)}), got {len(counts)}")
+    else:
+        raise InvalidParameterError(f"times must be an integer >= 1 or one per report, got {times!r}")
 
     # group repeats (the same object, or equal report dicts) so each is recomputed once and self-composed
     groups: list[list] = []  # [report-or-dict, where, count]
