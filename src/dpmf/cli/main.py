@@ -480,7 +480,7 @@ def plan(
         }
         out.print_json(json.dumps(payload))
         if exported:
-            err.print(exported, highlight=False, markup=False)
+            err.print(exported, highlight=False, markup=False, soft_wrap=True)
         return
     out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)
@@ -507,7 +507,7 @@ def plan(
     if plot:
         out.print(f"plot written to {plot}")
     if exported:
-        out.print(exported, highlight=False, markup=False)
+        out.print(exported, highlight=False, markup=False, soft_wrap=True)  # (one line: a path to copy)
 
 
 def _export_row(rows, path: Path, rank: Optional[int]) -> str:
