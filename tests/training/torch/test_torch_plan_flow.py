@@ -287,3 +287,21 @@ def test_cli_plan_export_then_train_then_verify(tmp_path):
     path = tmp_path / "report.json"
     path.write_text(run.privacy.report().to_json(indent=1))
     _verify_cli(path, expect_rank=1, size=60, steps=6)
+
+
+def test_a_dense_rows_report_is_saved_with_its_matrix_and_verifies(tmp_path):
+    """The optimal factorization at 80 steps names its matrix by hash only: ``save_report`` writes the
+    matrix next to the report, and ``dpmf verify --matrices`` re-checks it from the files alone."""
+    run = TrainingRun(800, 20, 2, 2.0, 1e-5, mmcc=False)
+    (cand,) = [c for c in candidates(run) if c.spec.kind == "optimal"]
+    row = evaluate(cand, run)
+    assert "matrix" not in row.strategy_spec
+    training = _make(row, data=_data(800))
+    _train(training)
+    written = training.privacy.save_report(tmp_path / "report.json")
+    assert [p.name for p in written] == ["report.json", f"{row.strategy_spec['sha256']}.npz"]
+    res = CliRunner().invoke(app, ["verify", str(tmp_path / "report.json"), "--matrices", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "trained: 80 of 80 planned steps" in res.stdout
+    res = CliRunner().invoke(app, ["verify", str(tmp_path / "report.json")])  # without the matrix: cannot check
+    assert res.exit_code == 2 and "sha256" in res.stderr

@@ -4,7 +4,8 @@ into a private training run with correlated noise and a sound amplified epsilon.
 The batches (:class:`~dpmf.training.torch.data.SchemeBatchSampler`), the noise
 (:func:`~dpmf.training.torch.noise.correlated_noise`) and the epsilon (the plan's report,
 :func:`~dpmf.training.plan.build_plan`) come from the same ``strategy`` and ``sampling`` objects, so
-they cannot disagree. Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
+they cannot disagree; or all three from one ``dpmf plan`` row (``plan=row``: exactly what the row
+certified, re-checked, not calibrated again; :func:`~dpmf.training.plan.plan_from_row`). Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
 
 >>> import torch
 >>> from dpmf.sampling import BallsInBinsSampling
@@ -124,6 +125,22 @@ class Privacy:
                                               "num_examples": self.plan.num_examples,
                                               **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
         return dataclasses.replace(r, diagnostics=diag)
+
+    def save_report(self, path: str | os.PathLike) -> list[Path]:
+        """Write :meth:`report` as JSON to ``path`` (its folder must exist), and next to it, as
+        ``<sha256>.npz``, the dense matrix a large dense strategy's description names by hash only
+        (the optimal factorization above 64 steps), so that ``dpmf verify path --matrices <its folder>``
+        can re-check the report from the files alone. Returns the paths written."""
+        from dpmf.files import check_output_file, writing
+        from dpmf.strategies.serialization import save_matrices
+
+        path = check_output_file(path, "path")
+        written = [path]
+        with writing(path, "privacy report"):
+            path.write_text(self.report().to_json(indent=1) + "\n", encoding="utf-8")
+        if "matrix" not in self.plan.strategy.describe() and "sha256" in self.plan.strategy.describe():
+            written += save_matrices(self.plan.strategy, path.parent)
+        return written
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run at ``delta`` (default the plan's), Opacus' name. Another delta is
