@@ -1,7 +1,9 @@
 """The digits example (``examples/digits_correlated_noise.py``) runs end to end in its ``--fast`` mode:
-every mechanism is calibrated through ``make_private``, certified by the accountant its sampler
-calls for, trained, and written to ``results.json`` / ``results.md`` / ``accuracy_vs_epsilon.png``;
-DP-SGD learns (test accuracy well above the 10% of chance).
+the mechanisms come from ``dpmf.planner.plan`` (the best rows and the DP-SGD baseline), each trained
+with ``make_private(plan=row)`` -- the row's noise, accountant and epsilon, re-checked, never
+recalibrated -- and written to ``results.json`` / ``results.md`` / ``accuracy_vs_epsilon.png`` and
+one training report per row that ``dpmf verify`` accepts; DP-SGD learns (test accuracy well above
+the 10% of chance).
 
 The stdlib transformer example (``examples/stdlib_transformer.py``) likewise in its ``--fast`` mode:
 the Opacus-style ghost-mode loop with dict batches, DP-SGD / BandMF / BLT each certified at (at most)
@@ -23,16 +25,6 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits_correlated_noise.py"
 TRANSFORMER_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "stdlib_transformer.py"
 
-# the accountant each row must be certified by (the sampler decides it; see the example's docstring)
-METHODS = {
-    "dpsgd": "pld",
-    "bandmf-cyc": "mmcc",
-    "bandmf-bib": "allocation",
-    "blt-bib": "allocation",
-    "tree": "mmcc",
-    "optimal": "unamplified",
-}
-
 
 @pytest.fixture(scope="module")
 def fast_run(tmp_path_factory):
@@ -46,38 +38,55 @@ def fast_run(tmp_path_factory):
     return out, proc.stdout
 
 
-def test_fast_mode_writes_the_three_outputs(fast_run):
+def test_fast_mode_writes_the_outputs(fast_run):
     out, stdout = fast_run
     for name in ("results.json", "results.md", "accuracy_vs_epsilon.png"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     assert (out / "accuracy_vs_epsilon.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "results.md").read_text()
-    assert "| mechanism | eps = 4 |" in md
-    assert "DP-SGD" in md and "BandMF" in md and "BLT" in md and "tree" in md and "Optimal" in md
-    assert "| mechanism | eps = 4 |" in stdout
+    header = "| epsilon | rank | mechanism | accountant | sigma | prefix-sum noise | best lr | accuracy (%) |"
+    assert header in md and header in stdout
+    assert "non-private SGD" in md and "DP-SGD, Poisson sampling" in md and "Plan at epsilon 4" in md
 
 
-def test_fast_mode_accuracies_and_certified_epsilons(fast_run):
+def test_fast_mode_trains_the_plans_best_rows_as_certified(fast_run):
+    from dpmf.accounting.verify import verify_report
+
     out, _ = fast_run
     res = json.loads((out / "results.json").read_text())
     cfg = res["config"]
-    assert cfg["fast"] is True and cfg["epsilons"] == [4.0] and cfg["steps"] == cfg["epochs"] * cfg["steps_per_epoch"]
-    rows = {r["mechanism"]: r for r in res["summary"]}
-    assert set(rows) == set(METHODS) | {"non-private"}
-    for row in res["summary"]:
-        assert 0.0 <= row["mean_accuracy"] <= 1.0
-        assert all(0.0 <= a <= 1.0 for a in row["accuracies"])
+    assert cfg["fast"] is True and cfg["epsilons"] == [4.0] and cfg["top"] == 2
+    plan = res["plans"]["4"]
+    ranked = [r for r in plan if not r["pruned"]]
+    assert [r["rank"] for r in ranked] == list(range(1, len(ranked) + 1))
+    trained = {j["row"]["label"]: j for j in res["jobs"] if j.get("row")}
+    # the plan's two best rows, and DP-SGD with Poisson sampling as the baseline
+    assert {r["label"] for r in ranked[:2]} | {"DP-SGD, Poisson sampling"} == set(trained)
+    for label, job in trained.items():
+        row = job["row"]
+        if row["rank"] is not None:  # (the baseline may have been calibrated on its own)
+            assert row == next(r for r in plan if r["label"] == label)
+        assert row["certified"] and row["epsilon"] <= 4.0 * (1 + 1e-9)
+        assert job["verified"]["holds"] and job["verified"]["edited"] is False
+        report = out / "reports" / job["verified"]["report"]
+        v = verify_report(report)  # the saved training report, as dpmf verify would check it
+        assert v.holds and v.edited is False and v.claimed_epsilon == row["epsilon"]
+        training = json.loads(report.read_text())["diagnostics"]["training"]
+        assert training["steps_done"] == training["steps_planned"] == cfg["steps"]
+        assert training["plan_row"]["label"] == label
     for run in res["runs"]:
         assert 0.0 <= run["accuracy"] <= 1.0
         if run["mechanism"] == "non-private":
             continue
-        # every private run was certified at (at most) its target by the accountant its sampler needs
-        assert run["certified_epsilon"] <= run["epsilon"] * (1 + 1e-9)
-        assert run["method"] == METHODS[run["mechanism"]], run
-        assert run["noise_multiplier"] > 0
-    # better than chance (10 classes): DP-SGD learns at epsilon 4 even in 24 steps
-    assert rows["dpsgd"]["mean_accuracy"] > 0.2
-    assert rows["non-private"]["mean_accuracy"] > 0.8
+        row = trained[run["mechanism"]]["row"]
+        # every private run trained exactly its row: its noise, accountant and certified epsilon
+        assert run["noise_multiplier"] == row["noise_multiplier"] and run["method"] == row["method"]
+        assert run["certified_epsilon"] == row["epsilon"] <= run["epsilon"] * (1 + 1e-9)
+        assert run["steps_done"] == cfg["steps"]
+    rows = {r["mechanism"]: r for r in res["summary"]}
+    # better than chance (10 classes) in 10 steps, DP-SGD at epsilon 4 as well
+    assert rows["DP-SGD, Poisson sampling"]["mean_accuracy"] > 0.2
+    assert rows["non-private"]["mean_accuracy"] > 0.6
 
 
 # ------------------------------------------------------------------------------ stdlib transformer

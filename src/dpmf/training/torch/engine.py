@@ -5,7 +5,8 @@ The batches (:class:`~dpmf.training.torch.data.SchemeBatchSampler`), the noise
 (:func:`~dpmf.training.torch.noise.correlated_noise`) and the epsilon (the plan's report,
 :func:`~dpmf.training.plan.build_plan`) come from the same ``strategy`` and ``sampling`` objects, so
 they cannot disagree; or all three from one ``dpmf plan`` row (``plan=row``: exactly what the row
-certified, re-checked, not calibrated again; :func:`~dpmf.training.plan.plan_from_row`). Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
+certified, re-checked, not calibrated again; :func:`~dpmf.training.plan.plan_from_row`). Example
+(BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
 
 >>> import torch
 >>> from dpmf.sampling import BallsInBinsSampling
