@@ -15,6 +15,20 @@ class InvalidParameterError(DPMFError, ValueError):
     """An argument is out of range, of the wrong shape, NaN, or inconsistent with another."""
 
 
+class NoiseTooSmallError(InvalidParameterError):
+    """A noise multiplier below the smallest an accountant can evaluate with its settings (e.g. one
+    step's privacy-loss grid would have too many points). ``smallest`` is the smallest noise
+    multiplier it accepts with the same settings: calibration searches stop there instead of
+    failing (:func:`dpmf.privacy.calibration.smallest_noise`)."""
+
+    def __init__(self, message: str, smallest: float) -> None:
+        super().__init__(message)
+        self.smallest = float(smallest)
+
+    def __reduce__(self):  # (raised in worker processes: must survive pickling)
+        return (type(self), (str(self), self.smallest))
+
+
 class UnsupportedConfigurationError(DPMFError):
     """The inputs are valid, but no sound method covers this combination (for example an
     amplification analysis asked for an encoder with negative entries)."""
@@ -41,6 +55,7 @@ class DPMFWarning(UserWarning):
 __all__ = [
     "DPMFError",
     "InvalidParameterError",
+    "NoiseTooSmallError",
     "UnsupportedConfigurationError",
     "NumericalError",
     "CalibrationError",

@@ -1,6 +1,7 @@
 """Machine resources (bottom layer, next to :mod:`dpmf.errors`): the memory available now, and a
 check that refuses a dense allocation that cannot fit with a :class:`~dpmf.errors.DPMFError`
-instead of numpy's ``MemoryError`` (or the machine swapping to a halt)."""
+instead of numpy's ``MemoryError`` (or the machine swapping to a halt); the CPUs available, and
+the one cap on worker processes every process pool in dpmf goes through (:func:`usable_workers`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 
 from dpmf.errors import InvalidParameterError
 
-__all__ = ["available_memory", "check_allocation", "format_bytes", "format_seconds"]
+__all__ = ["available_memory", "available_cpus", "check_allocation", "format_bytes", "format_seconds", "usable_workers",
+           "workers_note"]
 
 _GIB = 2.0**30
 
@@ -28,6 +30,42 @@ def available_memory() -> float:
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):  # pragma: no cover - exotic platforms
         return math.inf
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its CPU affinity where the platform reports one, else
+    ``os.cpu_count()``, else 1 (unknown: one process is the only count known to be usable)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
+        return max(1, os.cpu_count() or 1)
+
+
+def usable_workers(workers: int, tasks: int | None = None) -> int:
+    """How many worker processes to start for ``workers`` requested and ``tasks`` jobs:
+    ``min(workers, tasks, available_cpus())``, at least 1.
+
+    More processes than jobs would sit idle, and more than the CPUs would only share them (each
+    process costs memory and start-up time; ``workers=100000`` would fork until the machine
+    stalls). Results never depend on the number of processes, so the cap is silent here; the CLI
+    says so in a note (:func:`workers_note`). ``workers`` must already be validated (an int >= 1).
+    """
+    cap = min(int(workers), available_cpus())
+    if tasks is not None:
+        cap = min(cap, int(tasks))
+    return max(1, cap)
+
+
+def workers_note(workers: int | None) -> str | None:
+    """The one-line note the CLI prints when ``--workers`` asks for more processes than this
+    machine's CPUs (``None`` when it does not)."""
+    cpus = available_cpus()
+    if workers is None or isinstance(workers, bool) or not isinstance(workers, int) or workers <= cpus:
+        return None
+    return (
+        f"--workers {workers:,} is more than the {cpus} CPU{'s' if cpus != 1 else ''} this process can use; "
+        f"starting at most {cpus} worker process{'es' if cpus != 1 else ''} (and never more than there are tasks)"
+    )
 
 
 def format_bytes(b: float) -> str:

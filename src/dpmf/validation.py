@@ -31,6 +31,24 @@ def positive(name: str, value: object, *, allow_inf: bool = False) -> float:
     return out
 
 
+def noise_scale(name: str, value: object) -> float:
+    """A noise multiplier (a Gaussian standard deviation): finite, > 0, and with a square that is a
+    positive, finite float64 (``1.5e-154 <= value <= 1.3e154``): privacy losses divide by the
+    variance ``value^2``, which underflows to 0 below that range and overflows above it."""
+    out = positive(name, value)
+    if out * out < 2.2250738585072014e-308:  # (sys.float_info.min: the smallest normal float64)
+        raise InvalidParameterError(
+            f"{name} {value!r} is too small: its square, the noise variance, underflows float64 (the privacy "
+            f"losses divide by it); use {name} >= 1.5e-154 (epsilon is infinite long before)"
+        )
+    if math.isinf(out * out):
+        raise InvalidParameterError(
+            f"{name} {value!r} is too large: its square, the noise variance, overflows float64; use {name} <= "
+            "1.3e154 (epsilon is 0 long before)"
+        )
+    return out
+
+
 def non_negative(name: str, value: object) -> float:
     """A finite real number >= 0."""
     out = _as_float(name, value)

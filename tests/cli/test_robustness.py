@@ -245,8 +245,11 @@ def test_dense_encoder_too_large_for_memory_is_a_dpmf_error():
 
     with pytest.raises(InvalidParameterError, match="dense .* more than the .* of memory available"):
         BinaryTree(10**7).encoder()
-    with pytest.raises(DPMFError, match="MMCC needs a dense"):
+    # the API's up-front memory guard (issue 24) refuses first; past it (force=True), MMCC's own
+    with pytest.raises(DPMFError, match="refusing to start: .* memory .* force=True"):
         dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc")
+    with pytest.raises(DPMFError, match="MMCC needs a dense"):
+        dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc", force=True)
 
 
 # ------------------------------------------------------------------ Monte Carlo infinity
@@ -525,3 +528,342 @@ def test_readme_links_only_to_files_in_the_repository():
     for target in re.findall(r"\]\(([^)#]+)\)", text):
         if not target.startswith(("http://", "https://")):
             assert (README.parent / target).exists(), target
+
+
+# ------------------------------------------------------------------ issue 24: no runaway work, no raw exception
+@pytest.fixture
+def pools(monkeypatch):
+    """Every process pool dpmf creates is recorded (the list of ``max_workers`` asked for) and runs
+    its jobs in that many threads instead (same results, no processes); the machine has 2 CPUs."""
+    import concurrent.futures
+
+    import importlib
+
+    import dpmf.accounting.mmcc.rows as rows
+    import dpmf.resources as resources
+
+    importlib.import_module("dp_accounting.pld.privacy_loss_distribution")  # (once here, not by racing threads)
+    started: list = []
+
+    class RecordingPool(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers=None, mp_context=None, initializer=None, initargs=()):
+            started.append(max_workers)
+            super().__init__(max_workers=max_workers, initializer=initializer, initargs=initargs)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", RecordingPool)  # (imported at call time)
+    monkeypatch.setattr(rows, "ProcessPoolExecutor", RecordingPool)
+    monkeypatch.setattr(resources, "available_cpus", lambda: 2)
+    return started
+
+
+def timed_invoke(args, limit: float = 60.0):
+    """``invoke``, asserting it answered within ``limit`` seconds (the bad inputs used to hang)."""
+    start = time.perf_counter()
+    res = invoke(args)
+    assert time.perf_counter() - start < limit, args
+    return res
+
+
+_MMCC = ["--strategy", "tree", "--steps", "8", "--sampling-prob", "0.1", "--delta", "1e-6", "--method", "mmcc"]
+_MC = ["--strategy", "bsr", "--bands", "2", "--steps", "16", "--sampling", "b-min-sep", "--min-sep", "2",
+       "--sampling-prob", "0.1", "--noise-multiplier", "1", "--delta", "1e-2", "--samples", "20000",
+       "--chunk-size", "10000", "--seed", "5"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["account", *_MMCC, "--noise-multiplier", "3"],
+        ["calibrate", *_MMCC, "--epsilon", "5"],
+        ["montecarlo", "run", *_MC],
+    ],
+    ids=["account-mmcc", "calibrate-mmcc", "montecarlo-run"],
+)
+def test_workers_100000_starts_at_most_one_process_per_cpu_with_a_note(pools, args):
+    """Issue 24 item 1: --workers 100000 forked ~1,500 processes in a minute; now at most the CPUs."""
+    res = timed_invoke([*args, "--workers", "100000"])
+    assert res.exit_code == 0, res.output
+    assert pools and all(1 <= k <= 2 for k in pools), pools  # 2 CPUs, 100,000 asked for
+    notes = [line for line in res.stderr.splitlines() if line.startswith("note: --workers")]
+    assert notes == [
+        "note: --workers 100,000 is more than the 2 CPUs this process can use; starting at most 2 worker "
+        "processes (and never more than there are tasks)"
+    ], res.stderr
+
+
+def test_workers_never_exceed_the_tasks_in_resume_verify_and_plan(pools, monkeypatch, tmp_path):
+    import concurrent.futures
+
+    import dpmf.resources as resources
+    from dpmf.accounting.montecarlo.run import MonteCarloRun
+    from dpmf.planner import TrainingRun, candidates, plan
+    from dpmf.sampling import MinSepSampling, PoissonSampling
+    from dpmf.strategies import BinaryTree, catalog
+
+    monkeypatch.setattr(resources, "available_cpus", lambda: 64)  # the tasks are the cap now
+    checkpoint = tmp_path / "mc.npz"
+    MonteCarloRun(catalog.build("bsr", 16, bands=2), MinSepSampling(0.1, 16, 2), 1.0, 20000, seed=5,
+                  chunk_size=10000).save(checkpoint)
+    res = timed_invoke(["montecarlo", "resume", checkpoint, "--delta", "1e-2", "--workers", "100000"])
+    assert res.exit_code == 0, res.output
+    assert pools == [4], pools  # 2 chunks x 2 directions: 4 processes, not 64 or 100,000
+
+    pools.clear()
+    report = dpmf.account(BinaryTree(8), PoissonSampling(0.1, 8), 3.0, 1e-6, method="mmcc", heuristic=False,
+                          workers=100_000)
+    assert pools and max(pools) <= 15, pools  # at most one per row (the tree's 15), never 64
+    (tmp_path / "r.json").write_text(report.to_json())
+    pools.clear()
+    res = timed_invoke(["verify", tmp_path / "r.json", "--workers", "100000"])
+    assert res.exit_code in (0, 4), res.output  # the claim holds
+    assert pools and max(pools) <= 15, pools
+
+    run = TrainingRun(200, 20, 2, 1.0, 1e-6)
+
+    class Stop(Exception):
+        pass
+
+    def record_and_stop(max_workers=None, **kwargs):
+        pools.append(max_workers)
+        raise Stop
+
+    pools.clear()
+    monkeypatch.setattr(resources, "available_cpus", lambda: 10**6)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", record_and_stop)
+    with pytest.raises(Stop):
+        plan(run, workers=100_000, prune=False)
+    assert pools == [len(candidates(run))]  # one process per candidate at most
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["account", "--steps", "100", "--sampling-prob", "0.01", "--noise-multiplier", "1", "--delta", "1e-6",
+          "--method", "pld", "--workers", "2"], "option '--workers' is not used when accounting with pld"),
+        (["calibrate", "--steps", "100", "--sampling-prob", "0.01", "--epsilon", "1", "--delta", "1e-6",
+          "--method", "unamplified", "--workers", "2"], "option '--workers' is not used when calibrating with unamplified"),
+        (["account", "--steps", "100", "--sampling-prob", "0.01", "--noise-multiplier", "1", "--delta", "1e-6",
+          "--method", "pld", "--workers", "100000"], "option '--workers' is not used when accounting with pld"),
+    ],
+)
+def test_workers_with_a_method_that_does_not_use_them_is_an_error(pools, args, needle):
+    res = timed_invoke(args)
+    one_line_error(res, needle)
+    assert "note:" not in res.stderr and pools == []  # the error alone, and nothing started
+
+
+def test_verify_refuses_workers_for_a_report_that_runs_in_one_process(pools, tmp_path):
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    (tmp_path / "pld.json").write_text(dpmf.account(Identity(100), PoissonSampling(0.01, 100), 1.0, 1e-6).to_json())
+    one_line_error(timed_invoke(["verify", tmp_path / "pld.json", "--workers", "2"]),
+                   "--workers) 2 is not used to recompute a report of method 'pld'")
+    assert pools == []
+
+
+def test_calibrate_a_huge_epsilon_answers_fast_and_soundly():
+    """Issue 24 item 2: calibrate --epsilon 1e6 ran for minutes at a shrinking noise, silently."""
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    res = timed_invoke(["calibrate", "--steps", "1000", "--sampling-prob", "0.01", "--epsilon", "1e6", "--delta",
+                        "1e-6", "--json"], limit=30)
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["target_epsilon"] == 1e6 and d["epsilon"] <= 1e6
+    # sound: recomputed from scratch at the noise it released, its own method gives epsilon <= target
+    again = dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), d["noise_multiplier"], 1e-6, method=d["method"])
+    assert again.epsilon <= 1e6
+    assert "pld" in d["diagnostics"]["not_calibrated"]  # (pld cannot evaluate a noise that small)
+
+
+@pytest.fixture
+def small_pld_grid(monkeypatch):
+    """A 4x smaller one-step PLD grid limit (so a search down to it takes seconds); returns the
+    smallest noise the pld accountant then evaluates at q = 0.01."""
+    from dpmf.privacy import gaussian_plds
+
+    monkeypatch.setattr(gaussian_plds, "MAX_STEP_GRID_POINTS", 2**18)
+    return gaussian_plds._smallest_fitting_noise(0.01, 1.0, 1e-4, 2**18)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--steps", "1000", "--sampling-prob", "0.01"],
+        ["--strategy", "tree", "--steps", "64", "--sampling-prob", "0.05"],
+        ["--sampling", "cyclic-poisson", "--min-sep", "4", "--strategy", "banded-toeplitz", "--bands", "4", "--steps",
+         "64", "--sampling-prob", "0.05"],
+    ],
+    ids=["identity", "tree", "cyclic"],
+)
+def test_calibrate_at_a_delta_every_noise_meets_is_refused_at_once(args):
+    """--delta 0.999999: with probability (1 - q)^T an example joins no batch, so epsilon is 0 at any
+    noise; the search used to shrink the noise for minutes looking for where it stops being 0."""
+    line = one_line_error(timed_invoke(["calibrate", *args, "--epsilon", "1", "--delta", "0.999999"], limit=30),
+                          "--delta 0.999999 needs no noise at all", "use delta <")
+    bound = float(line.split("use delta < ")[1].split()[0])
+    from dpmf.accounting.dispatch import _check_delta_needs_noise
+    from dpmf.sampling import PoissonSampling
+
+    if args[1] == "1000":  # the bound is 1 - (1 - 0.01)^1000: refused at it, not below it
+        assert bound == pytest.approx(1 - 0.99**1000, rel=1e-5)
+        with pytest.raises(InvalidParameterError, match="needs no noise"):
+            _check_delta_needs_noise(PoissonSampling(0.01, 1000), (1 - 0.99**1000) * (1 + 1e-9))
+        _check_delta_needs_noise(PoissonSampling(0.01, 1000), (1 - 0.99**1000) * (1 - 1e-9))
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1e6, 1e-6), (1e3, 0.05)])
+def test_calibration_to_a_huge_target_ends_at_the_smallest_noise_the_accountant_evaluates(small_pld_grid, epsilon,
+                                                                                          delta):
+    from dpmf.errors import NoiseTooSmallError
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    start = time.perf_counter()
+    cal = dpmf.calibrate(Identity(10), PoissonSampling(0.01, 10), epsilon, delta, method="pld")
+    assert time.perf_counter() - start < 60
+    assert cal.noise_multiplier == small_pld_grid and cal.evaluations <= 4
+    assert cal.report.epsilon <= epsilon and "smaller noises may meet it too" in cal.report.diagnostics["at_smallest_noise"]
+    with pytest.raises(NoiseTooSmallError):  # it is the edge: just below is not evaluated
+        dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * small_pld_grid, delta, method="pld")
+    res = timed_invoke(["calibrate", "--steps", "10", "--sampling-prob", "0.01", "--epsilon", str(epsilon), "--delta",
+                        str(delta), "--method", "pld"])
+    assert res.exit_code == 0, res.output
+    assert f"noise multiplier {small_pld_grid:.6g} gives epsilon" in res.stdout
+    assert "note: the pld accountant evaluates no noise below" in res.stdout
+
+
+def test_calibration_cost_estimate_follows_the_search_and_refuses_over_ten_minutes():
+    from dpmf.accounting.cost import accounting_cost
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    def cost(epsilon, delta):
+        return accounting_cost(Identity(1000), PoissonSampling(0.01, 1000), calibrate=True, target_epsilon=epsilon,
+                               delta=delta).seconds
+
+    normal = cost(1.0, 1e-6)
+    assert cost(1e6, 1e-6) > 5 * normal and cost(1.0, 0.5) > 5 * normal  # the search goes down to small noise
+    assert cost(1e6, 1e-6) < 600  # ... but never below what the accountant evaluates (a bounded grid)
+    one_line_error(timed_invoke(["calibrate", "--strategy", "tree", "--steps", "4096", "--sampling-prob", "0.01",
+                                 "--epsilon", "1", "--delta", "1e-6"]), "refusing to start", "rough estimate", "--force")
+
+
+def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):
+    """Issue 24 item 2: the CLI's memory guard at the API entry point (a billion DP-SGD steps)."""
+    import dpmf.resources as resources
+    from dpmf.errors import CostLimitError
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    monkeypatch.setattr(resources, "available_memory", lambda: 16.0 * 2**30)
+    start = time.perf_counter()
+    with pytest.raises(CostLimitError, match=r"refusing to start: .* GiB of memory .* 16 GiB available.*force=True"):
+        dpmf.account(Identity(10**9), PoissonSampling(0.01, 10**9), 1.0, 1e-6)
+    assert time.perf_counter() - start < 20  # (deciding which methods apply used to build 8 GB arrays first)
+    # the guard lets what fits through, with the same answer
+    assert dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), 1.0, 1e-6).epsilon == pytest.approx(2.125, abs=1e-3)
+
+
+@pytest.mark.parametrize("sigma", ["1e-300", "1e-10", "1e-2"])
+def test_account_noise_too_small_names_the_valid_range(sigma):
+    """Issue 24 item 3: 1e-300 was a ZeroDivisionError, 1e-2 ran for more than 5 minutes."""
+    from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS, _smallest_fitting_noise
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    edge = _smallest_fitting_noise(0.01, 1.0, 1e-4, MAX_STEP_GRID_POINTS)
+    line = one_line_error(timed_invoke(["account", "--steps", "10", "--sampling-prob", "0.01", "--noise-multiplier",
+                                        sigma, "--delta", "1e-6"], limit=30),
+                          f"--noise-multiplier {float(sigma)!r} is too small", "grid",
+                          f"use --noise-multiplier >= {edge:.4g}")
+    assert "Traceback" not in line
+    start = time.perf_counter()
+    with pytest.raises(NoiseTooSmallError) as exc:
+        dpmf.account(Identity(10), PoissonSampling(0.01, 10), float(sigma), 1e-6)
+    assert time.perf_counter() - start < 30
+    assert exc.value.smallest == edge and "\n" not in str(exc.value)
+
+
+def test_the_valid_noise_range_is_the_grid_limit_itself(small_pld_grid):
+    """The edge named in the message is evaluated (fast, finite); just below it is refused."""
+    from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.gaussian_plds import step_grid_points
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    assert step_grid_points(small_pld_grid, 0.01) <= 2**18 < step_grid_points(0.99 * small_pld_grid, 0.01)
+    at_edge = dpmf.account(Identity(10), PoissonSampling(0.01, 10), small_pld_grid, 1e-6)
+    assert math.isfinite(at_edge.epsilon)
+    assert at_edge.epsilon >= dpmf.account(Identity(10), PoissonSampling(0.01, 10), 2 * small_pld_grid, 1e-6).epsilon
+    with pytest.raises(NoiseTooSmallError, match=f"use noise_multiplier >= {small_pld_grid:.4g}"):
+        dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * small_pld_grid, 1e-6)
+
+
+def _extreme_cases():
+    from dpmf.sampling import (BallsInBinsSampling, CyclicPoissonSampling, FixedOrderSampling, MinSepSampling,
+                               PoissonSampling)
+    from dpmf.strategies import BinaryTree, Identity, catalog
+
+    return [
+        ("pld", Identity(10), PoissonSampling(0.01, 10), {}),
+        ("mmcc", BinaryTree(8), PoissonSampling(0.1, 8), {}),
+        ("auto", BinaryTree(8), CyclicPoissonSampling(0.1, 8, 2), {}),
+        ("unamplified", BinaryTree(8), FixedOrderSampling(1, 8), {}),
+        ("allocation_pld", Identity(8), BallsInBinsSampling(1, 8), {}),
+        ("allocation", catalog.build("banded-toeplitz", 8, bands=2), BallsInBinsSampling(1, 8), {}),
+        ("montecarlo", catalog.build("bsr", 16, bands=2), MinSepSampling(0.1, 16, 2), {"num_samples": 20000, "seed": 1}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7), ids=[c[0] for c in [("pld",), ("mmcc",), ("auto-cyclic",), ("unamplified",),
+                                                               ("allocation_pld",), ("allocation",), ("montecarlo",)]])
+def test_every_accountant_at_extreme_noise_gives_a_dpmf_error_or_a_sound_answer(case):
+    """1e300 was an OverflowError and 1e-300 a ZeroDivisionError deep in the accountants."""
+    from dpmf.accounting.dispatch import NOISE_CEILING
+    from dpmf.errors import DPMFError
+
+    method, strategy, scheme, opts = _extreme_cases()[case]
+    delta = 1e-2 if method == "montecarlo" else 1e-6
+    start = time.perf_counter()
+    with pytest.raises(DPMFError) as exc:
+        dpmf.account(strategy, scheme, 1e-300, delta, method=method, **opts)
+    assert "\n" not in str(exc.value) and "noise" in str(exc.value)
+    huge = dpmf.account(strategy, scheme, 1e300, delta, method=method, **opts)
+    at_ceiling = dpmf.account(strategy, scheme, NOISE_CEILING, delta, method=method, **opts)
+    assert time.perf_counter() - start < 60
+    # sound: more noise is post-processing, so the report at the ceiling bounds it (and says so)
+    assert huge.noise_multiplier == 1e300 and huge.epsilon == at_ceiling.epsilon < 1e-3
+    assert huge.diagnostics["noise_multiplier_evaluated"] == NOISE_CEILING
+
+
+def test_account_and_individual_steps_at_a_huge_noise_on_the_command_line():
+    res = timed_invoke(["account", "--steps", "10", "--sampling-prob", "0.01", "--noise-multiplier", "1e300",
+                        "--delta", "1e-6"])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "epsilon = 0 at delta" in res.stdout and "note: noise multiplier 1e+300 accounted at 1e+08" in res.stdout
+    one_line_error(timed_invoke(["individual", "steps", "--noise-multiplier", "1e300", "--epsilon", "0.81563",
+                                 "--delta", "1e-5"]), "--noise-multiplier 1e+300 allows about 10^", "more than 2^50",
+                   "use --noise-multiplier <= 1.507e+08")
+    res = timed_invoke(["individual", "steps", "--noise-multiplier", "1e-300", "--epsilon", "0.81563", "--delta", "1e-5"])
+    assert res.exit_code == 0 and "GDP filter: 0 full-gradient steps" in res.stdout, res.output
+    mc = [a for a in _MC if a not in ("--noise-multiplier", "1")]  # (its sampler divides by the variance)
+    one_line_error(timed_invoke(["montecarlo", "run", *mc, "--noise-multiplier", "1e300"]),
+                   "--noise-multiplier 1e+300 is too large", "overflows float64", "<= 1.3e154")
+    one_line_error(timed_invoke(["montecarlo", "run", *mc, "--noise-multiplier", "1e-300"]),
+                   "--noise-multiplier 1e-300 is too small", "underflows float64", ">= 1.5e-154")
+
+
+def test_individual_steps_valid_noise_range_in_the_api():
+    from dpmf.accounting.individual.steps import MAX_STEPS, full_gradient_steps
+
+    top = full_gradient_steps(1.5e8, 0.81563, 1e-5)  # just inside the range: counted exactly
+    assert 0 < top["rdp_steps"] < top["gdp_steps"] <= MAX_STEPS
+    assert top["gdp_epsilon_at_steps"] <= 0.81563
+    with pytest.raises(InvalidParameterError, match=r"use noise_multiplier <= 1\.507e\+08"):
+        full_gradient_steps(1e300, 0.81563, 1e-5)
+    assert full_gradient_steps(1e-300, 0.81563, 1e-5)["gdp_steps"] == 0
+    assert full_gradient_steps(100, 0.81563, 1e-5)["gdp_steps"] == 495  # (the paper's example is unchanged)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dpmf.errors import CostLimitError
+from dpmf.errors import CostLimitError, DPMFError
 from dpmf.resources import available_memory, check_allocation, format_bytes, format_seconds
 
 __all__ = [
@@ -149,12 +149,49 @@ def _sigma_factor(sigma: float | None) -> float:
 def _pld_part(n, q, sigma, discretization=1e-4) -> tuple[float, float]:
     """DP-SGD PLD: the composed loss grid spans ~ n q^2 / (2 sigma^2) + 10 q sqrt(n) / sigma.
     Measured 0.4 s (n = 10^3..10^5, q = 0.01, sigma = 1), 1.1 s (n = 10^6), 21.8 s (n = 10^5,
-    q = 0.5). q = 1 is a closed form."""
+    q = 0.5). q = 1 is a closed form.
+
+    Plus one step's grid, which grows like ``1 / sigma^2`` (``u^2 / 2 + 8 u`` for ``u = 1 / sigma``
+    over the discretization; :data:`dpmf.privacy.gaussian_plds.MAX_STEP_GRID_POINTS` at most, a
+    larger one is refused at once): about 2e-5 s x (1 + log10(n) / 2) and 300 bytes x
+    (1 + 0.3 log10(n)) per point (measured 23 / 35 s and 0.5 / 0.8 GiB at sigma = 0.1, q = 0.01,
+    n = 10 / 100; 11 s at sigma = 0.3, n = 1000)."""
+    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS
+
+    u = 1.0 / sigma
+    step_points = (0.5 * u * u + 8.3 * u) / discretization if u < 1e100 else math.inf
+    if step_points > MAX_STEP_GRID_POINTS:
+        return 0.01, 0.0  # (refused before any work: NoiseTooSmallError)
+    decades = math.log10(max(n, 1))
+    step_secs = 2e-5 * max(step_points - 1e5, 0.0) * (1 + 0.5 * decades)  # (negligible at sigma >= 1)
+    step_mem = 300.0 * step_points * (1 + 0.3 * decades)
     if q >= 1:
-        return 0.01, 0.0
+        return 0.01 + step_secs, step_mem
     scale = n * q * q / (2 * sigma * sigma) + 10 * q * math.sqrt(n) / sigma
     points = max(scale, 1.0) / discretization
-    return 0.3 + 1.5e-3 * scale * (1e-4 / discretization), 64.0 * points
+    return 0.3 + 1.5e-3 * scale * (1e-4 / discretization) + step_secs, max(64.0 * points, step_mem)
+
+
+def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: float | None) -> float:
+    """Roughly where a DP-SGD PLD calibration ends: the noise at which the central-limit
+    approximation ``mu = q sqrt(n (exp(1 / sigma^2) - 1))`` (Bu et al. 2020) meets
+    ``mu(target_epsilon, delta)``, never below the smallest noise the accountant evaluates
+    (:data:`~dpmf.privacy.gaussian_plds.MAX_STEP_GRID_POINTS`), where a huge target or a delta near 1
+    ends it. 1 when the target is not known (the searches start there)."""
+    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS
+
+    u_max = -8.3 + math.sqrt(8.3**2 + 2.0 * MAX_STEP_GRID_POINTS * 1e-4)
+    floor = 1.0 / u_max
+    if target_epsilon is None or delta is None or not 0 < q < 1:
+        return 1.0
+    try:
+        from dpmf.privacy.gdp import gdp_mu
+
+        mu = gdp_mu(float(target_epsilon), float(delta))
+        sigma = 1.0 / math.sqrt(math.log1p(mu * mu / (q * q * max(n, 1))))
+    except (ArithmeticError, ValueError, DPMFError):
+        return floor  # (a target beyond what mu-GDP can express: the search goes all the way down)
+    return max(sigma, floor) if math.isfinite(sigma) else floor
 
 
 def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
@@ -308,10 +345,13 @@ def accounting_cost(
     calibrate: bool = False,
     num_samples: int | None = None,
     target_epsilon: float | None = None,
+    delta: float | None = None,
 ) -> CostEstimate:
     """Rough cost of ``dpmf.account(strategy, scheme, noise_multiplier, method=...)`` (or, with
     ``calibrate``, of ``dpmf.calibrate``: searches start at noise multiplier 1, the estimate is a
-    few evaluations there)."""
+    few evaluations there; a DP-SGD PLD search is also counted where it ends, from
+    ``target_epsilon`` and ``delta`` when given -- a huge target or a delta near 1 takes it down to
+    the smallest noise it evaluates, where one evaluation takes up to a minute)."""
     total = CostEstimate(0.0, 0.0)
     evals = 3.0 if calibrate else 1.0
     sigma = 1.0
@@ -319,7 +359,12 @@ def accounting_cost(
         sigma = float(noise_multiplier)  # (a bad value is the accountant's to refuse, by name)
     for m in _methods(strategy, scheme, method):
         if m == "pld":
-            secs, mem = _pld_part(int(strategy.n), float(getattr(scheme, "sampling_prob", 1.0)), sigma)
+            n, q = int(strategy.n), float(getattr(scheme, "sampling_prob", 1.0))
+            secs, mem = _pld_part(n, q, sigma)
+            end = _pld_search_noise(n, q, target_epsilon, delta) if calibrate else 1.0
+            if end < 1.0:  # one evaluation at 1, the others near where the search ends
+                secs_end, mem_end = _pld_part(n, q, end)
+                secs, mem = (secs + (evals - 1) * secs_end) / evals, max(mem, mem_end)
         elif m == "mmcc":
             secs, mem = _mmcc_part(strategy, scheme, sigma)
         elif m == "unamplified":

@@ -19,7 +19,7 @@ from dpmf import validation as _v
 from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, unamplified
 from dpmf.accounting.allocation import pld as allocation_pld
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.sampling.schemes import SCHEMES
 from dpmf.strategies.identity import Identity
@@ -233,6 +233,13 @@ def _select(strategy, scheme, method: str, options: dict) -> tuple[list[Accounti
     return [METHODS[method]], {}
 
 
+def selected_methods(strategy, scheme, method: str = "auto", options: dict | None = None) -> list[str]:
+    """Names of the methods ``dpmf.account`` / ``dpmf.calibrate`` run for these arguments (the
+    CLI uses it to say, after Ctrl-C, whether a run could resume: only MMCC saves rows)."""
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    return [m.name for m in _select(strategy, scheme, method, options)[0]]
+
+
 def _checked_options(methods, skipped, options, calibrating) -> list[dict]:
     """Options per method to run; an option is checked against the skipped methods too (an option
     of a method ``auto`` decided not to run is not a user error)."""
@@ -240,14 +247,31 @@ def _checked_options(methods, skipped, options, calibrating) -> list[dict]:
     return _options_for(everyone, options, calibrating)[: len(methods)]
 
 
+#: Noise multipliers above this are accounted at this value (``report.diagnostics`` says so).
+#: Adding noise is post-processing, so epsilon is non-increasing in the noise and the report at
+#: the ceiling is a sound bound for any larger noise. At 1e8 the privacy loss of a unit-sensitivity
+#: step (of order 1 / sigma) is 10^4 times finer than the accountants' loss grids (1e-4), so a larger
+#: noise cannot lower the reported epsilon further; while near 1e12 some accountants' numerics
+#: (conditional composition's bisection, variances sigma^2 near 1e154) leave their range.
+NOISE_CEILING = 1e8
+
+
 def account(
-    strategy, scheme, noise_multiplier: float, delta: float, method: str = "auto", **options
+    strategy, scheme, noise_multiplier: float, delta: float, method: str = "auto", *, force: bool = False,
+    **options
 ) -> PrivacyReport:
     """Privacy of running ``strategy`` with batches from ``scheme`` and noise ``noise_multiplier``.
 
     ``options`` (e.g. ``workers=2`` for MMCC, ``num_samples``/``seed`` for Monte Carlo) go to every
     selected method that takes them; ``None`` values are dropped. ``method="auto"`` never picks an
     estimate (Monte Carlo) on its own.
+
+    Before any work, the rough memory estimate of :func:`dpmf.accounting.cost.accounting_cost`
+    (the one ``dpmf account`` checks) is compared with the memory available, and a run that
+    cannot fit is refused with :class:`~dpmf.errors.CostLimitError` (``force=True`` runs it anyway).
+    A noise multiplier above :data:`NOISE_CEILING` is accounted at the ceiling (sound: more noise is
+    post-processing); one too small for an accountant's grids raises
+    :class:`~dpmf.errors.NoiseTooSmallError` naming the smallest it evaluates.
 
     >>> from dpmf.strategies import Identity
     >>> from dpmf.sampling import PoissonSampling
@@ -257,15 +281,63 @@ def account(
     """
     delta = _check_common(strategy, scheme, delta)
     sigma = _v.positive("noise_multiplier", noise_multiplier)
+    evaluated = min(sigma, NOISE_CEILING)
+    if not force:  # (before choosing methods: deciding validity can itself take O(n) memory)
+        _check_memory(strategy, scheme, evaluated, method, options.get("num_samples"))
     methods, skipped = _select(strategy, scheme, method, options)
     per_method = _checked_options(methods, skipped, options, calibrating=False)
-    reports = [m.run(strategy, scheme, sigma, delta, **opts) for m, opts in zip(methods, per_method)]
+    reports = [_run_checked(m, strategy, scheme, evaluated, delta, opts) for m, opts in zip(methods, per_method)]
     best = min(reports, key=lambda r: r.epsilon)
     if len(reports) > 1 or skipped:
         others = {r.method: r.epsilon for r in reports}
         extra = {"all_methods": others, **({"skipped_methods": skipped} if skipped else {})}
         best = dataclasses.replace(best, diagnostics={**best.diagnostics, **extra})
+    if evaluated < sigma:
+        best = dataclasses.replace(best, noise_multiplier=sigma, diagnostics={
+            **best.diagnostics, "noise_multiplier_evaluated": evaluated,
+            "noise_ceiling": f"noise multiplier {sigma:g} accounted at {evaluated:g} (dpmf.accounting.dispatch."
+                             "NOISE_CEILING): more noise is post-processing, so this epsilon bounds it",
+        })
     return best
+
+
+def _check_memory(strategy, scheme, sigma: float, method: str, num_samples=None) -> None:
+    """The CLI's memory guard (:func:`dpmf.accounting.cost.check_cost` on the rough estimate of
+    :func:`~dpmf.accounting.cost.accounting_cost`, which decides from types alone what ``method``
+    runs) at the API entry point: memory only (a long run is the caller's choice; a run that cannot
+    fit only ends in ``MemoryError`` or swapping)."""
+    from dpmf.accounting.cost import accounting_cost
+    from dpmf.errors import CostLimitError, DPMFError
+    from dpmf.resources import available_memory, format_bytes
+
+    try:
+        est = accounting_cost(strategy, scheme, sigma, method=method, num_samples=num_samples)
+    except (DPMFError, ArithmeticError, AttributeError, TypeError, ValueError):
+        return  # (an estimate that cannot be made is no reason to refuse: the accountant checks its inputs)
+    have = available_memory()
+    if est.memory_bytes > have:
+        raise CostLimitError(
+            f"refusing to start: this would need about {format_bytes(est.memory_bytes)} of memory (a rough "
+            f"estimate: {est.describe()}), more than the {format_bytes(have)} available; use fewer steps or a "
+            "larger noise_multiplier, or pass force=True to run it anyway"
+        )
+
+
+def _run_checked(m: AccountingMethod, strategy, scheme, sigma: float, delta: float, opts: dict) -> PrivacyReport:
+    """``m.run``, with a float64 overflow or division by zero deep inside an accountant (a noise far
+    outside what it can represent) turned into a :class:`~dpmf.errors.NumericalError` that says so."""
+    from dpmf.errors import DPMFError, NumericalError
+
+    try:
+        return m.run(strategy, scheme, sigma, delta, **opts)
+    except DPMFError:
+        raise
+    except (OverflowError, ZeroDivisionError, FloatingPointError) as exc:
+        change = "a larger noise_multiplier" if sigma < 1 else "a smaller noise_multiplier"
+        raise NumericalError(
+            f"the {m.name} accountant cannot compute epsilon at noise_multiplier={sigma!r}: its privacy loss leaves "
+            f"float64's range ({type(exc).__name__}: {exc}); use {change}"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -315,6 +387,7 @@ def calibrate(
 
     delta = _check_common(strategy, scheme, delta)
     target = _v.positive("target_epsilon", target_epsilon)
+    _check_delta_needs_noise(scheme, delta)
     limit = None if max_noise_multiplier is None else _v.positive("max_noise_multiplier", max_noise_multiplier)
     methods, skipped = _select(strategy, scheme, method, options)
     per_method = _checked_options(methods, skipped, options, calibrating=True)
@@ -328,6 +401,7 @@ def calibrate(
     at_limit: dict[str, float] = {}  # method -> epsilon at the limit (when it does not pass there)
     lower_bounds: set[str] = set()  # methods whose at_limit epsilon is a lower bound (a partial probe)
     not_calibrated: dict[str, str] = {}
+    at_floor: dict[str, float] = {}  # methods whose search stopped at the smallest noise they evaluate
     start: list[float | None] = []  # the lazily computed unamplified start, when used
     with contextlib.ExitStack() as stack:  # the progress task opens at the first evaluation noted
         evals, bar = [0], []
@@ -335,7 +409,7 @@ def calibrate(
         def note(s: float, e: float) -> None:
             evals[0] += 1
             if not bar:
-                bar.append(stack.enter_context(progress.task(f"calibrating noise ({'/'.join(m.name for m in methods)})")))
+                bar.append(stack.enter_context(progress.task(f"calibrating noise ({'/'.join(m.name for m in methods)})", unit="evaluations")))
             bar[0].update(completed=bar[0].completed + 1, note=f"sigma={s:.6g}: epsilon={e:.6g}")
             if callback is not None:
                 callback(s, e)
@@ -363,12 +437,15 @@ def calibrate(
                 # search itself is then the same as without a limit (so is its answer)
                 bound = min((b for b in (cap, limit) if b is not None), default=None)
                 if searches and bound is not None and (m.fast_calibration is not None or bound != cap):
-                    if m.probe is not None:
-                        probed = m.probe(strategy, scheme, bound, delta, target, **opts, **dict(m.probe_options))
-                        if isinstance(probed, PrivacyReport):
-                            memo[bound] = probed
-                    else:
-                        probed = run(bound, probe=True)
+                    try:
+                        if m.probe is not None:
+                            probed = m.probe(strategy, scheme, bound, delta, target, **opts, **dict(m.probe_options))
+                            if isinstance(probed, PrivacyReport):
+                                memo[bound] = probed
+                        else:
+                            probed = run(bound, probe=True)
+                    except NoiseTooSmallError:  # it cannot even evaluate the bound: it cannot get below it
+                        raise NoiseLimitExceeded("", bound, math.inf) from None
                     eps, partial = (probed.epsilon, False) if isinstance(probed, PrivacyReport) else (probed, True)
                     note(bound, eps)
                     if eps > target:
@@ -386,11 +463,19 @@ def calibrate(
                         sigma, found = sigma
                         memo[sigma] = found
                 else:  # cheap at any noise: from 1 (or the cap, if lower), given up above the cap
-                    sigma = smallest_noise(
+                    found = smallest_noise(
                         lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=note, limit=cap
-                    ).value
+                    )
+                    sigma = found.value
+                    if found.at_floor:
+                        at_floor[m.name] = sigma
             except NoiseLimitExceeded as exc:
-                if best is not None and exc.limit == best.noise_multiplier:
+                if best is not None and exc.limit == best.noise_multiplier and math.isinf(exc.epsilon):
+                    not_calibrated[m.name] = (
+                        f"it cannot evaluate a noise as small as {exc.limit:.6g} (below the smallest noise it "
+                        f"evaluates), where {best.report.method} passes: it cannot give a smaller noise"
+                    )
+                elif best is not None and exc.limit == best.noise_multiplier:
                     at_least = ">= " if exc.lower_bound else ""
                     not_calibrated[m.name] = (
                         f"epsilon {at_least}{exc.epsilon:.6g} > {target:g} already at noise {exc.limit:.6g}, where "
@@ -434,10 +519,47 @@ def calibrate(
         extra["skipped_methods"] = skipped
     if not_calibrated:
         extra["not_calibrated"] = not_calibrated
+    if best.report.method in at_floor and best.noise_multiplier == at_floor[best.report.method]:
+        extra["at_smallest_noise"] = (
+            f"the {best.report.method} accountant evaluates no noise below {best.noise_multiplier:.6g} (its "
+            f"privacy-loss grid would not fit), and epsilon there already meets the target: smaller noises may "
+            f"meet it too"
+        )
     if extra:
         diag = {**best.report.diagnostics, **extra}
         best = dataclasses.replace(best, report=dataclasses.replace(best.report, diagnostics=diag))
     return best
+
+
+def _check_delta_needs_noise(scheme, delta: float) -> None:
+    """Refuse to calibrate at a delta that every noise multiplier meets with epsilon 0.
+
+    Under zero-out adjacency the two outputs coincide when the example joins no batch, so the total
+    variation between them -- delta at epsilon 0 -- is at most ``1 - P(never sampled)``, whatever
+    the noise (even none). ``P(never sampled)`` is ``(1 - q)^steps`` under Poisson sampling,
+    ``(1 - q)^ceil(steps / b)`` at least under cyclic Poisson (the example's group is active that
+    often at most) and ``(1 - p)^steps`` at least under b-min-sep (an example never sampled is
+    always available). At such a delta there is nothing to calibrate (the search would shrink the
+    noise towards 0, each step costlier); at a delta below it an answer exists."""
+    from dpmf.sampling.schemes import CyclicPoissonSampling, MinSepSampling, PoissonSampling
+
+    if type(scheme) is PoissonSampling or type(scheme) is MinSepSampling:
+        q, joins, how = float(scheme.sampling_prob), int(scheme.steps), "step"
+    elif type(scheme) is CyclicPoissonSampling:
+        q, joins, how = float(scheme.sampling_prob), -(-int(scheme.steps) // int(scheme.cycle_length)), "active step"
+    else:
+        return
+    if q >= 1:
+        return
+    log_never = joins * math.log1p(-q)
+    if math.log1p(-delta) <= log_never:
+        never = math.exp(log_never)
+        raise InvalidParameterError(
+            f"delta {delta!r} needs no noise at all: an example joins no batch with probability (1 - {q:g})^{joins} = "
+            f"{never:.3g} (rate {q:g} per {how}), and then the outputs are identical, so every noise multiplier (even "
+            f"0) gives (0, delta)-DP and there is nothing to calibrate; use delta < {1 - never:.6g} (and well below "
+            "1/dataset size for a meaningful guarantee)"
+        )
 
 
 def certified_fallback(strategy, scheme, target_epsilon: float, delta: float) -> tuple[float, str]:

@@ -98,13 +98,15 @@ def _build(strategy: str, sampling: SamplingName, steps, bands, force: bool, **s
     return build_strategy(strategy, steps, epochs=epochs, bands=bands), scheme
 
 
-def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, target_epsilon=None) -> None:
+def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, target_epsilon=None,
+                    delta=None) -> None:
     """Refuse, before it starts, a run estimated to take more than a few minutes or more memory
-    than the machine has (unless --force); say what to expect when it takes over a minute."""
+    than the machine has (unless --force); say what to expect when it takes over a minute. For a
+    calibration the estimate follows the search to where ``target_epsilon`` and ``delta`` end it."""
     from dpmf.accounting.cost import accounting_cost, check_cost
 
     est = accounting_cost(strat, scheme, noise_multiplier, method=method, calibrate=target_epsilon is not None,
-                          num_samples=samples, target_epsilon=target_epsilon)
+                          num_samples=samples, target_epsilon=target_epsilon, delta=delta)
     check_cost(est, force=force, hint="use fewer --steps" + (" or a larger --noise-multiplier" if
                                                              target_epsilon is None else ""))
     _note_cost(est)
@@ -284,7 +286,7 @@ def account(
         _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
         try:
             with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
-                report = _account(strat, scheme, noise_multiplier, delta, method=method.value, **opts)
+                report = _account(strat, scheme, noise_multiplier, delta, method=method.value, force=force, **opts)
         except KeyboardInterrupt:
             _interrupted(cache_dir, strat, scheme, method.value)
         if plot is not None:
@@ -303,6 +305,8 @@ def account(
     out.print(f"  remove direction: {d['remove']:.6g}   add direction: {d['add']:.6g}", highlight=False)
     if report.diagnostics.get("warning"):
         out.print(f"  warning: {report.diagnostics['warning']}", highlight=False)
+    if report.diagnostics.get("noise_ceiling"):
+        out.print(f"  note: {report.diagnostics['noise_ceiling']}", highlight=False)
     if plot is not None:
         out.print(plotted, highlight=False, markup=False)
 
@@ -353,7 +357,7 @@ def calibrate(
             _note_workers(method, workers, calibrating=True)
         if cache_dir is not None:
             check_output_dir(cache_dir, "--cache-dir")  # before the work
-        _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon)
+        _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon, delta=delta)
         try:
             with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
                 cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, **opts)
@@ -374,6 +378,8 @@ def calibrate(
         highlight=False,
     )
     out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)
+    if cal.report.diagnostics.get("at_smallest_noise"):
+        out.print(f"  note: {cal.report.diagnostics['at_smallest_noise']}", highlight=False)
 
 
 @app.command()
@@ -636,6 +642,12 @@ def _register_subcommands() -> None:
     app.add_typer(montecarlo_app, name="montecarlo")
     app.command("verify")(verify_command)
     app.command("compose")(compose_command)
+    from dpmf.cli.audit import register as register_audit  # dpmf audit takes account's options (above)
+
+    register_audit(app, build=_build, options=dict(
+        strategy=_STRATEGY, sampling=_SAMPLING, steps=_STEPS, sampling_prob=_Q, epochs=_EPOCHS, min_sep=_MIN_SEP,
+        warm_start=_WARM, max_batch_size=_MAXB, dataset_size=_DATASET, bands=_BANDS, delta=_DELTA, method=_METHOD,
+        force=_FORCE, json=_JSON, quiet=_QUIET))
 
 
 _register_subcommands()

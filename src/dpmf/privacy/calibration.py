@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
 from dpmf import validation as _v
-from dpmf.errors import CalibrationError
+from dpmf.errors import CalibrationError, NoiseTooSmallError
 
 ProgressCallback = Callable[[float, float], None]
 """Called as ``callback(parameter, epsilon)`` after each accountant evaluation."""
@@ -71,6 +71,9 @@ class CalibrationResult:
     epsilon: float
     evaluations: int
     trace: tuple[tuple[float, float], ...] = field(repr=False, default=())
+    #: the search stopped at the smallest noise the accountant evaluates
+    #: (:class:`~dpmf.errors.NoiseTooSmallError`): smaller noises may meet the target too
+    at_floor: bool = False
 
 
 def smallest_noise(
@@ -93,6 +96,12 @@ def smallest_noise(
     until a noise fails; from a failing one it doubles. With ``limit`` only noises ``<= limit``
     are of interest: the search starts at ``min(start, limit)`` and raises
     :class:`NoiseLimitExceeded` as soon as ``epsilon_of(limit)`` is above the target.
+
+    An accountant that cannot evaluate a noise that small raises
+    :class:`~dpmf.errors.NoiseTooSmallError` with the smallest it accepts (its ``smallest``): the
+    search evaluates there instead and never goes below it, so a huge target (``epsilon = 1e6``,
+    ``delta`` near 1) ends at that noise, fast, with ``at_floor=True`` (the answer still passes:
+    it was evaluated). Without such a floor the search stops shrinking below 1e-6.
     """
     target = _v.positive("target_epsilon", target_epsilon)
     if initial is None:
@@ -103,6 +112,24 @@ def smallest_noise(
         limit = _v.positive("limit", limit)
         initial = min(initial, limit)
     trace: list[tuple[float, float]] = []
+    floor = [0.0]  # the smallest noise the accountant evaluates, once it said so
+
+    def ev_at_least(x: float) -> tuple[float, float]:
+        """(the noise evaluated, its epsilon): ``x``, or the accountant's smallest noise if larger."""
+        x = max(x, floor[0])
+        for _ in range(64):  # (each refusal raises the floor; a few at most)
+            try:
+                return x, ev(x)
+            except NoiseTooSmallError as exc:
+                if not exc.smallest > x:  # pragma: no cover - an accountant contradicting itself
+                    raise
+                floor[0] = x = exc.smallest
+            if limit is not None and x > limit:
+                raise NoiseLimitExceeded(
+                    f"the smallest noise the accountant evaluates, {x:g}, is above the largest of interest, "
+                    f"noise_multiplier={limit:g}", limit, math.inf,
+                )
+        raise CalibrationError(f"the accountant kept refusing noises up to {x:g}")  # pragma: no cover
 
     def ev(x: float) -> float:
         eps = float(epsilon_of(x))
@@ -121,7 +148,7 @@ def smallest_noise(
             eps,
         )
 
-    hi, eps_hi = initial, ev(initial)
+    hi, eps_hi = ev_at_least(initial)
     if eps_hi > target:  # grow until the target is met
         lo = hi
         while eps_hi > target:
@@ -135,13 +162,20 @@ def smallest_noise(
                     f"(epsilon at {lo:g} is {eps_hi:g})"
                 )
             eps_hi = ev(hi)
-    else:  # shrink until the target fails
-        lo = hi * _shrink_factor(eps_hi, target)
-        while (eps_lo := ev(lo)) <= target:
+    else:  # shrink until the target fails (or the accountant's smallest noise passes)
+        if hi <= floor[0]:
+            return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
+        lo, eps_lo = ev_at_least(hi * _shrink_factor(eps_hi, target))
+        while eps_lo <= target or lo >= hi:
+            if lo >= hi:  # (the accountant's smallest noise turned out to be above a noise it evaluated)
+                return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
             hi, eps_hi = lo, eps_lo
-            lo *= _shrink_factor(eps_lo, target)
-            if lo < 1e-6:
+            if hi <= floor[0]:
+                return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
+            lo = hi * _shrink_factor(eps_lo, target)
+            if lo < 1e-6 and not floor[0]:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
+            lo, eps_lo = ev_at_least(lo)
     # Illinois (modified regula falsi) on log(epsilon) vs log(sigma), with bisection safeguards.
     # The bracket invariant: epsilon(lo) > target >= epsilon(hi); hi is always a passing point.
     eps_lo = next(e for x, e in reversed(trace) if x == lo)

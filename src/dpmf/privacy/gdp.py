@@ -109,7 +109,10 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     # delta(eps) <= Phi(-eps/mu + mu/2), so eps_hi makes the bound equal to delta.
     hi = mu * (mu / 2 - float(special.ndtri(delta))) + 1.0
     if not hi <= 1e12:  # (Python floats: inf, not an overflow warning)
-        raise NumericalError(f"gdp_epsilon: the epsilon of mu={mu!r} at delta={delta!r} exceeds 1e12")
+        raise NumericalError(
+            f"gdp_epsilon: the epsilon of mu={mu!r} at delta={delta!r} exceeds 1e12 (no privacy to speak of; for a "
+            "Gaussian mechanism mu = sensitivity / noise: use a larger noise multiplier)"
+        )
     while _log_delta(mu, hi) > log_target:
         hi *= 2
         if hi > 1e12:

@@ -466,7 +466,7 @@ def _step_pairs(M: np.ndarray, sigma: float, beta: float, temperatures, callback
     idx = np.arange(b)
     no_history = np.concatenate([[1.0], 1.0 / (2.0 + np.arange(b - 1))])
     pairs = {"remove": [], "add": []}
-    with _single_thread_blas(), progress.task("conditional composition: steps", total=N) as bar:
+    with _single_thread_blas(), progress.task("conditional composition", total=N, unit="steps") as bar:
         for n in range(N):
             a = M[:, n]
             order = np.lexsort((labels, a))

@@ -357,15 +357,19 @@ def _check_row_grid(row_sum: float, sigma: float, discretization: float) -> None
     """
     from dpmf.resources import available_memory, format_bytes
 
+    from dpmf.errors import NoiseTooSmallError
+
     points = 20.0 * row_sum / (sigma * discretization)
     need = _GRID_BYTES * points
     avail = available_memory()
     if need > avail:
-        raise InvalidParameterError(
+        smallest = 20.0 * row_sum * _GRID_BYTES / (discretization * avail)  # (where the grid fits)
+        raise NoiseTooSmallError(
             f"MMCC needs a dense loss grid of about {points:.3g} points ({format_bytes(need)}) for a row of "
             f"total sensitivity {row_sum:.6g} at noise multiplier {sigma!r}, more than the "
-            f"{format_bytes(avail)} of memory available; use a larger noise multiplier, fewer steps or a "
-            f"coarser discretization"
+            f"{format_bytes(avail)} of memory available; use a larger noise multiplier (>= {smallest:.4g} "
+            f"fits now), fewer steps or a coarser discretization",
+            smallest * (1 + 1e-9),
         )
 
 

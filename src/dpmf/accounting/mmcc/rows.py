@@ -34,7 +34,8 @@ most :data:`PROCESS_WINDOW` tasks per worker process in flight), so a caller can
 builds one at a time; :func:`compute_row_plds` is the list version.
 
 Execution: ``workers`` (``None`` = serial below :data:`PARALLEL_MIN_ROWS` distinct rows, else one
-process per CPU; ``1`` = serial; ``k > 1`` = a ``ProcessPoolExecutor`` with ``k`` processes) or
+process per CPU; ``1`` = serial; ``k > 1`` = a ``ProcessPoolExecutor`` with ``k`` processes, capped
+at the number of rows and of CPUs: :func:`dpmf.resources.usable_workers`) or
 ``scheduler`` (a Dask ``distributed`` scheduler address such as ``"tcp://host:8786"`` or a
 ``distributed.Client``; Dask is an optional dependency imported only then).
 """
@@ -57,6 +58,7 @@ from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.mixture import mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import product_mixture
+from dpmf.resources import available_cpus, usable_workers
 
 __all__ = ["row_pld", "compute_row_plds", "iter_row_plds", "merge_upward", "RowCache", "PARALLEL_MIN_ROWS", "DEFAULT_MERGE_BUDGET"]
 
@@ -195,11 +197,13 @@ def _job(args: tuple) -> PrivacyLossDistribution | None:
 
 
 def _resolve_workers(workers: int | None, count: int) -> int:
+    """Processes to start: never more than the rows (``count``) or the CPUs
+    (:func:`dpmf.resources.usable_workers`), whatever ``workers`` asks for."""
     if workers is None:
-        return 1 if count < PARALLEL_MIN_ROWS else max(1, os.cpu_count() or 1)
+        return 1 if count < PARALLEL_MIN_ROWS else usable_workers(available_cpus(), count)
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise InvalidParameterError(f"workers must be an integer >= 1 or None, got {workers!r}")
-    return int(workers)
+    return usable_workers(int(workers), count)
 
 
 def compute_row_plds(
@@ -261,7 +265,7 @@ def iter_row_plds(
     n_workers = _resolve_workers(workers, total) if scheduler is None else None  # bad input: before any output
     params = (noise_multiplier, grid_step, discretization, merge_budget)
     state = {"done": 0, "loaded": 0}
-    with progress.task(description, total=total) as bar:
+    with progress.task(description, total=total, unit="rows") as bar:
 
         def finish(job: tuple, pld: PrivacyLossDistribution | None, computed: bool) -> None:
             if cache is not None and computed:

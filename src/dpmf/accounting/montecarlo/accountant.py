@@ -128,7 +128,7 @@ def account_montecarlo(
     (False, True)
     """
     start = time.perf_counter()
-    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    sigma = _v.noise_scale("noise_multiplier", noise_multiplier)
     delta = _v.open_unit("delta", delta)
     conf = _v.open_unit("confidence", confidence)
     check_supported(strategy, scheme, sampler)

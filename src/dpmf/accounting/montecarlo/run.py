@@ -15,8 +15,9 @@ temporary file and ``os.replace``, so the file on disk is always one consistent 
 recomputes exactly those, so no sample is lost or counted twice.
 
 **Local processes.** ``workers=k`` (``k > 1``) computes chunks in ``k`` worker processes (the
-strategy and scheme are sent to each worker once; at most ``4 k`` chunks are in flight). The counts
-equal those of a serial run.
+strategy and scheme are sent to each worker once; at most ``4 k`` chunks are in flight), ``k``
+capped at the chunks left and the CPUs (:func:`dpmf.resources.usable_workers`). The counts equal
+those of a serial run.
 
 **Dask.** ``scheduler=ADDRESS`` (a ``distributed`` scheduler address, or a ``distributed.Client``)
 runs the chunks on a cluster; ``distributed`` is imported only then. Results are merged in the
@@ -158,7 +159,7 @@ class RunConfig:
     sampler_options: tuple = ()  # sorted (name, value) pairs passed to the sampler, e.g. dataset_size
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise_multiplier", _v.positive("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "noise_multiplier", _v.noise_scale("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "num_samples", _v.positive_int("num_samples", self.num_samples))
         object.__setattr__(self, "chunk_size", _v.positive_int("chunk_size", self.chunk_size))
         object.__setattr__(self, "entropy", _as_entropy(self.entropy))
@@ -313,13 +314,16 @@ class MonteCarloRun:
         """Compute every pending chunk (or at most ``max_chunks``), checkpointing after each.
 
         ``scheduler``: ``None`` (this machine) or a Dask scheduler address / ``distributed.Client``.
-        ``workers``: local worker processes (``None`` or 1: this process).
+        ``workers``: local worker processes (``None`` or 1: this process); never more are started than
+        chunks left or CPUs (:func:`dpmf.resources.usable_workers`).
         """
         todo = self.pending()
         if max_chunks is not None:
             todo = todo[: _v.positive_int("max_chunks", max_chunks)]
         if workers is not None:
-            workers = _v.positive_int("workers", workers)
+            from dpmf.resources import usable_workers
+
+            workers = usable_workers(_v.positive_int("workers", workers), len(todo))
         if scheduler is None and workers is not None and workers > 1 and len(todo) > 1:
             self._run_processes(workers, todo, callback)
         elif scheduler is None:
