@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from cli_checks import one_line_error
 from dpmf.cli.main import app
 from dpmf.errors import DPMFError, InvalidParameterError
 
@@ -29,18 +30,6 @@ ACCOUNT = ["account", "--strategy", "tree", "--steps", "8", "--sampling-prob", "
 
 def invoke(args, env=None):
     return runner.invoke(app, [str(a) for a in args], env=env)
-
-
-def one_line_error(res, *needles) -> str:
-    """Exit 2, exactly one 'error:' line (notes aside) containing every needle, no traceback, no stdout."""
-    assert res.exit_code == 2, res.output
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    assert "Traceback" not in res.output and res.stdout == ""
-    lines = [line for line in res.stderr.strip().splitlines() if not line.startswith("note: ")]
-    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 class _Reached(DPMFError):

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 import dpmf
+from cli_checks import one_line_error
 from dpmf.cli.main import app
 from dpmf.errors import DPMFError, InvalidParameterError
 
@@ -29,18 +30,6 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def invoke(args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(res, *needles) -> str:
-    """Exit 2, exactly one 'error:' line on stderr containing every needle, nothing on stdout."""
-    assert res.exit_code == 2, res.output
-    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
-    assert "Traceback" not in res.output and res.stdout == ""
-    lines = [line for line in res.stderr.strip().splitlines() if not line.startswith("note: ")]
-    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
