@@ -1,0 +1,13 @@
+"""Empirical privacy audits (issue 25): is a run as private as its report says?
+
+* :mod:`dpmf.privacy.auditing` -- the statistics (the one-run theorem, Clopper-Pearson, the ideal
+  Gaussian reference); pure math.
+* :mod:`dpmf.auditing.whitebox` -- the white-box attacker of a correlated-noise run: whiten with
+  ``C``, then the likelihood ratio over the sampler's law.
+* :mod:`dpmf.auditing.game` -- the same game on the mechanism alone (numpy simulation).
+* :mod:`dpmf.auditing.report` -- :class:`AuditReport`, what an audit returns and prints.
+* :mod:`dpmf.training.torch.audit` -- the audits of training runs (canaries through the real
+  sampler, clipping, noise and optimizer; needs torch).
+
+Every lower bound here is an **empirical lower bound**, never a certificate.
+"""
