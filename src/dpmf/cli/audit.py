@@ -1,0 +1,160 @@
+"""``dpmf audit``: is a training configuration as private as its report says? Parse, call, print.
+
+The command takes ``dpmf account``'s options (the same option objects and the same strategy and
+sampler parsing: :func:`register` receives them from :mod:`dpmf.cli.main`, which registers the
+command) plus the audit's own: ``--canaries``, ``--threat``, ``--runs``, ``--seed``,
+``--confidence``, ``--examples``, ``--reference-trials``, ``--plot``. The library does the work
+(:func:`dpmf.training.torch.audit.audit_training`, on the built-in model; needs torch).
+
+Everything printed labels the audit's number as an **empirical lower bound** (not a certificate);
+the certified upper bound of the same configuration is printed next to it.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Callable, Optional
+
+import typer
+
+from dpmf.cli.console import cli_errors, cli_progress, err, out
+
+__all__ = ["register", "Threat"]
+
+
+class Threat(str, Enum):
+    white_box = "white-box"
+    black_box = "black-box"
+
+
+#: The ``dpmf account`` options ``dpmf audit`` reuses (keys of the ``options`` given to :func:`register`).
+SHARED = ("strategy", "sampling", "steps", "sampling_prob", "epochs", "min_sep", "warm_start", "max_batch_size",
+          "dataset_size", "bands", "delta", "method", "force", "json", "quiet")
+
+
+def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
+    """Add ``dpmf audit`` to ``app``: ``options`` maps the names of :data:`SHARED` to ``dpmf account``'s
+    option objects, ``build(strategy, sampling, steps, bands, force, **scheme_options)`` is its
+    ``(strategy, scheme)`` builder (unused options refused, the strategy's cost checked)."""
+    missing = [k for k in SHARED if k not in options]
+    if missing:
+        raise TypeError(f"register needs the options {missing}")
+    o = options
+
+    def audit(
+        strategy: str = o["strategy"],
+        sampling=o["sampling"],
+        steps: Optional[int] = o["steps"],
+        sampling_prob: Optional[float] = o["sampling_prob"],
+        epochs: Optional[int] = o["epochs"],
+        min_sep: Optional[int] = o["min_sep"],
+        warm_start: bool = o["warm_start"],
+        max_batch_size: Optional[int] = o["max_batch_size"],
+        dataset_size: Optional[int] = o["dataset_size"],
+        bands: Optional[int] = o["bands"],
+        noise_multiplier: Optional[float] = typer.Option(
+            None, "--noise-multiplier", help="Noise std / clip norm (sigma) of the run; or give --epsilon."),
+        epsilon: Optional[float] = typer.Option(
+            None, "--epsilon", help="Calibrate sigma to this target epsilon (as make_private(target_epsilon=...)) "
+            "instead of giving --noise-multiplier."),
+        delta: float = o["delta"],
+        method=o["method"],
+        clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clip norm (max_grad_norm)."),
+        canaries: int = typer.Option(
+            1000, "--canaries", help="Canaries M, each included with probability 1/2 (one run); with --runs R > 1, "
+            "one canary per run and M = R."),
+        threat: Threat = typer.Option(
+            Threat.white_box, "--threat", help="white-box: the attacker sees every noisy update (gradient canaries, "
+            "C undone before testing); black-box: only the final model (input canaries, loss scores)."),
+        runs: int = typer.Option(1, "--runs", help="1: one-run audit (the one-run theorem); R > 1: R trainings with "
+                                 "one canary each (Clopper-Pearson; tiny models)."),
+        seed: int = typer.Option(0, "--seed", help="The audit's seed (coins, canaries, sampler, noise, simulations)."),
+        confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the empirical lower bound."),
+        examples: Optional[int] = typer.Option(
+            None, "--examples", help="Real examples of the built-in task (default 1000; the run has these plus the "
+            "canaries)."),
+        reference_trials: int = typer.Option(
+            25, "--reference-trials", help="Simulations of the ideal attackers the audit is compared with (0: none)."),
+        plot: Optional[str] = typer.Option(
+            None, "--plot", help="Also save a PNG: the audit's empirical (FPR, TPR) against the certified trade-off "
+            "curve (its folder must exist)."),
+        force: bool = o["force"],
+        as_json: bool = o["json"],
+        quiet: bool = o["quiet"],
+    ) -> None:
+        """Audit a training configuration empirically: train the built-in model with canaries and
+        report an EMPIRICAL LOWER BOUND on epsilon (evidence, not a certificate) next to the
+        certified upper bound of the same configuration.
+
+        A lower bound above the certified epsilon is an alarm (the run leaks more than its report
+        says; a correct run raises it with probability at most 1 - confidence). A lower bound below
+        it is no proof of privacy: only the certified bound is.
+
+        Example: dpmf audit --strategy identity --sampling poisson --sampling-prob 0.1 --steps 64
+        --epsilon 2 --delta 1e-5 --canaries 1000
+        """
+        from dpmf import validation as _v
+        from dpmf.errors import InvalidParameterError
+
+        with cli_errors():
+            _v.open_unit("delta", delta)
+            if (noise_multiplier is None) == (epsilon is None):
+                raise InvalidParameterError("give exactly one of --noise-multiplier and --epsilon")
+            if noise_multiplier is not None:
+                _v.positive("noise_multiplier", noise_multiplier)
+            else:
+                _v.positive("target_epsilon", epsilon)
+            # (the audit's own options are checked here, under the names the user typed)
+            _v.positive("--clip-norm", clip_norm)
+            for flag, value in (("--canaries", canaries), ("--runs", runs)) + ((("--examples", examples),) if
+                                                                               examples is not None else ()):
+                _v.positive_int(flag, value)
+            _v.open_unit("--confidence", confidence)
+            if seed < 0:
+                raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed}")
+            if reference_trials < 0:
+                raise InvalidParameterError(f"--reference-trials must be an integer >= 0, got {reference_trials}")
+            if plot:
+                from dpmf.files import check_output_file
+
+                check_output_file(plot, "--plot", plot=True)  # before the training
+            strat, scheme = build(
+                strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
+                warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+            )
+            real = examples
+            if dataset_size is not None:
+                if examples is not None and examples + (1 if runs > 1 else canaries) != dataset_size:
+                    raise InvalidParameterError("--dataset-size must equal --examples plus the canaries")
+                real = dataset_size - (1 if runs > 1 else canaries)
+                if real < 1:
+                    raise InvalidParameterError("--dataset-size must exceed the number of canaries (it counts both)")
+            try:
+                from dpmf.training.torch.audit import audit_training
+            except ImportError as exc:
+                raise InvalidParameterError(f"dpmf audit trains a model and needs torch: {exc}") from None
+            try:
+                with cli_progress(quiet):
+                    report = audit_training(
+                        strategy=strat, sampling=scheme, delta=delta, noise_multiplier=noise_multiplier,
+                        target_epsilon=epsilon, max_grad_norm=clip_norm, accountant=method.value, canaries=canaries,
+                        threat=threat.value, seed=seed, confidence=confidence, runs=runs, num_examples=real,
+                        reference_trials=reference_trials,
+                    )
+            except KeyboardInterrupt:
+                err.print("interrupted", highlight=False)
+                raise typer.Exit(code=130)
+            if plot:
+                report.plot(plot)
+        if as_json:
+            payload = report.to_dict()
+            if plot:
+                payload["plot"] = str(plot)
+            out.print_json(json.dumps(payload))
+            return
+        out.print(report.summary(), highlight=False, markup=False)
+        if plot:
+            out.print(f"plot written to {plot}", highlight=False, markup=False)
+
+    app.command("audit")(audit)
