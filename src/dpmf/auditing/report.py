@@ -63,6 +63,7 @@ class AuditReport:
     reference: dict | None = None
     mechanism_reference: dict | None = None
     roc: tuple = ()
+    roc_estimates: tuple = ()
     seed: int | None = None
     seconds: float = 0.0
     model: str = "built-in"
@@ -112,6 +113,7 @@ class AuditReport:
             "fraction_of_reference": self.fraction_of_reference,
             "mechanism_reference": self.mechanism_reference,
             "roc": [list(p) for p in self.roc],
+            "roc_estimates": [list(p) for p in self.roc_estimates],
             "seed": self.seed,
             "seconds": self.seconds,
             "model": self.model,
@@ -182,18 +184,40 @@ class AuditReport:
         return "\n".join(lines)
 
     def plot(self, path=None, *, scale: str = "both"):
-        """The audit's empirical ``(FPR, TPR)`` points against the certified report's f-DP trade-off
-        curve (:func:`dpmf.plots.tradeoff_plot`). Each point is the attack's FPR upper and TPR lower
-        confidence bound at one threshold (:func:`~dpmf.privacy.auditing.empirical_roc`, simultaneous
-        at the audit's confidence): a correct run's points lie below the curve (a point above it is
-        drawn as a red cross). Returns the path (or the figure without one)."""
+        """The audit's empirical ``(FPR, TPR)`` against the certified report's f-DP trade-off curve
+        (:func:`dpmf.plots.tradeoff_figure`): the attack's ROC (point estimates, dashed) and, as
+        points, its FPR upper and TPR lower confidence bounds at a few thresholds (:attr:`roc`,
+        simultaneous at the audit's confidence). A correct run's points lie below the curve; a
+        point above it is drawn as a red cross. With ``path`` the PNG is written there (checked
+        first) and the path returned; without, the matplotlib figure."""
         from dpmf.errors import InvalidParameterError
-        from dpmf.plots import tradeoff_plot
+        from dpmf.files import check_output_file, writing
+        from dpmf.plots import tradeoff_figure
 
         if self.certified is None:
             raise InvalidParameterError("this audit report carries no certified report to draw the curve of")
-        label = f"audit ({self.threat_model}): empirical (FPR upper, TPR lower) at {self.confidence:.0%}"
+        if path is not None:
+            check_output_file(path, "path", plot=True)
+        label = f"audit ({self.threat_model}): (FPR upper, TPR lower) bounds at {self.confidence:.0%}"
         pts = {label: list(self.roc)} if self.roc else None
         title = (f"audit: empirical lower bound {self.epsilon_lower:.3g} vs certified {self.epsilon_certified:.3g} "
                  f"(delta {self.delta:.2g})")
-        return tradeoff_plot(self.certified, pts, path, scale=scale, title=title)
+        fig = tradeoff_figure({f"certified ({self.certified.method}): eps={self.epsilon_certified:.3g}": self.certified},
+                              pts, scale=scale, title=title)
+        if self.roc_estimates:
+            import numpy as np
+
+            f, t = np.asarray(self.roc_estimates, dtype=float).T
+            for ax in fig.axes:
+                ax.plot(f, t, ls="--", lw=1, color="0.35", label="audit ROC (point estimates)")
+                ax.legend(loc="lower right", fontsize=7) if ax is fig.axes[0] else None
+        if path is None:
+            return fig
+        import matplotlib.pyplot as plt
+
+        try:
+            with writing(path, "plot"):
+                fig.savefig(path, dpi=120, bbox_inches="tight")
+        finally:
+            plt.close(fig)
+        return path

@@ -525,6 +525,7 @@ def audit_training(
         epsilon_lower=float(lower), epsilon_certified=float(certified.epsilon), delta=d, confidence=conf,
         threat_model=threat, canaries=m_total, mode="one-run" if R == 1 else "many-run", bound=bound, runs=R,
         statistics=stats_d, configuration=configuration, score=score_info, reference=reference,
-        mechanism_reference=mech_ref, roc=_stats.empirical_roc(scores, coins, confidence=conf), seed=seed,
+        mechanism_reference=mech_ref, roc=_stats.empirical_roc(scores, coins, points=8, confidence=conf),
+        roc_estimates=_stats.empirical_roc(scores, coins, points=24), seed=seed,
         seconds=time.perf_counter() - start, model=model_name, certified=certified,
     )
