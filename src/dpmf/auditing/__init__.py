@@ -11,3 +11,10 @@
 
 Every lower bound here is an **empirical lower bound**, never a certificate.
 """
+
+from dpmf.auditing.game import WhiteBoxTests, mechanism_audit, preregister, simulate_released
+from dpmf.auditing.report import THREAT_MODELS, AuditReport
+from dpmf.auditing.whitebox import WhiteBoxScorer, whitening_matrix
+
+__all__ = ["AuditReport", "THREAT_MODELS", "WhiteBoxScorer", "whitening_matrix", "WhiteBoxTests", "preregister",
+           "mechanism_audit", "simulate_released"]

@@ -72,13 +72,10 @@ class WhiteBoxTests:
         """``(scores, guesses, weight, label)`` for :func:`~dpmf.privacy.auditing.audit_one_run_tests`
         from the score variants of :meth:`WhiteBoxScorer.scores`."""
         w0, w1 = TEST_WEIGHTS
-        out = [(variants["claimed"], self.claim_optimal, w0,
-                "the claim-optimal guess count (pre-registered by simulating the claimed mechanism) on the likelihood "
-                "ratio of the claimed mechanism")]
-        for key, words in (("scalar", "at the noise level fitted to the released sums"),
-                           ("per-step", "with per-step noise fitted to the released sums")):
+        out = [(variants["claimed"], self.claim_optimal, w0, "the claim-optimal test")]
+        for key, words in (("scalar", "noise level"), ("per-step", "per-step noise")):
             for g in self.gross:
-                out.append((variants[key], g, w1, f"a gross-fault guess count on the likelihood ratio {words}"))
+                out.append((variants[key], g, w1, f"a gross-fault test (fitted {words})"))
         return out
 
     def audit(self, variants: dict, coins, delta: float, confidence: float) -> OneRunResult:
@@ -86,9 +83,8 @@ class WhiteBoxTests:
         return _stats.audit_one_run_tests(coins, delta, confidence, self.tests(variants))
 
     def describe(self) -> str:
-        return (f"5 pre-registered tests, weighted Bonferroni: {TEST_WEIGHTS[0]:.0%} of the level on the claim-optimal "
-                f"guess count ({self.claim_optimal.k_in} 'in', {self.claim_optimal.k_out} 'out'), "
-                f"{TEST_WEIGHTS[1]:.0%} on each of four gross-fault tests")
+        return (f"5 tests pre-registered on simulations of the claim, weighted Bonferroni ({TEST_WEIGHTS[0]:.0%} of the "
+                f"level on the claim-optimal one, {TEST_WEIGHTS[1]:.0%} on each gross-fault one)")
 
 
 def _seed(*parts) -> int:

@@ -156,8 +156,12 @@ class AuditReport:
         lines.append(f"  gap (certified - empirical lower): {self.gap:.4g}")
         if "guesses" in st:
             lines.append(f"  guesses: {st['correct']} of {st['guesses']} right ({st['k_in']} 'in' on the highest "
-                         f"scores, {st['k_out']} 'out' on the lowest; {st.get('selection', '')}); "
-                         f"ceiling {st['ceiling']:.3g}")
+                         f"scores, {st['k_out']} 'out' on the lowest; ceiling {st['ceiling']:.3g}); "
+                         f"{st.get('selection', '')}")
+        elif "false_positives" in st:
+            lines.append(f"  runs: {st['false_positives']} of {st['negatives']} left-out canaries flagged, "
+                         f"{st['false_negatives']} of {st['positives']} included ones missed at threshold "
+                         f"{st['threshold']:.4g}")
         if self.reference:
             r = self.reference
             frac = self.fraction_of_reference

@@ -36,6 +36,13 @@ computed exactly where the structure allows (:attr:`WhiteBoxScorer.method`):
   each step's marginal participation probability and the cross terms of ``||W p||^2`` dropped.
   Not the exact likelihood ratio -- a valid score with less power, and the audit says so.
 
+**Faulty runs.** The likelihood ratio of the *claimed* mechanism is the optimal test against the
+claim, not against a run that adds less noise than claimed. :meth:`WhiteBoxScorer.scores` adds two
+variants fitted to the released noise (never using the coins): the claimed ratio at a smaller noise
+level when the whitened noise is smaller everywhere, and a ratio with per-step noise variances for
+runs that skip the noise on some steps; and :meth:`WhiteBoxScorer.noise_check` compares the
+spectrum of the whitened noise with the claim.
+
 Everything is float64 numpy; nothing here imports torch.
 """
 

@@ -555,7 +555,7 @@ def choose_threshold(in_scores, out_scores, runs: int, delta: float, confidence:
         raise InvalidParameterError("choose_threshold needs simulated scores of both kinds")
     R = _v.positive_int("runs", runs)
     half = max(R // 2, 1)
-    best_t, best = float(b[-1]), -1.0
+    best_t, best = float(np.median(b)), 0.0  # (when nothing gives a positive bound: the out-scores' median)
     both = np.concatenate((a, b))
     for t in np.unique(np.quantile(both, np.linspace(0.0, 1.0, 201))):  # 201 candidate thresholds
         fpr = 1.0 - np.searchsorted(b, t, side="left") / b.size

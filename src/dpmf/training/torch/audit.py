@@ -409,7 +409,18 @@ def audit_training(
     plan_args = dict(strategy=strategy, sampling=sampling, delta=delta, max_grad_norm=max_grad_norm,
                      noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
                      accountant_options=accountant_options)
-    if plan is None and R > 1:  # certify once, train many times
+    if plan is not None:
+        given = [k for k in ("strategy", "sampling", "noise_multiplier", "target_epsilon") if plan_args[k] is not None]
+        if given:
+            raise InvalidParameterError(f"plan= fixes the configuration: do not also pass {', '.join(given)}")
+        if not isinstance(plan, ExecutionPlan):
+            raise InvalidParameterError(f"plan must be an ExecutionPlan (build_plan), got {type(plan).__name__}")
+        if plan.num_examples != N:
+            raise InvalidParameterError(
+                f"the plan is for {plan.num_examples} examples but the audited dataset has {N} "
+                f"({N - m} real + {m} canaries): build it with num_examples={N}"
+            )
+    elif R > 1:  # certify once, train many times
         if strategy is None or sampling is None or delta is None:
             raise InvalidParameterError("pass strategy, sampling and delta (with noise_multiplier or target_epsilon), "
                                         "or plan=")
@@ -417,14 +428,6 @@ def audit_training(
                           noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
                           **(accountant_options or {}))
     if plan is not None:
-        given = [k for k in ("strategy", "sampling", "noise_multiplier", "target_epsilon") if plan_args[k] is not None]
-        if given:
-            raise InvalidParameterError(f"plan= fixes the configuration: do not also pass {', '.join(given)}")
-        if plan.num_examples != N:
-            raise InvalidParameterError(
-                f"the plan is for {plan.num_examples} examples but the audited dataset has {N} "
-                f"({N - m} real + {m} canaries): build it with num_examples={N}"
-            )
         steps = plan.steps
     else:
         if sampling is None:
@@ -483,7 +486,7 @@ def audit_training(
         if white_box:
             tests = preregister(scorer, canaries=m, delta=d, confidence=conf, seed=seed)
             res = tests.audit(variants, coins, d, conf)
-            selection = f"{tests.describe()}; the bound comes from {res.selection}"
+            selection = f"{tests.describe()}; the bound is from {res.selection}"
             if trials:
                 vals = [mechanism_audit(p.strategy, p.scheme, p.noise_multiplier, d, canaries=m, num_examples=N,
                                         seed=seed * 1000 + t, confidence=conf, tests=tests, scorer=scorer).epsilon_lower
