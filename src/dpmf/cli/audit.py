@@ -56,7 +56,7 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
         noise_multiplier: Optional[float] = typer.Option(
             None, "--noise-multiplier", help="Noise std / clip norm (sigma) of the run; or give --epsilon."),
         epsilon: Optional[float] = typer.Option(
-            None, "--epsilon", help="Calibrate sigma to this target epsilon (as make_private(target_epsilon=...)) "
+            None, "--epsilon", help="Calibrate sigma to this target epsilon (as make_private's target_epsilon) "
             "instead of giving --noise-multiplier."),
         delta: float = o["delta"],
         method=o["method"],
