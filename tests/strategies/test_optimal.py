@@ -207,7 +207,9 @@ def test_epochs_one_is_the_single_epoch_problem():
 # ----------------------------------------------------------------------------- Table 1 oracles
 @pytest.mark.parametrize(
     "n_block, stamps, paper, recomputed",
-    [(100, 20, 2.5e6, 2.474e6), (200, 10, 1.8e6, 1.829e6), (400, 5, 1.5e6, 1.466e6)],
+    [(100, 20, 2.5e6, 2.474e6), (200, 10, 1.8e6, 1.829e6),
+     # the 400-block row costs ~90 s on a loaded 2-core machine: slow; the two rows above keep the check
+     pytest.param(400, 5, 1.5e6, 1.466e6, marks=pytest.mark.slow)],
 )
 def test_table1_single_epoch_stamped(n_block, stamps, paper, recomputed):
     """Table 1, MF(k=1, n') x s under (k, b) = (20, 100), n = 2000 (notes §9 O11)."""
