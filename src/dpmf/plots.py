@@ -134,14 +134,20 @@ def tradeoff_plot(report, points=None, path=None, *, scale: str = "both", title:
     :func:`dpmf.files.check_output_file`) and closed; returns the path. Without it, returns the
     matplotlib figure (close it with ``matplotlib.pyplot.close(fig)``).
     """
-    from dpmf.files import check_output_file, writing
+    from dpmf.files import check_output_file
 
     if path is not None:
         check_output_file(path, "path", plot=True)
     fig = tradeoff_figure(report, points, scale=scale, title=title)
-    if path is None:
-        return fig
+    return fig if path is None else save_figure(fig, path)
+
+
+def save_figure(fig, path):
+    """Save ``fig`` to ``path`` (PNG at 120 dpi, tight box; write errors as one DPMFError), close it,
+    return ``path``."""
     import matplotlib.pyplot as plt
+
+    from dpmf.files import writing
 
     try:
         with writing(path, "plot"):

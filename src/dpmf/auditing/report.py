@@ -195,7 +195,7 @@ class AuditReport:
         point above it is drawn as a red cross. With ``path`` the PNG is written there (checked
         first) and the path returned; without, the matplotlib figure."""
         from dpmf.errors import InvalidParameterError
-        from dpmf.files import check_output_file, writing
+        from dpmf.files import check_output_file
         from dpmf.plots import tradeoff_figure
 
         if self.certified is None:
@@ -217,11 +217,6 @@ class AuditReport:
                 ax.legend(loc="lower right", fontsize=7) if ax is fig.axes[0] else None
         if path is None:
             return fig
-        import matplotlib.pyplot as plt
+        from dpmf.plots import save_figure
 
-        try:
-            with writing(path, "plot"):
-                fig.savefig(path, dpi=120, bbox_inches="tight")
-        finally:
-            plt.close(fig)
-        return path
+        return save_figure(fig, path)
