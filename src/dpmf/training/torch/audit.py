@@ -233,7 +233,8 @@ def _train_once(*, plan_args: dict, plan: ExecutionPlan | None, dataset, model, 
                 white_box: bool, coins: np.ndarray, seed: int, canary_data, step_done: Callable[[], None]) -> _Run:
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3]))
     cx, cy = _canary_examples(dataset, m, white_box, rng, canary_data)
-    audited = AuditedModule(model, m, white_box=white_box, gain=DIRAC_GAIN)
+    clip = plan.max_grad_norm if plan is not None else plan_args["max_grad_norm"]
+    audited = AuditedModule(model, m, white_box=white_box, gain=DIRAC_GAIN * clip)
     if white_box:
         optimizer.add_param_group({"params": [audited.audit_block], "lr": 0.0, "weight_decay": 0.0})
     data = _AuditData(dataset, cx, cy)
