@@ -288,6 +288,8 @@ class OneRunResult:
     tests: int = 1
     selection: str = "pre-registered"
     bound: str = ONE_RUN_BOUND
+    #: every test tried: ``(label, k_in, k_out, correct, share of the level, epsilon)``
+    details: tuple = ()
 
     @property
     def guesses(self) -> int:
@@ -299,6 +301,8 @@ class OneRunResult:
             "canaries": self.canaries, "included": self.included, "guesses": self.guesses, "k_in": self.k_in,
             "k_out": self.k_out, "correct": self.correct, "ceiling": self.ceiling, "tests": self.tests,
             "selection": self.selection, "bound": self.bound,
+            "tests_detail": [dict(zip(("label", "k_in", "k_out", "correct", "level_share", "epsilon"), d))
+                             for d in self.details],
         }
 
 
@@ -380,6 +384,7 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
         raise InvalidParameterError(f"test weights must be positive numbers summing to at most 1, got {w.tolist()}")
     beta = 1.0 - conf
     best = None
+    details = []
     for scores, g, wi, label in tests:
         s, coins = _scores_and_coins(scores, c)
         m = s.size
@@ -389,12 +394,13 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
         sc = coins[_ranked(s)]
         v = int(sc[m - g.k_in:].sum()) + int((~sc[: g.k_out]).sum())
         e = _epsilon(m, g.total, v, d, beta * float(wi))
+        details.append((label, g.k_in, g.k_out, v, float(wi), e))
         if best is None or e > best[0]:
             best = (e, g, v, float(wi), label, m, int(coins.sum()))
     e, g, v, wi, label, m, inc = best
     ceiling = _epsilon(m, g.total, g.total, d, beta * wi)
     return OneRunResult(e, conf, d, m, inc, g.k_in, g.k_out, v, ceiling, len(tests),
-                        label or "pre-registered")
+                        label or "pre-registered", details=tuple(details))
 
 
 def fault_catchers(canaries: int) -> tuple[Guesses, ...]:
