@@ -144,7 +144,7 @@ class AuditReport:
             f"dpmf audit: {self.threat_model}, {self.mode} ({self.runs} run{'s' if self.runs != 1 else ''}), "
             f"{self.canaries} canaries" + (f" ({st['included']} included by their coins)" if "included" in st else ""),
             f"  empirical lower bound: epsilon >= {self.epsilon_lower:.4g} at {self.confidence:.0%} confidence "
-            f"({LOWER_BOUND_LABEL}; {self.bound})",
+            f"-- evidence, not a certificate ({self.bound})",
         ]
         if self.certified is not None:
             tag = "certified upper bound" if getattr(self.certified, "certified", True) else "ESTIMATE"
@@ -168,7 +168,9 @@ class AuditReport:
             lines.append(
                 f"  ideal attacker on the Gaussian mechanism with the claimed privacy (mu {r['mu']:.3g}): "
                 f"{r['median']:.3g} (simulated median of {r['trials']}; 10-90%: {r['low']:.3g}-{r['high']:.3g})"
-                + (f"; this audit reached {frac:.0%} of it" if frac is not None else ""))
+                + (f"; this audit reached {frac:.0%} of it" if frac is not None and self.threat_model == "white-box"
+                   else "; a white-box reference: black-box audits reach far less" if self.threat_model != "white-box"
+                   else ""))
         if self.mechanism_reference:
             r = self.mechanism_reference
             lines.append(f"  ideal attacker on this mechanism without training code: {r['median']:.3g} "

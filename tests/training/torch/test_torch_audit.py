@@ -136,6 +136,7 @@ def test_a_correct_white_box_audit_reports_and_stays_below_its_claim(fast_plans,
     assert d["certified_report"]["epsilon"] == rep.epsilon_certified
     text = rep.summary()
     assert "empirical lower bound" in text and "not a certificate" in text and "certified upper bound" in text
+    assert "this audit reached" in text
     assert "cannot prove privacy" in rep.verdict()
     path = rep.plot(tmp_path / "audit.png")
     assert path.exists() and path.stat().st_size > 10_000
