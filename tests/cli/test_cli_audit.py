@@ -63,6 +63,14 @@ def test_json_has_the_documented_keys():
     assert again["epsilon_lower"] == d["epsilon_lower"]
 
 
+def test_many_runs_default_to_one_canary_each():
+    res = invoke(["audit", "--strategy", "identity", "--sampling", "poisson", "--sampling-prob", "0.5", "--steps", "4",
+                  "--noise-multiplier", "1", "--delta", "1e-5", "--runs", "6", "--examples", "10", "--quiet", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["mode"] == "many-run" and d["runs"] == 6 and d["canaries"] == 6
+
+
 def test_black_box_and_epsilon_target():
     args = [a for a in TINY if a not in ("--noise-multiplier", "1.5")]
     res = invoke([*args, "--epsilon", "3", "--threat", "black-box", "--json"])

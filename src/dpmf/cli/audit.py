@@ -61,9 +61,9 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
         delta: float = o["delta"],
         method=o["method"],
         clip_norm: float = typer.Option(1.0, "--clip-norm", help="Per-example clip norm (max_grad_norm)."),
-        canaries: int = typer.Option(
-            1000, "--canaries", help="Canaries M, each included with probability 1/2 (one run); with --runs R > 1, "
-            "one canary per run and M = R."),
+        canaries: Optional[int] = typer.Option(
+            None, "--canaries", help="Canaries M, each included with probability 1/2 (one run; default 1000); with "
+            "--runs R > 1, one canary per run (M = R, the default)."),
         threat: Threat = typer.Option(
             Threat.white_box, "--threat", help="white-box: the attacker sees every noisy update (gradient canaries, "
             "C undone before testing); black-box: only the final model (input canaries, loss scores)."),
@@ -105,6 +105,8 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
                 _v.positive("noise_multiplier", noise_multiplier)
             else:
                 _v.positive("target_epsilon", epsilon)
+            if canaries is None:
+                canaries = runs if runs > 1 else 1000
             # (the audit's own options are checked here, under the names the user typed)
             _v.positive("--clip-norm", clip_norm)
             for flag, value in (("--canaries", canaries), ("--runs", runs)) + ((("--examples", examples),) if
