@@ -18,6 +18,14 @@ _EXPORTS = {
     "participation_rate": ".schemes",
     "sampling_prob_for_rate": ".schemes",
     "scheme_from_dict": ".serialization",
+    "BoundedAttribution": ".bounding",
+    "BoundingReport": ".bounding",
+    "attribution_from_edges": ".bounding",
+    "bound_contributions": ".bounding",
+    "edge_bound_rule_of_thumb": ".bounding",
+    "neighbourhood_sizes": ".bounding",
+    "SamplingProbCalibration": ".batch_size",
+    "calibrate_sampling_prob": ".batch_size",
 }
 
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
@@ -37,6 +45,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         sampling_prob_for_rate,
     )
     from dpmf.sampling.serialization import scheme_from_dict
+    from dpmf.sampling.bounding import (
+        BoundedAttribution,
+        BoundingReport,
+        attribution_from_edges,
+        bound_contributions,
+        edge_bound_rule_of_thumb,
+        neighbourhood_sizes,
+    )
+    from dpmf.sampling.batch_size import SamplingProbCalibration, calibrate_sampling_prob
 
 __all__ = [
     "PoissonSampling",
@@ -51,4 +68,12 @@ __all__ = [
     "participation_rate",
     "sampling_prob_for_rate",
     "scheme_from_dict",
+    "bound_contributions",
+    "BoundedAttribution",
+    "BoundingReport",
+    "attribution_from_edges",
+    "edge_bound_rule_of_thumb",
+    "neighbourhood_sizes",
+    "calibrate_sampling_prob",
+    "SamplingProbCalibration",
 ]
