@@ -331,6 +331,8 @@ def _methods(strategy, scheme, method: str) -> list[str]:
         out.append("mmcc")
     if isinstance(scheme, BallsInBinsSampling) and isinstance(strategy, Identity):
         out.append("allocation_pld")  # (auto skips the Renyi/conditional bounds here: this PLD is tight)
+    elif isinstance(scheme, BallsInBinsSampling) and not scheme.reused_single_slot:
+        pass  # (k of t / fresh slots with a correlated C: only the unamplified bound is proved)
     elif isinstance(scheme, BallsInBinsSampling):
         out += ["allocation_pld", "allocation"]  # (the orthogonal-groups bound, then Renyi/conditional)
     return out

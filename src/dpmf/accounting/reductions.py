@@ -47,15 +47,22 @@ class Reduction:
 
 
 def identity_epochs_reduction(strategy, scheme) -> Reduction | None:
-    """The one-epoch equivalent of the identity under ``k > 1`` epochs of balls-in-bins, else ``None``
-    (module docstring)."""
+    """The one-epoch equivalent of the identity under ``k > 1`` epochs of balls-in-bins with the
+    slots *reused* (one slot, or ``num_selected`` slots, the same every epoch), else ``None``
+    (module docstring). With ``num_selected = s`` reused slots the same argument holds slot by
+    slot: each of the ``s`` chosen steps of an epoch is released ``k`` times with the same mean, so
+    the run is one epoch of ``s``-of-``b`` allocation at ``sigma / sqrt(k)``. Fresh slots
+    (``fresh_slots=True``) are a composition of ``k`` independent epochs, not this reduction."""
     if not (isinstance(strategy, Identity) and isinstance(scheme, BallsInBinsSampling) and scheme.epochs > 1):
         return None
-    k, b = scheme.epochs, scheme.steps_per_epoch
+    if scheme.fresh_slots:
+        return None
+    k, b, s = scheme.epochs, scheme.steps_per_epoch, scheme.num_selected
+    what = "the same slot" if s == 1 else f"the same {s} slots"
     return Reduction(
         Identity(b),
-        BallsInBinsSampling(epochs=1, steps=b),
+        BallsInBinsSampling(epochs=1, steps=b, num_selected=s),
         1.0 / math.sqrt(k),
-        f"identity, {k} epochs with the same slot each epoch = one epoch of {b} steps at sigma / sqrt({k}) "
+        f"identity, {k} epochs with {what} each epoch = one epoch of {b} steps at sigma / sqrt({k}) "
         "(the slot average is a sufficient statistic)",
     )

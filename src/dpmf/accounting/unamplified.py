@@ -36,6 +36,9 @@ NAME = "unamplified"
 
 def participation_of(scheme) -> Participation | FixedEpochParticipation:
     """Worst-case participation pattern a scheme allows (no credit for its randomness)."""
+    if isinstance(scheme, BallsInBinsSampling) and not scheme.reused_single_slot:
+        # k slots per epoch and/or fresh slots: epochs * k steps, any two possibly adjacent
+        return Participation(scheme.max_participations, 1)
     if isinstance(scheme, (FixedOrderSampling, BallsInBinsSampling)):  # exactly k times, b apart
         return FixedEpochParticipation(scheme.max_participations, scheme.min_sep)
     if isinstance(scheme, (CyclicPoissonSampling, MinSepSampling)):  # at most ceil(n/b), >= b apart

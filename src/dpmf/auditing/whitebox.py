@@ -173,7 +173,7 @@ class WhiteBoxScorer:
 
     def _choose(self, band: int) -> str:
         s = self.scheme
-        if isinstance(s, (BallsInBinsSampling, FixedOrderSampling)):
+        if isinstance(s, FixedOrderSampling) or (isinstance(s, BallsInBinsSampling) and s.reused_single_slot):
             return "slots"
         if isinstance(s, PoissonSampling) and band == 1:
             return "poisson"
@@ -349,7 +349,9 @@ class WhiteBoxScorer:
             return np.full(n, s.sampling_prob)
         if isinstance(s, CyclicPoissonSampling):
             return np.full(n, s.sampling_prob / s.cycle_length)
-        if isinstance(s, (BallsInBinsSampling, FixedOrderSampling)):
+        if isinstance(s, BallsInBinsSampling):
+            return np.full(n, s.num_selected / s.steps_per_epoch)
+        if isinstance(s, FixedOrderSampling):
             return np.full(n, 1.0 / s.steps_per_epoch)
         if isinstance(s, MinSepSampling):
             b, p = s.min_sep, s.sampling_prob

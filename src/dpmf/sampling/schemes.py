@@ -306,25 +306,124 @@ class MinSepSampling:
 
 @dataclass(frozen=True)
 class BallsInBinsSampling(_EpochScheme):
-    """Balls-in-bins / random allocation: each example picks one uniform step per epoch, reused.
+    """Balls-in-bins / random allocation: each example joins ``num_selected`` uniform steps per epoch.
 
-    With ``b = steps // epochs`` steps per epoch, example e draws ``s_e ~ Uniform{0..b-1}`` once and
-    participates at steps ``s_e, b + s_e, ..., (epochs-1) b + s_e`` (exactly ``epochs`` times,
-    exactly ``b`` apart). Batch sizes are Multinomial, mean ``num_examples / b``. Accounted by
-    :mod:`dpmf.accounting.allocation` (sampling-free) and Monte Carlo.
+    With ``b = steps // epochs`` steps per epoch and ``k = num_selected`` (``1 <= k <= b``), example
+    ``e`` draws a uniformly random set ``S_e`` of ``k`` distinct steps of ``{0..b-1}``, independently
+    of every other example (Feldman & Shenfeld's random allocation; ``k`` is the peers'
+    ``num_selected``):
+
+    * ``fresh_slots=False`` (the default): ``S_e`` is drawn once and reused, so ``e`` joins steps
+      ``S_e, b + S_e, ..., (epochs-1) b + S_e``. With ``k = 1`` every two participations are
+      exactly ``b`` apart (``min_sep = b``): the (k, b) participation that multi-epoch matrix
+      factorization needs.
+    * ``fresh_slots=True``: a fresh independent ``S_e`` every epoch (the allocation of epoch ``j``
+      is independent of the others), so participations in consecutive epochs can be adjacent steps
+      (``min_sep = 1``: no separation across epochs). For DP-SGD this is the ``epochs``-fold
+      composition of one epoch, far tighter than reusing the slot over many epochs (which is one
+      epoch at ``sigma / sqrt(epochs)``, :mod:`dpmf.accounting.reductions`).
+
+    Every example joins exactly ``epochs * k`` steps (:attr:`max_participations`). Batch sizes are
+    random: step ``j``'s size is ``Binomial(num_examples, k / b)`` (Multinomial jointly for
+    ``k = 1``), mean ``num_examples * k / b``. Fixed *shapes* come from padding every batch to a
+    public size with zero-weight examples (:mod:`dpmf.sampling.padding`): padding does not change
+    the clipped sum, hence not the mechanism. Cutting a shuffled permutation into equal batches is
+    a *different* mechanism (the others' positions reveal the target's slot under zero-out
+    adjacency) and is not what this scheme or its accountants describe.
+
+    Draws (:meth:`batches`): slots of all examples for an epoch as one ``(m, k)`` array (Floyd's
+    algorithm vectorized over examples, so every ``k``-subset is equally likely); ``k = 1`` is one
+    ``integers(0, b, m)`` call, the same stream as before ``num_selected`` existed. Accounted by
+    :mod:`dpmf.accounting.allocation` (identity: every variant; correlated ``C``: the reused single
+    slot), Monte Carlo where the participation patterns can be enumerated, and the unamplified
+    Gaussian mechanism.
     """
+
+    num_selected: int = 1
+    fresh_slots: bool = False
 
     name = "balls-in-bins"
 
-    def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
-        """Yield each step's sorted indices (examples grouped once by their random step)."""
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        k = self.num_selected
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= int(k) <= self.steps_per_epoch:
+            raise InvalidParameterError(
+                f"num_selected must be an integer in [1, steps per epoch = {self.steps_per_epoch}] (the number "
+                f"of distinct steps each example joins per epoch), got {k!r}"
+            )
+        object.__setattr__(self, "num_selected", int(k))
+        if not isinstance(self.fresh_slots, (bool, np.bool_)):
+            raise InvalidParameterError(
+                f"fresh_slots must be True (a new random allocation every epoch) or False (the slots of the "
+                f"first epoch reused in every epoch), got {self.fresh_slots!r}"
+            )
+        object.__setattr__(self, "fresh_slots", bool(self.fresh_slots))
+
+    @property
+    def reused_single_slot(self) -> bool:
+        """Whether this is the classic scheme (one slot, reused): ``num_selected == 1`` and not fresh
+        (or one epoch, where fresh and reused slots are the same mechanism)."""
+        return self.num_selected == 1 and (not self.fresh_slots or self.epochs == 1)
+
+    @property
+    def min_sep(self) -> int:
+        """The fewest steps between two participations of one example that the scheme guarantees:
+        ``b`` for one reused slot, else 1 (``k > 1`` slots may be adjacent; fresh slots of two
+        consecutive epochs may be the last step of one and the first of the next)."""
+        return self.steps_per_epoch if self.reused_single_slot else 1
+
+    @property
+    def max_participations(self) -> int:
+        """Steps each example joins: exactly ``epochs * num_selected``."""
+        return self.epochs * self.num_selected
+
+    def describe(self) -> dict:
+        return {**super().describe(), "num_selected": self.num_selected, "fresh_slots": self.fresh_slots}
+
+    def slots(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
+        """Yield, for each epoch, the ``(num_examples, num_selected)`` array of every example's steps
+        within the epoch (distinct, in ``0..b-1``; reused arrays are the same object every epoch)."""
         n = _v.positive_int("num_examples", num_examples)
-        slot = _rng(rng).integers(0, self.steps_per_epoch, size=n)
-        order = np.argsort(slot, kind="stable")
-        bounds = np.searchsorted(slot[order], np.arange(self.steps_per_epoch + 1))
+        gen = _rng(rng)
+        current = None
         for _ in range(self.epochs):
-            for i in range(self.steps_per_epoch):
-                yield order[bounds[i] : bounds[i + 1]]
+            if current is None or self.fresh_slots:
+                current = _distinct_slots(gen, n, self.num_selected, self.steps_per_epoch)
+            yield current
+
+    def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
+        """Yield each step's sorted indices (examples grouped by their steps in each epoch)."""
+        b, k = self.steps_per_epoch, self.num_selected
+        grouped = None
+        last = None
+        for slot in self.slots(num_examples, rng):
+            if slot is not last:
+                last = slot
+                flat = slot.ravel()
+                owner = np.repeat(np.arange(slot.shape[0]), k)  # example of each (example, slot) pair
+                order = np.argsort(flat, kind="stable")  # stable: examples ascending within a step
+                bounds = np.searchsorted(flat[order], np.arange(b + 1))
+                grouped = owner[order]
+            for i in range(b):
+                yield grouped[bounds[i] : bounds[i + 1]]
+
+
+def _distinct_slots(gen: np.random.Generator, n: int, k: int, b: int) -> np.ndarray:
+    """``(n, k)`` uniformly random ``k``-subsets of ``{0..b-1}``, one per row, independent rows.
+
+    Floyd's algorithm, vectorized over rows: for ``j = b-k .. b-1`` draw ``r ~ U{0..j}`` and keep
+    ``r`` unless a previous draw of the row took it, then keep ``j``. Every ``k``-subset has
+    probability ``1 / C(b, k)`` (Bentley & Floyd 1987). Time ``O(n k^2)``; ``k = 1`` is one
+    ``gen.integers(0, b, n)`` call."""
+    out = np.empty((n, k), dtype=np.int64)
+    for c, j in enumerate(range(b - k, b)):
+        r = gen.integers(0, j + 1, size=n)
+        if c:
+            taken = np.any(out[:, :c] == r[:, None], axis=1)
+            r = np.where(taken, j, r)
+        out[:, c] = r
+    return out
 
 
 def _gather(ptr: np.ndarray, data: np.ndarray, rows: np.ndarray) -> np.ndarray:

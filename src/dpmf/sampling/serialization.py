@@ -51,6 +51,8 @@ _FIELD_TYPES = {
     "dataset_size": _OPT_INT,
     "max_user_examples": _INT,
     "warmup_steps": _INT,
+    "num_selected": _INT,
+    "fresh_slots": _BOOL,
 }
 _EXPECTED = {
     _NUMBER: "a finite number",
@@ -92,7 +94,8 @@ def scheme_from_dict(d: Mapping):
     Covers :class:`~dpmf.sampling.PoissonSampling`, :class:`~dpmf.sampling.FixedOrderSampling`,
     :class:`~dpmf.sampling.CyclicPoissonSampling` (both partitions),
     :class:`~dpmf.sampling.MinSepSampling` (cold or warm start, ``max_batch_size``,
-    ``dataset_size``), :class:`~dpmf.sampling.BallsInBinsSampling` and
+    ``dataset_size``), :class:`~dpmf.sampling.BallsInBinsSampling` (``num_selected``,
+    ``fresh_slots``; descriptions written before they existed load as 1 and False) and
     :class:`~dpmf.sampling.MultiAttributionMinSepSampling` (its ``Attribution`` is data given to
     ``batches``, not part of the scheme).
 

@@ -59,7 +59,7 @@ def expected_batch_size(scheme, num_examples: int) -> float:
 
     Poisson ``q m``; cyclic Poisson ``q m / b`` (one group of ``m / b`` active per step); b-min-sep the
     marginal rate ``p0 m`` (exact at every step with a warm start, the long-run mean cold); balls-in-bins
-    and fixed order ``m / b`` (every example once per epoch of ``b`` steps); multi-attribution the
+    ``m k / b`` (every example in ``k = num_selected`` steps per epoch of ``b`` steps) and fixed order ``m / b``; multi-attribution the
     marginal user rate times the number of examples (an upper bound on the mean with the cap).
 
     >>> expected_batch_size(PoissonSampling(0.01, 10), 6000)
@@ -75,7 +75,9 @@ def expected_batch_size(scheme, num_examples: int) -> float:
     if isinstance(scheme, MinSepSampling):
         size = scheme.participation_rate * m
         return float(min(size, scheme.max_batch_size)) if scheme.max_batch_size is not None else size
-    if isinstance(scheme, (BallsInBinsSampling, FixedOrderSampling)):
+    if isinstance(scheme, BallsInBinsSampling):
+        return m * scheme.num_selected / scheme.steps_per_epoch
+    if isinstance(scheme, FixedOrderSampling):
         return m / scheme.steps_per_epoch
     if isinstance(scheme, MultiAttributionMinSepSampling):
         from dpmf.sampling.schemes import participation_rate

@@ -86,6 +86,9 @@ class AllocationProblem:
             raise UnsupportedConfigurationError(
                 f"random allocation needs BallsInBinsSampling, got {type(scheme).__name__}"
             )
+        why = pair_problem(strategy, scheme) if not scheme.reused_single_slot else None
+        if why is not None:
+            raise UnsupportedConfigurationError(why)
         n = getattr(strategy, "n", None)
         if n is not None and n != scheme.steps:
             raise InvalidParameterError(

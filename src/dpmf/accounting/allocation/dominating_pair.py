@@ -45,7 +45,19 @@ __all__ = [
 
 def pair_problem(strategy, scheme) -> str | None:
     """Why the dominating pair of random allocation does not exist for ``strategy`` under the
-    balls-in-bins ``scheme`` (e.g. a negative or non-lower-triangular ``C``), or ``None``."""
+    balls-in-bins ``scheme`` (e.g. a negative or non-lower-triangular ``C``), or ``None``.
+
+    Only one slot reused every epoch is covered: the mixture means below are the patterns of that
+    scheme, and the Rényi, conditional and orthogonal-groups analyses built on them assume it.
+    ``num_selected > 1`` or ``fresh_slots=True`` (with several epochs) are refused here."""
+    if not getattr(scheme, "reused_single_slot", True):
+        return (
+            f"the Renyi, conditional-composition and orthogonal-groups random-allocation analyses (on the pair "
+            f"of Lemma 2.8) assume one slot per example reused every epoch; this scheme has num_selected="
+            f"{scheme.num_selected}, fresh_slots={scheme.fresh_slots}, for which no extension is proved here: for "
+            "the identity use allocation_pld, for a correlated C 'montecarlo' (an estimate, certified by "
+            "calibration) or 'unamplified'"
+        )
     try:
         mixture_means(strategy, scheme.epochs, scheme.steps)
     except DPMFError as exc:

@@ -20,6 +20,7 @@ __all__ = [
     "poisson_patterns",
     "cyclic_patterns",
     "balls_in_bins_patterns",
+    "allocation_patterns",
     "truncated_log_ratio",
 ]
 
@@ -106,6 +107,23 @@ def cyclic_patterns(n: int, T: int, p: float, phases):
 def balls_in_bins_patterns(n: int, T: int):
     """Uniform ``s in 0..T-1``, ``x = 1{i = s mod T}``."""
     return [(1 / T, tuple(int(i % T == s) for i in range(n))) for s in range(T)]
+
+
+def allocation_patterns(epochs: int, b: int, k: int, fresh: bool):
+    """Balls-in-bins with ``k`` distinct slots of ``b`` per epoch, reused or fresh each epoch: every
+    ``(prob, x)`` (``n = epochs * b``), by enumerating the slot sets epoch by epoch."""
+    from itertools import combinations
+
+    sets = list(combinations(range(b), k))
+    choices = product(sets, repeat=epochs) if fresh else ((s,) * epochs for s in sets)
+    out = []
+    for pick in choices:
+        x = [0] * (epochs * b)
+        for e, chosen in enumerate(pick):
+            for j in chosen:
+                x[e * b + j] = 1
+        out.append((1.0 / (len(sets) ** epochs if fresh else len(sets)), tuple(x)))
+    return out
 
 
 def truncated_log_ratio(C, n, b, p, warm, r, B, sigma, y) -> float:

@@ -191,7 +191,17 @@ def _plan(bands: Bands, scheme) -> _Plan:
             return _Plan("modes", True, both, "p = 1: finite mixture of modes")
         return _Plan("minsep", True, both, "Thm 5.1")
     if name == "balls-in-bins":
-        return _Plan("modes", True, both, "log-mean-exp over T modes")
+        if getattr(scheme, "reused_single_slot", True):
+            return _Plan("modes", True, both, "log-mean-exp over T modes")
+        K = _allocation_mode_count(scheme)
+        if K > MAX_MODES:
+            raise UnsupportedConfigurationError(
+                f"Monte Carlo for balls-in-bins with num_selected={scheme.num_selected}, fresh_slots="
+                f"{scheme.fresh_slots} enumerates every participation pattern (C(b, k) per epoch, to the power "
+                f"epochs when fresh): {K:.3g} patterns > {MAX_MODES}; use fewer steps per epoch or epochs, or "
+                "method='unamplified'"
+            )
+        return _Plan("modes", True, both, f"log-mean-exp over {K} participation patterns")
     if name == "poisson":
         if w == 1:
             return _Plan("poisson", True, both, "independent subsampled Gaussians")
@@ -430,9 +440,40 @@ def _log_ratio_from_dots(bands, scheme, plan, sigma, d) -> np.ndarray:
 
 
 # ============================================================================ modes (p = 1, BiB)
+#: Most participation patterns the mode mixture enumerates for the balls-in-bins variants
+#: (``num_selected > 1`` or fresh slots): each sample costs ``K min(K, n)`` flops.
+MAX_MODES = 4096
+
+
+def _allocation_mode_count(scheme) -> float:
+    """Participation patterns of a balls-in-bins scheme: ``C(b, k)``, to the power ``epochs`` when
+    the slots are fresh (a float: it can be astronomically large)."""
+    per_epoch = float(math.comb(int(scheme.steps_per_epoch), int(scheme.num_selected)))
+    return per_epoch ** int(scheme.epochs) if scheme.fresh_slots else per_epoch
+
+
+def _allocation_patterns(n: int, scheme) -> np.ndarray:
+    """Every 0/1 pattern of a balls-in-bins scheme (rows, equally likely): a ``k``-subset of the
+    ``b`` steps of each epoch, the same subset every epoch (reused) or one per epoch (fresh)."""
+    from itertools import combinations
+
+    b, k, E = int(scheme.steps_per_epoch), int(scheme.num_selected), int(scheme.epochs)
+    subsets = np.zeros((math.comb(b, k), b))
+    for r, c in enumerate(combinations(range(b), k)):
+        subsets[r, list(c)] = 1.0
+    if not scheme.fresh_slots:
+        return np.tile(subsets, (1, E))[:, :n]
+    out = subsets
+    for _ in range(E - 1):  # Cartesian product, epoch by epoch
+        out = np.concatenate([np.repeat(out, subsets.shape[0], axis=0), np.tile(subsets, (out.shape[0], 1))], axis=1)
+    return out[:, :n]
+
+
 def _mode_patterns(n: int, scheme) -> np.ndarray:
     """0/1 patterns ``x^(s)`` (rows) of the finite mixtures: balls-in-bins, b-min-sep with p = 1."""
     name = _scheme_name(scheme)
+    if name == "balls-in-bins" and not getattr(scheme, "reused_single_slot", True):
+        return _allocation_patterns(n, scheme)
     if name == "balls-in-bins":
         T = int(scheme.steps_per_epoch)
         starts = np.arange(T)
@@ -471,18 +512,20 @@ def _sample_modes(bands, scheme, sigma, S, rng, direction, state=None) -> np.nda
     M, logw = _modes(bands, scheme)
     G = M @ M.T
     K = G.shape[0]
-    A = np.ascontiguousarray(_factor(G).T) / sigma  # (w @ A)_s = sigma (R w)_s / sigma^2
+    # R R^T = G: a factor of G, or M itself when there are more modes than steps (then w ~ N(0, I_n))
+    R = M if K > M.shape[1] else _factor(G)
+    A = np.ascontiguousarray(R.T) / sigma  # (w @ A)_s = sigma (R w)_s / sigma^2
     Gs = G / sigma**2  # symmetric: row s* = column s*
     h = logw - np.diag(G) / (2 * sigma**2)
     out = np.empty(S)
     for lo, m in _chunks(S, K):
         if state is None:
-            W = rng.standard_normal((m, K))
+            W = rng.standard_normal((m, A.shape[0]))
             star = rng.integers(0, K, size=m) if (direction == "remove" and K > 1) else None
         else:
             from dpmf.accounting.montecarlo._xoshiro import fill_indices, fill_normal
 
-            W = np.empty((m, K))
+            W = np.empty((m, A.shape[0]))
             fill_normal(W.reshape(-1), state)
             star = None
             if direction == "remove" and K > 1:

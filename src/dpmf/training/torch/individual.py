@@ -66,8 +66,8 @@ Soundness (what may depend on the data, and why this order):
   given the example's group) participation at a step is independent of the past, so conditional on
   the past each step is a mixture over that history of subsampled Gaussians with shifts ``<= C``,
   dominated by the worst one (joint convexity of the hockey-stick divergence, both directions).
-  For balls-in-bins and fixed order an example's past participations are determined by the step
-  at which it participates, so its contribution is a function of past outputs and the step, as in
+  For balls-in-bins (one slot, reused) and fixed order an example's past participations are
+  determined by the step at which it participates, so its contribution is a function of past outputs and the step, as in
   ordinary DP-SGD. b-min-sep and multi-attribution sampling fit neither argument and are refused.
 * **Correlated noise is refused**: with ``C != I`` a step's noise is correlated with the noise of
   earlier steps, so a step is not a fresh Gaussian mechanism given the past and the per-step GDP
@@ -135,6 +135,13 @@ class IndividualAccounting:
                 "b-min-sep (and multi-attribution) sampling an example's participation depends on its own "
                 "past participation, on which the filter's weights also depend, and the plan's amplified "
                 "report is not proved to cover that"
+            )
+        if isinstance(plan.scheme, BallsInBinsSampling) and not plan.scheme.reused_single_slot:
+            raise UnsupportedConfigurationError(
+                f"individual filtering is supported with balls-in-bins only for one slot reused every epoch, not "
+                f"num_selected={plan.scheme.num_selected}, fresh_slots={plan.scheme.fresh_slots}: then an example's "
+                "past participations are not determined by the step at which it participates (other slots, other "
+                "epochs' draws), so the argument of this module does not apply and is not proved"
             )
         if getattr(privacy.optimizer, "distributed", False):
             raise UnsupportedConfigurationError(
