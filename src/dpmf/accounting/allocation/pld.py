@@ -255,6 +255,8 @@ class _Law:
 
     lo: int
     p: np.ndarray
+    #: an upper bound on the exact law's total mass (entries may be inflated by error allowances)
+    mass: float = 1.0
 
     def tables(self):
         """``T[k] = P(A >= k)``, ``E[k] = E[(A - k)_+]``, ``H[k] = P(A <= k)``, ``D[k] = E[(k - A)_+]``
@@ -318,7 +320,9 @@ def _level_one(eta: float, h: float, l: int, u: int, direction: str) -> tuple[_L
     x = np.arange(l, u + 1, dtype=np.float64) * h
     F, Fb, M, Mb = _lognormal_tables(eta, x)
     if u == l:
-        return _Law(l, np.array([1.0 + 4 * _U])), (_call(eta, x[0]) if direction == "remove" else _put(eta, x[0]))
+        return _Law(l, np.array([1.0 + 4 * _U]), 1.0 + 4 * _U), (
+            _call(eta, x[0]) if direction == "remove" else _put(eta, x[0])
+        )
     low = Fb[1:] >= F[1:]  # lower-tail differences where they are accurate
     p = np.where(low, F[1:] - F[:-1], Fb[:-1] - Fb[1:])
     p_err = 2 * _U * np.where(low, F[1:] + F[:-1], Fb[:-1] + Fb[1:])
@@ -344,14 +348,26 @@ def _level_one(eta: float, h: float, l: int, u: int, direction: str) -> tuple[_L
     else:
         q[0] += extra
         charge = _put(eta, x[0])
-    return _Law(l, q), charge * (1 + 1e-9) + 4 * _U
+    return _Law(l, q, float(q.sum()) * (1 + 4 * _U * q.size)), charge * (1 + 1e-9) + 4 * _U
 
 
-def _convolve(a: _Law, b: _Law | None, extended: bool = False):
-    """The FFT convolution (``b = None``: square) and a bound on its entrywise error.
+def _convolve(a: _Law, b: _Law | None, extended: bool = False, tilt: float = 0.0):
+    """The FFT convolution (``b = None``: square) and an entrywise bound on its error.
 
     ``extended``: transform in long double (x87, unit roundoff ``2^-64``), which shrinks the
     error bound ~2000x at ~4x the time; used where the result is copied many times.
+
+    ``tilt`` (``theta`` per grid index): the operands are exponentially tilted,
+    ``a_i e^{theta i}`` (``i`` relative to the operand's first index, scaled so the largest entry
+    is 1), convolved, and untilted by ``e^{-theta k}``. Tilting commutes with convolution
+    (``e^{theta i} e^{theta j} = e^{theta (i + j)}``), so the result is the same convolution; the
+    FFT's absolute error (Higham's bound on the tilted vectors) becomes, after untilting, an
+    allowance ``err e^{s - theta k}`` that is tiny where the tilt is large. With ``theta > 0`` the
+    upper tail (where the remove direction's ``E[(A - c)_+]`` lives) is computed to a relative
+    accuracy, so deltas of ``1e-12`` are not drowned by the allowance (``theta < 0``: the lower
+    tail, for the add direction). Entries of the tilted operands below the float range are
+    dropped and their largest possible contribution is added to the allowance.
+    Returns ``(out, err)``, ``err`` an array (one bound per output entry).
     """
     pa = a.p
     pb = pa if b is None else b.p
@@ -359,14 +375,33 @@ def _convolve(a: _Law, b: _Law | None, extended: bool = False):
     nf = _fft.next_fast_len(n, real=True)
     unit = _U_EXTENDED if extended else _U
     dtype = np.longdouble if extended else np.float64
-    fa = _fft.rfft(pa.astype(dtype), nf)
-    fb = fa if b is None else _fft.rfft(pb.astype(dtype), nf)
+
+    def tilted(p):
+        if tilt == 0.0:
+            return p, 0.0
+        with np.errstate(divide="ignore"):
+            lw = np.log(p) + tilt * np.arange(p.size)
+        m = float(np.max(lw))
+        return np.exp(lw - m), m
+
+    ta, ma = tilted(pa)
+    tb, mb = (ta, ma) if b is None else tilted(pb)
+    fa = _fft.rfft(ta.astype(dtype), nf)
+    fb = fa if b is None else _fft.rfft(tb.astype(dtype), nf)
     out = _fft.irfft(fa * fb, nf)[:n]
-    na2, nb2 = math.sqrt(float(_dot(pa, pa))), math.sqrt(float(_dot(pb, pb)))
-    err = _FFT_ERROR_FACTOR * unit * math.log2(nf) * (na2 * float(pb.sum()) + float(pa.sum()) * nb2)
+    na2, nb2 = math.sqrt(float(_dot(ta, ta))), math.sqrt(float(_dot(tb, tb)))
+    err = _FFT_ERROR_FACTOR * unit * math.log2(nf) * (na2 * float(tb.sum()) + float(ta.sum()) * nb2)
+    if tilt != 0.0:
+        err += 2.0 * n * 1e-300  # entries lost to underflow in the tilted operands
     if extended:  # back to float64, rounded up (a relative 2^-53 at most)
         out = out.astype(np.float64) * (1 + 2 * _U)
         err = err * (1 + 2 * _U) + 4 * _U_EXTENDED
+    if tilt == 0.0:
+        return out, np.full(n, err)
+    scale = (ma + mb) - tilt * np.arange(n)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        out = np.exp(np.log(np.maximum(out, 0.0)) + scale) * (1 + 8 * _U)
+        err = np.exp(math.log(err) + scale) * (1 + 8 * _U)
     return out, err
 
 
@@ -380,13 +415,17 @@ class _Plan:
     cap: int  # grid index of the exact cut (remove: >= t e^eps_hi; add: >= t e^-eps_lo)
     budget: float  # tightness budget per cut, in delta units
     scale: float  # add: e^eps_hi (charges are multiplied by e^eps)
+    tilt: float = 0.0  # theta per grid index of the tilted FFTs (see _convolve; tightness only)
+    target: float = 0.0  # S value where the answer is expected (sets the tilt; 0: no tilt)
 
 
 def _cut(plan: _Plan, a: _Law, b: _Law | None, mult: int) -> tuple[_Law, float, int]:
     """Convolve, cut to a window, lump the cut mass exactly; returns law, charge and width."""
-    c, err = _convolve(a, b, extended=mult >= _EXTENDED_MULT)
+    c, err = _convolve(a, b, extended=mult >= _EXTENDED_MULT, tilt=plan.tilt)
     lo = a.lo + (a.lo if b is None else b.lo)
     n = c.size
+    mass = a.mass * (a.mass if b is None else b.mass) * (1 + 4 * _U)  # no entry or lump exceeds it
+    c = np.minimum(c, mass)
     # choose the window from the FFT output (tightness only)
     cpos = np.maximum(c, 0.0)
     _, Ec, _, Dc = _Law(lo, cpos).tables()
@@ -409,13 +448,13 @@ def _cut(plan: _Plan, a: _Law, b: _Law | None, mult: int) -> tuple[_Law, float, 
     bot_mass = float(_dot(a.p, h_l)) * infl
     bot_def = float(_dot(a.p, d_l)) * infl
     if l >= u:
-        q = np.array([float(a.p.sum()) * float(b2.p.sum()) * infl + err])
+        q = np.array([mass])
         l = u
     else:
-        q = np.maximum(c[l : u + 1] + err, 0.0)
-        q[0], q[-1] = bot_mass, top_mass
+        q = np.minimum(np.maximum(c[l : u + 1] + err[l : u + 1], 0.0), mass)
+        q[0], q[-1] = min(bot_mass, mass), min(top_mass, mass)
     charge = (top_exc if plan.direction == "remove" else bot_def) * plan.h / plan.t * mult
-    return _Law(lo + l, q), charge, u - l + 1
+    return _Law(lo + l, q, mass), charge, u - l + 1
 
 
 def _sum_law(plan: _Plan, eta: float) -> tuple[_Law, float, int]:
@@ -430,6 +469,8 @@ def _sum_law(plan: _Plan, eta: float) -> tuple[_Law, float, int]:
     u = min(u, plan.cap)
     l = _last_index(lambda k: _put(eta, k * h) * s <= plan.budget, u)
     base, c1 = _level_one(eta, h, l, u, plan.direction)
+    if plan.target > 0:
+        plan.tilt = _tilt_for(base, plan.target / h)
     charge = t * c1 / t  # t copies, each charged c1 / t
     width = base.p.size
     result = None
@@ -447,6 +488,32 @@ def _sum_law(plan: _Plan, eta: float) -> tuple[_Law, float, int]:
             charge += c
             width = max(width, w)
     return result, charge, width
+
+
+def _tilt_for(base: _Law, target: float) -> float:
+    """``theta`` (per grid index) whose tilt of ``base`` has mean ``target`` (grid units): the
+    Chernoff tilt of the sum of ``t`` copies towards ``t * target`` (tightness only: any
+    ``theta`` is sound). Clamped so the tilt spans at most 600 nats over the window."""
+    idx = np.arange(base.p.size, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        logp = np.log(base.p)
+    rel = target - base.lo
+
+    def mean(th):
+        lw = logp + th * idx
+        w = np.exp(lw - lw.max())
+        return float(_dot(w, idx) / w.sum())
+
+    cap = 600.0 / max(base.p.size - 1, 1)
+    lo_, hi_ = (0.0, cap) if mean(0.0) < rel else (-cap, 0.0)
+    if mean(hi_) <= rel:
+        return hi_
+    if mean(lo_) >= rel:
+        return lo_
+    for _ in range(60):
+        mid = 0.5 * (lo_ + hi_)
+        lo_, hi_ = (mid, hi_) if mean(mid) < rel else (lo_, mid)
+    return 0.5 * (lo_ + hi_)
 
 
 def _first_index(ok, hi: int) -> int:
@@ -534,14 +601,16 @@ def _add_epsilon(law: _Law, h: float, t: int, charge: float, delta: float) -> fl
 
 
 # ----------------------------------------------------------------------------- driver
-def _direction_pass(direction, eta, t, delta, h, eps_hi, eps_lo):
+def _direction_pass(direction, eta, t, delta, h, eps_hi, eps_lo, eps_est=None):
+    """One grid level of one direction; ``eps_est`` (a guess of the answer) aims the FFT tilt."""
+    aim = eps_est is not None and math.isfinite(eps_est)
     if direction == "remove":
         cap = int(math.ceil(t * math.exp(eps_hi) * (1 + _CAP_MARGIN) / h))
-        plan = _Plan("remove", t, h, cap, _CUT_BUDGET * delta, 1.0)
+        plan = _Plan("remove", t, h, cap, _CUT_BUDGET * delta, 1.0, target=math.exp(eps_est) if aim else 0.0)
         law, charge, width = _sum_law(plan, eta)
         return _remove_epsilon(law, h, t, charge, delta), width
     cap = int(math.ceil(t * math.exp(-eps_lo) / h)) + 1
-    plan = _Plan("add", t, h, cap, _CUT_BUDGET * delta, math.exp(eps_hi))
+    plan = _Plan("add", t, h, cap, _CUT_BUDGET * delta, math.exp(eps_hi), target=math.exp(-eps_est) if aim else 0.0)
     law, charge, width = _sum_law(plan, eta)
     return _add_epsilon(law, h, t, charge, delta), width
 
@@ -557,13 +626,15 @@ def _refine(direction, eta, t, delta, eps_gauss, rel_tol, max_points, enough=-1.
     reach = t * (math.exp(eps_gauss) * (1 + _CAP_MARGIN) if direction == "remove" else 1.0)
     h = reach / _PILOT_POINTS
     levels, prev, points = [], None, _PILOT_POINTS
+    est = None  # the previous level's epsilon aims the next level's FFT tilt (the pilot is untilted)
     while True:
-        eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo)
+        eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo, est)
         if direction == "add" and eps_lo > 0 and eps <= eps_lo * (1 + 1e-3):
             # the answer sits at the window's end, where the cut is not exact: reach further
             eps_lo = 0.0
-            eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo)
+            eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo, est)
         best = min(best, eps)
+        est = best if math.isfinite(best) else None
         levels.append({"h": h, "points": width, "epsilon": eps})
         if prev is not None and (abs(prev - eps) <= 3 * rel_tol * max(eps, 1e-12) or eps >= prev):
             break
