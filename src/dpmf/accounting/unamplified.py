@@ -26,8 +26,10 @@ from dpmf.sampling.schemes import (
     CyclicPoissonSampling,
     FixedOrderSampling,
     MinSepSampling,
+    MultiAttributionMinSepSampling,
     PoissonSampling,
 )
+from dpmf.accounting.user_level import user_sensitivity_factor
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import FixedEpochParticipation
 
@@ -41,7 +43,8 @@ def participation_of(scheme) -> Participation | FixedEpochParticipation:
         return Participation(scheme.max_participations, 1)
     if isinstance(scheme, (FixedOrderSampling, BallsInBinsSampling)):  # exactly k times, b apart
         return FixedEpochParticipation(scheme.max_participations, scheme.min_sep)
-    if isinstance(scheme, (CyclicPoissonSampling, MinSepSampling)):  # at most ceil(n/b), >= b apart
+    if isinstance(scheme, (CyclicPoissonSampling, MinSepSampling, MultiAttributionMinSepSampling)):
+        # at most ceil(n/b), >= b apart (multi-attribution: a user; accounting.user_level)
         return Participation(scheme.max_participations, scheme.min_sep)
     if isinstance(scheme, PoissonSampling):
         return Participation(scheme.steps, 1)  # an example may be drawn every step
@@ -52,7 +55,9 @@ def supports(strategy, scheme) -> str | None:
     if not hasattr(strategy, "sensitivity"):
         return "the strategy does not expose its sensitivity"
     if not isinstance(
-        scheme, (FixedOrderSampling, PoissonSampling, BallsInBinsSampling, CyclicPoissonSampling, MinSepSampling)
+        scheme,
+        (FixedOrderSampling, PoissonSampling, BallsInBinsSampling, CyclicPoissonSampling, MinSepSampling,
+         MultiAttributionMinSepSampling),
     ):
         return f"no participation pattern known for {type(scheme).__name__}"
     return None
@@ -64,7 +69,7 @@ def account_unamplified(strategy, scheme, noise_multiplier: float, delta: float)
     start = time.perf_counter()
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     participation = participation_of(scheme)
-    sens = float(strategy.sensitivity(participation))
+    sens = user_sensitivity_factor(scheme) * float(strategy.sensitivity(participation))  # k_u for users
     eps = gaussian_epsilon(sigma, delta, sens)
     return PrivacyReport(
         epsilon=eps,
@@ -92,5 +97,5 @@ def account_unamplified(strategy, scheme, noise_multiplier: float, delta: float)
 @guarded(NAME, supports)
 def calibrate_unamplified(strategy, scheme, target_epsilon: float, delta: float) -> float:
     """Exact smallest noise multiplier: ``sens / mu*(epsilon, delta)`` (verified by gdp_mu)."""
-    sens = float(strategy.sensitivity(participation_of(scheme)))
+    sens = user_sensitivity_factor(scheme) * float(strategy.sensitivity(participation_of(scheme)))
     return sens / gdp_mu(target_epsilon, delta)

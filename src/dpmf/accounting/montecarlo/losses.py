@@ -69,6 +69,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.reductions import identity_epochs_reduction
+from dpmf.accounting.user_level import single_example_users_reduction
 from dpmf.accounting.montecarlo._loss_kernels import (
     Bands,
     backward_dp,
@@ -737,6 +738,7 @@ def privacy_loss_samples(
     reduction = identity_epochs_reduction(strategy, scheme)
     if reduction is not None:  # equal in law, k times fewer steps (dpmf.accounting.reductions)
         strategy, scheme, sigma = reduction.strategy, reduction.scheme, sigma * reduction.noise_scale
+    scheme = single_example_users_reduction(scheme) or scheme  # k_u = 1: the same pair (accounting.user_level)
     bands = _bands(strategy)
     plan = _plan(bands, scheme)
     if direction not in plan.directions:
