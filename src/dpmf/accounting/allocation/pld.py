@@ -659,25 +659,55 @@ def allocation_pld_epsilon(
     delta: float,
     *,
     epochs: int = 1,
+    num_selected: int = 1,
+    fresh_slots: bool = False,
     rel_tol: float = DEFAULT_REL_TOL,
     max_points: int = DEFAULT_MAX_POINTS,
 ) -> dict:
-    """Epsilon (both directions) of ``epochs`` epochs of 1-out-of-``steps`` random allocation of
-    a Gaussian step with noise ``noise_multiplier`` (sensitivity 1), slot reused every epoch.
+    """Epsilon (both directions) of ``epochs`` epochs of ``num_selected``-out-of-``steps`` random
+    allocation of a Gaussian step with noise ``noise_multiplier`` (sensitivity 1, ``C = I``).
+
+    ``steps`` is ``t``, the steps per epoch; each example is in ``k = num_selected`` distinct
+    uniformly random steps of an epoch. ``fresh_slots=False``: the steps are drawn once and reused
+    every epoch (``E`` epochs = one epoch at ``sigma / sqrt(E)``, exact); ``True``: drawn anew each
+    epoch (the ``E``-fold composition). ``k > 1`` is bounded by a composition of 1-of-``floor(t/k)``
+    and 1-of-``ceil(t/k)`` allocations (:mod:`~dpmf.accounting.allocation.pld_compose`). A single
+    copy (``k = 1``, reused slots or one epoch) is computed directly (module docstring), so
+    ``fresh_slots`` over one epoch equals reused slots exactly, and ``num_selected=1`` is one-slot
+    allocation.
 
     Returns a dict with ``epsilon``, ``epsilon_by_direction``, ``refinements`` (per direction: the
-    grid spacing ``h`` in sum units, the widest window's points and the epsilon of each level),
-    ``gaussian_epsilon`` and ``seconds``.
+    grid spacing ``h`` in sum units, the widest window's points and the epsilon of each level; or
+    ``compositions`` for a composition), ``gaussian_epsilon`` and ``seconds``.
     """
     start = time.perf_counter()
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     t = _v.positive_int("steps", steps)
     k = _v.positive_int("epochs", epochs)
+    sel = _v.positive_int("num_selected", num_selected)
+    if sel > t:
+        raise InvalidParameterError(f"num_selected must be <= steps ({t}), got {sel}")
     d = _v.open_unit("delta", delta)
     rel_tol = _v.positive("rel_tol", rel_tol)
     max_points = _v.positive_int("max_points", max_points)
     if max_points < 8 * _PILOT_POINTS:
         raise InvalidParameterError(f"max_points must be >= {8 * _PILOT_POINTS}, got {max_points}")
+    fresh = bool(fresh_slots) and k > 1
+    if sel > 1 or fresh:
+        from dpmf.accounting.allocation import pld_compose  # noqa: PLC0415 - it imports this module
+
+        sigma_eff = sigma if fresh else sigma / math.sqrt(k)
+        rounds = k if fresh else 1
+        parts = [(m, c * rounds) for m, c in pld_compose.split_k_of_t(t, sel)]
+        out = {"noise_multiplier_one_epoch": sigma_eff, "steps_per_epoch": t, "epochs": k,
+               "num_selected": sel, "fresh_slots": bool(fresh_slots),
+               "gaussian_epsilon": gaussian_epsilon(sigma / math.sqrt(k * sel), d),
+               "composition": [{"steps": m, "copies": c} for m, c in parts]}
+        comp = pld_compose.composition_epsilon(1.0 / sigma_eff**2, parts, d, rel_tol=rel_tol, max_points=max_points)
+        by_dir = {key: min(v, out["gaussian_epsilon"]) for key, v in comp["epsilon_by_direction"].items()}
+        out.update({"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir,
+                    "compositions": comp["compositions"], "seconds": time.perf_counter() - start})
+        return out
     sigma_eff = sigma / math.sqrt(k)
     eta = 1.0 / sigma_eff**2
     eps_gauss = gaussian_epsilon(sigma_eff, d)
