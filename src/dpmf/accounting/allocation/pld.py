@@ -114,7 +114,7 @@ from dpmf.accounting.allocation.dominating_pair import (
 )
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import InvalidParameterError
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -736,7 +736,15 @@ def _epsilon(strategy, scheme, groups: OrthogonalGroups | None, sigma: float, d:
     """The identity's exact pair, or the orthogonal-groups bound (``groups``) for any other C."""
     if groups is None:
         return allocation_pld_epsilon(
-            sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, rel_tol=accuracy, max_points=max_points
+            sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, num_selected=getattr(scheme, "num_selected", 1),
+            fresh_slots=getattr(scheme, "fresh_slots", False), rel_tol=accuracy, max_points=max_points,
+        )
+    if getattr(scheme, "num_selected", 1) != 1 or (getattr(scheme, "fresh_slots", False) and scheme.epochs > 1):
+        raise UnsupportedConfigurationError(
+            f"allocation_pld covers num_selected > 1 or fresh slots only for the identity (DP-SGD); got "
+            f"{describe_strategy(strategy)} with num_selected={getattr(scheme, 'num_selected', 1)}, "
+            f"fresh_slots={getattr(scheme, 'fresh_slots', False)} (the orthogonal-groups bound is proved for "
+            "one reused slot; use num_selected=1, fresh_slots=False)"
         )
     return allocation_pld_epsilon(
         sigma / math.sqrt(groups.max_norm_sq), groups.slots, d, rel_tol=accuracy, max_points=max_points
@@ -782,6 +790,13 @@ def account_allocation_pld(
             "bound": f"the identity's pair with {groups.slots} steps at sigma / sqrt({groups.max_norm_sq:.6g}) "
                      "(Jensen + convex order over orthogonal residue classes; module docstring)",
         }
+    elif "composition" in out:
+        out["reduction"] = (
+            f"identity, {scheme.epochs} epochs, {out['num_selected']} of {scheme.steps_per_epoch} steps per epoch, "
+            f"{'fresh' if out['fresh_slots'] else 'reused'} slots = a composition of one-slot allocations "
+            + ", ".join(f"{c['copies']} x 1-of-{c['steps']}" for c in out["composition"])
+            + (f" at sigma / sqrt({scheme.epochs})" if not out["fresh_slots"] and scheme.epochs > 1 else "")
+        )
     elif scheme.epochs > 1:
         out["reduction"] = (
             f"identity, {scheme.epochs} epochs with the same slot each epoch = one epoch of "
