@@ -32,6 +32,14 @@ ADJACENCY = (
     "stay private, pass a public normalizer= to make_private / build_plan"
 )
 
+#: The adjacency of a multi-attribution (user-level) report: what its epsilon is for instead.
+USER_ADJACENCY = (
+    "fixed-graph user level (multi-attribution; Dong & Ganesh 2026 Sec. 6, Ganesh et al. 2025): the "
+    "attribution graph is public, every user has at most max_user_examples examples, and neighbouring "
+    "datasets differ in all examples of one user, zeroed out in one of them (add or remove; epsilon is the "
+    "worst of both directions)"
+)
+
 #: The report fields that describe the mechanism and the claim, covered by the ``digest``
 #: (``target_epsilon`` is the claim of a calibration report, ``dpmf calibrate --json``).
 DIGEST_KEYS = (
@@ -94,6 +102,13 @@ class PrivacyReport:
     #: :meth:`tradeoff` and :func:`dpmf.compose`; a report read back from JSON has none until it is
     #: recomputed from its description (:func:`dpmf.accounting.verify_report`).
     curve: "PrivacyCurve | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # a multi-attribution scheme's epsilon is user-level: say so unless an adjacency was given
+        if self.adjacency == ADJACENCY and isinstance(self.scheme, Mapping) and self.scheme.get(
+            "max_user_examples"
+        ) is not None:
+            object.__setattr__(self, "adjacency", USER_ADJACENCY)
 
     def to_dict(self) -> dict:
         """A JSON-ready dict (infinite epsilons become the string ``"inf"``), with the ``digest`` of

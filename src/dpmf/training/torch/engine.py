@@ -403,6 +403,7 @@ def make_private(
     distributed: bool = False,
     process_group=None,
     accountant_options: dict | None = None,
+    attribution=None,
 ) -> PrivateRun:
     """Private training with correlated noise: ``(module, optimizer, data_loader, privacy)``.
 
@@ -450,6 +451,12 @@ def make_private(
             takes its shard of each global batch, clipped sums are all-reduced, and the same noise
             is added once to the sum on every rank (the noise state is broadcast from rank 0).
         accountant_options: options for the accountant (e.g. ``{"workers": 2}`` for MMCC).
+        attribution: for :class:`~dpmf.sampling.MultiAttributionMinSepSampling` (user-level
+            training) only: the public graph, the users of every example of ``data`` (after
+            :func:`~dpmf.sampling.bound_contributions`, its ``.attribution``, with
+            ``sampling.max_user_examples`` at least its most examples per user). The loader draws
+            Alg. 3's user-respecting batches (``sampling.batches(attribution, seed)``) and the report
+            is user-level (fixed-graph adjacency); docs/tutorials/user-level.md.
 
     Raises :class:`~dpmf.errors.UnsupportedConfigurationError` before any step for a (strategy,
     sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError` for
@@ -473,6 +480,10 @@ def make_private(
             f"loss_fn=None (the loss.backward() loop) needs grad_sample_mode='ghost', got {grad_sample_mode!r}; "
             "pass loss_fn=... to use optimizer.step(inputs, targets)"
         )
+    if plan is None and sampling is not None and (attribution is not None or hasattr(sampling, "max_user_examples")):
+        # the sampler's checks (attribution given for, and only for, multi-attribution; its size; k_u) before
+        # the accounting, which can take minutes
+        SchemeBatchSampler(sampling, num_examples, seed=0, attribution=attribution)
     if plan is None:
         missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
                                   ("max_grad_norm", max_grad_norm)) if v is None]
@@ -513,7 +524,8 @@ def make_private(
             dist.broadcast_object_list(box, src=0, group=process_group)
             sampler_seed = box[0]
     noise_seed = None if secure else _derived_seed(seed, 1)
-    sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed)
+    sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed,
+                                 attribution=attribution)
     if grad_sample_mode == "ghost":
         clipper = GhostClipper(module, loss_fn, max_grad_norm, loss_reduction=loss_reduction, chunk_size=chunk_size,
                                nonfinite=nonfinite)
