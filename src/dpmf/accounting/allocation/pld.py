@@ -732,8 +732,9 @@ def allocation_pld_epsilon(
 
 
 # ----------------------------------------------------------------------------- accountant
-def _epsilon(strategy, scheme, groups: OrthogonalGroups | None, sigma: float, d: float, accuracy, max_points) -> dict:
-    """The identity's exact pair, or the orthogonal-groups bound (``groups``) for any other C."""
+def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
+    """The identity's exact pair, or for any other C the best of the reductions ``groups``
+    (:class:`~dpmf.accounting.allocation.correlated.Reductions`)."""
     if groups is None:
         return allocation_pld_epsilon(
             sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, num_selected=getattr(scheme, "num_selected", 1),
@@ -746,9 +747,20 @@ def _epsilon(strategy, scheme, groups: OrthogonalGroups | None, sigma: float, d:
             f"fresh_slots={getattr(scheme, 'fresh_slots', False)} (the orthogonal-groups bound is proved for "
             "one reused slot; use num_selected=1, fresh_slots=False)"
         )
-    return allocation_pld_epsilon(
-        sigma / math.sqrt(groups.max_norm_sq), groups.slots, d, rel_tol=accuracy, max_points=max_points
-    )
+    from dpmf.accounting.allocation.correlated import reduced_epsilon  # (it imports this module)
+
+    # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
+    return reduced_epsilon(groups, sigma, d, rel_tol=accuracy, max_points=max_points)
+
+
+def _reductions(strategy, scheme):
+    """``None`` for the identity, else the reductions of :mod:`.correlated` (orthogonal groups and,
+    when the Gram matrix is small enough, spectral groups)."""
+    if isinstance(strategy, Identity):
+        return None
+    from dpmf.accounting.allocation.correlated import strategy_reductions
+
+    return strategy_reductions(strategy, scheme)
 
 
 @guarded(NAME, supports)
@@ -780,7 +792,7 @@ def account_allocation_pld(
     """
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
-    groups = None if isinstance(strategy, Identity) else strategy_groups(strategy, scheme)
+    groups = _reductions(strategy, scheme)
     out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
@@ -834,7 +846,7 @@ def calibrate_allocation_pld(
     """
     target = _v.positive("target_epsilon", target_epsilon)
     d = _v.open_unit("delta", delta)
-    groups = None if isinstance(strategy, Identity) else strategy_groups(strategy, scheme)
+    groups = _reductions(strategy, scheme)
 
     def eps_of(s: float) -> float:
         return _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)["epsilon"]

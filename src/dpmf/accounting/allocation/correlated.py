@@ -1,0 +1,250 @@
+r"""Correlated ``C`` under random allocation: spectral groups, a sound bound between orthogonal
+groups and the exact pair.
+
+dpmf's own argument (not from the papers); the pair is Lemma 2.8 of Schuchardt & Kalinin
+(arXiv 2601.21636), digest ``notes/random-allocation.md`` §2.4. For an entrywise non-negative,
+lower-triangular ``C`` under balls-in-bins (``k`` epochs of ``b`` slots, slot reused) the remove
+pair is ``P = (1/b) sum_i N(m_i, sigma^2 I)``, ``Q = N(0, sigma^2 I)`` (add: swapped). With
+``x ~ Q`` its likelihood ratio is
+
+    S = (1/b) sum_i X_i,   X_i = exp(Y_i - G_ii / (2 sigma^2)),   Y = M x / sigma^2 ~ N(0, G / sigma^2),
+
+``G = M M^T`` the ``b x b`` Gram matrix of the means, and both directions' hockey-stick
+divergences are ``E f(S)`` for a convex ``f`` (remove ``f(s) = (s - e^eps)_+``, add
+``f(s) = (1 - e^eps s)_+``; :mod:`.pld`). So any ``S'`` that dominates ``S`` in *convex order*
+(``E f(S) <= E f(S')`` for every convex ``f``) gives a sound bound for both directions at once.
+
+**Lemma 1 (Gram domination).** If ``D`` is diagonal and ``D - G`` is positive semidefinite, then
+``S <=_cx S'`` where ``S' = (1/b) sum_i X'_i`` with *independent* mean-one lognormals
+``X'_i = exp(Y'_i - D_ii / (2 sigma^2))``, ``Y'_i ~ N(0, D_ii / sigma^2)``.
+*Proof.* Let ``W ~ N(0, (D - G) / sigma^2)`` be independent of ``Y`` and ``Y' = Y + W``: then
+``Cov(Y') = D / sigma^2`` is diagonal, so the ``Y'_i`` are independent Gaussians, and
+``X'_i = X_i exp(W_i - (D_ii - G_ii) / (2 sigma^2))`` with ``E[X'_i | Y] = X_i`` (a mean-one
+lognormal factor independent of ``Y``). Hence ``E[S' | Y] = S`` and, for convex ``f``,
+``E f(S) = E f(E[S' | Y]) <= E f(S')`` (conditional Jensen). Equivalently ``(P, Q)`` is a
+post-processing of the pair with orthogonal means ``sqrt(D_ii) e_i``: ``x = T x~ + noise`` with
+``T = M^T D^{-1/2}``, ``T T^T = D^{-1/2} G D^{-1/2} <= I``.
+
+**Lemma 2 (monotone in the variance).** A mean-one lognormal ``exp(N(-eta/2, eta))`` grows in
+convex order with ``eta`` (multiply by an independent mean-one lognormal of parameter
+``eta' - eta``: the same conditional-Jensen step), and independent sums preserve convex order; the
+mean of ``n`` i.i.d. variables is convex-order smaller than the mean of any ``n' <= n`` of them.
+
+**Theorem (spectral groups).** Fix a period ``q`` and split the slots into the residue classes
+``R_r = {i : i = r mod q}`` (``n_r`` slots). Then ``S = sum_r (n_r / b) S_r`` with ``S_r`` the
+mean over ``R_r``, and by Jensen's inequality ``E f(S) <= sum_r (n_r / b) E f(S_r)``. Within a
+class, Lemma 1 with ``D = lambda_r I``, ``lambda_r >= lambda_max(G[R_r, R_r])``, and Lemma 2 give
+``E f(S_r) <= E f(S*)`` with ``S*`` the mean of ``n = min_r n_r`` i.i.d. mean-one lognormals of
+parameter ``lambda / sigma^2``, ``lambda = max_r lambda_r``. That is exactly the identity's
+(DP-SGD) random-allocation pair with ``n`` steps at noise ``sigma / sqrt(lambda)``, whose
+epsilon :func:`~dpmf.accounting.allocation.pld.allocation_pld_epsilon` bounds pessimistically;
+so that epsilon is a sound epsilon for the correlated pair, both directions.
+
+How it relates to the orthogonal groups of :mod:`.pld`: when the classes modulo ``q`` have
+pairwise orthogonal means (``q`` the orthogonal period) the class Gram is diagonal and ``lambda``
+is ``max_i |m_i|^2`` -- the orthogonal-groups bound is the member ``q = period`` of this family.
+Smaller ``q`` keeps more slots (``b / q`` instead of ``b / period``) at the price of a larger
+``lambda`` (the in-class correlations are paid for as extra variance): ``q = 1`` is the whole
+Gram, ``lambda_max(G)``, which for a banded Toeplitz ``C`` is close to ``(sum_j c_j)^2`` rather
+than ``sum_j c_j^2``. The accountant takes the smallest epsilon over the family (each member is a
+bound). The exact pair lies strictly in between: Lemma 1 is the best one can do with independent
+slots (``T T^T <= I`` forces ``D >= G``), and the remaining gap is the price of independence.
+
+**Rounding.** ``lambda_r`` is an upper bound on the largest eigenvalue computed without trusting
+an eigensolver: for a non-negative symmetric ``A`` and any positive vector ``v``,
+``lambda_max(A) <= max_i (A v)_i / v_i`` (Collatz-Wielandt; ``A`` is entrywise non-negative
+because ``C`` is). ``v`` is a Lanczos estimate of the Perron vector, floored away from zero; the
+product and the quotient are rounded up by ``(1 + 4 (n + 4) u)``. The Gram matrix itself is a
+float product of non-negative numbers, so ``G <= fl(G) (1 + 2 (N + 2) u)`` entrywise, which
+(Perron-Frobenius: the spectral radius is monotone in the entries of a non-negative matrix)
+multiplies ``lambda`` by the same factor.
+
+**Cost.** The ``b x N`` means and the ``b x b`` Gram (``O(b^2 N)``), then for each period ``q``
+tried one Lanczos run and one Collatz product per class (``O(b^2 / q)`` each), and one
+:func:`allocation_pld_epsilon` per non-dominated ``(slots, lambda)``. Periods tried:
+``1..min(period, 16)``, then powers of two up to the orthogonal period. Above
+:data:`MAX_GRAM_ENTRIES` (``b^2`` or ``b N``) the family is skipped and the orthogonal groups stand
+alone (stated in the diagnostics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpmf.accounting.allocation.dominating_pair import mixture_means
+from dpmf.accounting.allocation.pld import OrthogonalGroups, allocation_pld_epsilon, strategy_groups
+
+__all__ = [
+    "MAX_GRAM_ENTRIES",
+    "SpectralGroup",
+    "Reductions",
+    "perron_upper_bound",
+    "spectral_groups",
+    "strategy_reductions",
+    "reduced_epsilon",
+]
+
+_U = 2.0**-53
+#: Largest ``b * max(b, N)`` for which the Gram matrix is built and the spectral family is tried.
+MAX_GRAM_ENTRIES = 2**24
+#: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
+_ALL_PERIODS_UP_TO = 16
+
+
+@dataclass(frozen=True)
+class SpectralGroup:
+    """One member of the family (module docstring): period ``q``, ``slots = min_r n_r`` and
+    ``max_eigenvalue`` ``lambda >= max_r lambda_max(G[R_r, R_r])`` (rounded up)."""
+
+    period: int
+    slots: int
+    max_eigenvalue: float
+
+
+def perron_upper_bound(a: np.ndarray) -> float:
+    """A rigorous upper bound on the largest eigenvalue of a symmetric, entrywise non-negative
+    matrix ``a`` (Collatz-Wielandt with a Lanczos estimate of the Perron vector; module docstring).
+
+    >>> import numpy as np
+    >>> g = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> 3.0 <= perron_upper_bound(g) < 3.0 + 1e-12
+    True
+    """
+    a = np.asarray(a, dtype=np.float64)
+    n = a.shape[0]
+    if n == 1:
+        return float(a[0, 0]) * (1 + 4 * _U)
+    if n <= 64:
+        v = np.linalg.eigh(a)[1][:, -1]
+    else:
+        from scipy.sparse.linalg import eigsh
+
+        try:
+            v = eigsh(a, k=1, which="LA", tol=1e-10, v0=np.ones(n))[1][:, 0]
+        except Exception:  # no convergence: a cruder vector, the bound stays valid (only looser)
+            v = np.ones(n)
+            for _ in range(50):
+                v = a @ v + 1e-3 * v
+                v /= np.abs(v).max()
+    v = np.abs(v)
+    v = np.maximum(v, 1e-8 * v.max() if v.max() > 0 else 1.0)
+    v = a @ v + 1e-12 * v  # one power step: smooths the estimate (still positive)
+    ratio = (a @ v) / v
+    return float(ratio.max()) * (1 + 4 * (n + 4) * _U) + float(np.finfo(np.float64).tiny)
+
+
+def _periods(period: int) -> list[int]:
+    qs = list(range(1, min(period, _ALL_PERIODS_UP_TO) + 1))
+    q = _ALL_PERIODS_UP_TO * 2
+    while q < period:
+        qs.append(q)
+        q *= 2
+    if period not in qs:
+        qs.append(period)
+    return qs
+
+
+def spectral_groups(means: np.ndarray, *, periods=None, max_period: int | None = None) -> list[SpectralGroup]:
+    """The non-dominated members ``(q, slots, lambda)`` of the spectral-groups family for the
+    ``b x N`` mixture means (module docstring); ``periods`` overrides the periods tried
+    (default: ``1..16``, then powers of two, up to ``max_period`` or ``b``).
+
+    >>> import numpy as np
+    >>> [(g.period, g.slots) for g in spectral_groups(np.eye(6))]   # the identity: q = 1 is exact
+    [(1, 6)]
+    """
+    m = np.asarray(means, dtype=np.float64)
+    b, n = m.shape
+    gram = m @ m.T
+    gram = np.maximum(0.5 * (gram + gram.T), 0.0) * (1 + 2 * (n + 2) * _U)
+    qs = list(periods) if periods is not None else _periods(min(max_period or b, b))
+    out = []
+    for q in qs:
+        lam, slots = 0.0, b
+        for r in range(q):
+            idx = np.arange(r, b, q)
+            if idx.size == 0:
+                continue
+            slots = min(slots, idx.size)
+            lam = max(lam, perron_upper_bound(gram[np.ix_(idx, idx)]))
+        out.append(SpectralGroup(q, slots, lam))
+    return _pareto(out)
+
+
+def _pareto(groups: list[SpectralGroup]) -> list[SpectralGroup]:
+    """Drop members another one beats on both counts (more slots and no larger lambda)."""
+    keep = []
+    for g in groups:
+        if not any(
+            (h.slots >= g.slots and h.max_eigenvalue <= g.max_eigenvalue)
+            and (h.slots > g.slots or h.max_eigenvalue < g.max_eigenvalue or h.period < g.period)
+            for h in groups
+        ):
+            keep.append(g)
+    return keep
+
+
+@dataclass(frozen=True)
+class Reductions:
+    """The reductions of a strategy's allocation pair to the identity's: the orthogonal groups
+    (:func:`~dpmf.accounting.allocation.pld.strategy_groups`, always) and the spectral groups
+    (when the Gram matrix is small enough; ``skipped`` says why not). ``period``, ``slots`` and
+    ``max_norm_sq`` are the orthogonal groups' (what :mod:`.pld` reports)."""
+
+    orthogonal: OrthogonalGroups
+    spectral: tuple[SpectralGroup, ...]
+    skipped: str | None = None
+
+    @property
+    def period(self) -> int:
+        return self.orthogonal.period
+
+    @property
+    def slots(self) -> int:
+        return self.orthogonal.slots
+
+    @property
+    def max_norm_sq(self) -> float:
+        return self.orthogonal.max_norm_sq
+
+    def candidates(self) -> list[tuple[str, int, float]]:
+        """``(label, slots, noise scale squared)`` of every member, orthogonal groups first."""
+        og = self.orthogonal
+        out = [(f"orthogonal groups (period {og.period})", og.slots, og.max_norm_sq)]
+        for g in self.spectral:  # (members the orthogonal groups beat on both counts are left out)
+            if g.slots > og.slots or g.max_eigenvalue < og.max_norm_sq * (1 - 1e-9):
+                out.append((f"spectral groups (period {g.period})", g.slots, g.max_eigenvalue))
+        return out
+
+
+def strategy_reductions(strategy, scheme) -> Reductions:
+    """:class:`Reductions` of ``strategy`` under the balls-in-bins ``scheme``."""
+    og = strategy_groups(strategy, scheme)
+    k, n = scheme.epochs, scheme.steps
+    b = n // k
+    if b * max(b, n) > MAX_GRAM_ENTRIES:
+        return Reductions(og, (), f"b * max(b, N) = {b * max(b, n)} > {MAX_GRAM_ENTRIES}: orthogonal groups only")
+    means = mixture_means(strategy, k, n)
+    return Reductions(og, tuple(spectral_groups(means, max_period=og.period)))
+
+
+def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: float, **pld_options) -> dict:
+    """The smallest epsilon over the reductions (each a sound bound: module docstring), in the
+    format of :func:`allocation_pld_epsilon`, with ``reductions`` listing every member's epsilon
+    and ``bound`` naming the one taken."""
+    rows, best = [], None
+    for label, slots, scale_sq in reductions.candidates():
+        out = allocation_pld_epsilon(noise_multiplier / math.sqrt(scale_sq), slots, delta, **pld_options)
+        rows.append({"bound": label, "slots": slots, "noise_scale_sq": scale_sq, "epsilon": out["epsilon"]})
+        if best is None or out["epsilon"] < best[1]["epsilon"]:
+            best = (label, out)
+    label, out = best
+    out = dict(out)
+    out["bound"] = label
+    out["reductions"] = rows
+    if reductions.skipped:
+        out["spectral_groups_skipped"] = reductions.skipped
+    return out
