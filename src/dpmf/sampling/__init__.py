@@ -18,6 +18,7 @@ _EXPORTS = {
     "participation_rate": ".schemes",
     "sampling_prob_for_rate": ".schemes",
     "scheme_from_dict": ".serialization",
+    "padded_batch": ".padding",
     "BoundedAttribution": ".bounding",
     "BoundingReport": ".bounding",
     "attribution_from_edges": ".bounding",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         sampling_prob_for_rate,
     )
     from dpmf.sampling.serialization import scheme_from_dict
+    from dpmf.sampling.padding import padded_batch
     from dpmf.sampling.bounding import (
         BoundedAttribution,
         BoundingReport,
@@ -68,6 +70,7 @@ __all__ = [
     "participation_rate",
     "sampling_prob_for_rate",
     "scheme_from_dict",
+    "padded_batch",
     "bound_contributions",
     "BoundedAttribution",
     "BoundingReport",

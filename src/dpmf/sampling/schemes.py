@@ -47,32 +47,75 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     return np.random.default_rng(rng)
 
 
+def _validate_truncation(spec) -> None:
+    """Validate the optional ``max_batch_size`` / ``dataset_size`` fields of a truncatable scheme."""
+    for name in ("max_batch_size", "dataset_size"):
+        if getattr(spec, name) is not None:
+            _validate(spec, **{name: _v.positive_int})
+
+
+def _truncation_fields(spec) -> dict:
+    """``describe()`` entries of the truncation fields, present only when set (so descriptions of
+    untruncated Poisson / cyclic Poisson schemes, and their fingerprints, are unchanged)."""
+    return {k: getattr(spec, k) for k in ("max_batch_size", "dataset_size") if getattr(spec, k) is not None}
+
+
+def _check_dataset_size(spec, n: int) -> None:
+    if spec.dataset_size is not None and n != spec.dataset_size:
+        raise InvalidParameterError(
+            f"num_examples={n} differs from the scheme's dataset_size={spec.dataset_size}, which its "
+            "truncation accounting assumes"
+        )
+
+
+def _truncate(chosen: np.ndarray, max_batch_size: int | None, gen: np.random.Generator) -> np.ndarray:
+    """``chosen`` cut to a uniformly random subset of ``max_batch_size`` (sorted) when larger
+    (Chua et al. 2024; Dong & Ganesh 2026 App. D); no random draw when it fits, so the streams of
+    untruncated batches are the same as without a maximum."""
+    if max_batch_size is not None and chosen.size > max_batch_size:
+        return np.sort(gen.choice(chosen, size=max_batch_size, replace=False))
+    return chosen
+
+
 @dataclass(frozen=True)
 class PoissonSampling:
     """Every example joins every step independently with probability ``sampling_prob``.
 
     Mirrors jax_privacy's ``CyclicPoissonSampling(cycle_length=1)`` and opacus' uniform sampler.
     An example can participate in any number of steps (up to ``steps``).
+
+    ``max_batch_size`` (truncated Poisson, Chua et al. 2024): a batch larger than the maximum is
+    cut to a uniformly random subset of that size; every batch is then *padded* to exactly
+    ``max_batch_size`` with zero-weight examples. :meth:`batches` yields the real indices only
+    (at most ``max_batch_size``); the padding is ``max_batch_size - len(batch)`` zero-weight slots
+    (:func:`dpmf.sampling.padded_batch` builds the fixed-shape indices and weights), which add
+    nothing to a gradient sum, as for truncated b-min-sep. Accounting a truncated scheme needs the
+    public ``dataset_size`` (zero-out adjacency): :mod:`dpmf.accounting.truncated`.
     """
 
     sampling_prob: float
     steps: int
+    max_batch_size: int | None = None
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self, sampling_prob=_v.probability, steps=_v.positive_int)
+        _validate_truncation(self)
 
     name = "poisson"
 
     def describe(self) -> dict:
-        return {"name": self.name, "sampling_prob": self.sampling_prob, "steps": self.steps}
+        return {"name": self.name, "sampling_prob": self.sampling_prob, "steps": self.steps, **_truncation_fields(self)}
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
-        """Yield the sorted example indices of each step (size ~ Binomial(num_examples, q))."""
+        """Yield the sorted example indices of each step (size ~ Binomial(num_examples, q), then
+        truncated to ``max_batch_size`` by a uniform subset when it is set)."""
         n = _v.positive_int("num_examples", num_examples)
+        _check_dataset_size(self, n)
         gen = _rng(rng)
         for _ in range(self.steps):
             size = int(gen.binomial(n, self.sampling_prob))
-            yield np.sort(gen.choice(n, size=size, replace=False))
+            yield _truncate(np.sort(gen.choice(n, size=size, replace=False)), self.max_batch_size, gen)
 
 
 @dataclass(frozen=True)
@@ -148,16 +191,25 @@ class CyclicPoissonSampling:
     et al. 2024). Each example can participate only every ``cycle_length`` steps, so the scheme has
     the b-min-sep *property* with ``min_sep = cycle_length``. ``partition="equal"`` splits a random
     permutation into equal groups; ``"independent"`` assigns each example a uniform group.
-    ``cycle_length=1`` is :class:`PoissonSampling`. Mirrors jax_privacy's ``CyclicPoissonSampling``.
+    ``cycle_length=1`` is :class:`PoissonSampling`. Mirrors jax_privacy's ``CyclicPoissonSampling``
+    (``truncated_batch_size`` there is ``max_batch_size`` here).
+
+    ``max_batch_size``: truncated and padded cyclic Poisson (Chua et al. 2024; the production
+    baseline of Dong & Ganesh 2026 Sec. 7.4), exactly as for :class:`PoissonSampling`: a larger
+    batch is cut to a uniform subset, :meth:`batches` yields the real indices and the padding is
+    ``max_batch_size - len(batch)`` zero-weight slots. Accounting needs ``dataset_size``.
     """
 
     sampling_prob: float
     steps: int
     cycle_length: int
     partition: str = "equal"
+    max_batch_size: int | None = None
+    dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, cycle_length=_v.positive_int)
+        _validate_truncation(self)
         _separation_within_run("cycle_length", self.cycle_length, self.steps)
         if self.partition not in ("equal", "independent"):
             raise InvalidParameterError(
@@ -182,6 +234,7 @@ class CyclicPoissonSampling:
             "steps": self.steps,
             "cycle_length": self.cycle_length,
             "partition": self.partition,
+            **_truncation_fields(self),
         }
 
     def groups(self, num_examples: int, rng: np.random.Generator | int | None) -> np.ndarray:
@@ -198,13 +251,15 @@ class CyclicPoissonSampling:
         return group
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
-        """Yield the sorted example indices of each step."""
+        """Yield the sorted example indices of each step (truncated to ``max_batch_size`` by a
+        uniform subset when it is set)."""
+        _check_dataset_size(self, _v.positive_int("num_examples", num_examples))
         gen = _rng(rng)
         group = self.groups(num_examples, gen)
         members = [np.flatnonzero(group == g) for g in range(self.cycle_length)]
         for t in range(self.steps):
             pool = members[t % self.cycle_length]
-            yield pool[gen.random(pool.size) < self.sampling_prob]
+            yield _truncate(pool[gen.random(pool.size) < self.sampling_prob], self.max_batch_size, gen)
 
 
 def participation_rate(sampling_prob: float, min_sep: int) -> float:
@@ -252,9 +307,7 @@ class MinSepSampling:
         _validate(self, sampling_prob=_v.probability, steps=_v.positive_int, min_sep=_v.positive_int)
         _separation_within_run("min_sep", self.min_sep, self.steps)
         object.__setattr__(self, "warm_start", bool(self.warm_start))
-        for name in ("max_batch_size", "dataset_size"):
-            if getattr(self, name) is not None:
-                _validate(self, **{name: _v.positive_int})
+        _validate_truncation(self)
 
     name = "b-min-sep"
 
@@ -299,9 +352,7 @@ class MinSepSampling:
             chosen = avail[gen.random(avail.size) < p]
             barred = np.maximum(barred - 1, 0)
             barred[chosen] = b - 1
-            if self.max_batch_size is not None and chosen.size > self.max_batch_size:
-                chosen = np.sort(gen.choice(chosen, size=self.max_batch_size, replace=False))
-            yield chosen
+            yield _truncate(chosen, self.max_batch_size, gen)
 
 
 @dataclass(frozen=True)
