@@ -173,7 +173,8 @@ _STRATEGY = typer.Option(
     "identity",
     "--strategy",
     help="Encoder C: identity (DP-SGD, independent noise), tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, "
-    "bisr (these four need --bands), blt, optimal, fft, or a FILE.npz from 'dpmf strategy build'.",
+    "bisr, band-inv (BandInvMF: banded C^-1; these five need --bands), blt, optimal, fft, or a FILE.npz from "
+    "'dpmf strategy build'.",
 )
 _SAMPLING = typer.Option(
     SamplingName.poisson,
@@ -200,7 +201,7 @@ _MAXB = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate/pad bat
 _DATASET = typer.Option(
     None, "--dataset-size", help="b-min-sep with --max-batch-size: number of examples (needed to account truncation)."
 )
-_BANDS = typer.Option(None, "--bands", help="Bands of banded-toeplitz / banded / bsr / bisr strategies.")
+_BANDS = typer.Option(None, "--bands", help="Bands of banded-toeplitz / banded / bsr / bisr strategies, of C^-1 for band-inv.")
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (well below 1/dataset size).")
 _METHOD = typer.Option(
     MethodName.auto,

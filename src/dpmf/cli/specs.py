@@ -102,8 +102,8 @@ def build_strategy(strategy: str, steps: int | None, *, epochs: int | None = Non
 
 
 #: Catalog strategies that read ``--epochs`` / ``--bands`` (see :func:`dpmf.strategies.catalog.build`).
-EPOCH_STRATEGIES = ("optimal", "blt", "banded-toeplitz")
-BAND_STRATEGIES = ("banded-toeplitz", "banded", "bsr", "bisr")
+EPOCH_STRATEGIES = ("optimal", "blt", "banded-toeplitz", "band-inv")
+BAND_STRATEGIES = ("banded-toeplitz", "banded", "bsr", "bisr", "band-inv")
 
 
 def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:

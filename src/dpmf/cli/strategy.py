@@ -77,13 +77,13 @@ def _learning_rates(value: Optional[str], cooldown: Optional[int], steps: int):
 @app.command()
 def build(
     kind: str = typer.Argument(
-        ..., help="identity, tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, bisr, blt, optimal, fft or matrix."
+        ..., help="identity, tree, sqrt-toeplitz, banded-toeplitz, banded, bsr, bisr, band-inv, blt, optimal, fft or matrix."
     ),
     steps: Optional[int] = typer.Option(
         None, "--steps", help="Number of steps n (rows of C); required except for kind 'matrix' (the matrix's size)."
     ),
-    epochs: int = typer.Option(1, "--epochs", help="Epochs k the optimal strategy is optimized for."),
-    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr."),
+    epochs: int = typer.Option(1, "--epochs", help="Epochs k the optimal, blt, banded-toeplitz, band-inv strategy is for."),
+    bands: Optional[int] = typer.Option(None, "--bands", help="Bands for banded-toeplitz, banded, bsr, bisr; of C^-1 for band-inv."),
     buffers: int = typer.Option(2, "--buffers", help="Buffers for blt."),
     matrix: Optional[str] = typer.Option(None, "--matrix", help="For kind 'matrix': your encoder as a .npy file."),
     momentum: float = typer.Option(
@@ -99,7 +99,8 @@ def build(
         Solver.newton, "--solver", help="optimal: newton (multi-epoch dual) or fixed-point (single epoch, §4.4)."
     ),
     constraints: Constraints = typer.Option(
-        Constraints.nonneg, "--constraints", help="optimal with newton: nonneg (Eq. 35), orthogonal, all_signs (scalar)."
+        Constraints.nonneg, "--constraints",
+        help="optimal with newton: nonneg (Eq. 35), orthogonal, all_signs (scalar); band-inv: nonneg (C >= 0) or all_signs.",
     ),
     out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz; its folder must exist)."),
     force: bool = typer.Option(

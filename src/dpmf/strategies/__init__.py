@@ -16,6 +16,8 @@ _EXPORTS = {
     "bisr": ".banded",
     "bsr": ".banded",
     "optimize_banded_toeplitz": ".banded",
+    "BandInvStrategy": ".bandinv",
+    "optimize_banded_inverse_toeplitz": ".bandinv",
     "BLT": ".blt",
     "BLTNoise": ".blt",
     "BLTStrategy": ".blt",
@@ -46,6 +48,7 @@ __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from dpmf.strategies.banded import bisr, bsr, optimize_banded_toeplitz
+    from dpmf.strategies.bandinv import BandInvStrategy, optimize_banded_inverse_toeplitz
     from dpmf.strategies.blt import BLT, BLTNoise, BLTStrategy, optimize_blt
     from dpmf.strategies.dense import DenseStrategy
     from dpmf.strategies.fft import FFTMechanism
@@ -74,6 +77,8 @@ __all__ = [
     "bsr",
     "bisr",
     "optimize_banded_toeplitz",
+    "BandInvStrategy",
+    "optimize_banded_inverse_toeplitz",
     "BLT",
     "BLTStrategy",
     "BLTNoise",

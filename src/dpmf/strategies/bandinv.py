@@ -216,6 +216,11 @@ def band_inv_loss_and_grad(
 
 
 def _loss(g: np.ndarray, n: int, kk: int, b: int) -> tuple[float, np.ndarray, float, float]:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _loss_unguarded(g, n, kk, b)
+
+
+def _loss_unguarded(g: np.ndarray, n: int, kk: int, b: int) -> tuple[float, np.ndarray, float, float]:
     err, d_err = _error_and_grad(g, n)
     c = _inverse(g, n)
     if not np.all(np.isfinite(c)) or float(np.max(np.abs(c))) > 1e150:
@@ -225,7 +230,10 @@ def _loss(g: np.ndarray, n: int, kk: int, b: int) -> tuple[float, np.ndarray, fl
     h = _signal.fftconvolve(c, c)[:n]
     m = g.size
     d_s = np.array([-np.dot(d_c[i:], h[: n - i]) for i in range(m)])
-    return err * sens2, d_err * sens2 + err * d_s, err, sens2
+    grad = d_err * sens2 + err * d_s
+    if not (math.isfinite(sens2) and np.all(np.isfinite(grad))):
+        return math.inf, np.zeros_like(g), err, math.inf
+    return err * sens2, grad, err, sens2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -271,7 +279,8 @@ class BandInvStrategy(ToeplitzStrategy):
             raise InvalidParameterError(
                 f"noising_coefs[0] must be > 0 (C lower triangular with a positive diagonal), got {g[0]!r}"
             )
-        c = toeplitz_inverse_coefficients(g, n)
+        with np.errstate(over="ignore", invalid="ignore"):
+            c = toeplitz_inverse_coefficients(g, n)
         if not np.all(np.isfinite(c)):
             raise NumericalError(
                 f"C = Toeplitz(noising_coefs)^(-1) overflows over n={n} steps (g(x) has a root inside the unit disk)"

@@ -37,7 +37,8 @@ from dpmf.strategies.tree import BinaryTree
 from dpmf.strategies.workloads import momentum_sgd
 
 KINDS = (
-    "identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "banded", "bsr", "bisr", "blt", "optimal", "fft", "matrix",
+    "identity", "tree", "sqrt-toeplitz", "banded-toeplitz", "banded", "bsr", "bisr", "band-inv", "blt", "optimal", "fft",
+    "matrix",
 )
 FILE_KIND = "dpmf.strategy"
 SOLVERS = ("newton", "fixed-point")
@@ -79,10 +80,12 @@ def build(
     constraints: str = "nonneg",
     callback=None,
 ):
-    """A strategy of the given kind for ``steps`` steps (``optimal``, ``blt`` and
-    ``banded-toeplitz`` use ``epochs``; ``banded-toeplitz``, ``banded``, ``bsr`` and ``bisr`` need
-    ``bands``). ``optimal`` is optimized for ``workload`` (a :func:`workload_spec`; default prefix
-    sum) with ``solver`` ``"newton"`` (multi-epoch dual, ``constraints`` one of
+    """A strategy of the given kind for ``steps`` steps (``optimal``, ``blt``, ``band-inv`` and
+    ``banded-toeplitz`` use ``epochs``; ``banded-toeplitz``, ``banded``, ``bsr``, ``bisr`` and
+    ``band-inv`` need ``bands``: for ``band-inv`` the bands of ``C^{-1}``, BandInvMF, with
+    ``constraints="nonneg"`` (default) keeping ``C >= 0`` through ``C^{-1}``'s off-diagonal
+    coefficients ``<= 0`` and ``"all_signs"`` unconstrained). ``optimal`` is optimized for
+    ``workload`` (a :func:`workload_spec`; default prefix sum) with ``solver`` ``"newton"`` (multi-epoch dual, ``constraints`` one of
     ``nonneg``/``orthogonal``/``all_signs``) or ``"fixed-point"`` (single epoch, §4.4);
     ``callback(iteration, loss, gap)`` reports its progress."""
     n = _v.positive_int("steps", steps)
@@ -91,6 +94,14 @@ def build(
         raise InvalidParameterError(f"solver must be one of {', '.join(SOLVERS)}; got {solver!r}")
     if constraints not in CONSTRAINTS:
         raise InvalidParameterError(f"constraints must be one of {', '.join(CONSTRAINTS)}; got {constraints!r}")
+    if kind == "band-inv":
+        from dpmf.strategies.bandinv import optimize_banded_inverse_toeplitz
+
+        if bands is None:
+            raise InvalidParameterError(f"kind {kind!r} needs bands (1 <= bands <= steps)")
+        if constraints == "orthogonal":
+            raise InvalidParameterError("kind 'band-inv' takes constraints 'nonneg' or 'all_signs', got 'orthogonal'")
+        return optimize_banded_inverse_toeplitz(n, bands, epochs, nonnegative=constraints == "nonneg")
     if kind in ("banded-toeplitz", "banded", "bsr", "bisr"):
         from dpmf.strategies import banded
 
@@ -269,6 +280,10 @@ def read(path) -> tuple[object, dict | None]:
             strat = BinaryTree(n, desc.get("scale", 1.0))
         elif name == "fft":
             strat = FFTMechanism(n)
+        elif name == "band-inv" and "inverse_coefs" in arrays:
+            from dpmf.strategies.bandinv import BandInvStrategy
+
+            strat = BandInvStrategy.from_noising_coefficients(arrays["inverse_coefs"], n)
         elif name == "toeplitz" and "coefs" in arrays:
             strat = ToeplitzStrategy(arrays["coefs"], n, arrays.get("inverse_coefs"))
         elif name == "blt":

@@ -251,6 +251,12 @@ def _toeplitz(r: _Desc, ctx: dict):
     return ToeplitzStrategy(r.floats("coefs"), n, inv)
 
 
+def _band_inv(r: _Desc, ctx: dict):
+    from dpmf.strategies.bandinv import BandInvStrategy
+
+    return BandInvStrategy.from_noising_coefficients(r.floats("inverse_coefs"), r.int("n"))
+
+
 def _blt(r: _Desc, ctx: dict):
     from dpmf.strategies.blt import BLT, BLTStrategy
 
@@ -304,6 +310,7 @@ _BUILDERS = {
     "binary_tree": _tree,
     "toeplitz": _toeplitz,
     "blt": _blt,
+    "band-inv": _band_inv,
     "stamped": _stamped,
 }
 #: ``class`` values of descriptions whose ``name`` is free (dense matrices).
@@ -319,7 +326,7 @@ def strategy_from_dict(
     """The strategy that ``d`` (a ``describe()`` dict, possibly through JSON) describes.
 
     Handles every strategy class of :mod:`dpmf.strategies`: ``Identity``, ``ToeplitzStrategy``
-    (also from ``bsr``, ``bisr``, ``optimize_banded_toeplitz``), ``BLTStrategy`` and ``BLT`` (a
+    (also from ``bsr``, ``bisr``, ``optimize_banded_toeplitz``), ``BandInvStrategy``, ``BLTStrategy`` and ``BLT`` (a
     BLT description without ``n``), ``BinaryTree``, ``FFTMechanism``, ``DenseStrategy`` (optimal,
     BandMF, any matrix) and ``StampedEncoder``. ``matrices`` / ``search_dir`` supply dense
     matrices referenced by hash (:func:`find_matrix`). The rebuilt strategy must describe itself
