@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.strategies import catalog  # noqa: E402
 from dpmf.strategies.banded import bisr  # noqa: E402
+from dpmf.strategies.bandinv import BandInvStrategy  # noqa: E402
 from dpmf.strategies.blt import BLT, BLTStrategy  # noqa: E402
 from dpmf.strategies.dense import DenseStrategy  # noqa: E402
 from dpmf.strategies.fft import FFTMechanism  # noqa: E402
@@ -45,6 +46,7 @@ def _strategies() -> dict:
         "identity": Identity(N),
         "toeplitz-banded-encoder": ToeplitzStrategy([1.0, 0.6, 0.3], N),
         "toeplitz-banded-inverse": bisr(N, 4),
+        "band-inv": BandInvStrategy.from_noising_coefficients([1.0, -0.47, -0.13, -0.27], N),  # BandInvMF
         "toeplitz-full-history": ToeplitzStrategy.sqrt_prefix_sum(N),
         "toeplitz-matvec-history": ToeplitzStrategy.sqrt_prefix_sum(40),  # 39 rows > 32: addmv path
         "blt": blt.to_toeplitz(N),
@@ -459,6 +461,7 @@ MEMORY = {  # the docstring formulas, in rows of d floats
     "identity": 0,
     "toeplitz-banded-encoder": 3 - 1,  # band of C
     "toeplitz-banded-inverse": 4 - 1,  # band of C^{-1} (BISR)
+    "band-inv": 4 - 1,  # bands of C^{-1} (BandInvMF)
     "toeplitz-full-history": N - 1,
     "toeplitz-matvec-history": 40 - 1,
     "blt": 2,  # num_buffers
