@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dpmf import validation as _v
-from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, unamplified
+from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, truncated, unamplified
 from dpmf.accounting.allocation import pld as allocation_pld
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
@@ -97,6 +97,14 @@ METHODS: dict[str, AccountingMethod] = {
             "PLD of Poisson-subsampled Gaussian steps (DP-SGD, tight up to discretization)",
             dpsgd.supports,
             dpsgd.account_dpsgd,
+            frozenset({"discretization"}),
+        ),
+        AccountingMethod(
+            truncated.NAME,
+            "truncated (padded) Poisson / cyclic Poisson: PLD of the rounds with the truncation revealed "
+            "(Ganesh 2025, Dong & Ganesh 2026 Lemma D.1), truncation probability bounded from above",
+            truncated.supports,
+            truncated.account_truncated,
             frozenset({"discretization"}),
         ),
         AccountingMethod(

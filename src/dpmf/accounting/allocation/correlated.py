@@ -175,16 +175,13 @@ def spectral_groups(means: np.ndarray, *, periods=None, max_period: int | None =
 
 
 def _pareto(groups: list[SpectralGroup]) -> list[SpectralGroup]:
-    """Drop members another one beats on both counts (more slots and no larger lambda)."""
-    keep = []
-    for g in groups:
-        if not any(
-            (h.slots >= g.slots and h.max_eigenvalue <= g.max_eigenvalue)
-            and (h.slots > g.slots or h.max_eigenvalue < g.max_eigenvalue or h.period < g.period)
-            for h in groups
-        ):
+    """Drop members another one beats on both counts: at least as many slots and a lambda no larger
+    (up to a relative 1e-9, the size-dependent rounding allowance)."""
+    keep: list[SpectralGroup] = []
+    for g in sorted(groups, key=lambda g: (-g.slots, g.period)):
+        if all(g.max_eigenvalue < h.max_eigenvalue * (1 - 1e-9) for h in keep):
             keep.append(g)
-    return keep
+    return sorted(keep, key=lambda g: g.period)
 
 
 @dataclass(frozen=True)
