@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -77,18 +76,6 @@ _ALLOCATION_OPTIONS = frozenset(
 )
 _MONTECARLO_COMMON = frozenset({"num_samples", "seed", "scheduler", "workers", "sampler", "chunk_size", "dataset_size"})
 
-def _allocation_pld_supports(strategy, scheme) -> str | None:
-    """``allocation_pld.supports``, and a refusal of the balls-in-bins variants (``num_selected > 1``,
-    fresh slots over several epochs) while its PLD does not take ``num_selected`` / ``epochs`` with
-    ``fresh_slots`` (it would otherwise account them as one reused slot, which is optimistic)."""
-    why = allocation_pld.supports(strategy, scheme)
-    if why is None and not getattr(scheme, "reused_single_slot", True):
-        params = inspect.signature(allocation_pld.allocation_pld_epsilon).parameters
-        if "num_selected" not in params or "fresh_slots" not in params:
-            return "this allocation_pld accounts one reused slot only (no num_selected / fresh_slots support)"
-    return why
-
-
 METHODS: dict[str, AccountingMethod] = {
     m.name: m
     for m in (
@@ -136,7 +123,7 @@ METHODS: dict[str, AccountingMethod] = {
             "random allocation (balls-in-bins: one slot reused, fresh slots each epoch, k of t slots) for DP-SGD "
             "(identity): the PLD of the dominating pair, pessimistically discretized (Feldman & Shenfeld 2026); "
             "tried before the Renyi/conditional bounds",
-            _allocation_pld_supports,
+            allocation_pld.supports,
             allocation_pld.account_allocation_pld,
             frozenset({"accuracy", "max_points"}),
             frozenset(),
