@@ -197,3 +197,37 @@ def test_k_equal_one_is_the_one_slot_scheme_for_every_accountant():
     assert one == k1
     for method in ("allocation", "unamplified"):
         assert dpmf.account(C, one, 1.0, 1e-6, method=method).epsilon == dpmf.account(C, k1, 1.0, 1e-6, method=method).epsilon
+
+
+# ----------------------------------------------------------------------------- fixed shapes (padding)
+def test_fixed_shapes_pad_the_schemes_batches_and_never_cut():
+    from dpmf.sampling import BatchOverflowError, fixed_shape_batches, overflow_probability, padded_batch_size
+
+    s = BallsInBinsSampling(3, 30, num_selected=2, fresh_slots=True)
+    n = 300  # mean batch 60
+    size = padded_batch_size(s, n, 1e-9)
+    assert overflow_probability(s, n, size) <= 1e-9 < overflow_probability(s, n, size - 1)
+    # the bound: 30 independent steps (fresh), binomial tail at n + 1 examples
+    assert overflow_probability(s, n, size) == pytest.approx(30 * stats.binom.sf(size, n + 1, 0.2), rel=1e-5)
+    plain = list(s.batches(n, 4))
+    for (idx, w), batch in zip(fixed_shape_batches(s, n, 4, size), plain, strict=True):
+        assert idx.shape == w.shape == (size,)
+        assert np.array_equal(idx[w == 1], batch) and np.all(w[batch.size :] == 0)
+    # a cap the run exceeds stops it before the epoch, with the probability in the message
+    too_small = max(b.size for b in plain[:10]) - 1
+    with pytest.raises(BatchOverflowError, match=r"batch_size=\d+ is too small.*probability <= 1"):
+        list(fixed_shape_batches(s, n, 4, too_small))
+    with pytest.raises(InvalidParameterError, match="BallsInBinsSampling"):
+        padded_batch_size(dpmf.sampling.PoissonSampling(0.1, 10), 100)
+
+
+def test_overflow_probability_is_an_upper_bound():
+    """Empirical frequency of an overflow over 400 runs (reused slot, m = 200, b = 8, cap 35) is
+    below the union bound's eta (the bound is a union over 8 steps, so not tight)."""
+    from dpmf.sampling import overflow_probability
+
+    s = BallsInBinsSampling(1, 8)
+    eta = overflow_probability(s, 200, 35)
+    hits = sum(max(b.size for b in s.batches(200, seed)) > 35 for seed in range(400))
+    assert 0.02 < eta < 1
+    assert stats.binomtest(hits, 400, eta, alternative="greater").pvalue > P_MIN

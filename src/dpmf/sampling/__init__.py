@@ -19,6 +19,10 @@ _EXPORTS = {
     "sampling_prob_for_rate": ".schemes",
     "scheme_from_dict": ".serialization",
     "padded_batch": ".padding",
+    "BatchOverflowError": ".allocation_shapes",
+    "fixed_shape_batches": ".allocation_shapes",
+    "overflow_probability": ".allocation_shapes",
+    "padded_batch_size": ".allocation_shapes",
     "BoundedAttribution": ".bounding",
     "BoundingReport": ".bounding",
     "attribution_from_edges": ".bounding",
@@ -47,6 +51,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from dpmf.sampling.serialization import scheme_from_dict
     from dpmf.sampling.padding import padded_batch
+    from dpmf.sampling.allocation_shapes import (
+        BatchOverflowError,
+        fixed_shape_batches,
+        overflow_probability,
+        padded_batch_size,
+    )
     from dpmf.sampling.bounding import (
         BoundedAttribution,
         BoundingReport,
@@ -71,6 +81,10 @@ __all__ = [
     "sampling_prob_for_rate",
     "scheme_from_dict",
     "padded_batch",
+    "fixed_shape_batches",
+    "padded_batch_size",
+    "overflow_probability",
+    "BatchOverflowError",
     "bound_contributions",
     "BoundedAttribution",
     "BoundingReport",
