@@ -74,9 +74,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
 from dpmf.accounting.allocation import pld as _pld
-from dpmf.privacy.gdp import gaussian_delta
 
 __all__ = ["composition_epsilon", "split_k_of_t"]
 
@@ -107,9 +107,10 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
     if t == 1:  # the Gaussian mechanism at sigma = 1/sqrt(eta), both directions alike (closed form)
         sigma = 1.0 / math.sqrt(eta)
 
-        def d(gam):
-            out = np.array([gaussian_delta(sigma, math.log(g)) if g > 0 else 1.0 for g in gam])
-            return np.minimum(out * (1 + 1e-9) + 1e-300, 1.0)
+        def d(gam):  # Phi(-eps sigma + 1/(2 sigma)) - e^eps Phi(-eps sigma - 1/(2 sigma)), any real eps
+            e = np.log(gam)
+            out = special.ndtr(-e * sigma + 0.5 / sigma) - gam * special.ndtr(-e * sigma - 0.5 / sigma)
+            return np.minimum(np.maximum(out, 0.0) * (1 + 1e-9) + 1e-300, 1.0)
 
         eps_top = _pld.gaussian_epsilon(sigma, delta_small)
         return d, -eps_top - 1.0, eps_top
@@ -121,6 +122,7 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
         cap = int(math.ceil(t * math.exp(eps_hi) * (1 + _pld._CAP_MARGIN) / h))
         plan = _pld._Plan("remove", t, h, cap, _pld._CUT_BUDGET * delta_small, 1.0, target=math.exp(eps_hi))
     else:
+        # the add loss log(1/S) down to -log 4 (lower losses are raised: pessimistic; tightness only)
         cap = int(math.ceil(t / h)) * 4 + 1
         plan = _pld._Plan("add", t, h, cap, _pld._CUT_BUDGET * delta_small, math.exp(eps_hi),
                           target=math.exp(-eps_hi))
