@@ -106,7 +106,7 @@ def attribution_from_edges(example_ids, user_ids, num_examples: int | None = Non
         raise InvalidParameterError(
             f"example {e} has no user (num_examples={m}): every example must be attributed to at least one user"
         )
-    return _csr(ex, uidx, m, tuple(int(u) for u in labels))
+    return _csr(ex, uidx, m, tuple(labels.tolist()))
 
 
 def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -273,7 +273,7 @@ def bound_contributions(
                    -1 if k_e is None else k_e, att.num_users)
     keep = code == 0
     kept = np.flatnonzero(keep)
-    reason = np.asarray(("",) + REASONS, dtype=object)[code]
+    reason = np.array(("",) + REASONS)[code]  # fixed-width strings
     # bounded graph: the kept examples' edges, renumbered; users without a kept example vanish
     ex_of_edge = np.repeat(np.arange(m), degree)
     edge_kept = keep[ex_of_edge]
@@ -282,7 +282,7 @@ def bound_contributions(
     has = np.bincount(uidx, minlength=att.num_users) > 0
     present = np.flatnonzero(has)
     bounded = _csr(new_index[ex_of_edge[edge_kept]], (np.cumsum(has) - 1)[uidx], kept.size,
-                   tuple(att.user_ids[u] for u in present))
+                   tuple(map(att.user_ids.__getitem__, present.tolist())))
     per_user_before = att.examples_per_user()
     per_user_after = np.zeros(att.num_users, dtype=np.int64)
     per_user_after[present] = bounded.examples_per_user()
