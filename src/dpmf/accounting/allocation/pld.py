@@ -98,6 +98,7 @@ is heavy), so ``n`` does not grow with ``t``: at ``t = 10^4`` a few ``10^5`` poi
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 
@@ -106,6 +107,7 @@ from scipy import fft as _fft
 from scipy import special
 
 from dpmf import validation as _v
+from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.dominating_pair import (
     describe_strategy,
     mixture_means,
@@ -694,8 +696,6 @@ def allocation_pld_epsilon(
         raise InvalidParameterError(f"max_points must be >= {8 * _PILOT_POINTS}, got {max_points}")
     fresh = bool(fresh_slots) and k > 1
     if sel > 1 or fresh:
-        from dpmf.accounting.allocation import pld_compose  # noqa: PLC0415 - it imports this module
-
         sigma_eff = sigma if fresh else sigma / math.sqrt(k)
         rounds = k if fresh else 1
         parts = [(m, c * rounds) for m, c in pld_compose.split_k_of_t(t, sel)]
@@ -703,7 +703,9 @@ def allocation_pld_epsilon(
                "num_selected": sel, "fresh_slots": bool(fresh_slots),
                "gaussian_epsilon": gaussian_epsilon(sigma / math.sqrt(k * sel), d),
                "composition": [{"steps": m, "copies": c} for m, c in parts]}
-        comp = pld_compose.composition_epsilon(1.0 / sigma_eff**2, parts, d, rel_tol=rel_tol, max_points=max_points)
+        comp = pld_compose.composition_epsilon(
+            1.0 / sigma_eff**2, parts, d, rel_tol=rel_tol, max_points=max_points, grid=sys.modules[__name__]
+        )
         by_dir = {key: min(v, out["gaussian_epsilon"]) for key, v in comp["epsilon_by_direction"].items()}
         out.update({"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir,
                     "compositions": comp["compositions"], "seconds": time.perf_counter() - start})

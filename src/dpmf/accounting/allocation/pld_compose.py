@@ -76,9 +76,10 @@ import math
 import numpy as np
 from scipy import special
 
-from dpmf.accounting.allocation import pld as _pld
 
 __all__ = ["composition_epsilon", "split_k_of_t"]
+
+_pld = None  # dpmf.accounting.allocation.pld, set by composition_epsilon (see there)
 
 _U = 2.0**-53
 #: Fraction of delta that the composition's window cuts and the profile's top may cost (tightness).
@@ -275,9 +276,14 @@ def _query(law, p_inf: float, step: float, delta: float) -> float:
 
 
 def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, *, rel_tol: float,
-                        max_points: int) -> dict:
+                        max_points: int, grid) -> dict:
     """Epsilon (both directions) of the composition of ``copies`` of 1-of-``m`` allocation for each
-    ``(m, copies)`` in ``parts``, every step a Gaussian of parameter ``eta = 1 / sigma^2``."""
+    ``(m, copies)`` in ``parts``, every step a Gaussian of parameter ``eta = 1 / sigma^2``.
+
+    ``grid`` is :mod:`dpmf.accounting.allocation.pld` (its sum-law machinery), passed in by it so
+    this module does not import it back."""
+    global _pld
+    _pld = grid
     total = sum(c for _, c in parts)
     by_dir, detail = {}, {}
     for direction in ("remove", "add"):
