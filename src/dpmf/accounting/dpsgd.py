@@ -19,6 +19,7 @@ import time
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
+from dpmf.accounting.truncated import truncation_refusal
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
 from dpmf.privacy.tradeoff import PrivacyCurve
@@ -34,7 +35,7 @@ def supports(strategy, scheme) -> str | None:
         return "the PLD DP-SGD accountant covers only the identity strategy (independent noise)"
     if not isinstance(scheme, PoissonSampling):
         return "the PLD DP-SGD accountant needs Poisson sampling"
-    return None
+    return truncation_refusal(scheme, "the PLD DP-SGD accountant")
 
 
 def dpsgd_epsilon_by_direction(

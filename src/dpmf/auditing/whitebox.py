@@ -175,9 +175,10 @@ class WhiteBoxScorer:
         s = self.scheme
         if isinstance(s, FixedOrderSampling) or (isinstance(s, BallsInBinsSampling) and s.reused_single_slot):
             return "slots"
-        if isinstance(s, PoissonSampling) and band == 1:
+        untruncated = getattr(s, "max_batch_size", None) is None  # (truncation changes the likelihood ratio)
+        if isinstance(s, PoissonSampling) and band == 1 and untruncated:
             return "poisson"
-        if isinstance(s, CyclicPoissonSampling) and band <= s.cycle_length:
+        if isinstance(s, CyclicPoissonSampling) and band <= s.cycle_length and untruncated:
             return "cyclic"
         if isinstance(s, MinSepSampling) and band <= s.min_sep and s.max_batch_size is None:
             return "min-sep"

@@ -104,6 +104,7 @@ from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
 from dpmf.accounting.report import PrivacyReport
+from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
@@ -216,6 +217,8 @@ def supports(strategy, scheme, *, adaptive: bool = True) -> str | None:
     inputs under Poisson sampling, ``adaptive=False``); else the reason."""
     if not isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
         return f"MMCC needs Poisson or cyclic-Poisson sampling, not {type(scheme).__name__}"
+    if truncation_refusal(scheme, "MMCC") is not None:
+        return truncation_refusal(scheme, "MMCC")
     if isinstance(strategy, (Identity, BinaryTree)):  # non-negative, rows in release order
         return None
     if isinstance(strategy, ToeplitzStrategy):
