@@ -68,12 +68,12 @@ def expected_batch_size(scheme, num_examples: int) -> float:
     50.0
     """
     m = _v.positive_int("num_examples", num_examples)
-    if isinstance(scheme, PoissonSampling):
-        return scheme.sampling_prob * m
-    if isinstance(scheme, CyclicPoissonSampling):
-        return scheme.sampling_prob * m / scheme.cycle_length
-    if isinstance(scheme, MinSepSampling):
-        size = scheme.participation_rate * m
+    if isinstance(scheme, (PoissonSampling, CyclicPoissonSampling, MinSepSampling)):
+        if isinstance(scheme, MinSepSampling):
+            size = scheme.participation_rate * m
+        else:
+            size = scheme.sampling_prob * m / getattr(scheme, "cycle_length", 1)
+        # truncated: min(mean, max), an upper bound on the truncated mean E[min(size, max)]
         return float(min(size, scheme.max_batch_size)) if scheme.max_batch_size is not None else size
     if isinstance(scheme, BallsInBinsSampling):
         return m * scheme.num_selected / scheme.steps_per_epoch

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.sampling.schemes import SCHEMES, Attribution, MinSepSampling, MultiAttributionMinSepSampling
+from dpmf.sampling.schemes import SCHEMES, Attribution, MultiAttributionMinSepSampling
 from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
@@ -140,7 +140,7 @@ class SchemeBatchSampler(torch.utils.data.Sampler):
             if num_examples is None:
                 raise InvalidParameterError("num_examples is required (the number of examples in the dataset)")
             self.num_examples = _count(num_examples)
-            if isinstance(scheme, MinSepSampling) and scheme.dataset_size not in (None, self.num_examples):
+            if getattr(scheme, "dataset_size", None) not in (None, self.num_examples):  # (truncated schemes)
                 raise InvalidParameterError(
                     f"num_examples={self.num_examples} differs from the scheme's dataset_size="
                     f"{scheme.dataset_size}, which its accounting assumes"
