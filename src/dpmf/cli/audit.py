@@ -30,7 +30,7 @@ class Threat(str, Enum):
 
 #: The ``dpmf account`` options ``dpmf audit`` reuses (keys of the ``options`` given to :func:`register`).
 SHARED = ("strategy", "sampling", "steps", "sampling_prob", "epochs", "min_sep", "warm_start", "max_batch_size",
-          "dataset_size", "bands", "delta", "method", "force", "json", "quiet")
+          "dataset_size", "num_selected", "fresh_slots", "bands", "delta", "method", "force", "json", "quiet")
 
 
 def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
@@ -52,6 +52,8 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
         warm_start: bool = o["warm_start"],
         max_batch_size: Optional[int] = o["max_batch_size"],
         dataset_size: Optional[int] = o["dataset_size"],
+        num_selected: Optional[int] = o["num_selected"],
+        fresh_slots: bool = o["fresh_slots"],
         bands: Optional[int] = o["bands"],
         noise_multiplier: Optional[float] = typer.Option(
             None, "--noise-multiplier", help="Noise std / clip norm (sigma) of the run; or give --epsilon."),
@@ -124,6 +126,7 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
             strat, scheme = build(
                 strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
                 warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+                num_selected=num_selected, fresh_slots=fresh_slots,
             )
             real = examples
             if dataset_size is not None:

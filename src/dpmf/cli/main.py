@@ -18,6 +18,8 @@ from rich.table import Table
 from dpmf._version import __version__
 from dpmf.cli.console import cli_errors, cli_progress, err, note_workers, out, typer_app
 from dpmf.cli.specs import (
+    FRESH_SLOTS,
+    NUM_SELECTED,
     WARM_START,
     SamplingName,
     build_scheme,
@@ -88,7 +90,9 @@ def _build(strategy: str, sampling: SamplingName, steps, bands, force: bool, **s
                                "--min-sep": scheme_options.get("min_sep"),
                                "--warm-start": scheme_options.get("warm_start"),
                                "--max-batch-size": scheme_options.get("max_batch_size"),
-                               "--dataset-size": scheme_options.get("dataset_size")},
+                               "--dataset-size": scheme_options.get("dataset_size"),
+                               "--num-selected": scheme_options.get("num_selected"),
+                               "--fresh-slots": scheme_options.get("fresh_slots")},
     )
     if strat is not None:
         return strat, scheme
@@ -182,8 +186,8 @@ _SAMPLING = typer.Option(
     help="Batch sampler: poisson (each example joins each step with --sampling-prob); cyclic-poisson "
     "(examples split into --min-sep groups, group t mod b active at step t, Poisson with --sampling-prob "
     "inside it); b-min-sep (Poisson over the examples that did not join in the last --min-sep - 1 steps; "
-    "per-step rate p0 = 1/(1/p + b - 1)); balls-in-bins (each example one random step per epoch, same every "
-    "epoch, --epochs); fixed-order (shuffle once, same order for --epochs epochs; no amplification).",
+    "per-step rate p0 = 1/(1/p + b - 1)); balls-in-bins (each example --num-selected random steps per epoch, "
+    "the same every epoch or --fresh-slots, --epochs); fixed-order (shuffle once, same order for --epochs epochs; no amplification).",
 )
 _STEPS = typer.Option(None, "--steps", help="Number of training steps (columns of C).")
 _Q = typer.Option(
@@ -239,6 +243,8 @@ def account(
     warm_start: bool = _WARM,
     max_batch_size: Optional[int] = _MAXB,
     dataset_size: Optional[int] = _DATASET,
+    num_selected: Optional[int] = NUM_SELECTED,
+    fresh_slots: bool = FRESH_SLOTS,
     bands: Optional[int] = _BANDS,
     noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma)."),
     delta: float = _DELTA,
@@ -269,6 +275,7 @@ def account(
         strat, scheme = _build(
             strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+            num_selected=num_selected, fresh_slots=fresh_slots,
         )
         from dpmf.accounting import account as _account
 
@@ -323,6 +330,8 @@ def calibrate(
     warm_start: bool = _WARM,
     max_batch_size: Optional[int] = _MAXB,
     dataset_size: Optional[int] = _DATASET,
+    num_selected: Optional[int] = NUM_SELECTED,
+    fresh_slots: bool = FRESH_SLOTS,
     bands: Optional[int] = _BANDS,
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon (> 0)."),
     delta: float = _DELTA,
@@ -349,6 +358,7 @@ def calibrate(
         strat, scheme = _build(
             strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
             warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
+            num_selected=num_selected, fresh_slots=fresh_slots,
         )
         from dpmf.accounting import calibrate as _calibrate
 
@@ -647,7 +657,8 @@ def _register_subcommands() -> None:
 
     register_audit(app, build=_build, options=dict(
         strategy=_STRATEGY, sampling=_SAMPLING, steps=_STEPS, sampling_prob=_Q, epochs=_EPOCHS, min_sep=_MIN_SEP,
-        warm_start=_WARM, max_batch_size=_MAXB, dataset_size=_DATASET, bands=_BANDS, delta=_DELTA, method=_METHOD,
+        warm_start=_WARM, max_batch_size=_MAXB, dataset_size=_DATASET, num_selected=NUM_SELECTED,
+        fresh_slots=FRESH_SLOTS, bands=_BANDS, delta=_DELTA, method=_METHOD,
         force=_FORCE, json=_JSON, quiet=_QUIET))
 
 

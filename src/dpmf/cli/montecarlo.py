@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from dpmf.cli.console import _fail, cli_errors, err, note_workers, out, typer_app
-from dpmf.cli.specs import WARM_START, build_scheme, build_strategy, check_options_used
+from dpmf.cli.specs import FRESH_SLOTS, NUM_SELECTED, WARM_START, build_scheme, build_strategy, check_options_used
 from dpmf.cli.specs import SamplingName as Sampling
 from dpmf.errors import DPMFError, InvalidParameterError
 
@@ -35,10 +35,12 @@ _WORKERS = typer.Option(None, "--workers", help="Local worker processes (default
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
 
 
-def _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs):
+def _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs,
+            num_selected=None, fresh_slots=False):
     return build_scheme(
         sampling, steps, sampling_prob=sampling_prob, participation_rate=participation_rate, min_sep=min_sep,
         warm_start=warm_start, max_batch_size=max_batch_size, epochs=epochs, partition="independent",
+        num_selected=num_selected, fresh_slots=fresh_slots,
     )
 
 
@@ -124,6 +126,8 @@ def run(
     warm_start: bool = WARM_START,
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches (App. D)."),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Number of examples (needed with --max-batch-size)."),
+    num_selected: Optional[int] = NUM_SELECTED,
+    fresh_slots: bool = FRESH_SLOTS,
     noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma) for C as given."),
     delta: float = _DELTA,
     samples: int = typer.Option(100_000, "--samples", help="Privacy-loss samples per direction."),
@@ -152,7 +156,7 @@ def run(
 
     with cli_errors():
         _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
-                    max_batch_size, dataset_size)
+                    max_batch_size, dataset_size, num_selected, fresh_slots)
         note_workers(workers)
         if checkpoint is not None:
             check_output_file(checkpoint, "--checkpoint")
@@ -164,7 +168,8 @@ def run(
                 "more (or a larger --delta)"
             )
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
-        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
+        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs,
+                         num_selected, fresh_slots)
         check_supported(strat, scheme, None)
         options = {} if dataset_size is None else {"dataset_size": dataset_size}
         mc = open_run(strat, scheme, noise_multiplier, samples, seed, chunk_size, checkpoint, None,
@@ -179,12 +184,13 @@ def run(
 
 
 def _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
-                max_batch_size, dataset_size) -> None:
+                max_batch_size, dataset_size, num_selected=None, fresh_slots=False) -> None:
     check_options_used(
         strategy, sampling, **{"--bands": bands, "--epochs": epochs, "--sampling-prob": sampling_prob,
                                "--participation-rate": participation_rate, "--min-sep": min_sep,
                                "--warm-start": warm_start, "--max-batch-size": max_batch_size,
-                               "--dataset-size": dataset_size},
+                               "--dataset-size": dataset_size, "--num-selected": num_selected,
+                               "--fresh-slots": fresh_slots},
     )
 
 
@@ -266,6 +272,8 @@ def calibrate(
     warm_start: bool = WARM_START,
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate batches."),
     dataset_size: Optional[int] = typer.Option(None, "--dataset-size", help="Needed with --max-batch-size."),
+    num_selected: Optional[int] = NUM_SELECTED,
+    fresh_slots: bool = FRESH_SLOTS,
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
     delta: float = _DELTA,
     samples: Optional[int] = typer.Option(None, "--samples", help="Samples per direction and candidate (default: the fewest that certify --delta)."),
@@ -286,10 +294,11 @@ def calibrate(
 
     try:
         _check_used(strategy, sampling, bands, epochs, sampling_prob, participation_rate, min_sep, warm_start,
-                    max_batch_size, dataset_size)
+                    max_batch_size, dataset_size, num_selected, fresh_slots)
         note_workers(workers)
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
-        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs)
+        scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs,
+                         num_selected, fresh_slots)
         from dpmf import progress as _progress
         from dpmf.cli.console import cli_progress
 

@@ -21,6 +21,23 @@ WARM_START = typer.Option(
 )
 
 
+#: ``--num-selected`` / ``--fresh-slots``: the balls-in-bins variants (issue 23), shared by every command
+#: that builds a balls-in-bins sampler, with the library's defaults (one slot, reused every epoch).
+NUM_SELECTED = typer.Option(
+    None,
+    "--num-selected",
+    help="balls-in-bins: k, the number of distinct random steps each example joins per epoch (default 1; "
+    "at most steps per epoch). k slots per epoch give k times the batch size at the same number of steps.",
+)
+FRESH_SLOTS = typer.Option(
+    False,
+    "--fresh-slots/--reused-slots",
+    help="balls-in-bins: draw a new random allocation every epoch (--fresh-slots: for DP-SGD, epochs compose "
+    "and privacy is close to Poisson sampling's) or reuse the first epoch's slots every epoch (default: what "
+    "multi-epoch matrix factorization needs; for DP-SGD k epochs cost like one epoch at sigma / sqrt(k)).",
+)
+
+
 class SamplingName(str, Enum):
     poisson = "poisson"
     fixed_order = "fixed-order"
@@ -47,6 +64,8 @@ def build_scheme(
     dataset_size: int | None = None,
     participation_rate: float | None = None,
     partition: str = "equal",
+    num_selected: int | None = None,
+    fresh_slots: bool = False,
 ):
     """The :mod:`dpmf.sampling` scheme the options describe. For b-min-sep give ``sampling_prob``
     (p) or ``participation_rate`` (p0), not both."""
@@ -61,7 +80,10 @@ def build_scheme(
     if sampling is SamplingName.fixed_order:
         return FixedOrderSampling(_need(epochs, "--epochs", sampling), steps)
     if sampling is SamplingName.balls_in_bins:
-        return BallsInBinsSampling(_need(epochs, "--epochs", sampling), steps)
+        return BallsInBinsSampling(
+            _need(epochs, "--epochs", sampling), steps, num_selected=1 if num_selected is None else num_selected,
+            fresh_slots=fresh_slots,
+        )
     if min_sep is not None and sampling in (SamplingName.min_sep, SamplingName.cyclic_poisson) and min_sep > steps > 0:
         raise InvalidParameterError(  # the library warns; on the command line it is a mix-up
             f"--min-sep {min_sep} is longer than the run (--steps {steps}): every example would join at most once; "
@@ -122,6 +144,8 @@ def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
         "--warm-start": sampling is SamplingName.min_sep,
         "--max-batch-size": sampling is SamplingName.min_sep,
         "--dataset-size": sampling is SamplingName.min_sep,
+        "--num-selected": sampling is SamplingName.balls_in_bins,
+        "--fresh-slots": sampling is SamplingName.balls_in_bins,
     }
     where = {
         "--epochs": "fixed-order and balls-in-bins sampling and the " + ", ".join(EPOCH_STRATEGIES) + " strategies",
@@ -132,6 +156,8 @@ def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
         "--warm-start": "b-min-sep sampling",
         "--max-batch-size": "b-min-sep sampling",
         "--dataset-size": "b-min-sep sampling (with --max-batch-size)",
+        "--num-selected": "balls-in-bins sampling",
+        "--fresh-slots": "balls-in-bins sampling",
     }
     for flag, value in given.items():
         if flag in uses and not uses[flag]:
