@@ -217,3 +217,17 @@ def test_gram_skip_for_large_problems(monkeypatch):
     red = corr.strategy_reductions(bsr(64, 4), BallsInBinsSampling(1, 64))
     assert red.spectral == () and "orthogonal groups only" in red.skipped
     assert gram_matrix(mixture_means(bsr(8, 2), 1, 8)).shape == (8, 8)
+
+
+def test_combined_allocation_never_above_the_gaussian_mechanism():
+    # conditional composition alone is looser than no amplification at small sigma (issue 23:
+    # inherent -- per-step Poisson-like pairs whose weights sum to well over one participation);
+    # the combined report is capped by revealing the slot (the Gaussian mechanism at sigma / |m|_max)
+    strategy, scheme = bsr(16, 4), BallsInBinsSampling(1, 16)
+    r = dpmf.account(strategy, scheme, 0.6, 1e-4, method="allocation")
+    gauss = dpmf.account(strategy, scheme, 0.6, 1e-4, method="unamplified").epsilon
+    assert r.diagnostics["gaussian_epsilon"] == pytest.approx(gauss, rel=1e-9)
+    assert r.epsilon <= r.diagnostics["gaussian_epsilon"]
+    raw = max(min(r.diagnostics[k]["epsilon_by_direction"][d] for k in ("renyi", "conditional")) for d in ("remove", "add"))
+    assert ("gaussian_cap" in r.diagnostics) == (raw > gauss)
+    assert r.epsilon == pytest.approx(min(raw, gauss), rel=1e-12)
