@@ -560,11 +560,13 @@ class MultiAttributionMinSepSampling:
     which blocks on batches, is only conjectured private: Conjecture 6.2). Hence each *user*
     participates at most once in any ``min_sep`` consecutive steps.
 
-    ``max_user_examples`` (k_u) caps every user's examples (contribution bounding is the caller's
-    preprocessing; :meth:`batches` refuses an attribution that violates it). Accounting (Thm. 6.1)
+    ``max_user_examples`` (k_u) caps every user's examples: bound them first with
+    :func:`~dpmf.sampling.bound_contributions` (its ``.scheme(...)`` builds this scheme for the
+    bounded graph); :meth:`batches` refuses an attribution that violates the cap. Accounting (Thm. 6.1)
     uses the cold-start pair with ``x_i ~ Binom(k_u, p)``; ``warmup_steps`` batches are generated
     and discarded first (the paper's warm start: 2000 generated, last 1000 used), which cold-start
-    accounting dominates. ``min_sep = 1`` is Poisson sampling of examples.
+    accounting dominates; :func:`~dpmf.sampling.calibrate_sampling_prob` finds ``p`` for a target
+    expected batch after it. ``min_sep = 1`` is Poisson sampling of examples.
     """
 
     sampling_prob: float
