@@ -24,7 +24,7 @@ from dpmf.accounting.allocation.correlated import (
     strategy_reductions,
 )
 from dpmf.accounting.allocation.dominating_pair import gram_matrix, mixture_means
-from dpmf.accounting.allocation.pld import OrthogonalGroups, allocation_pld_epsilon
+from dpmf.accounting.allocation.pld import OrthogonalGroups, allocation_pld_epsilon, strategy_groups
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import ToeplitzStrategy, bsr
 
@@ -109,7 +109,7 @@ def test_reported_epsilon_is_sound_by_exact_integration(gram):
     assert np.all(means >= 0)
     groups = spectral_groups(means)
     og = OrthogonalGroups(b, 1, float(np.diag(gram).max()) * (1 + 1e-12))
-    out = reduced_epsilon(Reductions(og, tuple(groups)), sigma, delta)
+    out = reduced_epsilon(Reductions(og, tuple(groups)), sigma, delta, allocation_pld_epsilon)
     rem, add = _exact_deltas(gram, sigma, out["epsilon"])
     assert rem <= delta and add <= delta
     # negative control: one slot per class at the diagonal's norm but b slots (correlation ignored)
@@ -130,7 +130,7 @@ def test_perron_upper_bound_is_an_upper_bound_and_tight():
 
 def test_family_contains_the_orthogonal_groups_and_is_pareto():
     strategy, scheme = bsr(64, 4), BallsInBinsSampling(1, 64)
-    red = strategy_reductions(strategy, scheme)
+    red = strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
     assert red.period == 4 and red.slots == 16
     members = {(g.period, g.slots) for g in red.spectral}
     assert (4, 16) in members and (1, 64) in members
@@ -214,7 +214,8 @@ def test_gram_skip_for_large_problems(monkeypatch):
     import dpmf.accounting.allocation.correlated as corr
 
     monkeypatch.setattr(corr, "MAX_GRAM_ENTRIES", 100)
-    red = corr.strategy_reductions(bsr(64, 4), BallsInBinsSampling(1, 64))
+    strategy, scheme = bsr(64, 4), BallsInBinsSampling(1, 64)
+    red = corr.strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
     assert red.spectral == () and "orthogonal groups only" in red.skipped
     assert gram_matrix(mixture_means(bsr(8, 2), 1, 8)).shape == (8, 8)
 

@@ -37,7 +37,7 @@ class, Lemma 1 with ``D = lambda_r I``, ``lambda_r >= lambda_max(G[R_r, R_r])``,
 ``E f(S_r) <= E f(S*)`` with ``S*`` the mean of ``n = min_r n_r`` i.i.d. mean-one lognormals of
 parameter ``lambda / sigma^2``, ``lambda = max_r lambda_r``. That is exactly the identity's
 (DP-SGD) random-allocation pair with ``n`` steps at noise ``sigma / sqrt(lambda)``, whose
-epsilon :func:`~dpmf.accounting.allocation.pld.allocation_pld_epsilon` bounds pessimistically;
+epsilon ``allocation_pld_epsilon`` (:mod:`.pld`) bounds pessimistically;
 so that epsilon is a sound epsilon for the correlated pair, both directions.
 
 How it relates to the orthogonal groups of :mod:`.pld`: when the classes modulo ``q`` have
@@ -61,7 +61,7 @@ multiplies ``lambda`` by the same factor.
 
 **Cost.** The ``b x N`` means and the ``b x b`` Gram (``O(b^2 N)``), then for each period ``q``
 tried one Lanczos run and one Collatz product per class (``O(b^2 / q)`` each), and one
-:func:`allocation_pld_epsilon` per non-dominated ``(slots, lambda)``. Periods tried:
+:func:`~dpmf.accounting.allocation.pld.allocation_pld_epsilon` per non-dominated ``(slots, lambda)``. Periods tried:
 ``1..min(period, 16)``, then powers of two up to the orthogonal period. Above
 :data:`MAX_GRAM_ENTRIES` (``b^2`` or ``b N``) the family is skipped and the orthogonal groups stand
 alone (stated in the diagnostics).
@@ -75,7 +75,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.accounting.allocation.pld import OrthogonalGroups, allocation_pld_epsilon, strategy_groups
 
 __all__ = [
     "MAX_GRAM_ENTRIES",
@@ -191,7 +190,7 @@ class Reductions:
     (when the Gram matrix is small enough; ``skipped`` says why not). ``period``, ``slots`` and
     ``max_norm_sq`` are the orthogonal groups' (what :mod:`.pld` reports)."""
 
-    orthogonal: OrthogonalGroups
+    orthogonal: "OrthogonalGroups"  # (dpmf.accounting.allocation.pld)
     spectral: tuple[SpectralGroup, ...]
     skipped: str | None = None
 
@@ -217,9 +216,10 @@ class Reductions:
         return out
 
 
-def strategy_reductions(strategy, scheme) -> Reductions:
-    """:class:`Reductions` of ``strategy`` under the balls-in-bins ``scheme``."""
-    og = strategy_groups(strategy, scheme)
+def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
+    """:class:`Reductions` of ``strategy`` under the balls-in-bins ``scheme``, given its orthogonal
+    groups (:func:`~dpmf.accounting.allocation.pld.strategy_groups`)."""
+    og = orthogonal
     k, n = scheme.epochs, scheme.steps
     b = n // k
     if b * max(b, n) > MAX_GRAM_ENTRIES:
@@ -228,10 +228,12 @@ def strategy_reductions(strategy, scheme) -> Reductions:
     return Reductions(og, tuple(spectral_groups(means, max_period=og.period)))
 
 
-def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: float, **pld_options) -> dict:
-    """The smallest epsilon over the reductions (each a sound bound: module docstring), in the
-    format of :func:`allocation_pld_epsilon`, with ``reductions`` listing every member's epsilon
-    and ``bound`` naming the one taken."""
+def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: float, allocation_pld_epsilon,
+                    **pld_options) -> dict:
+    """The smallest epsilon over the reductions (each a sound bound: module docstring), computed by
+    ``allocation_pld_epsilon`` (:func:`dpmf.accounting.allocation.pld.allocation_pld_epsilon`, passed
+    in: that module calls this one) and in its format, with ``reductions`` listing every member's
+    epsilon and ``bound`` naming the one taken."""
     rows, best = [], None
     for label, slots, scale_sq in reductions.candidates():
         out = allocation_pld_epsilon(noise_multiplier / math.sqrt(scale_sq), slots, delta, **pld_options)

@@ -108,6 +108,7 @@ from scipy import special
 
 from dpmf import validation as _v
 from dpmf.accounting.allocation import pld_compose
+from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
 from dpmf.accounting.allocation.dominating_pair import (
     describe_strategy,
     mixture_means,
@@ -749,10 +750,8 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
             f"fresh_slots={getattr(scheme, 'fresh_slots', False)} (the orthogonal-groups bound is proved for "
             "one reused slot; use num_selected=1, fresh_slots=False)"
         )
-    from dpmf.accounting.allocation.correlated import reduced_epsilon  # (it imports this module)
-
     # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
-    return reduced_epsilon(groups, sigma, d, rel_tol=accuracy, max_points=max_points)
+    return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points)
 
 
 def _reductions(strategy, scheme):
@@ -760,9 +759,7 @@ def _reductions(strategy, scheme):
     when the Gram matrix is small enough, spectral groups)."""
     if isinstance(strategy, Identity):
         return None
-    from dpmf.accounting.allocation.correlated import strategy_reductions
-
-    return strategy_reductions(strategy, scheme)
+    return strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
 
 
 @guarded(NAME, supports)
