@@ -201,9 +201,11 @@ _FORCE = typer.Option(
     False, "--force", help="Run even when the up-front estimate says it would take more than a few minutes "
     "or more memory than this machine has."
 )
-_MAXB = typer.Option(None, "--max-batch-size", help="b-min-sep: truncate/pad batches to this size (App. D).")
+_MAXB = typer.Option(
+    None, "--max-batch-size", help="poisson, cyclic-poisson, b-min-sep: truncate/pad batches to this size."
+)
 _DATASET = typer.Option(
-    None, "--dataset-size", help="b-min-sep with --max-batch-size: number of examples (needed to account truncation)."
+    None, "--dataset-size", help="with --max-batch-size: number of examples (needed to account truncation)."
 )
 _BANDS = typer.Option(None, "--bands", help="Bands of banded-toeplitz / banded / bsr / bisr strategies, of C^-1 for band-inv.")
 _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (well below 1/dataset size).")

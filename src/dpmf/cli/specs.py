@@ -98,9 +98,10 @@ def build_scheme(
             return MinSepSampling.from_participation_rate(participation_rate, steps, b, **kw)
         return MinSepSampling(_need(sampling_prob, "--sampling-prob", sampling), steps, b, **kw)
     q = _need(sampling_prob, "--sampling-prob", sampling)
+    trunc = {"max_batch_size": max_batch_size, "dataset_size": dataset_size}  # truncated (padded) batches
     if sampling is SamplingName.cyclic_poisson:
-        return CyclicPoissonSampling(q, steps, _need(min_sep, "--min-sep", sampling), partition=partition)
-    return PoissonSampling(q, steps)
+        return CyclicPoissonSampling(q, steps, _need(min_sep, "--min-sep", sampling), partition=partition, **trunc)
+    return PoissonSampling(q, steps, **trunc)
 
 
 def is_strategy_file(strategy: str) -> bool:
@@ -128,6 +129,9 @@ EPOCH_STRATEGIES = ("optimal", "blt", "banded-toeplitz", "band-inv")
 BAND_STRATEGIES = ("banded-toeplitz", "banded", "bsr", "bisr", "band-inv")
 
 
+_TRUNCATABLE = (SamplingName.poisson, SamplingName.cyclic_poisson, SamplingName.min_sep)
+
+
 def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
     """Refuse an option the configuration would silently ignore (e.g. ``--epochs`` with Poisson
     sampling and a strategy that has no epochs): the user meant something else. ``given`` maps
@@ -142,8 +146,8 @@ def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
         "--participation-rate": sampling is SamplingName.min_sep,
         "--min-sep": sampling in (SamplingName.cyclic_poisson, SamplingName.min_sep),
         "--warm-start": sampling is SamplingName.min_sep,
-        "--max-batch-size": sampling is SamplingName.min_sep,
-        "--dataset-size": sampling is SamplingName.min_sep,
+        "--max-batch-size": sampling in _TRUNCATABLE,
+        "--dataset-size": sampling in _TRUNCATABLE,
         "--num-selected": sampling is SamplingName.balls_in_bins,
         "--fresh-slots": sampling is SamplingName.balls_in_bins,
     }
@@ -154,8 +158,8 @@ def check_options_used(strategy: str, sampling: SamplingName, **given) -> None:
         "--participation-rate": "b-min-sep sampling",
         "--min-sep": "cyclic-poisson and b-min-sep sampling",
         "--warm-start": "b-min-sep sampling",
-        "--max-batch-size": "b-min-sep sampling",
-        "--dataset-size": "b-min-sep sampling (with --max-batch-size)",
+        "--max-batch-size": "poisson, cyclic-poisson and b-min-sep sampling",
+        "--dataset-size": "poisson, cyclic-poisson and b-min-sep sampling (with --max-batch-size)",
         "--num-selected": "balls-in-bins sampling",
         "--fresh-slots": "balls-in-bins sampling",
     }
