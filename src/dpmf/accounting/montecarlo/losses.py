@@ -204,9 +204,10 @@ def _plan(bands: Bands, scheme) -> _Plan:
             )
         return _Plan("modes", True, both, f"log-mean-exp over {K} participation patterns")
     if name in ("poisson", "cyclic-poisson") and getattr(scheme, "max_batch_size", None) is not None:
-        from dpmf.accounting.truncated import truncation_refusal
-
-        raise UnsupportedConfigurationError(truncation_refusal(scheme, "Monte Carlo accounting"))
+        raise UnsupportedConfigurationError(  # (dpmf.accounting.truncated covers it; it imports this module)
+            f"Monte Carlo accounting does not analyse truncated batches (max_batch_size={scheme.max_batch_size}); "
+            "use method='truncated_pld'"
+        )
     if name == "poisson":
         if w == 1:
             return _Plan("poisson", True, both, "independent subsampled Gaussians")
