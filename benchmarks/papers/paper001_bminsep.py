@@ -168,14 +168,68 @@ def main(argv: Sequence[str] | None = None) -> Report:
     else:
         rep.not_reproduced("sec74_dpsgd_sigma", "DP-SGD noise for (10, 1.301e-8), 7200 Poisson steps", "Sec. 7.4",
                            "0.368", "full mode only (7200-step PLD calibration)")
-    rep.not_reproduced("sec74_production", "production 256-BandMF: cyclic Poisson sigma 0.627 -> b-min-sep 0.47",
-                       "Sec. 7.4", "0.627 / 0.47 (25% reduction)",
+    sec74_truncated(rep, fast)
+    rep.not_reproduced("sec74_production", "production 256-BandMF: b-min-sep sigma 0.47 (25% below cyclic Poisson)",
+                       "Sec. 7.4", "0.47 (25% reduction)",
                        "the production encoder C is confidential and the b-min-sep run used 7.5e9 Monte Carlo "
                        "samples per verification (300 CPU-days)")
     rep.not_reproduced("fig4_5_training", "CINIC-10 / arXiv training accuracy and loss", "Figs. 4-5",
                        "curves (no numbers in the text)", "needs the training runs (VGG on CINIC-10, TinyBERT)")
     rep.write()
     return rep
+
+
+def sec74_truncated(rep: Report, fast: bool) -> None:
+    """Sec. 7.4's baseline: 256-BandMF under truncated and padded cyclic Poisson (7200 steps, expected
+    batch 1793, max 2048, 14,745,600 examples, (10, 1.301e-8)); the paper reports sigma ~ 0.627."""
+    m, b, steps, B = 14_745_600, 256, 7200, 2048
+    delta = m ** -1.1  # 1.3016e-8: the paper's "~1.301e-8" is m^(-1.1)
+    q = 1793 * b / m  # per-active-step probability of cyclic Poisson (expected batch q m / b = 1793)
+    scheme = CyclicPoissonSampling(q, steps, b, max_batch_size=B, dataset_size=m)
+    # Any 256-banded C >= 0 with unit column norm gives the same report as the identity here (the
+    # accountant only reads the largest column norm: 29 rounds of the target's group, disjoint blocks).
+    strategy, disc = Identity(steps), 1e-3  # (1e-3: the sensitivity-3 branch's grid at sigma ~ 0.57)
+    at_pub = rep.timed("Sec. 7.4 truncated cyclic Poisson", lambda: dpmf.account(
+        strategy, scheme, 0.627, delta, method="truncated_pld", discretization=disc))
+    rep.claim("sec74_trunc_sound", "sigma 0.627 certifies (10, 1.301e-8) for truncated cyclic Poisson",
+              "Sec. 7.4", "sigma ~ 0.627 gives (10, ~1.301e-8)", at_pub.epsilon <= 10.0,
+              f"dpmf truncated_pld: epsilon {at_pub.epsilon:.3f} at sigma 0.627 (truncation probability per round "
+              f"<= {at_pub.diagnostics['truncation_probability_bound']:.3g}, {at_pub.diagnostics['rounds']} rounds, "
+              f"pool {at_pub.diagnostics['pool']})")
+    tol = 5e-3 if fast else 1e-3
+    cal = rep.timed("Sec. 7.4 truncated cyclic Poisson", lambda: dpmf.calibrate(
+        strategy, scheme, 10.0, delta, method="truncated_pld", discretization=disc, rel_tol=tol))
+    rounds = -(-steps // b)  # the untruncated cyclic reduction: 29 subsampled Gaussians (= MMCC for banded C)
+    untr = rep.timed("Sec. 7.4 truncated cyclic Poisson", lambda: dpmf.calibrate(
+        Identity(rounds), PoissonSampling(q, rounds), 10.0, delta, method="pld", rel_tol=tol))
+    rep.numeric("sec74_trunc_sigma", "noise multiplier of the truncated cyclic Poisson baseline", "Sec. 7.4",
+                "0.627", cal.noise_multiplier, tol=0.0005,
+                note=(f"calibrated to rel_tol {tol:g} at discretization {disc:g}. dpmf's sound truncated analysis needs less noise than the paper reports; the paper does "
+                         "not say how 0.627 was accounted. Untruncated cyclic Poisson (MMCC = ceil(7200/256) = 29 "
+                         f"subsampled Gaussians) needs {untr.noise_multiplier:.4f}; truncation at 2048 happens with "
+                         "probability ~1.1e-9 per round, so any analysis that reveals the truncation event "
+                         "(Ganesh 2025; dp_accounting's TruncatedSubsampledGaussianDpEvent gives 0.5746 too) adds "
+                         "almost nothing. 0.627 would need ~80 untruncated rounds, or RDP accounting (0.607 "
+                         "untruncated with dp_accounting's RDP) plus a truncation term; no hypothesis we tried "
+                         "gives 0.627 (see the section below)"))
+    rep.section("Sec. 7.4: the truncated cyclic Poisson baseline", "\n".join([
+        "Noise multiplier for (10, m^-1.1 = 1.3016e-8), 7200 steps, cycle 256, expected batch 1793, max 2048, "
+        "m = 14,745,600, unit column norm:",
+        "",
+        "| analysis | sigma |",
+        "|---|---|",
+        "| published (Sec. 7.4; its accounting is not stated) | 0.627 |",
+        f"| dpmf truncated_pld (sound; truncation revealed, per-round bound <= "
+        f"{cal.report.diagnostics['truncation_probability_bound']:.3g}) | {cal.noise_multiplier:.4f} |",
+        f"| dpmf pld, untruncated cyclic Poisson (the {rounds}-round reduction) | {untr.noise_multiplier:.4f} |",
+        "| dp_accounting PLD, TruncatedSubsampledGaussianDpEvent x 29 (measured once, not rerun here) | 0.5746 |",
+        "| dp_accounting RDP, untruncated, 29 rounds (measured once) | ~0.607 |",
+        "| delta + 29 x P[truncation] (Chua et al.'s additive route) | infeasible: 29 x 1.1e-9 > 1.3e-8 |",
+        "",
+        f"A sigma of 0.627 is sound for this configuration (epsilon {at_pub.epsilon:.2f} under truncated_pld); it is not the "
+        "smallest one. The paper's 25% reduction to 0.47 (b-min-sep) is measured against 0.627, so against "
+        f"{cal.noise_multiplier:.3f} it would be {1 - 0.47 / cal.noise_multiplier:.0%}.",
+    ]))
 
 
 if __name__ == "__main__":
