@@ -184,9 +184,14 @@ def test_steps_mismatch_is_refused_before_training():
 
 
 def test_pair_without_a_sound_accountant_is_refused():
+    # MMCC does not cover multi-attribution sampling: refused before training (the user-level pair's
+    # proved bounds are the unamplified one, which "auto" picks, and certified Monte Carlo)
     with pytest.raises(UnsupportedConfigurationError):
         build_plan(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
-                   delta=1e-5, max_grad_norm=1.0)
+                   delta=1e-5, max_grad_norm=1.0, accountant="mmcc")
+    plan = build_plan(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
+                      delta=1e-5, max_grad_norm=1.0)
+    assert plan.report.method == "unamplified" and plan.report.certified
 
 
 def test_monte_carlo_estimate_cannot_certify_training():
