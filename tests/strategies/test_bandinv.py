@@ -20,7 +20,7 @@ from dpmf.strategies import catalog
 from dpmf.strategies.bandinv import (
     BandInvStrategy,
     band_inv_loss_and_grad,
-    majorant_sensitivity_squared,
+    closed_form_sensitivity_squared,
     optimize_banded_inverse_toeplitz,
 )
 
@@ -81,23 +81,26 @@ def test_streaming_memory_does_not_grow_with_n():
 # ---- the objective ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("schema", ["fixed-epoch", "min-sep"])
 @pytest.mark.parametrize("n,epochs", [(20, 1), (30, 3), (41, 4)])
-def test_objective_pieces_match_dense_formulas_and_finite_differences(n, epochs):
+def test_objective_pieces_match_dense_formulas_and_finite_differences(n, epochs, schema):
     rng = np.random.default_rng(n)
     g = np.concatenate(([1.0], -0.3 * rng.random(4)))
-    L, grad, err, sens2 = band_inv_loss_and_grad(g, n, epochs)
+    L, grad, err, sens2 = band_inv_loss_and_grad(g, n, epochs, schema)
     s = BandInvStrategy.from_noising_coefficients(g, n)
     A = np.tril(np.ones((n, n)))
     B = A @ _dense_inverse(s)
     assert err == pytest.approx(float(np.sum(B * B)) / n, rel=1e-12)
-    part = FixedEpochParticipation(epochs, n // epochs)
-    assert sens2 == pytest.approx(majorant_sensitivity_squared(s.coefs, part, n).value, rel=1e-12)
+    b = n // epochs
+    part = FixedEpochParticipation(epochs, b) if schema == "fixed-epoch" else Participation(epochs, b)
+    assert sens2 == pytest.approx(closed_form_sensitivity_squared(s.coefs, part, n).value, rel=1e-12)
     assert L == pytest.approx(err * sens2, rel=1e-15)
     h = 1e-6
     for i in range(1, g.size):
         e = np.zeros_like(g)
         e[i] = h
-        fd = (band_inv_loss_and_grad(g + e, n, epochs)[0] - band_inv_loss_and_grad(g - e, n, epochs)[0]) / (2 * h)
+        fd = (band_inv_loss_and_grad(g + e, n, epochs, schema)[0]
+              - band_inv_loss_and_grad(g - e, n, epochs, schema)[0]) / (2 * h)
         assert grad[i] == pytest.approx(fd, rel=1e-6, abs=1e-8 * abs(L))
 
 
@@ -127,7 +130,8 @@ def _patterns(n: int, k: int, b: int, fixed: bool):
 
 
 @pytest.mark.parametrize("fixed", [True, False])
-@pytest.mark.parametrize("g", [[1.0, -0.5, -0.125, -0.0625], [1.0, -0.3, -0.4], [1.0, 0.4, -0.2], [1.0, -0.9, 0.3]])
+@pytest.mark.parametrize("g", [[1.0, -0.5, -0.125, -0.0625], [1.0, -0.3, -0.4], [1.0, -0.4712, -0.1258, -0.2715],
+                               [1.0, 0.4, -0.2], [1.0, -0.9, 0.3]])
 def test_sensitivity_against_brute_force(g, fixed):
     n, k, b = 12, 3, 4
     s = BandInvStrategy.from_noising_coefficients(g, n)
@@ -135,17 +139,21 @@ def test_sensitivity_against_brute_force(g, fixed):
     res = s.sensitivity_result(part)
     lo, up = _brute_force_sens2(s.encoder(), _patterns(n, k, b, fixed))
     assert res.value >= lo * (1 - 1e-12)  # sound
-    maj = majorant_sensitivity_squared(s.coefs, part, n).value
-    assert maj >= lo * (1 - 1e-12) and res.value <= maj * (1 + 1e-12)
+    closed = closed_form_sensitivity_squared(s.coefs, part, n)
+    assert closed.value >= lo * (1 - 1e-12) and res.value <= closed.value * (1 + 1e-12)
     if s.nonnegative:  # X >= 0: the all-ones vector is optimal (Eq. 3), brute force is exact
         assert res.exact and res.value == pytest.approx(lo, rel=1e-9)
         assert up == pytest.approx(lo, rel=1e-12)
+        if fixed:  # the O(n) closed form on |c| is exact for C >= 0, monotone or not
+            assert closed.exact and closed.value == pytest.approx(lo, rel=1e-9)
+    if closed.exact:
+        assert closed.value == pytest.approx(lo, rel=1e-9)
 
 
 def test_single_participation_sensitivity_is_the_column_norm_for_any_signs():
     s = BandInvStrategy.from_noising_coefficients([1.0, 0.7, -0.2], 30)
     assert not s.nonnegative
-    r = majorant_sensitivity_squared(s.coefs, Participation(1, 1), 30)
+    r = closed_form_sensitivity_squared(s.coefs, Participation(1, 1), 30)
     assert r.exact and r.value == pytest.approx(float(np.sum(s.coefs**2)), rel=1e-12)
 
 
@@ -263,7 +271,9 @@ def test_catalog_build_band_inv():
         lambda: BandInvStrategy.from_noising_coefficients([1.0, np.nan], 5),
         lambda: BandInvStrategy(np.ones(4), 4),
         lambda: band_inv_loss_and_grad([1.0, -0.5], 10, 0),
-        lambda: majorant_sensitivity_squared([1.0, 0.5], "single", 4),
+        lambda: closed_form_sensitivity_squared([1.0, 0.5], "single", 4),
+        lambda: band_inv_loss_and_grad([1.0, -0.5], 10, 2, "poisson"),
+        lambda: optimize_banded_inverse_toeplitz(10, 3, schema="fixed"),
     ],
 )
 def test_bad_input_raises_dpmf_errors(call):
@@ -275,3 +285,12 @@ def test_bad_input_raises_dpmf_errors(call):
 def test_an_unstable_inverse_overflows_with_a_clear_error():
     with pytest.raises(NumericalError, match="unit disk"):
         BandInvStrategy.from_noising_coefficients([1.0, -3.0], 2000)
+
+
+def test_min_sep_schema_optimizes_the_majorant_bound():
+    n, bands, epochs = 60, 4, 3
+    s = optimize_banded_inverse_toeplitz(n, bands, epochs, schema="min-sep")
+    L = band_inv_loss_and_grad(s.inverse_coefs, n, epochs, "min-sep")[0]
+    assert L < band_inv_loss_and_grad(bisr(n, bands).inverse_coefs, n, epochs, "min-sep")[0]
+    part = Participation(epochs, n // epochs)
+    assert s.rmse(part) <= math.sqrt(L) * (1 + 1e-9)  # the objective bounds the true RMSE

@@ -21,18 +21,25 @@ diagonal; the objective is invariant to the scale of ``g``) and minimizes, over
     L(g) = err(g) * sens2(g),   err(g) = (1/n) sum_{i<n} ||(A C^{-1})[i, :]||^2
                                        = (1/n) sum_{j<n} (n - j) b_j^2,   b = cumsum(g) (zero-padded),
 
-the objective of :func:`~dpmf.strategies.blt.optimize_blt` (and of jax_privacy's
+the objective of :func:`~dpmf.strategies.blt.optimize_blt` (and, for b-min-sep, of jax_privacy's
 ``toeplitz.optimize_banded_inverse_toeplitz``), with ``sens2`` a sound upper bound on the
-squared sensitivity of ``C`` under ``FixedEpochParticipation(epochs, n // epochs)`` *and* under
-b-min-sep ``Participation(epochs, n // epochs)``: with ``k' = min(epochs, ceil(n / b))``,
+squared sensitivity of ``C`` under the schema with ``epochs`` participations ``b = n // epochs``
+apart (:func:`closed_form_sensitivity_squared`; ``k' = min(epochs, ceil(n / b))``):
 
 * ``k' = 1``: ``sens2 = ||c||^2`` (the first column has the largest norm: exact, any signs);
-* ``k' >= 2``: ``sens2 = ||sum_{j<k'} C_hat[:, j b]||^2`` with ``C_hat`` the Toeplitz matrix of
-  ``c_hat_t = max_{s >= t} |c_s|``, the smallest non-increasing majorant of ``|c|``. Sound for
-  vector data and any ``C``: ``||C G||_F^2 <= sum_{i,j in p} |X_ij| <= 1^T X_hat[p,p] 1`` and, for
-  non-negative non-increasing ``c_hat``, the worst pattern is ``{0, b, ..., (k'-1) b}`` (Kalinin &
-  Lampert 2024, arXiv 2405.13763, Thm. 2; :mod:`dpmf.strategies.sensitivity`). Exact when ``c``
-  itself is non-negative and non-increasing.
+* fixed-epoch order (``FixedEpochParticipation``, the default ``schema="fixed-epoch"``, what the
+  BLT optimizer uses and what random allocation reuses): ``sens2 = ||sum_{j<k'} |C|[:, j b]||^2``.
+  Sound for vector data and any signs: for a pattern ``p = {s, s + b, ...}``,
+  ``||C G||_F^2 <= sum_{i,j in p} |X_ij| <= ||sum_{i in p} |C|[:, i]||^2``, and for a Toeplitz
+  ``|C|`` the sum for ``s > 0`` is the one for ``s = 0`` shifted down and cut at ``n``, so no
+  larger. **Exact when ``C >= 0``** (then ``X >= 0`` and the all-ones ``G`` attains it, Eq. 3 of
+  the multi-epoch MF paper) -- no monotonicity needed.
+* b-min-sep (``Participation``, ``schema="min-sep"``): ``sens2 = ||sum_{j<k'} C_hat[:, j b]||^2``
+  with ``C_hat`` the Toeplitz matrix of ``c_hat_t = max_{s >= t} |c_s|``, the smallest
+  non-increasing majorant of ``|c|`` (jax_privacy's bound). Sound: ``C_hat >= |C|`` entrywise and,
+  for non-negative non-increasing ``c_hat``, the worst pattern is ``{0, b, ..., (k'-1) b}``
+  (Kalinin & Lampert 2024, arXiv 2405.13763, Thm. 2). Exact when ``c`` is non-negative and
+  non-increasing.
 
 ``err`` costs ``O(m)`` (``b_j`` is constant for ``j >= m - 1``); ``c = 1/g(x)`` is an IIR filter
 (``O(n m)``) and the gradient through it uses ``dc = -c^2 dg (mod x^n)`` (one FFT product). The
@@ -75,7 +82,7 @@ from dpmf.strategies.toeplitz import ToeplitzStrategy, toeplitz_inverse_coeffici
 __all__ = [
     "BandInvStrategy",
     "band_inv_loss_and_grad",
-    "majorant_sensitivity_squared",
+    "closed_form_sensitivity_squared",
     "optimize_banded_inverse_toeplitz",
     "DENSE_SENSITIVITY_MAX",
 ]
@@ -87,12 +94,12 @@ _SCALE = 0.01  # optimizer variable scale (see optimize_banded_inverse_toeplitz)
 _MAX_RESTARTS = 50
 
 
-def _schema(participation: object, n: int) -> tuple[int, int]:
-    """``(k', b)`` of a Participation / FixedEpochParticipation on ``n`` steps."""
+def _schema(participation: object, n: int) -> tuple[int, int, bool]:
+    """``(k', b, fixed_epoch)`` of a Participation / FixedEpochParticipation on ``n`` steps."""
     if isinstance(participation, FixedEpochParticipation):
-        k, b = participation.max_participations, participation.separation
+        k, b, fixed = participation.max_participations, participation.separation, True
     elif isinstance(participation, Participation):
-        k, b = participation.max_participations, participation.min_sep
+        k, b, fixed = participation.max_participations, participation.min_sep, False
     else:
         raise InvalidParameterError(
             "participation must be a Participation (b-min-sep) or FixedEpochParticipation, "
@@ -100,7 +107,7 @@ def _schema(participation: object, n: int) -> tuple[int, int]:
         )
     if b > n:
         raise InvalidParameterError(f"participation.min_sep must be <= n={n}, got {b}")
-    return min(k, -(-n // b)), b
+    return min(k, -(-n // b)), b, fixed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -162,46 +169,60 @@ def _closed_form_and_grad(ch: np.ndarray, kk: int, b: int) -> tuple[float, np.nd
     return float(np.dot(v, v)), G.reshape(-1)[:n]
 
 
-def _sens2_and_grad_c(c: np.ndarray, kk: int, b: int) -> tuple[float, np.ndarray]:
+def _sens2_and_grad_c(c: np.ndarray, kk: int, b: int, fixed: bool) -> tuple[float, np.ndarray]:
     """The objective's sound ``sens2`` (module docstring) and its (sub)gradient in ``c``."""
     if kk == 1:
         return float(np.dot(c, c)), 2.0 * c
+    if fixed:
+        val, d_abs = _closed_form_and_grad(np.abs(c), kk, b)
+        return val, d_abs * np.sign(c)
     hat, idx = _majorant(c)
     val, d_hat = _closed_form_and_grad(hat, kk, b)
     d_abs = np.bincount(idx, weights=d_hat, minlength=c.size)
     return val, d_abs * np.sign(c)
 
 
-def majorant_sensitivity_squared(coefs: object, participation: object, n: int | None = None) -> SensitivityResult:
+def closed_form_sensitivity_squared(coefs: object, participation: object, n: int | None = None) -> SensitivityResult:
     r"""A sound squared sensitivity of the lower-triangular Toeplitz ``C[i, j] = coefs[i - j]``
-    for *any* signs, without materializing ``C``: ``||c||^2`` for one participation (exact),
-    else the closed form on the non-increasing majorant of ``|c|`` (module docstring; exact when
-    ``coefs`` are non-negative and non-increasing). Valid for b-min-sep and fixed-epoch schemas.
+    for *any* signs, in ``O(n)`` without materializing ``C`` (module docstring): ``||c||^2`` for one
+    participation (exact); fixed-epoch: the closed form on ``|c|`` (exact when ``c >= 0``);
+    b-min-sep: the closed form on the non-increasing majorant of ``|c|`` (exact when ``c`` is
+    non-negative and non-increasing).
 
-    >>> from dpmf.strategies import Participation
-    >>> r = majorant_sensitivity_squared([1.0, 0.2, 0.5], Participation(2, 2), 4)
+    >>> from dpmf.strategies import FixedEpochParticipation, Participation
+    >>> r = closed_form_sensitivity_squared([1.0, 0.2, 0.5], Participation(2, 2), 4)
     >>> round(r.value, 9), r.exact                 # c_hat = (1, .5, .5, 0): v = (1, .5, 1.5, .5)
     (3.75, False)
+    >>> r = closed_form_sensitivity_squared([1.0, 0.2, 0.5], FixedEpochParticipation(2, 2), 4)
+    >>> round(r.value, 9), r.exact                 # v = (1, .2, 1.5, .2)
+    (3.33, True)
     """
     c = _v.finite_array("coefs", coefs)
     n = c.size if n is None else _v.positive_int("n", n)
     if c.size > n:
         raise InvalidParameterError(f"coefs must have at most n={n} entries, got {c.size}")
-    kk, b = _schema(participation, n)
+    kk, b, fixed = _schema(participation, n)
     full = np.zeros(n)
     full[: c.size] = c
-    val, _ = _sens2_and_grad_c(full, kk, b)
-    exact = kk == 1 or bool(np.all(full >= 0) and np.all(np.diff(full) <= 0))
-    method = "single-participation (max column norm)" if kk == 1 else "toeplitz non-increasing majorant of |c|"
+    val, _ = _sens2_and_grad_c(full, kk, b, fixed)
+    nonneg = bool(np.all(full >= 0))
+    if kk == 1:
+        exact, method = True, "single-participation (max column norm)"
+    elif fixed:
+        exact, method = nonneg, "toeplitz fixed-epoch closed form on |c| (exact for C >= 0)"
+    else:
+        exact = nonneg and bool(np.all(np.diff(full) <= 0))
+        method = "toeplitz min-sep closed form on the non-increasing majorant of |c|"
     return SensitivityResult(_margin(val, n, kk), exact, method, val if exact else float(np.dot(full, full)))
 
 
 def band_inv_loss_and_grad(
-    noising_coefs: object, n: int, epochs: int = 1
+    noising_coefs: object, n: int, epochs: int = 1, schema: str = "fixed-epoch"
 ) -> tuple[float, np.ndarray, float, float]:
     """``(L, dL/dg, err, sens2)`` for ``C^{-1} = Toeplitz(noising_coefs)`` over ``n`` steps:
-    ``L = err * sens2`` (module docstring) under ``epochs`` participations ``n // epochs`` apart.
-    ``L`` is ``inf`` (with a zero gradient) when ``C`` overflows."""
+    ``L = err * sens2`` (module docstring) under ``epochs`` participations ``n // epochs`` apart
+    (``schema`` ``"fixed-epoch"`` or ``"min-sep"``). ``L`` is ``inf`` (with a zero gradient) when
+    ``C`` overflows."""
     g = _v.finite_array("noising_coefs", noising_coefs)
     n = _v.positive_int("n", n)
     epochs = _v.positive_int("epochs", epochs)
@@ -211,21 +232,28 @@ def band_inv_loss_and_grad(
         raise InvalidParameterError("noising_coefs[0] must be nonzero for C to exist, got 0.0")
     if epochs > n:
         raise InvalidParameterError(f"epochs must be an integer in [1, n={n}], got {epochs}")
+    fixed = _check_schema(schema)
     b = n // epochs
-    return _loss(g, n, min(epochs, -(-n // b)), b)
+    return _loss(g, n, min(epochs, -(-n // b)), b, fixed)
 
 
-def _loss(g: np.ndarray, n: int, kk: int, b: int) -> tuple[float, np.ndarray, float, float]:
+def _check_schema(schema: object) -> bool:
+    if schema not in ("fixed-epoch", "min-sep"):
+        raise InvalidParameterError(f"schema must be 'fixed-epoch' or 'min-sep', got {schema!r}")
+    return schema == "fixed-epoch"
+
+
+def _loss(g: np.ndarray, n: int, kk: int, b: int, fixed: bool) -> tuple[float, np.ndarray, float, float]:
     with np.errstate(over="ignore", invalid="ignore"):
-        return _loss_unguarded(g, n, kk, b)
+        return _loss_unguarded(g, n, kk, b, fixed)
 
 
-def _loss_unguarded(g: np.ndarray, n: int, kk: int, b: int) -> tuple[float, np.ndarray, float, float]:
+def _loss_unguarded(g: np.ndarray, n: int, kk: int, b: int, fixed: bool) -> tuple[float, np.ndarray, float, float]:
     err, d_err = _error_and_grad(g, n)
     c = _inverse(g, n)
     if not np.all(np.isfinite(c)) or float(np.max(np.abs(c))) > 1e150:
         return math.inf, np.zeros_like(g), err, math.inf
-    sens2, d_c = _sens2_and_grad_c(c, kk, b)
+    sens2, d_c = _sens2_and_grad_c(c, kk, b, fixed)
     # c = 1/g (mod x^n): dc = -c^2 dg, so dsens2/dg_i = -sum_{t>=i} d_c[t] (c^2)[t - i]
     h = _signal.fftconvolve(c, c)[:n]
     m = g.size
@@ -306,7 +334,7 @@ class BandInvStrategy(ToeplitzStrategy):
         c = self.coefs
         if bool(np.all(c >= 0) and np.all(np.diff(c) <= 0)):
             return toeplitz_sensitivity_squared(c, participation, self.n)  # exact closed form
-        best = majorant_sensitivity_squared(c, participation, self.n)
+        best = closed_form_sensitivity_squared(c, participation, self.n)
         if best.exact or self.n > DENSE_SENSITIVITY_MAX:
             return best
         dense = toeplitz_sensitivity_squared(c, participation, self.n)  # materializes C
@@ -335,13 +363,16 @@ def optimize_banded_inverse_toeplitz(
     *,
     max_iter: int = 1000,
     tol: float = 1e-12,
+    schema: str = "fixed-epoch",
     init: object = None,
     nonnegative: bool = False,
     callback: Callable[[int, float], None] | None = None,
 ) -> BandInvStrategy:
     """BandInvMF: the ``bands`` coefficients of ``C^{-1}`` (``g_0 = 1``) minimizing the prefix-sum
     mean squared error at sensitivity 1 under ``epochs`` participations ``n // epochs`` apart
-    (``L = err * sens2``, module docstring; fixed-epoch and b-min-sep alike).
+    (``L = err * sens2``, module docstring): ``schema="fixed-epoch"`` (default; exactly ``b`` apart,
+    as :func:`~dpmf.strategies.blt.optimize_blt`; ``sens2`` exact whenever ``C >= 0``) or
+    ``"min-sep"`` (at least ``b`` apart; jax_privacy's majorant bound).
 
     Mirrors ``jax_privacy.matrix_factorization.toeplitz.optimize_banded_inverse_toeplitz`` in
     purpose (GitHub, after jax-privacy 2.0.0; no code shared). Starts from ``init`` (noising
@@ -356,6 +387,7 @@ def optimize_banded_inverse_toeplitz(
         raise InvalidParameterError(f"epochs must be an integer in [1, n={n}], got {epochs}")
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)
+    fixed = _check_schema(schema)
     b = n // epochs
     kk = min(epochs, -(-n // b))
     if init is None:
@@ -372,7 +404,7 @@ def optimize_banded_inverse_toeplitz(
 
     def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
         g = np.concatenate(([1.0], x))
-        loss, grad, _, _ = _loss(g, n, kk, b)
+        loss, grad, _, _ = _loss(g, n, kk, b, fixed)
         if not (math.isfinite(loss) and loss > 0):
             return math.inf, np.zeros_like(x)
         return math.log(loss), grad[1:] / loss
