@@ -16,7 +16,7 @@ averaging ``measure_steps`` batches; the search is regula falsi on common random
 for every ``p``), started from the single-attribution answer, which is a lower bound (with the same
 coins, a multi-attribution batch is a subset of the single-attribution one: every example barred
 there is barred here). The result carries the estimate at the returned ``p`` and its standard
-error (batch means over blocks of ``>= min_sep`` steps): it is an estimate, and says so.
+error (batch means over blocks of ``max(10 min_sep, 50)`` steps): it is an estimate, and says so.
 
 >>> from dpmf.sampling import calibrate_sampling_prob
 >>> cal = calibrate_sampling_prob(100, 8, num_examples=10_000)
@@ -178,8 +178,9 @@ def _single_prob(target: float, m: int, b: int) -> float:
 
 
 def _batch_means_se(sizes: np.ndarray, b: int) -> float:
-    """Standard error of the mean of a stationary series by batch means (blocks of >= max(b, 10) steps)."""
-    block = max(b, 10)
+    """Standard error of the mean of a stationary series by batch means over blocks of ``max(10 b, 50)``
+    steps (a user's barring couples batches for about ``b`` steps; long blocks keep the error honest)."""
+    block = max(10 * b, 50)
     k = sizes.size // block
     if k < 2:
         return math.nan
