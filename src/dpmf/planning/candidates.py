@@ -13,7 +13,8 @@ independent of each other's order and run the same locally and on a Dask cluster
    band count of the sweep, BLT, binary tree, and the multi-epoch optimal factorization up to
    :data:`EXACT_OPTIMAL_STEPS` steps): sensitivities only;
 1. cheap amplified accountants: DP-SGD with Poisson sampling (PLD) and with balls-in-bins (random
-   allocation), and banded Toeplitz under cyclic Poisson sampling with ``cycle = bands`` (the
+   allocation: one slot reused every epoch, fresh slots every epoch, and 2 slots in each pair of
+   epochs), and banded Toeplitz under cyclic Poisson sampling with ``cycle = bands`` (the
    min-sep sweep: the cycle length is the separation between two participations of an example);
 2. expensive ones: MMCC for banded Toeplitz (band sweep, at most ``steps // 8`` bands) and the
    binary tree under Poisson sampling, random allocation for BSR, the multi-epoch optimal
@@ -205,6 +206,16 @@ class Candidate:
     def strategy_name(self) -> str:
         return self.spec.name
 
+    @property
+    def sampling_name(self) -> str:
+        """The row's sampler: the scheme's name, with the balls-in-bins variant spelled out
+        (``balls-in-bins-fresh``, ``balls-in-bins-2-of-46-fresh``) so that rows stay distinct."""
+        s = self.scheme
+        if not isinstance(s, BallsInBinsSampling) or s.reused_single_slot:
+            return s.name
+        name = s.name + (f"-{s.num_selected}-of-{s.steps_per_epoch}" if s.num_selected > 1 else "")
+        return name + ("-fresh" if s.fresh_slots else "")
+
     def rmse_per_sigma(self) -> float:
         return self.spec.rmse_per_sigma(self.strategy)
 
@@ -284,6 +295,13 @@ def candidates(run: TrainingRun) -> list[Candidate]:
                 )
             )
     out.append(Candidate("DP-SGD, balls-in-bins", identity, balls, _dpsgd_allocation_method(), wave=1))
+    if k > 1:  # fresh slots: the epochs compose (reused slots cost like one epoch at sigma / sqrt(k))
+        out.append(Candidate("DP-SGD, balls-in-bins, fresh slots each epoch", identity,
+                             BallsInBinsSampling(k, steps, fresh_slots=True), "allocation_pld", wave=1))
+    if k % 2 == 0:  # k of t: 2 slots in each pair of epochs (2 spe steps), fresh: the same batch size
+        out.append(Candidate(f"DP-SGD, balls-in-bins, 2 of {2 * spe} steps, fresh slots", identity,
+                             BallsInBinsSampling(k // 2, steps, num_selected=2, fresh_slots=True),
+                             "allocation_pld", wave=1))
     # wave 2: expensive accountants and strategies
     if run.mmcc and steps <= MAX_MMCC_STEPS:
         for b in sweep:

@@ -61,7 +61,7 @@ def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified
     options = report.options if report is not None else (cand.options or {})
     return PlanRow(
         strategy=cand.strategy_name,
-        sampling=cand.scheme.name,
+        sampling=cand.sampling_name,
         method=method,
         noise_multiplier=float(sigma),
         epsilon=float(epsilon),
