@@ -50,6 +50,8 @@ STRATEGIES = {
     "bsr": lambda: bsr(12, 3),
     "bisr": lambda: bisr(12, 3),
     "banded-toeplitz": lambda: optimize_banded_toeplitz(12, 3, 2),
+    "band-inv": lambda: catalog.build("band-inv", 12, epochs=2, bands=3, constraints="all_signs"),
+    "band-inv-normalized": lambda: catalog.build("band-inv", 10, bands=2).normalized(FixedEpochParticipation(2, 5)),
     "identity-normalized": lambda: Identity(8).normalized(Participation(2, 4)),
     "blt-strategy": lambda: BLT([0.5, 0.9], [0.1, 0.2]).to_toeplitz(10),
     "blt-scaled": lambda: BLTStrategy.from_blt(BLT([0.3], [0.7]), 6, 2.5),
@@ -99,12 +101,13 @@ def test_round_trip_every_kind(kind):
 def test_every_exported_strategy_class_is_covered():
     import dpmf.strategies as S
 
-    classes = {S.Identity, S.DenseStrategy, S.ToeplitzStrategy, S.BinaryTree, S.FFTMechanism, S.BLT, S.BLTStrategy}
+    classes = {S.Identity, S.DenseStrategy, S.ToeplitzStrategy, S.BinaryTree, S.FFTMechanism, S.BLT, S.BLTStrategy,
+               S.BandInvStrategy}
     covered = {type(f()) for f in STRATEGIES.values()}
     assert classes | {StampedEncoder} <= covered
     # every catalog kind, built small, comes back
     for kind in catalog.KINDS:
-        kw = {"bands": 2} if kind in ("banded-toeplitz", "banded", "bsr", "bisr") else {}
+        kw = {"bands": 2} if kind in ("banded-toeplitz", "banded", "bsr", "bisr", "band-inv") else {}
         if kind == "matrix":
             kw["matrix"] = np.tri(4)
         s = catalog.build(kind, 4, **kw)
