@@ -26,7 +26,8 @@ amplified claim would raise false alarms). Any score gives a valid audit; this o
 Neyman-Pearson optimal test for one canary, so the audit's power is the mechanism's own. It is
 computed exactly where the structure allows (:attr:`WhiteBoxScorer.method`):
 
-* ``slots`` -- balls-in-bins and fixed order: one of ``b`` known patterns (a mixture over the slot);
+* ``slots`` -- balls-in-bins (one slot, reused) and fixed order: one of ``b`` known patterns (a
+  mixture over the slot); the balls-in-bins variants (k slots, fresh slots) are ``independent``;
 * ``poisson`` -- Poisson sampling with a diagonal ``W`` (DP-SGD): a product over steps;
 * ``cyclic`` -- cyclic Poisson with ``W`` banded within the cycle: a mixture over the group of
   products over its steps (participations never overlap in ``W``);
