@@ -274,7 +274,9 @@ def _unamplified_part(strategy, scheme) -> tuple[float, float]:
         return 0.0, 0.0
     if isinstance(strategy, ToeplitzStrategy):
         return 1e-8 * n * n, 64.0 * n
-    epochs = isinstance(scheme, (FixedOrderSampling, BallsInBinsSampling))
+    epochs = isinstance(scheme, FixedOrderSampling) or (
+        isinstance(scheme, BallsInBinsSampling) and scheme.reused_single_slot  # (else Participation(k, 1))
+    )
     if isinstance(strategy, BinaryTree):
         secs = 2.5 * (n / 4000) ** 3 if epochs else 7.5 * (n / 4000) ** 2.6
         return secs, 3 * 8.0 * rows * n
