@@ -83,7 +83,7 @@ def padded_batch_size(scheme: BallsInBinsSampling, num_examples: int, overflow_p
     depends only on the scheme and the dataset size)."""
     m, _ = _check(scheme, num_examples)
     eta = _v.probability("overflow_prob", overflow_prob)
-    lo, hi = 1, m  # overflow_probability(.., m) == 0
+    lo, hi = 1, m + 1  # overflow_probability(.., m + 1) == 0 (a neighbour has at most m + 1 examples)
     while lo < hi:
         mid = (lo + hi) // 2
         if overflow_probability(scheme, m, mid) <= eta:
