@@ -250,8 +250,10 @@ def test_n512_four_epochs_matches_jax_privacy():
     assert class_sums(res.C.T @ res.C, 4).max() == pytest.approx(1.0, abs=1e-10)
 
 
-def test_block_diagonal_newton_fallback_reaches_the_same_optimum(monkeypatch):
-    """Above _MAX_NEWTON_VARS dual variables only the diagonal Hessian blocks are used."""
+def test_newton_cg_fallback_reaches_the_same_optimum(monkeypatch):
+    """Above _MAX_NEWTON_VARS dual variables the direction comes from Newton-CG (exact Hessian-vector
+    products, diagonal Hessian blocks as preconditioner): same optimum, superlinear (not the linear
+    rate of the block-Jacobi steps it replaced)."""
     import dpmf.strategies.optimal as optimal
 
     full = optimal_multi_epoch_gram(64, 4, tol=1e-8)
@@ -261,7 +263,7 @@ def test_block_diagonal_newton_fallback_reaches_the_same_optimum(monkeypatch):
     blockm = optimal_multi_epoch_gram(momentum_workload(32), 4, constraints="orthogonal", tol=1e-7)
     assert_certificate(block, 1e-7)
     assert_certificate(blockm, 1e-7)
-    assert block.iterations > full.iterations  # linear instead of quadratic convergence
+    assert block.iterations <= full.iterations + 3
     assert block.loss == pytest.approx(full.loss, rel=2e-7)
     assert blockm.loss == pytest.approx(fullm.loss, rel=2e-7)
 
