@@ -119,6 +119,12 @@ def test_paper003_multiepoch_mf(out):
         r = rows[f"t3_gd_{z}"]
         assert r["verdict"] == "differs-explained" and -0.11 < r["ours_value"] - r["published_value"] < 0
     assert rows["t1_mf20_2000"]["verdict"] == "not reproduced"
+    # Fig. 14: the bound ratio (~6x), Monte Carlo = exact real-part MSE = Cor. J.1 / 4, the lower bound
+    # below the optimal factorization; the text's 1.2x holds only as an RMSE ratio (explained)
+    assert_reproduced(rows, ["fig14_ub_6x", "fig14_mc", "fig14_lower_bound_sound"])
+    assert rows["fig14_real_1p2"]["verdict"] == "differs-explained"
+    figures = json.loads((out / "paper003.json").read_text())["figures"]
+    assert any(f["filename"] == "paper003_fig14.png" for f in figures)
 
 
 @pytest.mark.slow

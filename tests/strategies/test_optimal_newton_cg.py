@@ -29,8 +29,9 @@ def workload(n: int, seed: int) -> np.ndarray:
 
 def primal_reference(A: np.ndarray, k: int, constraints: str = "nonneg") -> float:
     """min tr(A^T A X^-1) s.t. 1_pi^T X 1_pi <= 1 (b patterns pi_s = {s, s+b, ...}) and X >= 0
-    (Eq. 35; "orthogonal": X[i, j] >= 0 only for i != j in a common pattern, Eq. 36), by SLSQP over the lower-triangular L with X = L L^T (a primal method, independent
-    of the dual Newton iteration). Returns the loss of the final point after scaling it to exact
+    (Eq. 35; "orthogonal": X[i, j] >= 0 only for i != j in a common pattern, Eq. 36), by SLSQP
+    over the lower-triangular L with X = L L^T (a primal method, independent of the dual Newton
+    iteration). Returns the loss of the final point after scaling it to exact
     feasibility (so it is an upper bound on the optimum)."""
     n = A.shape[0]
     b = n // k
