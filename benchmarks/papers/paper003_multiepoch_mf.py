@@ -307,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> Report:
               "'the empirical noise added in Algorithm 1 closely tracks the lower bound to within a factor of 1.2x'",
               bool(r_real.max() <= 1.2),
               f"MSE ratio {r_real.max():.3f} .. {r_real.min():.3f} for {rng_txt} (n = 2000: "
-              f"{at[2000][1]:.3f}); <= 1.2 only from n = {n12 if n12 else f'> {ns[-1]}'}; the RMSE (noise standard "
+              f"{at[2000][1]:.3f}); <= 1.2 only {f'from n = {n12}' if n12 else f'beyond n = {ns[-1]}'}; the RMSE (noise standard "
               f"deviation) ratio is {np.sqrt(r_real.max()):.3f} .. {np.sqrt(r_real.min()):.3f}, <= 1.2 from "
               f"n = {int(rmse_ok.min()) if rmse_ok.size else '-'}",
               explain="in MSE units the ratio is 1.3-1.7 on realistic n (it tends to 1 only like 1/log n); the "
