@@ -8,7 +8,13 @@ the 10% of chance).
 The stdlib transformer example (``examples/stdlib_transformer.py``) likewise in its ``--fast`` mode:
 the Opacus-style ghost-mode loop with dict batches, DP-SGD / BandMF / BLT each certified at (at most)
 the target epsilon by its accountant, and every row, the private ones included, lowers the
-validation bits/byte well below the untrained model's."""
+validation bits/byte well below the untrained model's.
+
+Both run a planner or several trainings (about a minute each on an idle 2-core machine), so the
+module is ``slow`` (``python -m pytest -m slow``). Their fast versions stay in the default run:
+``test_torch_plan_flow.py`` (plan row -> ``make_private(plan=row)`` -> report -> ``verify``, on a
+12-step run) and ``test_torch_loop.py`` / ``test_torch_ghost.py`` (the Opacus-style loop, dict
+batches, ghost clipping)."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "digits_correlated_noise.py"
 TRANSFORMER_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "stdlib_transformer.py"
