@@ -231,7 +231,8 @@ def test_calibration_round_trip():
 
 # ----------------------------------------------------------------------------- dispatch
 def test_auto_takes_the_pld_accountant_for_identity_balls_in_bins():
-    strategy, scheme = Identity(32), BallsInBinsSampling(1, 32)
+    # above dispatch.AUTO_ALLOCATION_MAX_STEPS auto runs allocation_pld alone (test_auto_minimum.py)
+    strategy, scheme = Identity(80), BallsInBinsSampling(1, 80)
     r = dpmf.account(strategy, scheme, 1.0, DELTA)
     assert r.method == "allocation_pld"
     assert "allocation" in r.diagnostics["skipped_methods"]  # (tests/accounting/test_dispatch_scale.py)
