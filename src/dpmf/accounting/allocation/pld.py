@@ -320,15 +320,33 @@ def _put(eta: float, k: float) -> float:
     return max(float(k * f[0] - m[0]), 0.0)
 
 
+def _charge_bound(eta: float, k: float, direction: str) -> float:
+    """An upper bound on the level-one cut's charge: remove ``E[(X - k)_+] = M_>(k) - k F_>(k)``, add
+    ``E[(k - X)_+] = k F(k) - M(k)``, each computed from ndtr values of a few ulps' relative error,
+    so its absolute error is at most ``8 u`` times the two terms' sum (plus ``1e-9`` relative for
+    the closed forms). The bound is relative to those terms, not an absolute ``4 u``: the add charge
+    is multiplied by ``e^eps`` in delta, and an absolute ``4u`` (as before) alone exceeded
+    ``delta = 1e-12`` at ``eps ~ 10`` (sigma 0.7, t = 2 returned the unamplified epsilon)."""
+    if direction == "remove":
+        if k <= 0:
+            return (1.0 - k) * (1 + 4 * _U)
+        _, fb, _, mb = _lognormal_tables(eta, np.array([k]))
+        value, scale = float(mb[0] - k * fb[0]), float(mb[0] + k * fb[0])
+    else:
+        if k <= 0:
+            return 0.0
+        f, _, m, _ = _lognormal_tables(eta, np.array([k]))
+        value, scale = float(k * f[0] - m[0]), float(k * f[0] + m[0])
+    return max(value, 0.0) * (1 + 1e-9) + 8 * _U * scale + 1e-300
+
+
 def _level_one(eta: float, h: float, l: int, u: int, direction: str) -> tuple[_Law, float]:
     """The spread of ``X`` onto ``h * [l..u]`` (mass below/above lumped at the ends) and the charge
     (remove: ``E[(X - uh)_+]``; add: ``E[(lh - X)_+]``) per copy, in sum units."""
     x = np.arange(l, u + 1, dtype=np.float64) * h
     F, Fb, M, Mb = _lognormal_tables(eta, x)
     if u == l:
-        return _Law(l, np.array([1.0 + 4 * _U]), 1.0 + 4 * _U), (
-            _call(eta, x[0]) if direction == "remove" else _put(eta, x[0])
-        )
+        return _Law(l, np.array([1.0 + 4 * _U]), 1.0 + 4 * _U), _charge_bound(eta, x[0], direction)
     low = Fb[1:] >= F[1:]  # lower-tail differences where they are accurate
     p = np.where(low, F[1:] - F[:-1], Fb[:-1] - Fb[1:])
     # |computed - exact| of a cell's mass: the two ndtr values (a few ulps each) and the subtraction
@@ -354,11 +372,9 @@ def _level_one(eta: float, h: float, l: int, u: int, direction: str) -> tuple[_L
     # at the window's end instead (as before) cost ``~1e-14 t e^eps`` in delta: 0.06 at sigma 0.5.
     if direction == "remove":
         q[1:] += p_err
-        charge = _call(eta, x[-1])
     else:
         q[:-1] += p_err
-        charge = _put(eta, x[0])
-    return _Law(l, q, float(q.sum()) * (1 + 4 * _U * q.size)), charge * (1 + 1e-9) + 4 * _U
+    return _Law(l, q, float(q.sum()) * (1 + 4 * _U * q.size)), _charge_bound(eta, x[-1] if direction == "remove" else x[0], direction)
 
 
 def _convolve(a: _Law, b: _Law | None, extended: bool = False, tilt: float = 0.0):
@@ -624,6 +640,8 @@ def _add_epsilon(law: _Law, h: float, t: int, charge: float, delta: float) -> fl
             mid = 0.5 * (lo_ + hi_)
             lo_, hi_ = (mid, hi_) if g_at(mid) <= 0 else (lo_, mid)
         root = lo_
+    if root <= 0:  # only S = 0 meets the target on this grid: no finite bound from it
+        return math.inf
     return -math.log(root) if root < 1 else 0.0
 
 
