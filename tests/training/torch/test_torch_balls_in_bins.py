@@ -95,3 +95,18 @@ def test_make_private_trains_dp_sgd_with_fresh_slots():
     assert privacy.steps_done == 8 and sum(sizes) == 2 * 40
     want = account(Identity(8), scheme, 2.0, 1e-5)
     assert (privacy.report().method, privacy.report().epsilon) == (want.method, want.epsilon)
+
+
+def test_individual_filtering_refuses_the_variants():
+    """Individual accounting relies on past participations being determined by the current step (one
+    reused slot); the variants are refused with the reason, before any training."""
+    from types import SimpleNamespace
+
+    from dpmf.errors import UnsupportedConfigurationError
+    from dpmf.strategies import Identity
+    from dpmf.training.torch.individual import IndividualAccounting
+
+    for scheme in (BallsInBinsSampling(2, 4, fresh_slots=True), BallsInBinsSampling(2, 4, num_selected=2)):
+        privacy = SimpleNamespace(plan=SimpleNamespace(strategy=Identity(4), scheme=scheme))  # (checked first)
+        with pytest.raises(UnsupportedConfigurationError, match=f"fresh_slots={scheme.fresh_slots}.*not proved"):
+            IndividualAccounting(privacy)
