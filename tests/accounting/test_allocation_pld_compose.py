@@ -53,16 +53,27 @@ def _solve(fn) -> float:
     return optimize.brentq(lambda e: fn(e) - DELTA, 0.0, 12.0, xtol=1e-7)
 
 
+#: Tightness target against exact integration, fixed from the discretization (not from results):
+#: the grids are refined to 2e-4 relative and the composed losses sit on a 1e-3 grid, so the
+#: reported epsilon (the larger direction) must be within 1% of the exact one. A direction that
+#: cannot decide the answer (its bound is below the other direction's) is only refined until it is
+#: below it (pld_compose._ADD_REACH), so there it must be sound and below the other direction.
+EXACT_TARGET = 1.01
+
+
+def _check_against_exact(r, exact: dict) -> None:
+    got = r["epsilon_by_direction"]
+    for d in ("remove", "add"):
+        assert got[d] >= exact[d] * (1 - 1e-9), (d, got[d], exact[d])  # an upper bound in each direction
+    assert r["epsilon"] <= max(exact.values()) * EXACT_TARGET, (r["epsilon"], exact)
+    for d, other in (("remove", "add"), ("add", "remove")):
+        assert got[d] <= exact[d] * EXACT_TARGET or got[d] <= got[other], (d, got, exact)
+
+
 @pytest.mark.parametrize("t,sigma", [(2, 1.0), pytest.param(3, 1.5, marks=pytest.mark.slow)])
 def test_fresh_slots_two_epochs_match_exact_integration(t, sigma):
     r = allocation_pld_epsilon(sigma, t, DELTA, epochs=2, fresh_slots=True)
-    for d in ("remove", "add"):
-        exact = _solve(lambda e: _two_epochs_delta(d, e, t, sigma))
-        got = r["epsilon_by_direction"][d]
-        assert got >= exact * (1 - 1e-9), (d, got, exact)  # an upper bound ...
-        # ... and a tight one: measured 1.0000x (remove) and 1.016x (add, t = 2, sigma = 1: the add
-        # profile's loss window starts at -log 4 and raises the lower add losses; see the report)
-        assert got <= exact * (1.01 if d == "remove" else 1.02) + 1e-3, (d, got, exact)
+    _check_against_exact(r, {d: _solve(lambda e: _two_epochs_delta(d, e, t, sigma)) for d in ("remove", "add")})
 
 
 def _gauss_times_alloc2_delta(direction: str, eps: float, sigma: float) -> float:
@@ -95,14 +106,13 @@ def test_k_of_t_two_of_three_is_an_upper_bound_and_its_reduction_is_tight():
     sigma = 1.5
     r = allocation_pld_epsilon(sigma, 3, DELTA, num_selected=2)
     assert r["composition"] == [{"steps": 1, "copies": 1}, {"steps": 2, "copies": 1}]
+    reductions = {}
     for d in ("remove", "add"):
-        reduction = _solve(lambda e: _gauss_times_alloc2_delta(d, e, sigma))
+        reductions[d] = _solve(lambda e: _gauss_times_alloc2_delta(d, e, sigma))
         exact = _solve(lambda e: _two_of_three_delta(d, e, sigma))
-        got = r["epsilon_by_direction"][d]
-        assert exact <= reduction * (1 + 1e-6)  # the proved reduction dominates the exact pair
-        assert got >= reduction * (1 - 1e-9), (d, got, reduction)
-        if d == "remove":  # the add direction is sound but measured 9% loose here (open, see the report)
-            assert got <= reduction * 1.01 + 1e-3, (d, got, reduction)
+        assert exact <= reductions[d] * (1 + 1e-6)  # the proved reduction dominates the exact pair
+    # here the add direction decides the answer (it was 9% loose with the add window at S <= 4)
+    _check_against_exact(r, reductions)
 
 
 def test_k_equal_t_is_the_gaussian_mechanism_composed():

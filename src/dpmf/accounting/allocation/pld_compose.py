@@ -86,6 +86,11 @@ _U = 2.0**-53
 _BUDGET = 1e-3
 #: Loss spacings tried (the smaller epsilon is kept; each is a sound bound).
 _LOSS_STEPS = (4e-3, 1e-3)
+#: The add profile's window reaches S = add_reach (loss -log add_reach); the wider one is computed
+#: only when the narrow one's add epsilon exceeds the remove epsilon (it then decides the answer).
+#: Measured against exact integration: 4 -> 1.016x (two fresh epochs, t = 2, sigma 1) and 1.093x
+#: (2-of-3, sigma 1.5); 16 -> 1.00008x (2-of-3); 64 -> 1.00001x at ~6-13x the time (16: ~4x).
+_ADD_REACH = (4, 16)
 
 
 def split_k_of_t(steps: int, num_selected: int) -> list[tuple[int, int]]:
@@ -102,7 +107,8 @@ def split_k_of_t(steps: int, num_selected: int) -> list[tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------- one copy
-def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_tol: float, max_points: int):
+def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_tol: float, max_points: int,
+                    add_reach: int = 4):
     """``(gammas, d)``: an upper bound on one copy's hockey-stick curve at ``gamma_j`` (step a),
     as a callable on arrays of ``gamma``."""
     if t == 1:  # the Gaussian mechanism at sigma = 1/sqrt(eta), both directions alike (closed form)
@@ -123,8 +129,10 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
         cap = int(math.ceil(t * math.exp(eps_hi) * (1 + _pld._CAP_MARGIN) / h))
         plan = _pld._Plan("remove", t, h, cap, _pld._CUT_BUDGET * delta_small, 1.0, target=math.exp(eps_hi))
     else:
-        # the add loss log(1/S) down to -log 4 (lower losses are raised: pessimistic; tightness only)
-        cap = int(math.ceil(t / h)) * 4 + 1
+        # the add loss log(1/S) down to -log(add_reach): lower losses are raised (pessimistic; tightness
+        # only). At add_reach = 4 this cost 1.6% (two fresh epochs, t = 2) and 9% (2-of-3) against exact
+        # integration: the Q-mass of S > 4 is small, but composing moves it into the answer's region.
+        cap = int(math.ceil(t / h)) * add_reach + 1
         plan = _pld._Plan("add", t, h, cap, _pld._CUT_BUDGET * delta_small, math.exp(eps_hi),
                           target=math.exp(-eps_hi))
     law, charge, _ = _pld._sum_law(plan, eta)
@@ -286,15 +294,17 @@ def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, 
     _pld = grid
     total = sum(c for _, c in parts)
     by_dir, detail = {}, {}
-    for direction in ("remove", "add"):
-        best = math.inf
-        tries = []
+    for direction, reach in (("remove", 0), ("add", _ADD_REACH[0]), ("add", _ADD_REACH[1])):
+        if reach == _ADD_REACH[1] and by_dir["add"] <= by_dir["remove"]:
+            break  # the add bound cannot decide the max: no need for the wider (costlier) window
+        best = by_dir.get(direction, math.inf)
+        tries = detail.get(direction, [])
         for step in _LOSS_STEPS:
             budget = _BUDGET * delta / (4 * max(1, math.ceil(math.log2(total + 1))) * len(parts) + 4)
             law_all, inf_all = None, 0.0
             eps_guess = None
             for m, copies in parts:
-                d, lo, hi = _profile_points(direction, eta, m, budget, rel_tol, max_points)
+                d, lo, hi = _profile_points(direction, eta, m, budget, rel_tol, max_points, add_reach=reach or 4)
                 law, p_inf = _connect_the_dots(d, lo, hi, step)
                 law, cut = _trim(law, budget)
                 p_inf = min(p_inf + cut, 1.0)
@@ -308,7 +318,8 @@ def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, 
                     law_all, cut = _conv(law_all, comp, tilt, budget)
                     inf_all = min(inf_all + c_inf + cut, 1.0)
             eps = _query(law_all, inf_all, step, delta)
-            tries.append({"loss_step": step, "points": int(law_all.p.size), "epsilon": eps})
+            tries.append({"loss_step": step, "points": int(law_all.p.size), "epsilon": eps,
+                          **({"add_reach": reach} if direction == "add" else {})})
             best = min(best, eps)
         by_dir[direction] = best
         detail[direction] = tries
