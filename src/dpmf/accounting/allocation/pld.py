@@ -47,9 +47,14 @@ it is not a bound for reused slots and is not used.)
    (the worst-case error of an FFT convolution, Higham, *Accuracy and Stability*, Thm 24.2, with
    margin), so kept masses are never below the exact convolution's. That allowance is multiplied
    by the number of copies of a partial sum, so partial sums used ``>= 64`` times are convolved in
-   long double (``u = 2^-64`` on x86-64, about 4x the time), the others in float64. The level-one
-   split is nudged to the pessimistic side by its rounding bound; the exact lumps are summed with
-   a relative allowance of ``4 n u``. *Caveat (stated, not proved here):* Higham's bound holds for
+   long double (``u = 2^-64`` on x86-64, about 4x the time), the others in float64. Convolutions
+   of at most ``2^26`` products are instead summed directly, with a *relative* allowance
+   (``gamma_m`` of a dot product of ``m`` non-negative terms), which keeps the far tail exact
+   enough at ``delta = 1e-12`` and ``sigma = 0.5``. The level-one split is nudged to the
+   pessimistic side by its rounding bound, and the mass a cell may lose to rounding is added at
+   that cell's worst end (not lumped at the window's end, where ``t e^eps`` magnified it); the
+   level-one charge carries a rounding allowance relative to its two terms; the exact lumps are
+   summed with a relative allowance of ``4 n u``. *Caveat (stated, not proved here):* Higham's bound holds for
    a radix-2 Cooley-Tukey FFT whose twiddle factors are computed to ``O(u)``; SciPy's pocketfft is
    assumed to meet it (its measured errors are about 1000x below the allowance).
 5. *Query.* ``E[(S - a)_+]`` and ``E[(b - S)_+]`` of the grid law are piecewise linear in ``a`` and
