@@ -101,7 +101,7 @@ def scheme_from_dict(d: Mapping):
 
     >>> from dpmf.sampling import CyclicPoissonSampling
     >>> scheme_from_dict({"name": "cyclic-poisson", "sampling_prob": 0.1, "steps": 20, "cycle_length": 4})
-    CyclicPoissonSampling(sampling_prob=0.1, steps=20, cycle_length=4, partition='equal')
+    CyclicPoissonSampling(sampling_prob=0.1, steps=20, cycle_length=4, partition='equal', max_batch_size=None, dataset_size=None)
     >>> scheme_from_dict({"name": "b-min-sep", "sampling_prob": 0.1, "steps": 20, "min_sep": 0})
     Traceback (most recent call last):
     ...
