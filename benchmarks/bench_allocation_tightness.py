@@ -146,8 +146,13 @@ def _load_cache(use: bool) -> dict:
 
 
 def _save_cache(cache: dict) -> None:
+    """Merge into the file's current content (another run may have added entries meanwhile)."""
     CACHE.parent.mkdir(parents=True, exist_ok=True)
-    CACHE.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    merged = {**_load_cache(True), **cache}
+    cache.update(merged)
+    tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
+    tmp.replace(CACHE)
 
 
 def _peer(cache: dict, which: str, sigma: float, t: int, delta: float, timeout: float) -> dict:

@@ -18,6 +18,7 @@ from typing import Callable
 from dpmf import validation as _v
 from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, truncated, unamplified
 from dpmf.accounting.allocation import pld as allocation_pld
+from dpmf.accounting.cost import AUTO_ALLOCATION_MAX_STEPS  # (defined there: cost.py decides what auto runs too)
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -206,13 +207,6 @@ def _check_common(strategy, scheme, delta: float) -> float:
     return delta
 
 
-#: ``method="auto"`` runs the Renyi/conditional allocation accountant for the identity (DP-SGD)
-#: under balls-in-bins only up to this many steps (``scheme.steps``); above, it runs
-#: ``allocation_pld`` alone. Measured (sigma 1, delta 1e-5, one epoch, 2 loaded cores): t = 100:
-#: allocation 13.8 s (eps 1.166) vs allocation_pld 4.6 s (0.621); t = 1000: 67 s (0.678) vs 1.6 s
-#: (0.139); t = 10^4: 161 s (0.531) vs 17 s (0.0373). Below it ``auto`` is the minimum over every
-#: applicable accountant (tests/accounting/test_auto_minimum.py).
-AUTO_ALLOCATION_MAX_STEPS = 64
 
 
 def _cannot_win(strategy, scheme, names: set[str]) -> dict[str, str]:
