@@ -16,6 +16,7 @@ would be optimistic), and the time ratio ``peer s / dpmf s``.
     python benchmarks/bench_allocation_tightness.py --fast            # 4 points, a few minutes
     nice -n 10 python benchmarks/bench_allocation_tightness.py        # the whole grid (100 points)
     python benchmarks/bench_allocation_tightness.py --memory          # peak RSS at t = 10^4, 10^5
+    python benchmarks/bench_allocation_tightness.py --cached-only --markdown   # dpmf now, peers cached
 
 Every peer call runs in its own child process (after a small warm-up call, so numba compilation is
 not timed) under ``--peer-timeout`` seconds; a peer that does not finish is reported as such, not
@@ -155,9 +156,11 @@ def _save_cache(cache: dict) -> None:
     tmp.replace(CACHE)
 
 
-def _peer(cache: dict, which: str, sigma: float, t: int, delta: float, timeout: float) -> dict:
+def _peer(cache: dict, which: str, sigma: float, t: int, delta: float, timeout: float, cached_only=False) -> dict:
     key = f"{which}|{sigma!r}|{t}|{delta!r}"
     hit = cache.get(key)
+    if cached_only:
+        return hit if hit is not None else {"error": "not run"}
     # a cached timeout is retried only with a longer timeout
     if hit is not None and not ("error" in hit and hit["error"].startswith("timeout") and hit.get("timeout", 0) < timeout):
         return hit
@@ -173,7 +176,7 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
     return "-" if x is None or not math.isfinite(x) else format(x, spec)
 
 
-def run_grid(points, timeout: float, use_cache: bool, peers: tuple[str, ...]) -> list[dict]:
+def run_grid(points, timeout: float, use_cache: bool, peers: tuple[str, ...], cached_only: bool = False) -> list[dict]:
     cache = _load_cache(use_cache)
     rows = []
     header = ("sigma", "t", "delta", "dpmf eps", "PLD [lower, upper]", "RA upper", "dpmf/best up",
@@ -183,8 +186,10 @@ def run_grid(points, timeout: float, use_cache: bool, peers: tuple[str, ...]) ->
         start = time.perf_counter()
         ours = _dpmf_run(sigma, t, delta)
         dpmf_s = time.perf_counter() - start
-        pld = _peer(cache, "pld_accounting", sigma, t, delta, timeout) if "pld_accounting" in peers else {"error": "skipped"}
-        ra = _peer(cache, "random_allocation", sigma, t, delta, timeout) if "random_allocation" in peers else {"error": "skipped"}
+        pld = (_peer(cache, "pld_accounting", sigma, t, delta, timeout, cached_only) if "pld_accounting" in peers
+               else {"error": "skipped"})
+        ra = (_peer(cache, "random_allocation", sigma, t, delta, timeout, cached_only) if "random_allocation" in peers
+              else {"error": "skipped"})
         eps = ours["epsilon"]
         up = lo = ra_up = None
         if "value" in pld:
@@ -276,6 +281,7 @@ def main(argv=None) -> int:
     ap.add_argument("--memory", action="store_true", help="peak RSS of dpmf at t = 10^4 and 10^5 (no peers)")
     ap.add_argument("--peer-timeout", type=float, default=600.0, help="seconds per peer call (default 600)")
     ap.add_argument("--no-cache", action="store_true", help="recompute the peers")
+    ap.add_argument("--cached-only", action="store_true", help="peers from the cache only (no new peer calls)")
     ap.add_argument("--peers", default="pld_accounting,random_allocation", help="comma-separated peers to run")
     ap.add_argument("--sigmas", help="comma-separated subset of the grid's sigmas")
     ap.add_argument("--steps", help="comma-separated subset of the grid's t")
@@ -298,7 +304,7 @@ def main(argv=None) -> int:
         stp = [int(x) for x in args.steps.split(",")] if args.steps else STEPS
         dl = [float(x) for x in args.deltas.split(",")] if args.deltas else DELTAS
         points = [(s, t, d) for t in stp for s in sig for d in dl]
-    rows = run_grid(points, args.peer_timeout, not args.no_cache, tuple(args.peers.split(",")))
+    rows = run_grid(points, args.peer_timeout, not args.no_cache, tuple(args.peers.split(",")), args.cached_only)
     print(summary(rows))
     if args.markdown:
         print(markdown(rows))
