@@ -108,6 +108,17 @@ SLOW = {
 } - {
     ("calibrate_montecarlo", "identity", "min-sep")
 }
+#: allocation_pld for a correlated C evaluates the spectral-groups family at every noise the search
+#: tries (25-80 s per calibration on an idle 2-core machine): bsr stays in the default run, the other
+#: correlated strategies run in the slow suite
+SLOW |= {
+    (f, s, p)
+    for f in ("calibrate_allocation_pld", "account_allocation_pld")
+    for s in STRATEGIES
+    for p in SCHEMES
+    if s not in ("identity", "bsr") and p.startswith("balls-in-bins")
+    and dpmf.accounting.valid_methods(STRATEGIES[s], SCHEMES[p])["allocation_pld"] is None
+}
 MATRIX = [
     pytest.param(f, s, p, marks=[pytest.mark.slow] if (f, s, p) in SLOW else [])
     for f in sorted(FUNCTIONS)

@@ -331,6 +331,14 @@ def test_interrupted_mmcc_account_says_how_to_resume(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ silent traps
+def test_max_batch_size_without_dataset_size_is_refused():
+    """Truncated Poisson is accounted only with the dataset size; without it the CLI would fall back to
+    the unamplified bound silently."""
+    res = invoke(["account", "--sampling", "poisson", "--sampling-prob", "0.01", "--steps", "30",
+                  "--noise-multiplier", "1", "--delta", "1e-6", "--max-batch-size", "10"])
+    one_line_error(res, "--max-batch-size with --sampling poisson needs --dataset-size")
+
+
 @pytest.mark.parametrize(
     "extra,flag",
     [
@@ -338,7 +346,6 @@ def test_interrupted_mmcc_account_says_how_to_resume(tmp_path, monkeypatch):
         (["--min-sep", "4"], "--min-sep"),
         (["--bands", "4"], "--bands"),
         (["--warm-start"], "--warm-start"),
-        (["--max-batch-size", "10"], "--max-batch-size"),
     ],
 )
 def test_options_the_configuration_ignores_are_refused(extra, flag):

@@ -70,6 +70,7 @@ EXPECTED_MEMORY_ROWS = {
     "banded": BANDS - 1,
     "bsr": BANDS - 1,
     "bisr": BANDS - 1,  # exact banded inverse
+    "band-inv": BANDS - 1,  # banded inverse: the last bands - 1 draws
     "blt": 2,  # 2 buffers
     "optimal": N - 1,
     "fft": N,  # pre-generated

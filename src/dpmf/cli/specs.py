@@ -99,6 +99,10 @@ def build_scheme(
         return MinSepSampling(_need(sampling_prob, "--sampling-prob", sampling), steps, b, **kw)
     q = _need(sampling_prob, "--sampling-prob", sampling)
     trunc = {"max_batch_size": max_batch_size, "dataset_size": dataset_size}  # truncated (padded) batches
+    if max_batch_size is not None and dataset_size is None:  # else only the unamplified bound would apply, silently
+        raise InvalidParameterError(
+            f"--max-batch-size with --sampling {sampling.value} needs --dataset-size (the number of examples: "
+            "the truncation analysis depends on it)")
     if sampling is SamplingName.cyclic_poisson:
         return CyclicPoissonSampling(q, steps, _need(min_sep, "--min-sep", sampling), partition=partition, **trunc)
     return PoissonSampling(q, steps, **trunc)
