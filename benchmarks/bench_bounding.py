@@ -5,8 +5,8 @@ Zipf-like popularity (a few users own thousands of examples), ~10^6 edges, seed 
 
 * ``greedy_k1_1e6``: the user bound ``k_u = 1``. Peer: jax_privacy's GitHub
   ``greedy_contribution_bound`` (``jax_privacy/_multi_owner.py``, snapshot 8967688; not in the
-  2.0.0 release: loaded from a checkout named by ``JAX_PRIVACY_SRC`` or the git mirror
-  ``/work/.mirror/google-deepmind+jax_privacy/repo``), a round-based vectorized greedy for ``k = 1``
+  2.0.0 release: loaded from a checkout named by ``JAX_PRIVACY_SRC`` or a bare git
+  repository of it named by ``JAX_PRIVACY_GIT``), a round-based vectorized greedy for ``k = 1``
   (priority: number of users, then example id), with its ``MultiOwnerGraph`` built from the edges.
   dpmf: ``attribution_from_edges`` + ``bound_contributions(k_u=1, seed=0)`` (ties in a random
   order). Agreement: both keep at most one example per user; dpmf's greedy run on the peer's order
@@ -36,7 +36,6 @@ from case import Case
 from dpmf.sampling import attribution_from_edges, bound_contributions
 from dpmf.sampling.bounding import _greedy
 
-MIRROR = Path("/work/.mirror/google-deepmind+jax_privacy/repo")
 
 
 def make_graph(num_examples: int, num_users: int, seed: int = 0):
@@ -56,7 +55,11 @@ def _peer_source(name: str) -> str:
     root = os.environ.get("JAX_PRIVACY_SRC")
     if root:
         return (Path(root) / "jax_privacy" / name).read_text()
-    return subprocess.run(["git", "-C", str(MIRROR), "show", f"HEAD:jax_privacy/{name}"], check=True,
+    git_dir = os.environ.get("JAX_PRIVACY_GIT")
+    if not git_dir:
+        raise SystemExit("set JAX_PRIVACY_SRC to a jax_privacy checkout (GitHub, not the 2.0.0 release) "
+                         "or JAX_PRIVACY_GIT to a git repository of it")
+    return subprocess.run(["git", "-C", git_dir, "show", f"HEAD:jax_privacy/{name}"], check=True,
                           capture_output=True, text=True).stdout
 
 
