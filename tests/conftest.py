@@ -1,6 +1,15 @@
 """Test-suite-wide fixtures."""
 
+import os
+
 import pytest
+
+# The CLI's console takes its width from $COLUMNS when set (120 columns into a pipe otherwise), and
+# pytest-xdist's workers inherit COLUMNS=80 / LINES=24 from execnet: the tests that read CLI output
+# are written for the pipe's width, so the suite runs the same with and without workers (a test of
+# a narrow terminal sets COLUMNS itself). Popped before any test imports dpmf.cli.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 @pytest.fixture(autouse=True)
