@@ -61,6 +61,25 @@ def _check_bands(n: object, bands: object) -> tuple[int, int]:
     return n, bands
 
 
+def _check_epochs(n: int, epochs: object) -> int:
+    """``epochs`` as an integer in ``[1, n]`` (participations ``n // epochs`` apart)."""
+    epochs = _v.positive_int("epochs", epochs)
+    if epochs > n:
+        raise InvalidParameterError(f"epochs must be an integer in [1, n={n}], got {epochs}")
+    return epochs
+
+
+def _check_series(name: str, coefs: object, n: int, why: str) -> np.ndarray:
+    """Finite coefficients of a power series truncated at ``n`` (at most ``n`` of them) whose
+    constant term is nonzero (``why`` says what for, in the error message)."""
+    c = _v.finite_array(name, coefs)
+    if c.size > n:
+        raise InvalidParameterError(f"{name} must have at most n={n} entries, got {c.size}")
+    if c[0] == 0:
+        raise InvalidParameterError(f"{name}[0] must be nonzero {why}, got 0.0")
+    return c
+
+
 def inverse_sqrt_coefficients(m: int) -> np.ndarray:
     """The first ``m`` coefficients of ``(1 - x)^{1/2}``: ``1, -1/2, -1/8, -1/16, ...``
 
@@ -140,11 +159,7 @@ def prefix_sum_loss_and_grad(coefs: object, n: int) -> tuple[float, np.ndarray]:
     """:func:`prefix_sum_loss` and its gradient with respect to ``coefs`` (``O(n log n)`` after
     computing ``C^{-1}``, which is ``O(n * len(coefs))`` or ``O(n log n)``)."""
     n = _v.positive_int("n", n)
-    c = _v.finite_array("coefs", coefs)
-    if c.size > n:
-        raise InvalidParameterError(f"coefs must have at most n={n} entries, got {c.size}")
-    if c[0] == 0:
-        raise InvalidParameterError("coefs[0] must be nonzero for C to be invertible, got 0.0")
+    c = _check_series("coefs", coefs, n, "for C to be invertible")
     weights = np.arange(n, 0, -1, dtype=np.float64) / n
     return _loss_and_grad(c, n, weights)
 
@@ -178,9 +193,7 @@ def optimize_banded_toeplitz(
     values.
     """
     n, bands = _check_bands(n, bands)
-    epochs = _v.positive_int("epochs", epochs)
-    if epochs > n:
-        raise InvalidParameterError(f"epochs must be an integer in [1, n={n}], got {epochs}")
+    _check_epochs(n, epochs)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)
     weights = np.arange(n, 0, -1, dtype=np.float64) / n
