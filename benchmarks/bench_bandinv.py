@@ -10,7 +10,9 @@
   on top of the installed 2.0.0 package (its sibling modules); without it the peer raises.
 * dpmf: ``dpmf.strategies.optimize_banded_inverse_toeplitz(n, bands, k, schema=...)`` (unconstrained
   signs, like the peer), for the fixed-epoch schema (its default, the schema the BLT optimizer uses
-  and random allocation reuses) and for b-min-sep (``schema="min-sep"``: the peer's objective).
+  and random allocation reuses) and for b-min-sep (``schema="min-sep"``: the peer's majorant
+  objective, whose optimum dpmf then compares with the fixed-epoch optimum and a majorant run from it
+  by the sensitivity the strategy reports -- the scoring below -- and returns the best).
 * agreement: both results are turned into dpmf ``BandInvStrategy`` objects from their noising
   coefficients and scored the same way: RMSE of the ``n`` prefix sums per unit noise multiplier at
   sensitivity 1, with dpmf's sound sensitivity (:meth:`BandInvStrategy.sensitivity_result`) under
