@@ -232,3 +232,19 @@ def test_combined_allocation_never_above_the_gaussian_mechanism():
     raw = max(min(r.diagnostics[k]["epsilon_by_direction"][d] for k in ("renyi", "conditional")) for d in ("remove", "add"))
     assert ("gaussian_cap" in r.diagnostics) == (raw > gauss)
     assert r.epsilon == pytest.approx(min(raw, gauss), rel=1e-12)
+
+
+def test_members_that_cannot_win_are_skipped_and_the_answer_is_unchanged():
+    """A member whose closed-form lower bound exceeds the best epsilon so far is skipped (its row says
+    so); computing every member gives the same minimum."""
+    from dpmf.accounting.allocation import correlated
+
+    strategy, scheme = dpmf.strategies.BLT([0.9, 0.4], [0.3, 0.2]).to_toeplitz(8), BallsInBinsSampling(1, 8)
+    reductions = correlated.strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
+    out = correlated.reduced_epsilon(reductions, 0.52, 1e-3, allocation_pld_epsilon)
+    skipped = [r for r in out["reductions"] if r["epsilon"] is None]
+    assert skipped and all("skipped" in r for r in skipped)
+    every = [allocation_pld_epsilon(0.52 / math.sqrt(s), n, 1e-3)["epsilon"] for _, n, s in reductions.candidates()]
+    assert out["epsilon"] == min(every)
+    for r in skipped:  # each skipped member really is above the answer
+        assert allocation_pld_epsilon(0.52 / math.sqrt(r["noise_scale_sq"]), r["slots"], 1e-3)["epsilon"] > out["epsilon"]

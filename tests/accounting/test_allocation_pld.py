@@ -288,3 +288,35 @@ def test_small_delta_small_sigma_within_the_peer_bounds_t10():
     lower, upper = 13.3152, 13.3477
     eps = allocation_pld_epsilon(0.5, 10, 1e-12)["epsilon"]
     assert lower <= eps <= 1.05 * upper, eps
+
+
+# ----------------------------------------------------------------------------- the closed-form lower bound
+@pytest.mark.parametrize("t", [1, 2, 3])
+@pytest.mark.parametrize("sigma", [0.4, 0.8, 2.0])
+def test_pair_lower_bound_is_below_the_exact_epsilon_and_not_trivial(t, sigma):
+    """``identity_pair_epsilon_lower_bound`` (used to skip members that cannot win) is below the exact
+    remove epsilon (quadrature oracle) and, at small noise where it matters, within 25% of it."""
+    from dpmf.accounting.allocation.correlated import identity_pair_epsilon_lower_bound
+
+    exact = _brute_epsilon("remove", t, sigma)
+    lb = identity_pair_epsilon_lower_bound(sigma, t, DELTA)
+    assert lb <= exact, (lb, exact)
+    if sigma <= 0.8:
+        assert lb >= 0.75 * exact, (lb, exact)
+    if t == 1:
+        assert lb == pytest.approx(exact, rel=1e-5)
+
+
+@pytest.mark.parametrize("sigma, t, delta", [(0.23, 8, 1e-3), (0.371, 2, 1e-3), (0.5, 2, 1e-10), (0.5, 3, 1e-12)])
+def test_small_noise_windows_stay_within_max_points(sigma, t, delta):
+    """At small noise the add direction's answer sits at its window's end; reaching further used to
+    jump to the whole range at the finest grid (windows of 1.1e7 points, 15-47 s for one epsilon).
+    Every level's window now stays within ``max_points``, and the epsilon is the remove direction's
+    (the add bound is below it, so it cannot decide the max) and never below the lower bound."""
+    from dpmf.accounting.allocation.correlated import identity_pair_epsilon_lower_bound
+
+    out = allocation_pld_epsilon(sigma, t, delta)
+    widths = [lvl["points"] for levels in out["refinements"].values() for lvl in levels]
+    assert max(widths) <= ap.DEFAULT_MAX_POINTS, widths
+    assert out["epsilon"] == out["epsilon_by_direction"]["remove"] >= out["epsilon_by_direction"]["add"]
+    assert out["epsilon"] >= identity_pair_epsilon_lower_bound(sigma, t, delta)

@@ -679,9 +679,12 @@ def _refine(direction, eta, t, delta, eps_gauss, rel_tol, max_points, enough=-1.
     est = None  # the previous level's epsilon aims the next level's FFT tilt (the pilot is untilted)
     while True:
         eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo, est)
-        if direction == "add" and eps_lo > 0 and eps <= eps_lo * (1 + 1e-3):
-            # the answer sits at the window's end, where the cut is not exact: reach further
-            eps_lo = 0.0
+        while direction == "add" and eps_lo > 0 and eps <= eps_lo * (1 + 1e-3) and eps > enough:
+            # the answer sits at the window's end, where the cut is not exact (lowering the mass
+            # above it is free, so ``eps`` is still a bound, only maybe a loose one): reach further,
+            # in steps (the window grows like e^{-eps_lo}; jumping to eps_lo = 0 at a fine grid made
+            # windows of 10^7 points at small sigma). Once ``eps <= enough`` it cannot decide the max.
+            eps_lo = 0.8 * eps_lo if eps_lo > 0.5 else 0.0
             eps, width = _direction_pass(direction, eta, t, delta, h, best, eps_lo, est)
         best = min(best, eps)
         est = best if math.isfinite(best) else None
