@@ -272,16 +272,16 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
     costs seconds each (a calibration's probe at sigma 0.52 for a BLT of 8 steps took 86 s)."""
     rows, best = [], None
     members = []
-    for label, slots, scale_sq in reductions.candidates():
+    for i, (label, slots, scale_sq) in enumerate(reductions.candidates()):
         sigma = noise_multiplier / math.sqrt(scale_sq)
-        members.append((identity_pair_epsilon_lower_bound(sigma, slots, delta), label, slots, scale_sq, sigma))
-    for lb, label, slots, scale_sq, sigma in sorted(members, key=lambda m: m[0]):
-        row = {"bound": label, "slots": slots, "noise_scale_sq": scale_sq}
+        members.append((identity_pair_epsilon_lower_bound(sigma, slots, delta), i, label, slots, scale_sq, sigma))
+        rows.append({"bound": label, "slots": slots, "noise_scale_sq": scale_sq})  # (candidates' order)
+    for lb, i, label, slots, scale_sq, sigma in sorted(members, key=lambda m: m[:2]):
         if best is not None and lb > best[1]["epsilon"]:
-            rows.append({**row, "epsilon": None, "skipped": f"its epsilon is >= {lb:.6g} > {best[1]['epsilon']:.6g}"})
+            rows[i].update({"epsilon": None, "skipped": f"its epsilon is >= {lb:.6g} > {best[1]['epsilon']:.6g}"})
             continue
         out = allocation_pld_epsilon(sigma, slots, delta, **pld_options)
-        rows.append({**row, "epsilon": out["epsilon"]})
+        rows[i]["epsilon"] = out["epsilon"]
         if best is None or out["epsilon"] < best[1]["epsilon"]:
             best = (label, out)
     label, out = best
