@@ -231,11 +231,11 @@ def test_calibration_round_trip():
 
 # ----------------------------------------------------------------------------- dispatch
 def test_auto_takes_the_pld_accountant_for_identity_balls_in_bins():
-    # above dispatch.AUTO_ALLOCATION_MAX_STEPS auto runs allocation_pld alone (test_auto_minimum.py)
+    # auto runs the Renyi/conditional accountant too, at any size (tests/accounting/test_auto_minimum.py)
     strategy, scheme = Identity(80), BallsInBinsSampling(1, 80)
     r = dpmf.account(strategy, scheme, 1.0, DELTA)
     assert r.method == "allocation_pld"
-    assert "allocation" in r.diagnostics["skipped_methods"]  # (tests/accounting/test_dispatch_scale.py)
+    assert "allocation" in r.diagnostics["all_methods"]
     assert r.epsilon == account_allocation_pld(strategy, scheme, 1.0, DELTA).epsilon
 
 

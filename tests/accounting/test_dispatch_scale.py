@@ -37,34 +37,46 @@ def test_skipping_mmcc_does_not_change_the_result_on_a_small_case():
     assert auto.epsilon <= mmcc.epsilon * (1 + 1e-9)  # MMCC on the identity is DP-SGD: never tighter
 
 
-@pytest.mark.parametrize("t, epochs, sigma", [(4, 1, 0.5), (8, 1, 0.8), (16, 2, 1.0), (48, 1, 2.0)])
-def test_skipping_the_renyi_allocation_bound_does_not_change_the_result_on_small_cases(t, epochs, sigma):
-    # above dispatch.AUTO_ALLOCATION_MAX_STEPS auto runs only allocation_pld for the identity under
-    # random allocation; the Renyi/conditional accountant must not give a smaller epsilon beyond
-    # allocation_pld's own discretization tolerance (its grid is refined until two levels agree to
-    # 2e-4). At these small sizes auto runs both, so it is at most either.
+@pytest.mark.parametrize("t, epochs, sigma", [(4, 1, 0.5), (8, 1, 0.8), (16, 2, 1.0), (48, 1, 2.0), (300, 1, 1.3)])
+def test_auto_runs_both_allocation_accountants_for_the_identity(t, epochs, sigma):
+    # auto runs allocation_pld and the Renyi/conditional accountant at every size (the fast paths of
+    # allocation/identity.py) and reports the smaller
     scheme = dpmf.sampling.BallsInBinsSampling(epochs, t * epochs)
     auto = dpmf.account(Identity(t * epochs), scheme, sigma, 1e-5)
     assert "allocation" not in auto.diagnostics.get("skipped_methods", {})
+    assert set(auto.diagnostics["all_methods"]) >= {"allocation_pld", "allocation"}
     pld = dpmf.account(Identity(t * epochs), scheme, sigma, 1e-5, method="allocation_pld")
     renyi = dpmf.account(Identity(t * epochs), scheme, sigma, 1e-5, method="allocation")
-    assert pld.epsilon <= renyi.epsilon * (1 + 1e-3)
     assert auto.epsilon <= min(pld.epsilon, renyi.epsilon) * (1 + 1e-12)
 
 
-def test_auto_never_runs_the_slow_allocation_bounds_for_the_identity(monkeypatch):
+def _auto_at_scale(n, monkeypatch):
     from dpmf.accounting import dispatch
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the Renyi/conditional allocation accountant ran")
+    ran = []
+    m = dispatch.METHODS["allocation"]
 
-    monkeypatch.setitem(dispatch.METHODS, "allocation", dataclasses.replace(dispatch.METHODS["allocation"], run=refuse))
-    n = 10_000
+    def spy(*args, **kwargs):
+        ran.append(args[2])
+        return m.run(*args, **kwargs)
+
+    monkeypatch.setitem(dispatch.METHODS, "allocation", dataclasses.replace(m, run=spy))
     scheme = dpmf.sampling.BallsInBinsSampling(1, n)
-    assert dpmf.account(Identity(n), scheme, 1.0, 1e-6).method == "allocation_pld"
+    report = dpmf.account(Identity(n), scheme, 1.0, 1e-6)
+    assert ran and set(report.diagnostics["all_methods"]) >= {"allocation_pld", "allocation"}
+    assert "skipped_methods" not in report.diagnostics
     cal = dpmf.calibrate(Identity(n), scheme, 1.0, 1e-6)
-    assert cal.report.method == "allocation_pld" and cal.report.epsilon <= 1.0
-    assert "allocation" in cal.report.diagnostics["skipped_methods"]
+    assert cal.report.epsilon <= 1.0 and "skipped_methods" not in cal.report.diagnostics
+    return report
+
+
+def test_auto_runs_the_allocation_bounds_for_the_identity_without_building_it(no_dense_identity, monkeypatch):
+    _auto_at_scale(2000, monkeypatch)
+
+
+@pytest.mark.slow
+def test_auto_runs_the_allocation_bounds_for_the_identity_at_10k_steps(no_dense_identity, monkeypatch):
+    _auto_at_scale(10_000, monkeypatch)
 
 
 def test_a_calibration_probe_skips_diagnostics_only_work(monkeypatch):

@@ -294,10 +294,15 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
     a few ``b x b`` arrays plus work blocks of ~100 MB at most."""
     from dpmf.accounting.allocation.accountant import DEFAULT_CONDITIONAL_BUDGET
     from dpmf.accounting.allocation.conditional import conditional_cost
+    from dpmf.accounting.allocation.identity import identity_conditional_cost
+    from dpmf.strategies.identity import Identity
 
     n = int(strategy.n)
     epochs = int(getattr(scheme, "epochs", 1))
     per_epoch = max(n // max(epochs, 1), 1)
+    if isinstance(strategy, Identity) and getattr(scheme, "reused_single_slot", False):
+        # C = I: one epoch of b = per_epoch steps (the epochs reduction), O(b) arrays, nothing b x b
+        return 0.05 + identity_conditional_cost(per_epoch), 64 * 8.0 * per_epoch + 5e7
     conditional = min(DEFAULT_CONDITIONAL_BUDGET, conditional_cost(per_epoch, n))
     return 0.5 + 6e-4 * n * epochs / 10 + conditional, 6 * 8.0 * per_epoch * per_epoch + 1e8
 
@@ -318,15 +323,6 @@ def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
     return secs, 8.0 * n * max(width, 1) * 4 + 8.0 * 10_000 * n
 
 
-#: ``method="auto"`` runs the Renyi/conditional allocation accountant for the identity (DP-SGD)
-#: under balls-in-bins only up to this many steps (``scheme.steps``); above, it runs
-#: ``allocation_pld`` alone. Measured (sigma 1, delta 1e-5, one epoch, 2 loaded cores): t = 100:
-#: allocation 13.8 s (eps 1.166) vs allocation_pld 4.6 s (0.621); t = 1000: 67 s (0.678) vs 1.6 s
-#: (0.139); t = 10^4: 161 s (0.531) vs 17 s (0.0373). Below it ``auto`` is the minimum over every
-#: applicable accountant (tests/accounting/test_auto_minimum.py).
-AUTO_ALLOCATION_MAX_STEPS = 64
-
-
 def _methods(strategy, scheme, method: str) -> list[str]:
     """What ``dpmf.account(..., method)`` would run, decided from types only (as the dispatcher
     does, without building matrices): for ``"auto"`` every method that may be valid."""
@@ -341,8 +337,8 @@ def _methods(strategy, scheme, method: str) -> list[str]:
     elif isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
         out.append("mmcc")
     if isinstance(scheme, BallsInBinsSampling) and isinstance(strategy, Identity):
-        out.append("allocation_pld")  # (auto skips the Renyi/conditional bounds above the threshold)
-        if scheme.reused_single_slot and scheme.steps <= AUTO_ALLOCATION_MAX_STEPS:
+        out.append("allocation_pld")
+        if scheme.reused_single_slot:  # (fast paths for C = I at any size: allocation/identity.py)
             out.append("allocation")
     elif isinstance(scheme, BallsInBinsSampling) and not scheme.reused_single_slot:
         pass  # (k of t / fresh slots with a correlated C: only the unamplified bound is proved)

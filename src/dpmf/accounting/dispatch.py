@@ -18,7 +18,6 @@ from typing import Callable
 from dpmf import validation as _v
 from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, truncated, unamplified
 from dpmf.accounting.allocation import pld as allocation_pld
-from dpmf.accounting.cost import AUTO_ALLOCATION_MAX_STEPS  # (defined there: cost.py decides what auto runs too)
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -217,18 +216,6 @@ def _cannot_win(strategy, scheme, names: set[str]) -> dict[str, str]:
         skip["mmcc"] = (
             "MMCC on the identity under Poisson sampling is DP-SGD, for which the pld accountant is exact "
             "(and MMCC would build the n x n encoder)"
-        )
-    if (
-        {"allocation_pld", "allocation"} <= names
-        and isinstance(strategy, Identity)
-        and scheme.steps > AUTO_ALLOCATION_MAX_STEPS
-    ):
-        skip["allocation"] = (
-            f"for the identity under random allocation with more than {AUTO_ALLOCATION_MAX_STEPS} steps, the "
-            "Renyi/conditional bounds cost 10-100x the allocation_pld accountant, which computes the PLD of the "
-            "dominating pair itself (pessimistically discretized); both bound the same pair from above, so they "
-            "can undercut it by at most its discretization error (not proved to be zero: run "
-            "method='allocation' to compare)"
         )
     return skip
 

@@ -29,6 +29,7 @@ from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
 from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means, pair_problem
+from dpmf.accounting.allocation.identity import identity_conditional_cost, identity_conditional_epsilon
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
@@ -37,6 +38,7 @@ from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
+from dpmf.strategies.identity import Identity
 
 __all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation"]
 
@@ -54,15 +56,33 @@ def supports(strategy, scheme) -> str | None:
     """``None`` when the accountant applies, else the reason it does not."""
     if not isinstance(scheme, BallsInBinsSampling):
         return f"random allocation needs BallsInBinsSampling, got {type(scheme).__name__}"
+    if _is_identity(strategy, scheme):
+        return None  # (C = I is lower triangular and >= 0: no need to build the means)
     return pair_problem(strategy, scheme)
+
+
+def _is_identity(strategy, scheme) -> bool:
+    """``C = I`` with one slot reused every epoch and matching sizes: the fast paths of
+    :mod:`dpmf.accounting.allocation.identity` apply (after the epochs reduction)."""
+    return (
+        isinstance(strategy, Identity)
+        and isinstance(scheme, BallsInBinsSampling)
+        and scheme.reused_single_slot
+        and strategy.n == scheme.steps
+    )
 
 
 @dataclass(frozen=True)
 class AllocationProblem:
-    """The sigma-independent parts: means (``b x N``), Gram matrix and the Rényi program's levels."""
+    """The sigma-independent parts: means (``b x N``), Gram matrix and the Rényi program's levels.
 
-    means: np.ndarray = field(repr=False)
-    gram: np.ndarray = field(repr=False)
+    For ``C = I`` (after the epochs reduction: one epoch of ``b`` steps) ``means`` and ``gram``
+    are ``None`` and ``identity_steps = b``: both bounds then run the fast paths of
+    :mod:`dpmf.accounting.allocation.identity` (the same bounds, nothing ``b x b`` built).
+    """
+
+    means: np.ndarray | None = field(repr=False)
+    gram: np.ndarray | None = field(repr=False)
     epochs: int
     steps_per_epoch: int
     renyi: RenyiAllocation
@@ -71,6 +91,7 @@ class AllocationProblem:
     #: sigma is multiplied by this before the analysis (an exact reduction, :mod:`dpmf.accounting.reductions`)
     noise_scale: float = 1.0
     reduction: dict | None = None
+    identity_steps: int | None = None
 
     @classmethod
     def create(
@@ -99,16 +120,19 @@ class AllocationProblem:
         reduction = identity_epochs_reduction(strategy, scheme)
         if reduction is not None:
             strategy, scheme = reduction.strategy, reduction.scheme
+        scale = dict(
+            noise_scale=1.0 if reduction is None else reduction.noise_scale,
+            reduction=None if reduction is None else reduction.describe(),
+        )
+        if _is_identity(strategy, scheme) and scheme.epochs == 1 and bandwidth in (None, 1):
+            renyi = RenyiAllocation.identity(scheme.steps, orders=orders)
+            return cls(None, None, 1, scheme.steps, renyi, *described, **scale, identity_steps=scheme.steps)
         means = mixture_means(strategy, scheme.epochs, scheme.steps)
         gram = gram_matrix(means)
         renyi = RenyiAllocation.create(
             gram, bandwidth=bandwidth, orders=orders, budget=budget, max_bandwidth=max_bandwidth
         )
-        return cls(
-            means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, *described,
-            noise_scale=1.0 if reduction is None else reduction.noise_scale,
-            reduction=None if reduction is None else reduction.describe(),
-        )
+        return cls(means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, *described, **scale)
 
 
 def _renyi(problem: AllocationProblem, sigma: float, delta: float, conversion: str) -> dict:
@@ -189,17 +213,17 @@ def account_allocation(
         diag["renyi"] = r
         by_dir = {k: min(by_dir[k], v) for k, v in r["epsilon_by_direction"].items()}
     if which in ("combined", "conditional"):
-        cost = conditional_cost(problem.means, None, 1 + len(tuple(temperatures)), gram=problem.gram)
+        b_id = problem.identity_steps
+        if b_id is not None:
+            cost = identity_conditional_cost(b_id)
+        else:
+            cost = conditional_cost(problem.means, None, 1 + len(tuple(temperatures)), gram=problem.gram)
         if which == "conditional" or cost <= conditional_budget:
-            c = conditional_epsilon(
-                problem.means,
-                analysed,
-                d,
-                delta_e=delta_e,
-                temperatures=temperatures,
-                discretization=discretization,
-                callback=callback,
-            )
+            common = dict(delta_e=delta_e, discretization=discretization, callback=callback)
+            if b_id is not None:  # (every psi of the family is uniform here: temperatures do not matter)
+                c = identity_conditional_epsilon(b_id, analysed, d, **common)
+            else:
+                c = conditional_epsilon(problem.means, analysed, d, temperatures=temperatures, **common)
             diag["conditional"] = c
             by_dir = {k: min(by_dir[k], v) for k, v in c["epsilon_by_direction"].items()}
         else:
@@ -211,7 +235,10 @@ def account_allocation(
         # max_i |m_i|: a valid bound on the same pair for both directions, and the cap that keeps
         # conditional composition (loose at small sigma: its per-step weights sum to well over one
         # participation) and the Renyi conversion from reporting more than no amplification.
-        g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * 2.0**-53)
+        if problem.identity_steps is not None:  # G = I_b: max_i |m_i|^2 = 1 (N = b steps)
+            g_max = 1.0 * (1 + 2 * (problem.identity_steps + 2) * 2.0**-53)
+        else:
+            g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * 2.0**-53)
         gauss = gaussian_epsilon(analysed / math.sqrt(g_max), d) if g_max > 0 else 0.0
         diag["gaussian_epsilon"] = gauss
         if gauss < max(by_dir.values()):

@@ -57,6 +57,7 @@ from dpmf import progress
 from dpmf import validation as _v
 from dpmf.accounting.allocation._compiled import step_lse
 from dpmf.accounting.allocation.dominating_pair import band_truncation, cyclic_bandwidth
+from dpmf.accounting.allocation.identity import identity_remove_rdp
 from dpmf.errors import InvalidParameterError
 from dpmf.privacy.rdp import rdp_to_epsilon
 
@@ -295,8 +296,11 @@ def add_rdp(gram: np.ndarray, noise_multiplier: float, orders) -> np.ndarray:
 
 
 def _add_rdp(g: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
-    b = g.shape[0]
-    diag, total = float(np.trace(g)), float(g.sum())
+    return _add_rdp_sums(float(np.trace(g)), float(g.sum()), g.shape[0], sigma, a)
+
+
+def _add_rdp_sums(diag: float, total: float, b: int, sigma: float, a: np.ndarray) -> np.ndarray:
+    """Lemma 3.4 from ``trace(G)``, ``sum(G)`` and ``b`` (``C = I``: ``b``, ``b``, ``b``)."""
     rho = diag / (2.0 * b * sigma**2) + (a - 1.0) * total / (2.0 * b * b * sigma**2)
     return rho * (1.0 + 8.0 * _ULP)  # rounding up
 
@@ -336,14 +340,40 @@ class RenyiAllocation:
 
     ``levels`` are the (effective bandwidth ``p``, largest order) pairs the program runs at; at
     each order the smallest bound over the levels that reach it is used (each is a valid upper
-    bound). Build with :meth:`create`.
+    bound). Build with :meth:`create`, or :meth:`identity` for ``G = I_b`` (DP-SGD: nothing
+    ``b x b`` is stored and the program is a power of one series,
+    :func:`~dpmf.accounting.allocation.identity.identity_remove_rdp`, equal to the general
+    program on ``I_b``).
     """
 
-    gram: np.ndarray = field(repr=False)
+    gram: np.ndarray | None = field(repr=False)
     orders: np.ndarray
     levels: tuple[_Level, ...]
     true_bandwidth: int
     add_orders: np.ndarray = field(repr=False, default=None)
+    #: ``b`` when ``G = I_b`` (then ``gram`` is ``None``)
+    identity_steps: int | None = None
+
+    @property
+    def size(self) -> int:
+        """``b``, the steps per epoch (the Gram matrix is ``b x b``)."""
+        return int(self.identity_steps) if self.gram is None else int(self.gram.shape[0])
+
+    @classmethod
+    def identity(cls, b: int, *, orders=None) -> "RenyiAllocation":
+        """The accountant for ``G = I_b`` (one bandwidth-1 level reaching every order)."""
+        b = _v.positive_int("b", b)
+        ords = _check_orders(np.arange(2, DEFAULT_MAX_ORDER + 1) if orders is None else orders)
+        add_orders = ords.astype(np.float64) if orders is not None else np.union1d(ords, _ADD_ORDERS)
+        level = _Level(1, int(ords.max()), None, 0.0)
+        return cls(gram=None, orders=ords.astype(np.float64), levels=(level,), true_bandwidth=1,
+                   add_orders=add_orders, identity_steps=b)
+
+    def _add(self, sigma: float, orders: np.ndarray) -> np.ndarray:
+        if self.gram is None:
+            b = float(self.identity_steps)
+            return _add_rdp_sums(b, b, int(b), sigma, orders)
+        return _add_rdp(self.gram, sigma, orders)
 
     @classmethod
     def create(
@@ -412,13 +442,16 @@ class RenyiAllocation:
         sigma = _v.positive("noise_multiplier", noise_multiplier)
         best = np.full(self.orders.size, np.inf)
         used = np.zeros(self.orders.size, dtype=np.int64)
-        b = self.gram.shape[0]
+        b = self.size
         # work per level ~ b * C(A + 2p, 2p) program terms (shown only when it takes over a second)
         work = [b * transition_count(lev.bandwidth, lev.max_order) for lev in self.levels]
         with progress.task("Renyi program (random allocation)", total=float(sum(work)), unit="program terms") as bar:
             for lev, w in zip(self.levels, work):
                 bar.update(note=f"bandwidth {lev.bandwidth}, orders <= {lev.max_order}, sigma={sigma:.6g}")
-                rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
+                if self.gram is None:
+                    rho = identity_remove_rdp(b, sigma, lev.max_order)
+                else:
+                    rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
                 reach = self.orders <= lev.max_order
                 vals = np.full(self.orders.size, np.inf)
                 vals[reach] = rho[self.orders[reach].astype(np.int64) - 2]
@@ -430,14 +463,14 @@ class RenyiAllocation:
     def add(self, noise_multiplier: float) -> np.ndarray:
         """``rho_add`` (Lemma 3.4) at every order of :attr:`orders`."""
         sigma = _v.positive("noise_multiplier", noise_multiplier)
-        return _add_rdp(self.gram, sigma, self.orders)
+        return self._add(sigma, self.orders)
 
     def epsilon(self, noise_multiplier: float, delta: float) -> dict:
         """Epsilon per direction at ``delta`` and the details (orders, bandwidths, tau)."""
         start = time.perf_counter()
         d = _v.open_unit("delta", delta)
         rho_r, used = self.remove(noise_multiplier)
-        rho_a = _add_rdp(self.gram, _v.positive("noise_multiplier", noise_multiplier), self.add_orders)
+        rho_a = self._add(_v.positive("noise_multiplier", noise_multiplier), self.add_orders)
         eps_r, a_r = rdp_to_epsilon(self.orders, rho_r, d)
         eps_a, a_a = rdp_to_epsilon(self.add_orders, rho_a, d)
         i_r = int(np.searchsorted(self.orders, a_r)) if math.isfinite(a_r) else 0
