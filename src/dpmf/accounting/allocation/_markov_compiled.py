@@ -1,0 +1,132 @@
+"""Compiled (numba) step of the Markov-surrogate dynamic program of
+:mod:`dpmf.accounting.allocation.markov` (private).
+
+One step maps the table ``V_{i+1}`` (chain nodes x partial-sum nodes) to the unnormalized
+``sum_k w_k V_{i+1}(z', u + x)`` at every node: for each chain node and innovation point, the next
+chain state ``z'`` and the summand ``x`` are computed (both rounded up), ``V_{i+1}`` is read by
+bilinear interpolation at the rounded-up position (closed form ``w + R(z')`` beyond ``u = 0``, the
+bound ``w_+ + R(z')`` above the chain grid, the first row below it). Every term is a non-negative
+combination, so the caller's relative factor covers the rounding (module docstring of
+:mod:`~dpmf.accounting.allocation.markov`). In numpy the same pass needs ~10 temporaries of
+``n_z m n_u`` floats per step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+_U = 2.0**-53
+
+
+@nb.njit(cache=True, nogil=True)
+def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initial):  # pragma: no cover - compiled
+    nz, nu = V.shape
+    nout = 1 if initial else nz
+    out = np.zeros((nout, nu))
+    z_hi = z_lo + (nz - 1) * dz
+    for j in range(nout):
+        z = 0.0 if initial else z_lo + j * dz
+        for k in range(xs.size):
+            wk = ws[k]
+            xi = xs[k]
+            x = math.exp(alpha * z + beta * xi - c) * (1 + 8 * _U)
+            zp = rho * z + s * xi
+            zp = zp + 8 * _U * (abs(rho * z) + abs(s * xi)) + 1e-300
+            q = x / h * (1 + 2 * _U)
+            if zp > z_hi:
+                rz = 0.0
+                for d in range(sl_hi.size):
+                    rz += math.exp(sl_hi[d] * zp * (1 + 2 * _U) + offs[d])
+                rz *= 1 + 4 * (sl_hi.size + 8) * _U
+                for l in range(nu):
+                    uu = (l - (nu - 1)) * h
+                    v = uu + x
+                    if v < 0.0:
+                        v = 0.0
+                    v += 4 * _U * (abs(uu) + x)
+                    out[j, l] += wk * (v + rz)
+                continue
+            if zp < z_lo:
+                zp = z_lo
+            t = (zp - z_lo) / dz
+            t = t + 4 * _U * (t + (abs(zp) + abs(z_lo)) / dz + 1.0)
+            a = int(t)
+            if a > nz - 2:
+                a = nz - 2
+            th = t - a
+            if th > 1.0:
+                th = 1.0
+            th1 = 1.0 - th
+            rmix = th1 * Rn[a] + th * Rn[a + 1]
+            for l in range(nu):
+                pos = (l + q) * (1 + 4 * _U) + 4 * _U
+                if pos >= nu - 1:
+                    val = (pos - (nu - 1)) * h + rmix + 4 * _U * (pos + 1.0) * h
+                else:
+                    f = int(pos)
+                    ph = pos - f
+                    v0 = th1 * V[a, f] + th * V[a + 1, f]
+                    v1 = th1 * V[a, f + 1] + th * V[a + 1, f + 1]
+                    val = (1.0 - ph) * v0 + ph * v1
+                out[j, l] += wk * val
+    return out
+
+
+@nb.njit(cache=True, nogil=True)
+def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no cover - compiled
+    """One step of the put program: ``sum_k ws_k P(w', u + x)`` at every node, ``w' = w^rho e^{alpha s xi_k}``
+    and ``x = w e^{beta xi_k - c}`` rounded *down*; bilinear in ``(w, u)`` (node values non-increasing),
+    ``0`` beyond ``u = 0``, the last row above the ``w`` grid, the bound ``(-u')_+`` below it."""
+    nw, nu = P.shape
+    out = np.zeros((nw, nu))
+    for j in range(nw):
+        zj = z_lo + j * dz
+        for k in range(xs.size):
+            wk = ws[k]
+            xi = xs[k]
+            zp = rho * zj + s * xi
+            zp = zp - 8 * _U * (abs(rho * zj) + abs(s * xi)) - 1e-300
+            wp = math.exp(alpha * zp) * (1 - 8 * _U)
+            x = wn[j] * math.exp(beta * xi - c) * (1 - 8 * _U)
+            q = x / h * (1 - 2 * _U)
+            if wp < wn[0]:
+                for l in range(nu):
+                    uu = (l - (nu - 1)) * h
+                    v = -(uu + x)
+                    if v > 0.0:
+                        out[j, l] += wk * (v + 4 * _U * (abs(uu) + x))
+                continue
+            if wp >= wn[nw - 1]:
+                a = nw - 2
+                th = 1.0
+            else:
+                t = (zp - z_lo) / dz
+                a = int(t)
+                if a > nw - 2:
+                    a = nw - 2
+                while a > 0 and wp < wn[a]:
+                    a -= 1
+                while a < nw - 2 and wp > wn[a + 1]:
+                    a += 1
+                th = (wp - wn[a]) / (wn[a + 1] - wn[a])
+                th = th * (1 - 4 * _U) - 4 * _U
+                if th < 0.0:
+                    th = 0.0
+                if th > 1.0:
+                    th = 1.0
+            th1 = 1.0 - th
+            for l in range(nu):
+                pos = (l + q) * (1 - 4 * _U) - 4 * _U
+                if pos >= nu - 1:
+                    continue  # u' >= 0: the put is 0
+                if pos < 0.0:
+                    pos = 0.0
+                f = int(pos)
+                ph = pos - f
+                v0 = th1 * P[a, f] + th * P[a + 1, f]
+                v1 = th1 * P[a, f + 1] + th * P[a + 1, f + 1]
+                out[j, l] += wk * ((1.0 - ph) * v0 + ph * v1)
+    return out

@@ -1,0 +1,417 @@
+r"""Correlated ``C`` under random allocation: a Markov surrogate that keeps the correlation.
+
+dpmf's own argument (not from the papers). The pair is Lemma 2.8 of Schuchardt & Kalinin
+(arXiv 2601.21636; digest ``notes/random-allocation.md`` §2.4): remove ``P = (1/b) sum_i
+N(m_i, sigma^2 I)``, ``Q = N(0, sigma^2 I)`` (add: swapped). With ``x ~ Q`` the likelihood ratio is
+
+    S = (1/b) T,   T = sum_i X_i,   X_i = exp(Y_i - G_ii / (2 sigma^2)),   Y ~ N(0, G / sigma^2),
+
+``G = M M^T`` the ``b x b`` Gram matrix of the means, and both hockey-stick divergences are
+expectations of convex functions of ``S`` (:mod:`.correlated`). The spectral groups of
+:mod:`.correlated` make the slots *independent* and pay the correlation as variance; here the
+correlation is kept: ``Y`` is replaced by a Gaussian vector ``Y'`` whose covariance is *entrywise*
+larger and whose law is a one-dimensional Markov chain, and the law of the resulting sum is
+computed by a dynamic program over (chain state, partial sum) whose every discretization step
+is an upper bound.
+
+**Lemma K (Kahane's convexity inequality;** J.-P. Kahane, "Sur le chaos multiplicatif", Ann. Sci.
+Math. Québec 9 (1985); Rhodes & Vargas, "Gaussian multiplicative chaos and applications: a
+review", Probab. Surveys 11 (2014), Thm 2.1). If ``Y, Y'`` are centred Gaussian vectors with
+``Cov(Y)_ij <= Cov(Y')_ij`` for *all* ``i, j`` (no positive-semidefinite difference needed), then for
+non-negative weights and every convex ``F`` of at most polynomial growth,
+``E F(sum_i w_i e^{Y_i - Var(Y_i)/2}) <= E F(sum_i w_i e^{Y'_i - Var(Y'_i)/2})``. (Proof: with
+``Y_t = sqrt(t) Y' + sqrt(1 - t) Y``, Gaussian integration by parts gives ``d/dt E F(S_t) =
+(1/2) sum_ij (Cov(Y')_ij - Cov(Y)_ij) E[w_i w_j X_i X_j F''(S_t)] >= 0`` for smooth ``F``; the hinge
+functions used here are monotone limits of smooth convex ones.) So ``S <=_cx S'`` (equal means,
+both directions' deltas can only grow) as soon as ``G' >= G`` entrywise, ``G' = sigma^2 Cov(Y')``.
+The slots can be listed in any order ``pi`` (``S`` is a symmetric sum): the condition is
+``gamma(|pi^-1(i) - pi^-1(j)|) >= G_ij``.
+
+**The surrogate (a Gaussian ARMA(1,1) chain).** ``Z_0 ~ N(0, 1)``, ``Z_{i+1} = rho Z_i + s xi_{i+1}``
+(``xi`` i.i.d. standard normal, ``s = sqrt(1 - rho^2)``), ``Y'_i = alpha Z_i + beta xi_{i+1}``
+(``alpha, beta, rho >= 0``). Its covariance is stationary: ``gamma_0 = alpha^2 + beta^2`` and, for
+``L >= 1``, ``gamma_L = rho^{L-1} (alpha^2 rho + alpha beta s)``. So ``(gamma_0, g_1 = gamma_1, rho)``
+are free subject to ``g_1 <= gamma_0 (1 + rho) / 2``, and the entrywise condition is
+``gamma_0 >= max_i G_ii / sigma^2`` and ``g_1 rho^{L-1} >= max_{lag L} G / sigma^2`` for every lag.
+For a ``p``-banded ``C`` the true lags stop at ``p - 1``; the surrogate pays the geometric tail
+(``rho = 0.6`` for bsr(64, 4): ``gamma_4 / gamma_0 = 0.13`` where ``G`` has 0). :func:`fit_surrogate`
+picks ``rho`` (a grid) and the order (natural, or zig-zag ``0, b-1, 1, b-2, ...`` for the cyclic
+Gram of several epochs) by the smallest spectral proxy ``gamma_0 + 2 g_1 / (1 - rho)`` (any choice
+is sound; the proxy only aims at tightness).
+
+**The dynamic program (backward, on value functions).** With ``U = T_i - K`` (the partial sum
+``T_i = X_0 + ... + X_{i-1}`` minus a strike ``K``) let ``V_i(z, u) = E[(u + X_i + ... + X_{b-1})_+ |
+Z_i = z]``, so ``V_b(z, u) = u_+``, ``V_i(z, u) = E_xi V_{i+1}(rho z + s xi, u + e^{alpha z + beta xi - c})``
+and the call ``E(T - K)_+ = E V_0(Z_0, -K)``. Facts used (induction on ``i``):
+
+- *V_i is jointly convex in (z, u) and non-decreasing in both*: the map ``(z, u, xi) ->
+  (rho z + s xi, u + e^{alpha z + beta xi - c})`` is affine in its first and convex in its second
+  coordinate, ``V_{i+1}`` is convex and non-decreasing in ``u`` (and ``z``), expectations keep both.
+  Also ``h(xi) = V_{i+1}(...)`` is convex and non-decreasing in ``xi``.
+- *closed forms*: ``V_i(z, u) = u + R_i(z)`` for ``u >= 0`` (the remaining sum is positive) with
+  ``R_i(z) = E[X_i + ... + X_{b-1} | Z_i = z] = sum_d exp(alpha rho^d z + alpha^2 v_d / 2 + beta^2 / 2 - c)``
+  (``v_d = Var(Z_{i+d} | Z_i)``), and ``V_i(z, u) <= R_i(z)`` for ``u <= 0`` (monotone in ``u``).
+
+The computed ``V~_i`` on a grid ``(z_j, u_l)`` (``u_l = -K_max .. 0``) is an upper bound at the
+nodes, by induction: (1) between nodes ``V~_{i+1}`` is read by bilinear interpolation, which is
+``>=`` a separately convex function (and the node values are made non-decreasing by running
+maxima, so interpolation positions rounded *up* only raise it); beyond ``u = 0`` the closed form
+``u + R`` is used, below the ``z`` grid the first row (monotone), above it the bound
+``V(z, w) <= w_+ + R(z)``. (2) ``E_xi h(xi)`` is bounded by a discrete law on the grid
+``-L, -L + d, ..., L``: each cell's mass is spread to its two ends with its mean kept (a convex
+``h`` lies below its chord), the mass below ``-L`` is put at ``-L`` (``h`` non-decreasing) and
+the part above ``L`` is *charged* in closed form through ``h(xi) <= X_i + R_{i+1}(rho z + s xi)``
+(a sum of exponentials in ``xi``: ``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``). (3)
+``V~_i = min(V~_i, R_i)`` (both bounds). The last step integrates ``Z_0 ~ N(0, 1)`` the same way.
+So ``C~(K) >= E(T' - K)_+`` at every node ``K = -u_l``, and linear interpolation in ``K`` (the call is
+convex in ``K``) gives every strike. Then, with ``E T' = b`` exactly (put-call parity),
+
+    remove:  delta_R(eps) = E(S - e^eps)_+ <= C~(b e^eps) / b,
+    add:     delta_A(eps) = e^eps E(e^-eps - S)_+ <= 1 - e^eps + e^eps C~(b e^-eps) / b,
+
+and the reported epsilon is one at which both bounds are ``<= delta`` (found by bisection, the
+returned end checked).
+
+**Floating point.** The chain actually run is the float one: ``s`` is rounded up (so
+``Var(Z_i) >= 1`` grows, covariances only grow), ``c = gamma_0 / 2`` rounded down (each ``X_i`` is then
+pointwise ``>=`` its mean-one version, so calls only grow), and the entrywise condition is checked
+on the float parameters with a margin. Every node value is a sum of non-negative terms with
+non-negative weights, so rounding is a relative error: each step multiplies by
+``1 + 4 (m + 16) u`` (``m`` quadrature points) and adds ``1e-290`` (underflow); the spread weights are
+computed in 40-digit arithmetic (mpmath) and carry a relative ``u``; positions are rounded up; the
+closed forms ``R`` and the charges are rounded up.
+
+**Cost.** ``O(b n_z m n_u)`` (a compiled loop): about ``b x 4 x 10^6`` operations at the default grid
+(``n_z = 70`` chain nodes, ``m = 56`` quadrature points, ``n_u = 600`` partial-sum nodes); ~0.1 s per
+slot. Above :data:`MAX_SLOTS` slots the member is skipped (stated in the diagnostics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy import special
+
+from dpmf.errors import NumericalError
+
+__all__ = [
+    "MAX_SLOTS",
+    "MarkovSurrogate",
+    "lag_maxima",
+    "fit_surrogate",
+    "call_bound_table",
+    "markov_epsilon",
+]
+
+_U = 2.0**-53
+#: Above this many slots per epoch the Markov member is skipped (cost ``O(b^2)`` in time).
+MAX_SLOTS = 512
+#: Half-width ``L`` of the innovation grid (standard units) and its number of cells.
+_XI_HALF = 7.0
+_XI_CELLS = 56
+#: The chain's grid ``[z_lo, z_hi]`` (standard units) and its nodes.
+_Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 70
+#: Partial-sum nodes per window.
+_U_NODES = 600
+
+
+@dataclass(frozen=True)
+class MarkovSurrogate:
+    """The chain of the module docstring in Gram units (``sigma = 1``): ``alpha, beta, rho, s`` and
+    the slot order (``order[pos]`` is the slot at chain position ``pos``)."""
+
+    alpha: float
+    beta: float
+    rho: float
+    s: float
+    order: str  # "natural" or "zigzag"
+    proxy: float
+
+    def lags(self, count: int) -> np.ndarray:
+        """Lower bounds on the float chain's covariances ``gamma_0 .. gamma_{count-1}`` (Gram units)."""
+        a, b, r, s = self.alpha, self.beta, self.rho, self.s
+        out = np.empty(count)
+        out[0] = a * a + b * b
+        g1 = a * a * r + a * b * s
+        out[1:] = g1 * r ** np.arange(count - 1)
+        return out * (1 - 64 * _U)  # (Var Z_i >= 1: the float chain's lags are no smaller than these)
+
+    def describe(self) -> str:
+        g = self.lags(2)
+        return f"Markov surrogate (Kahane; ARMA(1,1) rho {self.rho:.3g}, gamma_1/gamma_0 {g[1] / g[0]:.3g}, {self.order} order)"
+
+
+def _order(b: int, kind: str) -> np.ndarray:
+    if kind == "natural":
+        return np.arange(b)
+    lo, hi = np.arange(b // 2 + b % 2), np.arange(b - 1, b // 2 + b % 2 - 1, -1)
+    out = np.empty(b, dtype=int)
+    out[0::2], out[1::2] = lo, hi
+    return out
+
+
+def lag_maxima(gram: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``max_pos G[order[pos], order[pos + L]]`` for ``L = 0..b-1`` (the entrywise targets)."""
+    g = np.asarray(gram, dtype=np.float64)[np.ix_(order, order)]
+    return np.array([float(np.diagonal(g, L).max()) for L in range(g.shape[0])])
+
+
+def _solve(gamma0: float, g1: float, rho: float) -> tuple[float, float, float]:
+    """``alpha, beta >= 0`` with ``alpha^2 + beta^2 = gamma0`` and ``alpha^2 rho + alpha beta s = g1``."""
+    s = math.sqrt(max(1.0 - rho * rho, 0.0)) * (1 + 4 * _U)
+    phi = math.atan2(s, rho)  # f(theta) = rho/2 + cos(2 theta - phi)/2, max (1 + rho)/2 at theta = phi/2
+    target = min(max(2 * g1 / gamma0 - rho, -1.0), 1.0)
+    theta = 0.5 * (phi - math.acos(target)) if g1 >= gamma0 * rho else 0.5 * (phi + math.acos(target))
+    theta = min(max(theta, 0.0), math.pi / 2)
+    r = math.sqrt(gamma0)
+    return r * math.cos(theta), r * math.sin(theta), s
+
+
+def fit_surrogate(gram: np.ndarray, *, rhos=None) -> MarkovSurrogate | None:
+    """The chain (Gram units) dominating ``gram`` entrywise with the smallest proxy
+    ``gamma_0 + 2 g_1 / (1 - rho)`` over ``rho`` in a grid and the two orders (module docstring);
+    ``gram`` must already be rounded up. ``None`` if no candidate passes the float check."""
+    g = np.asarray(gram, dtype=np.float64)
+    b = g.shape[0]
+    rhos = np.arange(0.02, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
+    best = None
+    for kind in ("natural", "zigzag"):
+        tgt = lag_maxima(g, _order(b, kind))
+        pos = np.flatnonzero(tgt[1:] > 0) + 1
+        for rho in rhos:
+            rho = float(rho)
+            with np.errstate(divide="ignore", over="ignore"):
+                need = tgt[pos] / rho ** (pos - 1.0) if pos.size else np.zeros(1)
+            g1 = float(np.max(need)) * (1 + 1e-9) if pos.size else 0.0
+            if not math.isfinite(g1):
+                continue
+            gamma0 = max(tgt[0], 2 * g1 / (1 + rho)) * (1 + 1e-9)
+            proxy = gamma0 + 2 * g1 / (1 - rho)
+            if best is not None and proxy >= best.proxy:
+                continue
+            a, be, s = _solve(gamma0, g1, rho)
+            cand = MarkovSurrogate(a, be, rho, s, kind, proxy)
+            if np.all(cand.lags(b) >= tgt * (1 + 1e-10)):  # (1/sigma scaling later: 4u)
+                best = cand
+    return best
+
+
+@lru_cache(maxsize=8)
+def _spread(half: float, cells: int) -> tuple[np.ndarray, np.ndarray]:
+    """Points ``-L .. L`` and weights of the standard normal spread onto them (each cell's mass at
+    its ends, mean kept; the mass below ``-L`` at ``-L``; the mass above ``L`` left out: charged),
+    computed in 40-digit arithmetic and rounded to float64."""
+    import mpmath as mp
+
+    with mp.workdps(40):
+        d = mp.mpf(2 * half) / cells
+        xs = [-mp.mpf(half) + k * d for k in range(cells + 1)]
+        cdf = [mp.ncdf(x) for x in xs]
+        pdf = [mp.npdf(x) for x in xs]
+        w = [mp.mpf(0)] * (cells + 1)
+        w[0] = cdf[0]
+        for k in range(cells):
+            p = cdf[k + 1] - cdf[k]
+            right = (pdf[k] - pdf[k + 1] - xs[k] * p) / d  # E[xi - x_k; cell] / d
+            w[k] += p - right
+            w[k + 1] += right
+        return np.array([float(x) for x in xs]), np.array([float(x) for x in w])
+
+
+def _compiled_step(name: str = "step"):
+    from dpmf.accounting.allocation import _markov_compiled
+
+    return getattr(_markov_compiled, name)
+
+
+def _chain_constants(alpha: float, beta: float, rho: float, s: float, b: int):
+    """``c`` (rounded down); per distance ``d = 0..b``: ``rho^d`` rounded down and up, and
+    ``log E[X_{i+d} | Z_i = z] - alpha rho^d z = alpha^2 v_d / 2 + beta^2 / 2 - c`` rounded up, with
+    ``v_d = Var(Z_{i+d} | Z_i) = s^2 sum_{e<d} rho^{2e}`` (a sum of non-negative terms)."""
+    c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * _U)
+    d = np.arange(b + 1, dtype=np.float64)
+    pw = rho**d
+    pw_lo, pw_hi = pw * (1 - 4 * _U * (d + 2)), pw * (1 + 4 * _U * (d + 2))
+    v = np.concatenate([[0.0], np.cumsum(s * s * pw[:-1] ** 2)]) * (1 + 4 * _U * (d + 4))
+    offset = 0.5 * alpha * alpha * v + 0.5 * beta * beta - c
+    offset = offset + 8 * _U * (0.5 * alpha * alpha * v + 0.5 * beta * beta + c)  # (a sum of three terms)
+    return c, pw_lo, pw_hi, offset
+
+
+def _scaled(coef_lo: np.ndarray, coef_hi: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``coef * z`` rounded toward the larger value, for ``coef >= 0`` known within ``[lo, hi]``."""
+    zz = z[:, None]
+    return np.where(zz >= 0, coef_hi[None, :] * zz * (1 + 2 * _U), coef_lo[None, :] * zz * (1 - 2 * _U))
+
+
+def _remaining_mean(alpha, pw_lo, pw_hi, offset, z: np.ndarray, terms: int) -> np.ndarray:
+    """``R(z) = sum_{d < terms} exp(alpha rho^d z + offset_d)``, rounded up."""
+    if terms <= 0:
+        return np.zeros_like(z)
+    e = _scaled(alpha * pw_lo[:terms], alpha * pw_hi[:terms], z) + offset[None, :terms]
+    return np.exp(e).sum(axis=1) * (1 + 4 * (terms + 8) * _U) + 1e-300
+
+
+def _tail_charge(z_coef_lo, z_coef_hi, a, offs, z: np.ndarray) -> np.ndarray:
+    """``sum_t E[exp(z_coef_t z + a_t xi + offs_t); xi > L]`` per node ``z``
+    (``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``), rounded up."""
+    expo = _scaled(z_coef_lo, z_coef_hi, z) + offs[None, :] + 0.5 * a[None, :] ** 2 * (1 + 4 * _U)
+    return (np.exp(expo) * special.ndtr(a - _XI_HALF)[None, :]).sum(axis=1) * (1 + 1e-9) + 1e-300
+
+
+def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *, u_nodes: int = _U_NODES,
+                     z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS):
+    """Strikes ``K_l = l h`` (``0 .. k_max``) and upper bounds ``C~(K_l) >= E(T' - K_l)_+`` for the
+    surrogate at noise ``sigma`` (module docstring)."""
+    step = _compiled_step()
+    alpha, beta = sur.alpha / sigma, sur.beta / sigma
+    rho, s = sur.rho, sur.s
+    xs, ws = _spread(_XI_HALF, xi_cells)
+    c, pw_lo, pw_hi, offset = _chain_constants(alpha, beta, rho, s, b)
+    z = np.linspace(_Z_LO, _Z_HI, z_nodes)
+    dz = (_Z_HI - _Z_LO) / (z_nodes - 1)
+    h = k_max / (u_nodes - 1)
+    factor = 1 + 4 * (xs.size + 16) * _U
+    V = np.zeros((z_nodes, u_nodes))  # V_b(z, u) = u_+ = 0 on u <= 0
+    R_next = np.zeros(z_nodes)
+    for i in range(b - 1, -1, -1):
+        nt = b - 1 - i  # R_{i+1} has b - 1 - i terms
+        acc = step(V, R_next, xs, ws, alpha, beta, c, rho, s, _Z_LO, dz, h, alpha * pw_hi[:nt], offset[:nt], False)
+        # xi > L: h(xi) <= X_i + R_{i+1}(rho z + s xi), exponentials in xi (X_i first)
+        zc_lo = np.concatenate([[alpha], alpha * pw_lo[1 : nt + 1]])
+        zc_hi = np.concatenate([[alpha], alpha * pw_hi[1 : nt + 1]])
+        a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * _U)
+        offs = np.concatenate([[-c], offset[:nt]])
+        charge = _tail_charge(zc_lo, zc_hi, a, offs, z)
+        V = acc * factor + charge[:, None] + 1e-290
+        R = _remaining_mean(alpha, pw_lo, pw_hi, offset, z, b - i)
+        V = np.minimum(V, R[:, None])
+        V = np.maximum.accumulate(np.maximum.accumulate(V, axis=1), axis=0)
+        R_next = R
+    # Z_0 ~ N(0, 1): one more spread with no summand (c = +inf: X = 0, z' = xi)
+    acc = step(V, R_next, xs, ws, 0.0, 0.0, math.inf, 0.0, 1.0, _Z_LO, dz, h, alpha * pw_hi[:b], offset[:b], True)
+    charge0 = _tail_charge(np.zeros(b), np.zeros(b), alpha * pw_hi[:b] * (1 + 2 * _U), offset[:b], np.zeros(1))
+    calls = np.maximum.accumulate(acc[0] * factor + charge0[0] + 1e-290)  # non-decreasing in u = -K
+    return (u_nodes - 1 - np.arange(u_nodes))[::-1] * h, calls[::-1].copy()
+
+
+def _mp_spread(points_log, scale: float):
+    """Weights of the spread of ``e^{scale xi}`` (``xi ~ N(0, 1)``) onto ``e^{scale x_k}`` for the
+    increasing points ``x_k``: each cell's mass to its ends with ``E[e^{scale xi}; cell]`` kept, the
+    mass above the last point at the last point; the mass below the first point is *not* included
+    (the caller charges it). 40-digit arithmetic, rounded to float64."""
+    import mpmath as mp
+
+    with mp.workdps(40):
+        k = mp.mpf(scale)
+        xs = [mp.mpf(float(x)) for x in points_log]
+        cdf = [mp.ncdf(x) for x in xs]
+        cdf_k = [mp.ncdf(x - k) for x in xs]
+        eta = [mp.exp(k * x) for x in xs]
+        ek = mp.exp(k * k / 2)
+        w = [mp.mpf(0)] * len(xs)
+        for j in range(len(xs) - 1):
+            p = cdf[j + 1] - cdf[j]
+            mean = ek * (cdf_k[j + 1] - cdf_k[j])
+            right = (mean - eta[j] * p) / (eta[j + 1] - eta[j])
+            w[j] += p - right
+            w[j + 1] += right
+        w[-1] += 1 - cdf[-1]
+        return np.array([float(x) for x in w])
+
+
+def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *, u_nodes: int = _U_NODES,
+                    z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS):
+    """Strikes ``K_l = l h`` (``0 .. k_max``) and upper bounds ``P~(K_l) >= E(K_l - T')_+`` (module
+    docstring, *the put program*): the state is ``w = e^{alpha Z}`` and the innovation
+    ``eta = e^{kappa xi}`` (``kappa = max(alpha s, beta)``), in which the put value is convex."""
+    step = _compiled_step("step_put")
+    alpha, beta = sur.alpha / sigma, sur.beta / sigma
+    rho, s = sur.rho, sur.s
+    xs, _ = _spread(_XI_HALF, xi_cells)
+    kappa = max(alpha * s, beta)
+    ws = _mp_spread(xs, kappa)
+    c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * _U)
+    z_lo, z_hi = _Z_LO - 1.0, _Z_HI
+    dz = (z_hi - z_lo) / (z_nodes - 1)
+    zn = z_lo + dz * np.arange(z_nodes)
+    wn = np.exp(alpha * zn)
+    h = k_max / (u_nodes - 1)
+    neg_u = (u_nodes - 1 - np.arange(u_nodes)) * h * (1 + 2 * _U)  # (-u)_+ at the nodes, rounded up
+    low_tail = float(special.ndtr(-_XI_HALF)) * (1 + 1e-9)
+    factor = 1 + 4 * (xs.size + 16) * _U
+    P = np.broadcast_to(neg_u, (z_nodes, u_nodes)).copy()  # P_b(w, u) = (-u)_+
+    for _ in range(b):
+        acc = step(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h)
+        P = acc * factor + low_tail * neg_u[None, :] + 1e-290
+        P = np.minimum(P, neg_u[None, :])
+        # non-increasing in u (axis 1) and in w (axis 0): running maxima from the high ends
+        P = np.maximum.accumulate(np.maximum.accumulate(P[::-1, ::-1], axis=1), axis=0)[::-1, ::-1].copy()
+    # w_0 = e^{alpha Z_0}: spread onto the w nodes, mass below the grid charged with (-u)_+
+    w0 = _mp_spread(zn, alpha)
+    below = float(special.ndtr(z_lo)) * (1 + 1e-9)
+    puts = (w0 @ P) * factor + below * neg_u + 1e-290
+    puts = np.maximum.accumulate(puts[::-1])  # non-decreasing in K
+    return np.arange(u_nodes) * h, puts
+
+
+def _interp_put(strikes: np.ndarray, puts: np.ndarray, k: float) -> float:
+    """Linear interpolation of the (convex, non-decreasing) put bound at strike ``k``, position
+    rounded up; ``inf`` beyond the table."""
+    h = strikes[1] - strikes[0]
+    pos = k / h * (1 + 8 * _U) + 8 * _U
+    j = int(pos)
+    if j >= strikes.size - 1:
+        return float(puts[-1]) if pos <= strikes.size - 1 else math.inf
+    f = pos - j
+    return float((1 - f) * puts[j] + f * puts[j + 1]) * (1 + 4 * _U)
+
+
+def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> float:
+    """Linear interpolation of the (convex, non-increasing) call bound at strike ``k`` (an upper
+    bound between nodes; the position is rounded toward the smaller strike); beyond the table the
+    call is at most its last node value (non-increasing)."""
+    h = strikes[1] - strikes[0]
+    pos = max(k / h * (1 - 8 * _U) - 8 * _U, 0.0)
+    j = int(pos)
+    if j >= strikes.size - 1:
+        return float(calls[-1])
+    f = pos - j
+    return float((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
+
+
+def markov_epsilon(sur: MarkovSurrogate, sigma: float, b: int, delta: float, eps_hi: float, **grid) -> dict:
+    """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
+    in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
+
+    remove: ``C~(b e^eps) / b <= delta``; add: ``e^eps P~(b e^-eps) / b <= delta``."""
+    k_max = b * math.exp(eps_hi) * 1.02
+    strikes, calls = call_bound_table(sur, sigma, b, k_max, **grid)
+    pstrikes, puts = put_bound_table(sur, sigma, b, b * 1.0001, **grid)
+
+    def rem(e):
+        return _interp_call(strikes, calls, b * math.exp(e), b) / b * (1 + 4 * _U)
+
+    def add(e):
+        ee = math.exp(e)
+        return ee * _interp_put(pstrikes, puts, b / ee) / b * (1 + 8 * _U)
+
+    out = {}
+    for name, fn in (("remove", rem), ("add", add)):
+        if fn(eps_hi) > delta:
+            out[name] = math.inf
+            continue
+        lo, hi = 0.0, eps_hi
+        if fn(0.0) <= delta:
+            out[name] = 0.0
+            continue
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if fn(mid) <= delta else (mid, hi)
+        if fn(hi) > delta:  # (cannot happen: hi is always a point that passed)
+            raise NumericalError(f"markov_epsilon: bisection end {hi} not certified")
+        out[name] = hi
+    return {"epsilon": max(out.values()), "epsilon_by_direction": out}
