@@ -194,6 +194,10 @@ class Reductions:
     orthogonal: "OrthogonalGroups"  # (dpmf.accounting.allocation.pld)
     spectral: tuple[SpectralGroup, ...]
     skipped: str | None = None
+    #: the Markov surrogate of :mod:`.markov` (``None``: skipped, ``markov_skipped`` says why) and ``b``
+    markov: "MarkovSurrogate | None" = None
+    steps_per_epoch: int = 0
+    markov_skipped: str | None = None
 
     @property
     def period(self) -> int:
@@ -226,7 +230,22 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
     if b * max(b, n) > MAX_GRAM_ENTRIES:
         return Reductions(og, (), f"b * max(b, N) = {b * max(b, n)} > {MAX_GRAM_ENTRIES}: orthogonal groups only")
     means = mixture_means(strategy, k, n)
-    return Reductions(og, tuple(spectral_groups(means, max_period=og.period)))
+    sur, why = _markov_member(means)
+    return Reductions(og, tuple(spectral_groups(means, max_period=og.period)), None, sur, b, why)
+
+
+def _markov_member(means: np.ndarray):
+    """The Markov surrogate (:mod:`.markov`) of the ``b x N`` means, or ``None`` and the reason."""
+    from dpmf.accounting.allocation import markov
+
+    b, n = means.shape
+    if b > markov.MAX_SLOTS:
+        return None, f"b = {b} > {markov.MAX_SLOTS} slots: the Markov member's O(b^2) program is skipped for cost"
+    if b < 2:
+        return None, "one slot: nothing to correlate"
+    gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * _U)
+    sur = markov.fit_surrogate(np.maximum(gram, gram.T))
+    return (sur, None) if sur is not None else (None, "no ARMA(1,1) chain passed the entrywise check")
 
 
 def identity_pair_epsilon_lower_bound(noise_multiplier: float, slots: int, delta: float) -> float:
@@ -290,4 +309,27 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
     out["reductions"] = rows
     if reductions.skipped:
         out["spectral_groups_skipped"] = reductions.skipped
+    if reductions.markov is not None:
+        _add_markov(out, reductions, noise_multiplier, delta)
+    elif reductions.markov_skipped:
+        out["markov_skipped"] = reductions.markov_skipped
     return out
+
+
+def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -> None:
+    """Offer the Markov member (:mod:`.markov`): each direction's epsilon is the smaller of the best
+    member's and the Markov one's (each a sound bound of that direction; the true deltas are
+    non-increasing in epsilon), searched below the best member's epsilon (above it it cannot win)."""
+    from dpmf.accounting.allocation.markov import markov_epsilon
+
+    sur, b = reductions.markov, reductions.steps_per_epoch
+    mk = markov_epsilon(sur, sigma, b, delta, out["epsilon"])
+    out["reductions"].append({"bound": sur.describe(), "slots": b, "epsilon": mk["epsilon"],
+                              "epsilon_by_direction": mk["epsilon_by_direction"]})
+    by_dir = {d: min(v, mk["epsilon_by_direction"][d]) for d, v in out["epsilon_by_direction"].items()}
+    eps = max(by_dir.values())
+    if eps < out["epsilon"]:
+        wins = [d for d in by_dir if mk["epsilon_by_direction"][d] < out["epsilon_by_direction"][d]]
+        out["bound"] = (sur.describe() if len(wins) == len(by_dir)
+                        else f"{sur.describe()} ({', '.join(wins)}) with {out['bound']} (other direction)")
+        out["epsilon"], out["epsilon_by_direction"] = eps, by_dir
