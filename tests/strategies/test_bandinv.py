@@ -331,3 +331,15 @@ def test_min_sep_rescoring_gains_by_a_brute_force_sensitivity():
     ours, sens2 = exact_rmse(s)
     assert s.sensitivity_result(Participation(epochs, b)).value == pytest.approx(sens2, rel=1e-9)
     assert ours < exact_rmse(majorant)[0] * (1 - 1e-3)
+
+
+def test_min_sep_above_the_dense_limit_returns_the_majorant_optimum():
+    # beyond DENSE_SENSITIVITY_MAX the reported b-min-sep sensitivity is the majorant itself, so
+    # rescoring has nothing to judge by: the result is the majorant optimum, as with rescore=False
+    from dpmf.strategies.bandinv import DENSE_SENSITIVITY_MAX
+
+    n = DENSE_SENSITIVITY_MAX + 52
+    s = optimize_banded_inverse_toeplitz(n, 3, 4, schema="min-sep")
+    a = optimize_banded_inverse_toeplitz(n, 3, 4, schema="min-sep", rescore=False)
+    np.testing.assert_array_equal(s.inverse_coefs, a.inverse_coefs)
+    assert s.sensitivity_result(Participation(4, n // 4)).method.startswith("toeplitz")

@@ -375,7 +375,8 @@ def optimize_banded_inverse_toeplitz(
     (sound always; for ``n <= DENSE_SENSITIVITY_MAX`` the smaller of the majorant and the dense
     dispatcher's exact search or certified bound). The result's RMSE under that sensitivity is
     therefore never above candidate (a)'s, which ``rescore=False`` returns alone (the previous
-    behaviour; about 3x cheaper, and the dense rescoring costs ``O(n^2 k')`` per candidate).
+    behaviour; about 3x cheaper, and the dense rescoring costs ``O(n^2 k')`` per candidate), as
+    does ``n > DENSE_SENSITIVITY_MAX``, where the reported sensitivity is the majorant itself.
     This is a best-of-candidates choice, not a minimization of the exact sensitivity.
 
     Mirrors ``jax_privacy.matrix_factorization.toeplitz.optimize_banded_inverse_toeplitz`` in
@@ -411,7 +412,7 @@ def optimize_banded_inverse_toeplitz(
         return _minimize(x0, n, kk, b, fixed_run, nonnegative, max_iter, tol, callback)
 
     x = run(g0[1:], fixed)
-    if fixed or kk == 1 or not rescore:
+    if fixed or kk == 1 or not rescore or n > DENSE_SENSITIVITY_MAX:
         return BandInvStrategy.from_noising_coefficients(np.concatenate(([1.0], x)), n)
     x_fixed = run(g0[1:], True)
     candidates = [x, x_fixed, run(x_fixed, False)]
