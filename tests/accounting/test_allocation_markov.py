@@ -1,0 +1,138 @@
+"""Markov surrogate (``allocation/markov.py``): a member of ``allocation_pld``'s family for correlated C.
+
+Oracles: (a) exact numerical integration (b = 2, 3) of both the exact pair and the surrogate's pair:
+the program's deltas are never below either (Kahane's inequality and the pessimistic grid), and
+within a few percent of the surrogate's; (b) a Monte Carlo estimate of the exact pair on banded
+Toeplitz cases, which the member's epsilon never undercuts; (c) negative controls: a chain with less
+correlation than G (half the lag-one covariance, or independent slots) is caught by the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_allocation_correlated import GRAMS, _exact_deltas, _exact_deltas_low, _mc_epsilon_interval
+
+import dpmf
+from dpmf.accounting.allocation.dominating_pair import mixture_means
+from dpmf.accounting.allocation.markov import (
+    MarkovSurrogate,
+    _interp_call,
+    _interp_put,
+    _solve,
+    call_bound_table,
+    fit_surrogate,
+    lag_maxima,
+    markov_epsilon,
+    put_bound_table,
+)
+from dpmf.sampling import BallsInBinsSampling
+from dpmf.strategies import ToeplitzStrategy, bsr
+
+
+def _surrogate_gram(sur: MarkovSurrogate, b: int) -> np.ndarray:
+    lags = sur.lags(b)
+    return lags[np.abs(np.subtract.outer(np.arange(b), np.arange(b)))]
+
+
+def _deltas(sur: MarkovSurrogate, b: int, sigma: float, eps_values):
+    st, ca = call_bound_table(sur, sigma, b, b * math.exp(1.2))
+    ps, pu = put_bound_table(sur, sigma, b, b * 1.0001)
+    return [(_interp_call(st, ca, b * math.exp(e), b) / b, math.exp(e) * _interp_put(ps, pu, b / math.exp(e)) / b)
+            for e in eps_values]
+
+
+@pytest.mark.parametrize("gram", GRAMS, ids=["b2", "b2-strong", "b3"])
+def test_program_bounds_the_exact_pair_and_the_surrogate_by_integration(gram):
+    b, sigma, eps_values = gram.shape[0], 1.2, (0.1, 0.5, 1.0)
+    sur = fit_surrogate(gram * (1 + 1e-12))
+    K = _surrogate_gram(sur, b)
+    assert np.all(K >= gram)  # entrywise domination (Kahane's condition)
+    for eps, (rem, add) in zip(eps_values, _deltas(sur, b, sigma, eps_values)):
+        exact = _exact_deltas(gram, sigma, eps)
+        surrogate_hi, surrogate_lo = _exact_deltas(K, sigma, eps), _exact_deltas_low(K, sigma, eps)
+        # Kahane: the surrogate's exact deltas dominate the pair's
+        assert surrogate_lo[0] >= exact[0] * (1 - 1e-6) and surrogate_lo[1] >= exact[1] * (1 - 1e-6)
+        # the program is an upper bound of the surrogate (so of the pair), and tight (grid error)
+        assert rem >= surrogate_hi[0] and add >= surrogate_hi[1]
+        assert rem <= 1.08 * surrogate_lo[0] and add <= 1.05 * surrogate_lo[1]
+
+
+def test_entrywise_domination_is_needed_by_integration():
+    # negative control: half the lag-one covariance (not >= G) is optimistic for the exact pair
+    gram = GRAMS[2]
+    sur = fit_surrogate(gram * (1 + 1e-12))
+    g = sur.lags(2)
+    a, be, s = _solve(g[0], 0.3 * g[1], sur.rho)
+    bad = MarkovSurrogate(a, be, sur.rho, s, sur.order, 0.0)
+    assert np.any(_surrogate_gram(bad, 3) < gram)
+    (rem, add), = _deltas(bad, 3, 1.2, (0.5,))
+    exact_low = _exact_deltas_low(gram, 1.2, 0.5)
+    assert rem < exact_low[0]  # caught
+
+
+@pytest.mark.parametrize(
+    "strategy, epochs",
+    [(bsr(64, 4), 1), (bsr(64, 8), 1), (ToeplitzStrategy([1.0, 0.8, 0.6], 64), 1), (bsr(128, 4), 2), (bsr(32, 3), 2)],
+)
+def test_fitted_chain_dominates_the_gram_entrywise(strategy, epochs):
+    means = mixture_means(strategy, epochs, strategy.n)
+    gram = means @ means.T
+    sur = fit_surrogate(gram * (1 + 1e-12))
+    b = gram.shape[0]
+    order = np.arange(b) if sur.order == "natural" else None
+    if order is None:  # zig-zag: 0, b-1, 1, b-2, ...
+        order = np.empty(b, dtype=int)
+        order[0::2], order[1::2] = np.arange((b + 1) // 2), np.arange(b - 1, (b + 1) // 2 - 1, -1)
+    pos = np.argsort(order)
+    K = sur.lags(b)[np.abs(pos[:, None] - pos[None, :])]
+    assert np.all(K >= gram)
+    assert np.all(sur.lags(b) >= lag_maxima(gram, order))
+    if epochs > 1:  # the cyclic Gram's corners: the natural order cannot follow them cheaply
+        assert sur.order == "zigzag"
+
+
+@pytest.mark.parametrize(
+    "strategy, epochs, sigma",
+    [(bsr(32, 4), 1, 2.0), (ToeplitzStrategy([1.0, 0.8, 0.6], 32), 1, 3.0), (bsr(32, 3), 2, 4.0)],
+)
+def test_member_never_below_the_monte_carlo_lower_bound(strategy, epochs, sigma):
+    delta = 1e-3
+    means = mixture_means(strategy, epochs, strategy.n)
+    b = means.shape[0]
+    sur = fit_surrogate((means @ means.T) * (1 + 1e-12))
+    out = markov_epsilon(sur, sigma, b, delta, 3.0)
+    point, lower = _mc_epsilon_interval(means, sigma, delta, 100_000, seed=11)
+    assert out["epsilon"] >= lower
+    assert out["epsilon"] <= 1.6 * point  # not vacuous
+    # negative control: the same program on independent slots at the diagonal (correlation dropped)
+    g0 = sur.lags(1)[0]
+    indep = MarkovSurrogate(math.sqrt(g0), 0.0, 0.0, 1.0, "natural", 0.0)
+    if epochs == 1:
+        assert markov_epsilon(indep, sigma, b, delta, 3.0)["epsilon"] < lower  # caught
+
+
+def test_accountant_offers_the_member_and_never_exceeds_the_others():
+    strategy, scheme, sigma, delta = bsr(32, 4), BallsInBinsSampling(1, 32), 2.0, 1e-3
+    report = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld")
+    rows = report.diagnostics["reductions"]
+    markov = [r for r in rows if r["bound"].startswith("Markov surrogate")]
+    others = [r["epsilon"] for r in rows if not r["bound"].startswith("Markov") and r.get("epsilon") is not None]
+    assert len(markov) == 1 and others
+    assert report.epsilon <= min(others)
+    # here the Markov member is the tighter (the spectral family's best is 1.2x the Monte Carlo value)
+    assert report.epsilon < min(others) and report.diagnostics["bound"].startswith("Markov surrogate")
+    assert report.certified
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigma", [2.0, 3.0])
+def test_member_never_below_monte_carlo_at_delta_1e5_b64(sigma):
+    strategy = bsr(64, 4)
+    means = mixture_means(strategy, 1, 64)
+    sur = fit_surrogate((means @ means.T) * (1 + 1e-12))
+    out = markov_epsilon(sur, sigma, 64, 1e-5, 2.0)
+    point, lower = _mc_epsilon_interval(means, sigma, 1e-5, 400_000, seed=5)
+    assert lower <= out["epsilon"] <= 1.25 * point
