@@ -71,6 +71,7 @@ deviations of the per-copy loss.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -292,8 +293,25 @@ def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, 
     this module does not import it back."""
     global _pld
     _pld = grid
+    key = (float(eta), tuple((int(m), int(c)) for m, c in parts), float(delta), float(rel_tol), int(max_points))
+    if key not in _MEMO:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = _composition_epsilon(eta, parts, delta, rel_tol=rel_tol, max_points=max_points)
+    return copy.deepcopy(_MEMO[key])
+
+
+#: Results by (eta, parts, delta, rel_tol, max_points): the planner's rows "fresh slots each epoch"
+#: and "k of k t fresh" often reduce to the same composition, and their calibrations probe the same
+#: noises in the same order (a deterministic search), so the second row costs nothing.
+_MEMO: dict = {}
+_MEMO_SIZE = 512
+
+
+def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max_points: int) -> dict:
     total = sum(c for _, c in parts)
     by_dir, detail = {}, {}
+    profiles = {}  # one copy's profile does not depend on the loss spacing: computed once per part
     for direction, reach in (("remove", 0), ("add", _ADD_REACH[0]), ("add", _ADD_REACH[1])):
         if reach == _ADD_REACH[1] and by_dir["add"] <= by_dir["remove"]:
             break  # the add bound cannot decide the max: no need for the wider (costlier) window
@@ -304,7 +322,10 @@ def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, 
             law_all, inf_all = None, 0.0
             eps_guess = None
             for m, copies in parts:
-                d, lo, hi = _profile_points(direction, eta, m, budget, rel_tol, max_points, add_reach=reach or 4)
+                if (direction, m, reach) not in profiles:
+                    profiles[direction, m, reach] = _profile_points(
+                        direction, eta, m, budget, rel_tol, max_points, add_reach=reach or 4)
+                d, lo, hi = profiles[direction, m, reach]
                 law, p_inf = _connect_the_dots(d, lo, hi, step)
                 law, cut = _trim(law, budget)
                 p_inf = min(p_inf + cut, 1.0)
