@@ -23,6 +23,7 @@ from dpmf.accounting.allocation.markov import (
     _interp_put,
     _solve,
     call_bound_table,
+    class_grams,
     fit_surrogate,
     lag_maxima,
     markov_epsilon,
@@ -120,11 +121,21 @@ def test_accountant_offers_the_member_and_never_exceeds_the_others():
     rows = report.diagnostics["reductions"]
     markov = [r for r in rows if r["bound"].startswith("Markov surrogate")]
     others = [r["epsilon"] for r in rows if not r["bound"].startswith("Markov") and r.get("epsilon") is not None]
-    assert len(markov) == 1 and others
+    assert [r["bound"][-5:] for r in markov] == ["rder)", "mod 2", "mod 3"]  # q = 1, 2, 3 (< the period 4)
+    assert others
     assert report.epsilon <= min(others)
-    # here the Markov member is the tighter (the spectral family's best is 1.2x the Monte Carlo value)
-    assert report.epsilon < min(others) and report.diagnostics["bound"].startswith("Markov surrogate")
+    # here a Markov member is the tighter (the spectral family's best is 1.2x the Monte Carlo value)
+    assert report.epsilon < min(others) and "Markov surrogate" in report.diagnostics["bound"]
     assert report.certified
+    point, lower = _mc_epsilon_interval(mixture_means(strategy, 1, 32), sigma, delta, 100_000, seed=3)
+    assert lower <= report.epsilon <= 1.25 * point
+
+
+def test_class_parts_are_the_jensen_weights():
+    gram = np.arange(49, dtype=float).reshape(7, 7)
+    grams, parts = class_grams(gram, 3)
+    assert [g.shape[0] for g in grams] == [3, 2, 2] and parts == [(2, 4 / 7), (3, 3 / 7)]
+    assert np.array_equal(grams[1], gram[np.ix_([1, 4], [1, 4])])
 
 
 @pytest.mark.slow

@@ -84,12 +84,16 @@ __all__ = [
     "spectral_groups",
     "strategy_reductions",
     "reduced_epsilon",
+    "markov_members",
+    "MARKOV_MAX_PERIOD",
     "identity_pair_epsilon_lower_bound",
 ]
 
 _U = 2.0**-53
 #: Largest ``b * max(b, N)`` for which the Gram matrix is built and the spectral family is tried.
 MAX_GRAM_ENTRIES = 2**24
+#: The Markov members are tried on residue classes modulo ``1..this`` (:func:`markov_members`).
+MARKOV_MAX_PERIOD = 4
 #: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
 _ALL_PERIODS_UP_TO = 16
 
@@ -194,9 +198,9 @@ class Reductions:
     orthogonal: "OrthogonalGroups"  # (dpmf.accounting.allocation.pld)
     spectral: tuple[SpectralGroup, ...]
     skipped: str | None = None
-    #: the Markov surrogate of :mod:`.markov` (``None``: skipped, ``markov_skipped`` says why) and ``b``
-    markov: "MarkovSurrogate | None" = None
-    steps_per_epoch: int = 0
+    #: the Markov members of :mod:`.markov`: ``(q, surrogate, parts)`` per period ``q`` of the residue
+    #: classes (empty: skipped, ``markov_skipped`` says why)
+    markov: tuple = ()
     markov_skipped: str | None = None
 
     @property
@@ -230,22 +234,29 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
     if b * max(b, n) > MAX_GRAM_ENTRIES:
         return Reductions(og, (), f"b * max(b, N) = {b * max(b, n)} > {MAX_GRAM_ENTRIES}: orthogonal groups only")
     means = mixture_means(strategy, k, n)
-    sur, why = _markov_member(means)
-    return Reductions(og, tuple(spectral_groups(means, max_period=og.period)), None, sur, b, why)
+    members, why = markov_members(means, og.period)
+    return Reductions(og, tuple(spectral_groups(means, max_period=og.period)), None, members, why)
 
 
-def _markov_member(means: np.ndarray):
-    """The Markov surrogate (:mod:`.markov`) of the ``b x N`` means, or ``None`` and the reason."""
+def markov_members(means: np.ndarray, period: int):
+    """The Markov members (:mod:`.markov`) of the ``b x N`` means: for each period ``q`` in
+    ``1..min(MARKOV_MAX_PERIOD, period - 1)`` (at ``q = period`` the classes are orthogonal and the
+    member is the orthogonal groups), the chain dominating every residue class's Gram and the
+    Jensen parts; or ``()`` and the reason."""
     from dpmf.accounting.allocation import markov
 
     b, n = means.shape
     if b > markov.MAX_SLOTS:
-        return None, f"b = {b} > {markov.MAX_SLOTS} slots: the Markov member's O(b^2) program is skipped for cost"
-    if b < 2:
-        return None, "one slot: nothing to correlate"
+        return (), f"b = {b} > {markov.MAX_SLOTS} slots: the Markov members' O(b^2) program is skipped for cost"
     gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * _U)
-    sur = markov.fit_surrogate(np.maximum(gram, gram.T))
-    return (sur, None) if sur is not None else (None, "no ARMA(1,1) chain passed the entrywise check")
+    gram = np.maximum(gram, gram.T)
+    out = []
+    for q in range(1, min(MARKOV_MAX_PERIOD, period - 1, b // 2) + 1):
+        grams, parts = markov.class_grams(gram, q)
+        sur = markov.fit_surrogate(grams)
+        if sur is not None:
+            out.append((q, sur, tuple(parts)))
+    return tuple(out), (None if out else "no residue class has two correlated slots, or no chain passed the check")
 
 
 def identity_pair_epsilon_lower_bound(noise_multiplier: float, slots: int, delta: float) -> float:
@@ -309,7 +320,7 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
     out["reductions"] = rows
     if reductions.skipped:
         out["spectral_groups_skipped"] = reductions.skipped
-    if reductions.markov is not None:
+    if reductions.markov:
         _add_markov(out, reductions, noise_multiplier, delta)
     elif reductions.markov_skipped:
         out["markov_skipped"] = reductions.markov_skipped
@@ -317,19 +328,25 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
 
 
 def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -> None:
-    """Offer the Markov member (:mod:`.markov`): each direction's epsilon is the smaller of the best
-    member's and the Markov one's (each a sound bound of that direction; the true deltas are
-    non-increasing in epsilon), searched below the best member's epsilon (above it it cannot win)."""
+    """Offer the Markov members (:mod:`.markov`): each direction's epsilon is the smallest over the
+    members (each a sound bound of that direction; the true deltas are non-increasing in epsilon),
+    each searched below the best epsilon so far (above it, it cannot win)."""
     from dpmf.accounting.allocation.markov import markov_epsilon
 
-    sur, b = reductions.markov, reductions.steps_per_epoch
-    mk = markov_epsilon(sur, sigma, b, delta, out["epsilon"])
-    out["reductions"].append({"bound": sur.describe(), "slots": b, "epsilon": mk["epsilon"],
-                              "epsilon_by_direction": mk["epsilon_by_direction"]})
-    by_dir = {d: min(v, mk["epsilon_by_direction"][d]) for d, v in out["epsilon_by_direction"].items()}
-    eps = max(by_dir.values())
-    if eps < out["epsilon"]:
-        wins = [d for d in by_dir if mk["epsilon_by_direction"][d] < out["epsilon_by_direction"][d]]
-        out["bound"] = (sur.describe() if len(wins) == len(by_dir)
-                        else f"{sur.describe()} ({', '.join(wins)}) with {out['bound']} (other direction)")
-        out["epsilon"], out["epsilon_by_direction"] = eps, by_dir
+    names = {d: out["bound"] for d in out["epsilon_by_direction"]}
+    by_dir = dict(out["epsilon_by_direction"])
+    for q, sur, parts in reductions.markov:
+        label = f"{sur.describe()}" + (f" on residue classes mod {q}" if q > 1 else "")
+        mk = markov_epsilon(sur, sigma, parts, delta, max(by_dir.values()))
+        row = {"bound": label, "slots": max(n for n, _ in parts), "epsilon": mk["epsilon"],
+               "epsilon_by_direction": mk["epsilon_by_direction"]}
+        if math.isinf(mk["epsilon"]):
+            row["note"] = f"searched below {max(by_dir.values()):.6g} only (it cannot win above)"
+        out["reductions"].append(row)
+        for d, v in mk["epsilon_by_direction"].items():
+            if v < by_dir[d]:
+                by_dir[d], names[d] = v, label
+    if max(by_dir.values()) < out["epsilon"]:
+        kinds = set(names.values())
+        out["bound"] = kinds.pop() if len(kinds) == 1 else "; ".join(f"{d}: {n}" for d, n in names.items())
+        out["epsilon"], out["epsilon_by_direction"] = max(by_dir.values()), by_dir

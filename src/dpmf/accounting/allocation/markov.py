@@ -102,6 +102,7 @@ __all__ = [
     "MarkovSurrogate",
     "lag_maxima",
     "fit_surrogate",
+    "class_grams",
     "call_bound_table",
     "markov_epsilon",
 ]
@@ -111,11 +112,13 @@ _U = 2.0**-53
 MAX_SLOTS = 512
 #: Half-width ``L`` of the innovation grid (standard units) and its number of cells.
 _XI_HALF = 7.0
-_XI_CELLS = 56
+_XI_CELLS = 40
+#: Stretch of the innovation grid (points denser at 0; :func:`_points`).
+_XI_STRETCH = 2.0
 #: The chain's grid ``[z_lo, z_hi]`` (standard units) and its nodes.
-_Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 70
+_Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 100
 #: Partial-sum nodes per window.
-_U_NODES = 600
+_U_NODES = 400
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,19 @@ def lag_maxima(gram: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.array([float(np.diagonal(g, L).max()) for L in range(g.shape[0])])
 
 
+def class_grams(gram: np.ndarray, q: int) -> tuple[list[np.ndarray], list[tuple[int, float]]]:
+    """The Gram matrices of the residue classes ``{i = r mod q}`` and the parts ``(size, weight)``
+    (``weight = n_r / b`` summed over the classes of one size) of the Jensen step
+    ``E f(S) <= sum_r (n_r / b) E f(S_r)`` (:mod:`.correlated`, Theorem)."""
+    b = gram.shape[0]
+    grams, sizes = [], {}
+    for r in range(q):
+        idx = np.arange(r, b, q)
+        grams.append(gram[np.ix_(idx, idx)])
+        sizes[idx.size] = sizes.get(idx.size, 0) + idx.size
+    return grams, sorted((n, c / b) for n, c in sizes.items())
+
+
 def _solve(gamma0: float, g1: float, rho: float) -> tuple[float, float, float]:
     """``alpha, beta >= 0`` with ``alpha^2 + beta^2 = gamma0`` and ``alpha^2 rho + alpha beta s = g1``."""
     s = math.sqrt(max(1.0 - rho * rho, 0.0)) * (1 + 4 * _U)
@@ -170,16 +186,20 @@ def _solve(gamma0: float, g1: float, rho: float) -> tuple[float, float, float]:
     return r * math.cos(theta), r * math.sin(theta), s
 
 
-def fit_surrogate(gram: np.ndarray, *, rhos=None) -> MarkovSurrogate | None:
+def fit_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
     """The chain (Gram units) dominating ``gram`` entrywise with the smallest proxy
     ``gamma_0 + 2 g_1 / (1 - rho)`` over ``rho`` in a grid and the two orders (module docstring);
-    ``gram`` must already be rounded up. ``None`` if no candidate passes the float check."""
-    g = np.asarray(gram, dtype=np.float64)
-    b = g.shape[0]
-    rhos = np.arange(0.02, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
+    ``gram`` (or a list of Gram matrices, dominated at once: the residue classes of
+    :func:`class_grams`) must already be rounded up. ``None`` if no candidate passes the float check."""
+    grams = [np.asarray(g, dtype=np.float64) for g in gram] if isinstance(gram, (list, tuple)) else [np.asarray(gram, dtype=np.float64)]
+    b = max(g.shape[0] for g in grams)
+    rhos = np.arange(0.0, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
     best = None
     for kind in ("natural", "zigzag"):
-        tgt = lag_maxima(g, _order(b, kind))
+        tgt = np.zeros(b)
+        for g in grams:
+            lm = lag_maxima(g, _order(g.shape[0], kind))
+            tgt[: lm.size] = np.maximum(tgt[: lm.size], lm)
         pos = np.flatnonzero(tgt[1:] > 0) + 1
         for rho in rhos:
             rho = float(rho)
@@ -193,32 +213,41 @@ def fit_surrogate(gram: np.ndarray, *, rhos=None) -> MarkovSurrogate | None:
             if best is not None and proxy >= best.proxy:
                 continue
             a, be, s = _solve(gamma0, g1, rho)
+            if a < 1e-3 * math.sqrt(gamma0):  # (the put program's grid e^{alpha z} would degenerate)
+                continue
             cand = MarkovSurrogate(a, be, rho, s, kind, proxy)
             if np.all(cand.lags(b) >= tgt * (1 + 1e-10)):  # (1/sigma scaling later: 4u)
                 best = cand
     return best
 
 
+def _points(half: float, cells: int, stretch: float) -> np.ndarray:
+    """``cells + 1`` increasing points on ``[-L, L]``, denser at 0: ``L sinh(a t) / sinh(a)``, ``t``
+    uniform on ``[-1, 1]`` (``a = stretch``; any points give a valid spread, they only set its error)."""
+    t = np.linspace(-1.0, 1.0, cells + 1)
+    return half * np.sinh(stretch * t) / math.sinh(stretch) if stretch > 0 else half * t
+
+
 @lru_cache(maxsize=8)
-def _spread(half: float, cells: int) -> tuple[np.ndarray, np.ndarray]:
-    """Points ``-L .. L`` and weights of the standard normal spread onto them (each cell's mass at
-    its ends, mean kept; the mass below ``-L`` at ``-L``; the mass above ``L`` left out: charged),
-    computed in 40-digit arithmetic and rounded to float64."""
+def _spread(half: float, cells: int, stretch: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Points (:func:`_points`) and weights of the standard normal spread onto them (each cell's
+    mass at its ends, mean kept; the mass below ``-L`` at ``-L``; the mass above ``L`` left out:
+    charged), computed in 40-digit arithmetic on the float points and rounded to float64."""
     import mpmath as mp
 
+    pts = _points(half, cells, stretch)
     with mp.workdps(40):
-        d = mp.mpf(2 * half) / cells
-        xs = [-mp.mpf(half) + k * d for k in range(cells + 1)]
+        xs = [mp.mpf(float(x)) for x in pts]
         cdf = [mp.ncdf(x) for x in xs]
         pdf = [mp.npdf(x) for x in xs]
         w = [mp.mpf(0)] * (cells + 1)
         w[0] = cdf[0]
         for k in range(cells):
             p = cdf[k + 1] - cdf[k]
-            right = (pdf[k] - pdf[k + 1] - xs[k] * p) / d  # E[xi - x_k; cell] / d
+            right = (pdf[k] - pdf[k + 1] - xs[k] * p) / (xs[k + 1] - xs[k])  # E[xi - x_k; cell] / width
             w[k] += p - right
             w[k + 1] += right
-        return np.array([float(x) for x in xs]), np.array([float(x) for x in w])
+        return pts.copy(), np.array([float(x) for x in w])
 
 
 def _compiled_step(name: str = "step"):
@@ -269,7 +298,7 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
     step = _compiled_step()
     alpha, beta = sur.alpha / sigma, sur.beta / sigma
     rho, s = sur.rho, sur.s
-    xs, ws = _spread(_XI_HALF, xi_cells)
+    xs, ws = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
     c, pw_lo, pw_hi, offset = _chain_constants(alpha, beta, rho, s, b)
     z = np.linspace(_Z_LO, _Z_HI, z_nodes)
     dz = (_Z_HI - _Z_LO) / (z_nodes - 1)
@@ -331,7 +360,7 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
     step = _compiled_step("step_put")
     alpha, beta = sur.alpha / sigma, sur.beta / sigma
     rho, s = sur.rho, sur.s
-    xs, _ = _spread(_XI_HALF, xi_cells)
+    xs, _ = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
     kappa = max(alpha * s, beta)
     ws = _mp_spread(xs, kappa)
     c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * _U)
@@ -383,21 +412,25 @@ def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> fl
     return float((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
 
 
-def markov_epsilon(sur: MarkovSurrogate, sigma: float, b: int, delta: float, eps_hi: float, **grid) -> dict:
+def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_hi: float, **grid) -> dict:
     """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
     in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
 
-    remove: ``C~(b e^eps) / b <= delta``; add: ``e^eps P~(b e^-eps) / b <= delta``."""
-    k_max = b * math.exp(eps_hi) * 1.02
-    strikes, calls = call_bound_table(sur, sigma, b, k_max, **grid)
-    pstrikes, puts = put_bound_table(sur, sigma, b, b * 1.0001, **grid)
+    ``parts``: ``b`` (one sum of ``b`` slots) or ``[(n, weight), ...]`` (the Jensen mixture over
+    residue classes, :func:`class_grams`). remove: ``sum w C~_n(n e^eps) / n <= delta``; add:
+    ``sum w e^eps P~_n(n e^-eps) / n <= delta``."""
+    parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
+    tables = []
+    for n, w in parts:
+        k_max = n * math.exp(eps_hi) * 1.02
+        tables.append((n, w, call_bound_table(sur, sigma, n, k_max, **grid), put_bound_table(sur, sigma, n, n * 1.0001, **grid)))
 
     def rem(e):
-        return _interp_call(strikes, calls, b * math.exp(e), b) / b * (1 + 4 * _U)
+        return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca), _ in tables) * (1 + 4 * (len(tables) + 1) * _U)
 
     def add(e):
         ee = math.exp(e)
-        return ee * _interp_put(pstrikes, puts, b / ee) / b * (1 + 8 * _U)
+        return sum(w * ee * _interp_put(ps, pu, n / ee) / n for n, w, _, (ps, pu) in tables) * (1 + 4 * (len(tables) + 2) * _U)
 
     out = {}
     for name, fn in (("remove", rem), ("add", add)):
