@@ -52,3 +52,82 @@ def step_lse(f, src, t, t_pairs, log_t_fact, window, g_row, g_kk, inv_s2, starts
             acc += math.exp(f[src[i]] + (g_kk * t_pairs[i] + t[i] * inter) * inv_s2 - log_t_fact[i] - mx)
         out[s] = mx + math.log(acc)
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _ndtr_neg_abs(x):  # pragma: no cover - compiled
+    """``Phi(-|x|)``, the smaller tail (``ndtr(-|x|)`` of scipy, via ``erfc``)."""
+    return 0.5 * math.erfc(abs(x) * 0.7071067811865476)
+
+
+@nb.njit(cache=True, nogil=True)
+def _interval_mass(lo, hi, t_lo, t_hi):  # pragma: no cover - compiled
+    if hi < 0:
+        m = t_hi - t_lo
+    elif lo >= 0:
+        m = t_lo - t_hi
+    else:
+        m = 1.0 - t_lo - t_hi
+    return m if m > 0 else 0.0
+
+
+@nb.njit(cache=True, nogil=True)
+def _upper_share(exp_eps, p, q, factor, slack):  # pragma: no cover - compiled
+    qt = exp_eps * q  # e^eps Q-mass (inf when e^eps overflows: then the share is 0, as in numpy)
+    if qt == 0.0:
+        return p
+    up = (p - qt) * factor + slack * p
+    if up != up or up == math.inf:
+        up = 0.0
+    return min(max(up, 0.0), p)
+
+
+@nb.njit(cache=True, nogil=True)
+def two_point_rows(lam, first, n, s, disc, sign, slack, out, u_first, u_last):  # pragma: no cover - compiled
+    """Interval masses and connect-the-dots splits of two-point mixture PMFs, row by row.
+
+    Row ``r``: the mixture ``(1 - lam) N(0, 1) + lam N(s, 1)`` against ``N(0, 1)`` on the loss
+    grid ``(first + k) disc``, ``k < n``; ``sign = +1``: remove (P = mixture, remove-loss levels
+    ``(first + k) disc``), ``-1``: add (P = N(0, 1), remove-loss levels ``-(first + k) disc``). For
+    each grid interval the P- and Q-masses (from the smaller normal tails) are split between its end
+    points as :func:`dpmf.privacy.mixture._connect_the_dots` does; ``out[r, :n]`` receives them
+    (the caller adds the masses outside the grid). The inverse loss is closed form. Same arithmetic
+    as the numpy expressions in ``allocation/identity.py``, up to the order of a few additions.
+    """
+    factor = math.exp(disc) / math.expm1(disc)
+    c = 0.5 * s * s
+    for r in range(lam.size):
+        lm = lam[r]
+        ll = math.log(lm)
+        u_prev = 0.0
+        t0_prev = 0.0
+        t1_prev = 0.0
+        exp_prev = 0.0
+        for k in range(n[r]):
+            eps_k = (first[r] + k) * disc
+            level = sign * eps_k
+            u = (math.log(math.expm1(level) + lm) - ll + c) / s
+            t0 = _ndtr_neg_abs(u)
+            t1 = _ndtr_neg_abs(u - s)
+            if k == 0:
+                u_first[r] = u
+            else:
+                if sign > 0:
+                    g = _interval_mass(u_prev, u, t0_prev, t0)
+                    g1 = _interval_mass(u_prev - s, u - s, t1_prev, t1)
+                else:
+                    g = _interval_mass(u, u_prev, t0, t0_prev)
+                    g1 = _interval_mass(u - s, u_prev - s, t1, t1_prev)
+                m = (1.0 - lm) * g + lm * g1
+                if sign > 0:
+                    up = _upper_share(exp_prev, m, g, factor, slack)
+                    out[r, k - 1] += m - up
+                else:
+                    up = _upper_share(exp_prev, g, m, factor, slack)
+                    out[r, k - 1] += g - up
+                out[r, k] += up
+            exp_prev = math.exp(eps_k)
+            u_prev = u
+            t0_prev = t0
+            t1_prev = t1
+        u_last[r] = u_prev

@@ -7,7 +7,10 @@ epsilon at the same delta is one too; the reported epsilon is the worst directio
 
 Applies to :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps, each example in
 one uniformly random step per epoch, reused) with a lower-triangular, entrywise non-negative encoder
-``C`` (Lemma 2.8). ``noise_multiplier`` is ``sigma`` for ``C`` as given (clip norm 1).
+``C`` (Lemma 2.8). ``noise_multiplier`` is ``sigma`` for ``C`` as given (clip norm 1). For
+``C = I`` (DP-SGD; ``k`` epochs reduce to one at ``sigma / sqrt(k)``) both bounds run the fast
+paths of :mod:`dpmf.accounting.allocation.identity` (the same bounds in ``O(A^2 log b)`` and
+``O(b)``, nothing ``b x b`` built), at any ``b``.
 
 >>> from dpmf.strategies import Identity
 >>> from dpmf.sampling import BallsInBinsSampling
@@ -48,7 +51,8 @@ WHICH = ("combined", "renyi", "conditional")
 #: many seconds (:func:`~dpmf.accounting.allocation.conditional.conditional_cost`, which reads
 #: the means: N = 1000 runs for banded strategies, e.g. about 5 s for BSR with 4 bands at k = 1 or
 #: k = 10, and 17-25 s for a dense Toeplitz C at k = 10, b = 100; a dense C at k = 1, b = 1000
-#: is estimated far above it); ``which="conditional"`` always runs.
+#: is estimated far above it); ``which="conditional"`` always runs, and so does the identity's
+#: fast path (``O(b)``: about 30 s at b = 10^5), so ``method="auto"`` never skips it for DP-SGD.
 DEFAULT_CONDITIONAL_BUDGET = 30.0
 
 
@@ -183,7 +187,8 @@ def account_allocation(
       delta_e: conditional composition's failure budget (default ``delta / 2``).
       temperatures, discretization: see :func:`conditional_epsilon`.
       conditional_budget: in ``"combined"`` mode, conditional composition is skipped (and the
-        report says so) when its estimated time exceeds this many seconds.
+        report says so) when its estimated time exceeds this many seconds; never for ``C = I``,
+        whose fast path (:mod:`dpmf.accounting.allocation.identity`) costs ``O(b)``.
       renyi_conversion: ``"per-direction"`` (default, never looser) or ``"joint"`` (Alg. 3).
       callback: ``callback(step, steps)`` during conditional composition.
       problem: a precomputed :class:`AllocationProblem` (reused by calibration).
@@ -218,7 +223,9 @@ def account_allocation(
             cost = identity_conditional_cost(b_id)
         else:
             cost = conditional_cost(problem.means, None, 1 + len(tuple(temperatures)), gram=problem.gram)
-        if which == "conditional" or cost <= conditional_budget:
+        # (C = I: the fast path costs O(b), 30 s at b = 10^5; it always runs, so auto never
+        # skips a bound it could have run)
+        if which == "conditional" or b_id is not None or cost <= conditional_budget:
             common = dict(delta_e=delta_e, discretization=discretization, callback=callback)
             if b_id is not None:  # (every psi of the family is uniform here: temperatures do not matter)
                 c = identity_conditional_epsilon(b_id, analysed, d, **common)

@@ -1,0 +1,192 @@
+"""Fast paths for C = I (``allocation/identity.py``) against the general Rényi and conditional code.
+
+Oracles: the general dynamic program / conditional composition run on the dense ``I_b`` (sizes both
+reach), brute-force enumeration of the Rényi tuple sum (Lemma 3.2) on tiny ``b``, the mixture PLD
+builder of ``dpmf.privacy.mixture`` for each step's PMF, and dp_accounting's sequential composition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dpmf.accounting.allocation import accountant as acc
+from dpmf.accounting.allocation import conditional as cond
+from dpmf.accounting.allocation import identity as ident
+from dpmf.accounting.allocation.renyi import RenyiAllocation, remove_rdp
+from dpmf.privacy.mixture import GaussianMixture
+from dpmf.privacy.pld import dense_pmf
+from dpmf.sampling import BallsInBinsSampling
+from dpmf.strategies import Identity
+
+
+# ----------------------------------------------------------------------------- Renyi
+@pytest.mark.parametrize("b", [1, 2, 7, 64, 300])
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 3.0])
+def test_renyi_power_equals_the_general_program(b, sigma):
+    fast = ident.identity_remove_rdp(b, sigma, 40)
+    general = remove_rdp(np.eye(b), sigma, 1, 40)
+    finite = np.isfinite(general)
+    assert np.array_equal(finite, np.isfinite(fast))
+    np.testing.assert_allclose(fast[finite], general[finite], rtol=1e-11, atol=1e-14)
+
+
+@pytest.mark.parametrize("b, a", [(2, 2), (3, 3), (3, 4), (4, 3)])
+def test_renyi_power_equals_the_brute_force_tuple_sum(b, a):
+    # Lemma 3.2 with G = I: sum over (r_1..r_a) in [b]^a of exp(#{j1 != j2: r_j1 = r_j2} / (2 s^2))
+    sigma = 0.8
+    total = 0.0
+    for r in itertools.product(range(b), repeat=a):
+        same = sum(1 for j1 in range(a) for j2 in range(a) if j1 != j2 and r[j1] == r[j2])
+        total += math.exp(same / (2 * sigma**2))
+    exact = (math.log(total) - a * math.log(b)) / (a - 1)
+    got = ident.identity_remove_rdp(b, sigma, a)[a - 2]
+    assert exact <= got <= exact + 1e-12  # (rounded up by its float allowance, never below)
+
+
+def test_renyi_allocation_for_the_identity_equals_the_general_one():
+    b = 50
+    fast, general = RenyiAllocation.identity(b), RenyiAllocation.create(np.eye(b))
+    for sigma, delta in [(0.7, 1e-5), (1.3, 1e-10), (3.0, 1e-6)]:
+        f, g = fast.epsilon(sigma, delta), general.epsilon(sigma, delta)
+        for d in ("remove", "add"):
+            assert f["epsilon_by_direction"][d] == pytest.approx(g["epsilon_by_direction"][d], rel=1e-11)
+    assert fast.gram is None and fast.size == b
+
+
+def test_renyi_identity_at_1e5_steps_is_fast_and_finite():
+    rho = ident.identity_remove_rdp(100_000, 1.0, 64)
+    assert np.all(np.isfinite(rho)) and np.all(np.diff(rho) >= 0)  # RDP is non-decreasing in the order
+    # order 2 in closed form: log(1 + (e - 1)/b); the float allowance (b + 16) 4 ulp (...) is ~4e-9 here
+    exact = math.log1p(math.expm1(1.0) / 100_000)
+    assert exact <= rho[0] <= exact + 1e-8
+
+
+# ----------------------------------------------------------------------------- conditional
+@pytest.mark.parametrize("b", [2, 5, 12, 40])
+@pytest.mark.parametrize("sigma", [0.6, 1.0, 2.5])
+def test_step_probabilities_equal_the_general_step_pairs(b, sigma):
+    beta = 1e-6 / (b - 1) ** 2
+    pairs = cond._step_pairs(np.eye(b), sigma, beta, cond.DEFAULT_TEMPERATURES, None)
+    lam = ident.identity_step_probabilities(b, sigma, beta)
+    for d in ("remove", "add"):
+        ref = np.array([w[-1] for a, w in pairs[d]])  # weight of the mean-1 component (sorted last)
+        assert all(a[-1] == 1.0 and np.all(a[:-1] == 0.0) for a, _ in pairs[d])
+        np.testing.assert_allclose(lam[d], ref, rtol=1e-9)
+
+
+@pytest.mark.parametrize("lam", [1e-4, 0.02, 0.3, 0.9, 0.999])
+@pytest.mark.parametrize("sigma", [0.7, 2.0])
+def test_step_pmfs_equal_the_mixture_builder(lam, sigma):
+    disc = 2e-3
+    s = 1.0 / sigma
+    lo, hi = ident._tail_points(s, np.array([lam]))
+    general = GaussianMixture.create([0.0, 1.0], [1.0 - lam, lam], sigma).pld(disc)
+    for d in ("remove", "add"):
+        j, P, inf = ident._rows(np.array([lam]), lo, hi, s, disc, d)
+        mine = dense_pmf(int(j[0]), P[0], float(inf[0]), disc)
+        ref = general.remove if d == "remove" else general.add
+        eps = np.linspace(0.0, 3.0, 31)
+        got = np.array([mine.get_delta_for_epsilon(e) for e in eps])
+        want = np.array([ref.get_delta_for_epsilon(e) for e in eps])
+        # the same PMF up to float rounding (erfc-based tails, closed-form inverse), except that the
+        # add direction's top point (loss -log(1 - lam)) is placed at its own grid index where the
+        # general builder puts it at the next grid point: that moves mass <= Phi(-10) ~ 7.6e-24 up
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-22)
+
+
+def test_the_add_pmfs_top_point_sits_at_minus_log_one_minus_lambda():
+    # sigma 3, lam 0.5: the add loss is at most -log(1/2) = 0.693, far above the last grid point
+    # reached from the Gaussian's +-10 sd range; the last interval's mass goes there (pessimistic)
+    lam, sigma, disc = 0.5, 3.0, 1e-2
+    s = 1.0 / sigma
+    lo, hi = ident._tail_points(s, np.array([lam]))
+    first, n, width, floor_idx = ident._grid(np.array([lam]), lo, hi, s, disc, "add")
+    top = 1 - int(floor_idx[0])
+    assert top > int(first[0] + n[0])  # a gap between the grid and the top point
+    j, P, _ = ident._rows(np.array([lam]), lo, hi, s, disc, "add")
+    assert P[0, top - int(j[0])] > 0 and top * disc >= -math.log1p(-lam)
+    assert np.all(P[0, int(n[0]) : top - int(j[0])] == 0)
+
+
+def test_batched_tree_composition_equals_sequential_composition():
+    rng = np.random.default_rng(3)
+    pmfs = []
+    for _ in range(7):
+        p = rng.random(rng.integers(5, 40))
+        p /= p.sum() * (1 + 1e-3)
+        pmfs.append(dense_pmf(int(rng.integers(-20, 5)), p, 1e-3 * float(rng.random()), 1e-2))
+    seq = pmfs[0]
+    for p in pmfs[1:]:
+        seq = seq.compose(p, 1e-15)
+    width = max(len(p._probs) for p in pmfs)
+    P = np.zeros((len(pmfs), width))
+    for r, p in enumerate(pmfs):
+        P[r, : len(p._probs)] = p._probs
+    lo = np.array([p._lower_loss for p in pmfs])
+    inf = np.array([p._infinity_mass for p in pmfs])
+    j, probs, inf_mass = ident._compose_rows(lo, P, inf, 1e-15)
+    tree = dense_pmf(j, probs, inf_mass, 1e-2)
+    assert inf_mass == pytest.approx(seq._infinity_mass, rel=1e-12)
+    for e in (0.0, 0.1, 0.5, 1.0):
+        assert tree.get_delta_for_epsilon(e) == pytest.approx(seq.get_delta_for_epsilon(e), rel=1e-10, abs=1e-16)
+
+
+@pytest.mark.parametrize("b, sigma, delta", [(2, 1.0, 1e-5), (12, 1.0, 1e-5), (40, 0.6, 1e-6), (40, 2.0, 1e-9)])
+def test_conditional_epsilon_equals_the_general_code(b, sigma, delta):
+    general = cond.conditional_epsilon(np.eye(b), sigma, delta)
+    fast = ident.identity_conditional_epsilon(b, sigma, delta)
+    assert fast["discretization"] == pytest.approx(general["discretization"], rel=1e-12)
+    assert fast["beta"] == general["beta"]
+    # the two compose in different orders (a tree of batched FFTs vs b - 1 sequential ones), whose
+    # round-off differs by ~1e-16 absolute per PMF entry; at delta - delta_E = 5e-10 a delta error
+    # of 3e-16 already moves epsilon by ~1e-7 relative (measured: 7e-8), at 5e-6 by < 1e-10
+    rel = 1e-8 if delta >= 1e-6 else 1e-6
+    for d in ("remove", "add"):
+        assert fast["epsilon_by_direction"][d] == pytest.approx(general["epsilon_by_direction"][d], rel=rel)
+
+
+# ----------------------------------------------------------------------------- the accountant
+@pytest.mark.parametrize(
+    "strategy, scheme, sigma, delta",
+    [
+        (Identity(16), BallsInBinsSampling(2, 16), 1.0, 1e-5),
+        (Identity(40), BallsInBinsSampling(1, 40), 0.8, 1e-7),
+        (Identity(30), BallsInBinsSampling(1, 30), 3.0, 1e-5),
+    ],
+)
+def test_accountant_fast_path_equals_the_general_path(strategy, scheme, sigma, delta, monkeypatch):
+    fast_problem = acc.AllocationProblem.create(strategy, scheme)
+    assert fast_problem.identity_steps is not None and fast_problem.gram is None
+    fast = acc.account_allocation(strategy, scheme, sigma, delta, problem=fast_problem)
+    monkeypatch.setattr(acc, "_is_identity", lambda *args: False)  # the general (dense) path
+    general_problem = acc.AllocationProblem.create(strategy, scheme)
+    assert general_problem.identity_steps is None and general_problem.gram is not None
+    general = acc.account_allocation(strategy, scheme, sigma, delta, problem=general_problem)
+    assert fast.epsilon == pytest.approx(general.epsilon, rel=1e-8)
+    for key in ("renyi", "conditional"):
+        for d in ("remove", "add"):
+            assert fast.diagnostics[key]["epsilon_by_direction"][d] == pytest.approx(
+                general.diagnostics[key]["epsilon_by_direction"][d], rel=1e-8
+            )
+    assert fast.diagnostics["gaussian_epsilon"] == general.diagnostics["gaussian_epsilon"]
+
+
+def test_the_identity_is_never_built(monkeypatch):
+    def refuse(self):
+        raise AssertionError(f"Identity({self.n}).encoder() was called")
+
+    monkeypatch.setattr(Identity, "encoder", refuse)
+    n = 3000
+    r = acc.account_allocation(Identity(n), BallsInBinsSampling(1, n), 1.0, 1e-6)
+    assert r.certified and math.isfinite(r.epsilon)
+    assert r.diagnostics["conditional"]["fast_path"] == "identity"
+    assert acc.supports(Identity(n), BallsInBinsSampling(1, n)) is None
+
+
+def test_explicit_bandwidth_takes_the_general_path():
+    p = acc.AllocationProblem.create(Identity(8), BallsInBinsSampling(1, 8), bandwidth=2)
+    assert p.identity_steps is None and p.gram is not None
