@@ -86,6 +86,7 @@ __all__ = [
     "reduced_epsilon",
     "markov_members",
     "MARKOV_MAX_PERIOD",
+    "MARKOV_SLOT_BUDGET",
     "identity_pair_epsilon_lower_bound",
 ]
 
@@ -94,6 +95,9 @@ _U = 2.0**-53
 MAX_GRAM_ENTRIES = 2**24
 #: The Markov members are tried on residue classes modulo ``1..this`` (:func:`markov_members`).
 MARKOV_MAX_PERIOD = 4
+#: ... while the members' slots (summed over periods and class sizes) stay below this (cost: about
+#: 2-3 s per 64 slots on one core at the default grid).
+MARKOV_SLOT_BUDGET = 256
 #: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
 _ALL_PERIODS_UP_TO = 16
 
@@ -250,13 +254,19 @@ def markov_members(means: np.ndarray, period: int):
         return (), f"b = {b} > {markov.MAX_SLOTS} slots: the Markov members' O(b^2) program is skipped for cost"
     gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * _U)
     gram = np.maximum(gram, gram.T)
-    out = []
+    out, work, why = [], 0, None
     for q in range(1, min(MARKOV_MAX_PERIOD, period - 1, b // 2) + 1):
         grams, parts = markov.class_grams(gram, q)
+        work += sum(n for n, _ in parts)  # (time is ~linear in the slots of each distinct class size)
+        if work > MARKOV_SLOT_BUDGET:
+            why = f"periods q >= {q} skipped for cost (the members' slots would exceed {MARKOV_SLOT_BUDGET})"
+            break
         sur = markov.fit_surrogate(grams)
         if sur is not None:
             out.append((q, sur, tuple(parts)))
-    return tuple(out), (None if out else "no residue class has two correlated slots, or no chain passed the check")
+    if not out:
+        why = why or "no residue class has two correlated slots, or no chain passed the check"
+    return tuple(out), why
 
 
 def identity_pair_epsilon_lower_bound(noise_multiplier: float, slots: int, delta: float) -> float:
@@ -322,7 +332,7 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
         out["spectral_groups_skipped"] = reductions.skipped
     if reductions.markov:
         _add_markov(out, reductions, noise_multiplier, delta)
-    elif reductions.markov_skipped:
+    if reductions.markov_skipped:
         out["markov_skipped"] = reductions.markov_skipped
     return out
 

@@ -11,21 +11,24 @@ expectations of convex functions of ``S`` (:mod:`.correlated`). The spectral gro
 :mod:`.correlated` make the slots *independent* and pay the correlation as variance; here the
 correlation is kept: ``Y`` is replaced by a Gaussian vector ``Y'`` whose covariance is *entrywise*
 larger and whose law is a one-dimensional Markov chain, and the law of the resulting sum is
-computed by a dynamic program over (chain state, partial sum) whose every discretization step
-is an upper bound.
+bounded by a dynamic program over (chain state, partial sum) whose every discretization step is an
+upper bound. :mod:`.correlated` offers it on the residue classes modulo ``q = 1..4`` (Jensen's
+inequality over the classes, its Theorem: ``E f(S) <= sum_r (n_r / b) E f(S_r)``; one chain
+dominating every class's Gram), each direction taking the smallest epsilon over all members.
 
 **Lemma K (Kahane's convexity inequality;** J.-P. Kahane, "Sur le chaos multiplicatif", Ann. Sci.
-Math. Québec 9 (1985); Rhodes & Vargas, "Gaussian multiplicative chaos and applications: a
-review", Probab. Surveys 11 (2014), Thm 2.1). If ``Y, Y'`` are centred Gaussian vectors with
-``Cov(Y)_ij <= Cov(Y')_ij`` for *all* ``i, j`` (no positive-semidefinite difference needed), then for
-non-negative weights and every convex ``F`` of at most polynomial growth,
+Math. Québec 9 (1985); stated e.g. in Rhodes & Vargas, "Gaussian multiplicative chaos and
+applications: a review", Probab. Surveys 11 (2014), §2). If ``Y, Y'`` are centred Gaussian vectors
+with ``Cov(Y)_ij <= Cov(Y')_ij`` for *all* ``i, j`` (no positive-semidefinite difference needed), then
+for non-negative weights ``w_i`` and every convex ``F`` of at most polynomial growth,
 ``E F(sum_i w_i e^{Y_i - Var(Y_i)/2}) <= E F(sum_i w_i e^{Y'_i - Var(Y'_i)/2})``. (Proof: with
-``Y_t = sqrt(t) Y' + sqrt(1 - t) Y``, Gaussian integration by parts gives ``d/dt E F(S_t) =
-(1/2) sum_ij (Cov(Y')_ij - Cov(Y)_ij) E[w_i w_j X_i X_j F''(S_t)] >= 0`` for smooth ``F``; the hinge
-functions used here are monotone limits of smooth convex ones.) So ``S <=_cx S'`` (equal means,
-both directions' deltas can only grow) as soon as ``G' >= G`` entrywise, ``G' = sigma^2 Cov(Y')``.
-The slots can be listed in any order ``pi`` (``S`` is a symmetric sum): the condition is
-``gamma(|pi^-1(i) - pi^-1(j)|) >= G_ij``.
+``Y_t = sqrt(t) Y' + sqrt(1 - t) Y`` (independent copies), Gaussian integration by parts gives
+``d/dt E F(S_t) = (1/2) sum_ij (Cov(Y')_ij - Cov(Y)_ij) E[w_i w_j X_i X_j F''(S_t)] >= 0`` for smooth
+``F``; the hinges used here are monotone limits of smooth convex functions.) So ``S <=_cx S'``
+(equal means; both directions' deltas can only grow) as soon as ``G' >= G`` entrywise,
+``G' = sigma^2 Cov(Y')``. The slots may be listed in any order ``pi`` (``S`` is a symmetric sum):
+the condition is ``gamma(|pi^-1(i) - pi^-1(j)|) >= G_ij``. This is stronger than Lemma 1 of
+:mod:`.correlated` (``D - G`` positive semidefinite), which it contains.
 
 **The surrogate (a Gaussian ARMA(1,1) chain).** ``Z_0 ~ N(0, 1)``, ``Z_{i+1} = rho Z_i + s xi_{i+1}``
 (``xi`` i.i.d. standard normal, ``s = sqrt(1 - rho^2)``), ``Y'_i = alpha Z_i + beta xi_{i+1}``
@@ -34,56 +37,76 @@ The slots can be listed in any order ``pi`` (``S`` is a symmetric sum): the cond
 are free subject to ``g_1 <= gamma_0 (1 + rho) / 2``, and the entrywise condition is
 ``gamma_0 >= max_i G_ii / sigma^2`` and ``g_1 rho^{L-1} >= max_{lag L} G / sigma^2`` for every lag.
 For a ``p``-banded ``C`` the true lags stop at ``p - 1``; the surrogate pays the geometric tail
-(``rho = 0.6`` for bsr(64, 4): ``gamma_4 / gamma_0 = 0.13`` where ``G`` has 0). :func:`fit_surrogate`
-picks ``rho`` (a grid) and the order (natural, or zig-zag ``0, b-1, 1, b-2, ...`` for the cyclic
-Gram of several epochs) by the smallest spectral proxy ``gamma_0 + 2 g_1 / (1 - rho)`` (any choice
-is sound; the proxy only aims at tightness).
+(``rho = 0.58`` for bsr(64, 4): ``gamma_4 / gamma_0 = 0.12`` where ``G`` has 0), except where only
+lag 1 is left (``rho = 0``: a moving average, exact up to the diagonal; bsr(64, 4) modulo 2).
+:func:`fit_surrogate` picks ``rho`` (a grid ``0, 0.02, ..``) and the order (natural, or zig-zag
+``0, b-1, 1, b-2, ...`` for the cyclic Gram of several epochs) by the smallest spectral proxy
+``gamma_0 + 2 g_1 / (1 - rho)`` (any choice is sound; the proxy only aims at tightness).
 
-**The dynamic program (backward, on value functions).** With ``U = T_i - K`` (the partial sum
-``T_i = X_0 + ... + X_{i-1}`` minus a strike ``K``) let ``V_i(z, u) = E[(u + X_i + ... + X_{b-1})_+ |
-Z_i = z]``, so ``V_b(z, u) = u_+``, ``V_i(z, u) = E_xi V_{i+1}(rho z + s xi, u + e^{alpha z + beta xi - c})``
-and the call ``E(T - K)_+ = E V_0(Z_0, -K)``. Facts used (induction on ``i``):
+**The call program (remove direction; backward, on value functions).** With ``U = T_i - K`` (the
+partial sum ``T_i = X_0 + ... + X_{i-1}`` minus a strike ``K``) let ``V_i(z, u) = E[(u + X_i + ... +
+X_{b-1})_+ | Z_i = z]``, so ``V_b(z, u) = u_+``, ``V_i(z, u) = E_xi V_{i+1}(rho z + s xi, u +
+e^{alpha z + beta xi - c})`` and the call ``E(T - K)_+ = E V_0(Z_0, -K)``. By induction on ``i``:
 
 - *V_i is jointly convex in (z, u) and non-decreasing in both*: the map ``(z, u, xi) ->
   (rho z + s xi, u + e^{alpha z + beta xi - c})`` is affine in its first and convex in its second
-  coordinate, ``V_{i+1}`` is convex and non-decreasing in ``u`` (and ``z``), expectations keep both.
-  Also ``h(xi) = V_{i+1}(...)`` is convex and non-decreasing in ``xi``.
-- *closed forms*: ``V_i(z, u) = u + R_i(z)`` for ``u >= 0`` (the remaining sum is positive) with
+  coordinate, ``V_{i+1}`` is convex and non-decreasing in both; expectations keep both. Also
+  ``h(xi) = V_{i+1}(...)`` is convex and non-decreasing in ``xi``.
+- *closed forms*: ``V_i(z, u) = u + R_i(z)`` for ``u >= 0`` (the remaining sum is positive), with
   ``R_i(z) = E[X_i + ... + X_{b-1} | Z_i = z] = sum_d exp(alpha rho^d z + alpha^2 v_d / 2 + beta^2 / 2 - c)``
-  (``v_d = Var(Z_{i+d} | Z_i)``), and ``V_i(z, u) <= R_i(z)`` for ``u <= 0`` (monotone in ``u``).
+  (``v_d = Var(Z_{i+d} | Z_i)``), and ``V_i(z, u) <= R_i(z)`` for ``u <= 0``.
 
 The computed ``V~_i`` on a grid ``(z_j, u_l)`` (``u_l = -K_max .. 0``) is an upper bound at the
 nodes, by induction: (1) between nodes ``V~_{i+1}`` is read by bilinear interpolation, which is
-``>=`` a separately convex function (and the node values are made non-decreasing by running
-maxima, so interpolation positions rounded *up* only raise it); beyond ``u = 0`` the closed form
-``u + R`` is used, below the ``z`` grid the first row (monotone), above it the bound
-``V(z, w) <= w_+ + R(z)``. (2) ``E_xi h(xi)`` is bounded by a discrete law on the grid
-``-L, -L + d, ..., L``: each cell's mass is spread to its two ends with its mean kept (a convex
-``h`` lies below its chord), the mass below ``-L`` is put at ``-L`` (``h`` non-decreasing) and
-the part above ``L`` is *charged* in closed form through ``h(xi) <= X_i + R_{i+1}(rho z + s xi)``
-(a sum of exponentials in ``xi``: ``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``). (3)
-``V~_i = min(V~_i, R_i)`` (both bounds). The last step integrates ``Z_0 ~ N(0, 1)`` the same way.
-So ``C~(K) >= E(T' - K)_+`` at every node ``K = -u_l``, and linear interpolation in ``K`` (the call is
-convex in ``K``) gives every strike. Then, with ``E T' = b`` exactly (put-call parity),
+``>=`` a separately convex function (node values are made non-decreasing by running maxima, so
+positions rounded *up* only raise it); beyond ``u = 0`` the closed form ``u + R``, below the ``z``
+grid the first row (monotone), above it the bound ``V(z, w) <= w_+ + R(z)``. (2) ``E_xi h(xi)`` is
+bounded by a discrete law on points ``-L = x_0 < ... < x_m = L`` (denser at 0): each cell's mass is
+spread to its two ends with its mean kept (a convex ``h`` lies below its chord), the mass below
+``-L`` is put at ``-L`` (``h`` non-decreasing), and the part above ``L`` is *charged* in closed form
+through ``h(xi) <= X_i + R_{i+1}(rho z + s xi)`` (a sum of exponentials in ``xi``, and
+``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``). (3) ``V~_i = min(V~_i, R_i)`` (both are bounds).
+The last step integrates ``Z_0 ~ N(0, 1)`` the same way. So ``C~(K) >= E(T' - K)_+`` at every node,
+and linear interpolation in ``K`` (the call is convex in ``K``) gives every strike.
 
-    remove:  delta_R(eps) = E(S - e^eps)_+ <= C~(b e^eps) / b,
-    add:     delta_A(eps) = e^eps E(e^-eps - S)_+ <= 1 - e^eps + e^eps C~(b e^-eps) / b,
+**The put program (add direction).** Put-call parity ``E(K - T)_+ = K - b + E(T - K)_+`` would need
+the call to an absolute accuracy of ``delta``, but the grid's convexity errors raise the *mean*
+(``~1e-3`` relative), so the put ``W_i(w, u) = E[(-u - X_i - ... - X_{b-1})_+ | Z_i]`` is computed
+directly, in the coordinates ``w = e^{alpha Z}`` and ``eta = e^{kappa xi}``
+(``kappa = max(alpha s, beta)``): ``W_i(w, u) = E W_{i+1}(w^rho eta^{alpha s / kappa}, u + w e^{-c}
+eta^{beta / kappa})``, ``W_b = (-u)_+``. Both arguments are *concave* in ``w`` and in ``eta``
+(powers ``<= 1``) and ``W_{i+1}`` is convex and non-increasing in both, so ``W_i`` is convex and
+non-increasing in ``(w, u)`` and the integrand is convex in ``eta``: the same steps apply with the
+directions mirrored -- bilinear interpolation in ``(w, u)`` (positions rounded *down*, node values
+made non-increasing), ``W = 0`` for ``u >= 0``, the last row above the ``w`` grid, the bound
+``(-u')_+`` below it; ``eta``'s law spread onto ``e^{kappa x_k}`` with ``E[eta; cell]`` kept, the mass
+above ``L`` at ``L`` (``W`` non-increasing), the mass below ``-L`` charged with ``(-u)_+``;
+``W~ = min(W~, (-u)_+)``; ``w_0 = e^{alpha Z_0}`` spread onto the ``w`` nodes, the mass below the grid
+charged with ``K``. Its errors are relative to the put itself. Then
 
-and the reported epsilon is one at which both bounds are ``<= delta`` (found by bisection, the
-returned end checked).
+    remove:  delta_R(eps) = E(S - e^eps)_+    <= C~(b e^eps) / b,
+    add:     delta_A(eps) = e^eps E(e^-eps - S)_+ <= e^eps P~(b e^-eps) / b,
+
+(a mixture ``sum_r (n_r / b)`` of these over residue classes), and the reported epsilon of a
+direction is one at which its bound is ``<= delta`` (bisection, the returned end checked).
 
 **Floating point.** The chain actually run is the float one: ``s`` is rounded up (so
 ``Var(Z_i) >= 1`` grows, covariances only grow), ``c = gamma_0 / 2`` rounded down (each ``X_i`` is then
-pointwise ``>=`` its mean-one version, so calls only grow), and the entrywise condition is checked
-on the float parameters with a margin. Every node value is a sum of non-negative terms with
-non-negative weights, so rounding is a relative error: each step multiplies by
-``1 + 4 (m + 16) u`` (``m`` quadrature points) and adds ``1e-290`` (underflow); the spread weights are
-computed in 40-digit arithmetic (mpmath) and carry a relative ``u``; positions are rounded up; the
-closed forms ``R`` and the charges are rounded up.
+pointwise ``>=`` its mean-one version, so calls only grow; the put program uses the exact mean
+nowhere), and the entrywise condition is checked on the float parameters with a margin. Every node
+value is a sum of non-negative terms with non-negative weights, so rounding is a relative error:
+each step multiplies by ``1 + 4 (m + 16) u`` (``m + 1`` quadrature points) and adds ``1e-290``
+(underflow); the spread weights are computed in 40-digit arithmetic (mpmath) on the float points
+and carry a relative ``u``; positions are rounded toward the pessimistic side; the closed forms
+``R`` and the charges are rounded up.
 
-**Cost.** ``O(b n_z m n_u)`` (a compiled loop): about ``b x 4 x 10^6`` operations at the default grid
-(``n_z = 70`` chain nodes, ``m = 56`` quadrature points, ``n_u = 600`` partial-sum nodes); ~0.1 s per
-slot. Above :data:`MAX_SLOTS` slots the member is skipped (stated in the diagnostics).
+**Accuracy and cost.** Grid: ``n_z = 100`` chain nodes on ``[-6, 9]`` (put: ``[-7, 9]``),
+``m + 1 = 41`` innovation points on ``[-7, 7]``, ``n_u = 400`` partial-sum nodes (``h = K_max / 399``).
+On bsr(64, 4) at sigma 2 the epsilon is ~2% above a 20x finer grid's; the grid error grows as
+``h`` grows against the spread of one ``X_i`` (large ``b``, large sigma). Time ``O(b n_z m n_u)``, a
+compiled loop (:mod:`._markov_compiled`): ~1-2 s per 64 slots for both programs on one core.
+Above :data:`MAX_SLOTS` slots the members are skipped, and :mod:`.correlated` stops adding periods
+past a slot budget (stated in the diagnostics).
 """
 
 from __future__ import annotations
@@ -108,8 +131,8 @@ __all__ = [
 ]
 
 _U = 2.0**-53
-#: Above this many slots per epoch the Markov member is skipped (cost ``O(b^2)`` in time).
-MAX_SLOTS = 512
+#: Above this many slots per epoch the Markov members are skipped (cost: see the module docstring).
+MAX_SLOTS = 256
 #: Half-width ``L`` of the innovation grid (standard units) and its number of cells.
 _XI_HALF = 7.0
 _XI_CELLS = 40
@@ -144,7 +167,8 @@ class MarkovSurrogate:
 
     def describe(self) -> str:
         g = self.lags(2)
-        return f"Markov surrogate (Kahane; ARMA(1,1) rho {self.rho:.3g}, gamma_1/gamma_0 {g[1] / g[0]:.3g}, {self.order} order)"
+        order = ", zig-zag order" if self.order == "zigzag" else ""
+        return f"Markov surrogate (ARMA(1,1) rho {self.rho:.2g}, lag-1 corr. {g[1] / g[0]:.3g}{order})"
 
 
 def _order(b: int, kind: str) -> np.ndarray:
