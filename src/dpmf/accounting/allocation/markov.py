@@ -407,7 +407,9 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
     # w_0 = e^{alpha Z_0}: spread onto the w nodes, mass below the grid charged with (-u)_+
     w0 = _mp_spread(zn, alpha)
     below = float(special.ndtr(z_lo)) * (1 + 1e-9)
-    puts = (w0 @ P) * factor + below * neg_u + 1e-290
+    # (+ 8 u K: the float nodes wn differ from e^{alpha z_k} by ~u relative, and for a convex,
+    # non-increasing W >= 0 with W(0, u) <= K, w |W'(w)| <= K)
+    puts = (w0 @ P) * factor + below * neg_u + 8 * _U * neg_u + 1e-290
     puts = np.maximum.accumulate(puts[::-1])  # non-decreasing in K
     return np.arange(u_nodes) * h, puts
 
