@@ -190,3 +190,46 @@ def test_the_identity_is_never_built(monkeypatch):
 def test_explicit_bandwidth_takes_the_general_path():
     p = acc.AllocationProblem.create(Identity(8), BallsInBinsSampling(1, 8), bandwidth=2)
     assert p.identity_steps is None and p.gram is not None
+
+
+def test_binary_powering_equals_sequential_self_composition():
+    rng = np.random.default_rng(5)
+    rows = []
+    for _ in range(3):
+        p = rng.random(rng.integers(4, 30))
+        rows.append((int(rng.integers(-10, 3)), p / (p.sum() * (1 + 1e-4)), 1e-4 * float(rng.random())))
+    counts = np.array([1, 6, 13])
+    lo, P, inf = ident._stack([(np.array([r[0]]), r[1][None, :], np.array([r[2]])) for r in rows])
+    plo, pP, pinf = ident._power_rows(lo, P, inf, counts, 1e-15)
+    for i, (l0, p, i0) in enumerate(rows):
+        one = dense_pmf(l0, p, i0, 1e-2)
+        seq = one
+        for _ in range(counts[i] - 1):
+            seq = seq.compose(one, 1e-15)
+        got = dense_pmf(int(plo[i]), pP[i], float(pinf[i]), 1e-2)
+        assert got._infinity_mass == pytest.approx(seq._infinity_mass, rel=1e-12)
+        for e in (0.0, 0.05, 0.3):
+            assert got.get_delta_for_epsilon(e) == pytest.approx(seq.get_delta_for_epsilon(e), rel=1e-10, abs=1e-16)
+
+
+def test_grouped_steps_dominate_the_per_step_pairs_and_stay_close(monkeypatch):
+    # above EXACT_STEPS each lambda is rounded up to its group's largest: never tighter than the
+    # per-step composition, and at most about one group width (1e-3) looser
+    b, sigma, delta = 600, 1.0, 1e-5
+    exact = ident.identity_conditional_epsilon(b, sigma, delta)
+    assert "grouped_steps" not in exact
+    monkeypatch.setattr(ident, "EXACT_STEPS", 100)
+    grouped = ident.identity_conditional_epsilon(b, sigma, delta, discretization=exact["discretization"])
+    assert "grouped_steps" in grouped
+    for d in ("remove", "add"):
+        e, g = exact["epsilon_by_direction"][d], grouped["epsilon_by_direction"][d]
+        assert e * (1 - 1e-9) <= g <= e * (1 + 2e-3), (d, e, g)
+
+
+def test_groups_take_each_groups_largest_lambda():
+    lam = np.sort(np.random.default_rng(0).uniform(1e-5, 2e-5, 5000))
+    values, counts = ident._groups(lam, 1e-3)
+    assert counts.sum() == lam.size
+    idx = np.repeat(np.arange(values.size), counts)
+    assert np.all(values[idx] >= lam)  # every step's pair is dominated by its group's
+    assert np.all(values[idx] <= lam * (1 + 1e-3) * (1 + 1e-12))
