@@ -88,12 +88,20 @@ def test_the_identity_path_is_unchanged():
 
 def _exact_delta_monte_carlo(means: np.ndarray, sigma: float, eps: float, n: int, seed: int):
     """Monte Carlo mean and standard error of both directions' delta(eps) of the exact pair
-    P = (1/b) sum_i N(m_i, sigma^2 I), Q = N(0, sigma^2 I): E_Q[(S - e^eps)_+], E_Q[(1 - e^eps S)_+]."""
+    P = (1/b) sum_i N(m_i, sigma^2 I), Q = N(0, sigma^2 I): remove E_Q[(S - e^eps)_+] estimated as
+    E_P[(1 - e^eps / S)_+] (x ~ P: values in [0, 1]; under Q the integrand is heavy-tailed at small
+    sigma, and its standard error at sigma 0.8 was 8% of delta), add E_Q[(1 - e^eps S)_+]."""
     rng = np.random.default_rng(seed)
+    half = 0.5 * (means * means).sum(axis=1) / sigma**2
+
+    def ratio(x):
+        return np.exp(x @ means.T / sigma**2 - half).mean(axis=1)
+
     x = sigma * rng.standard_normal((n, means.shape[1]))
-    S = np.exp((x @ means.T) / sigma**2 - 0.5 * (means * means).sum(axis=1) / sigma**2).mean(axis=1)
+    S_q = ratio(x)
+    S_p = ratio(x + means[rng.integers(0, means.shape[0], n)])
     out = []
-    for v in (np.maximum(S - math.exp(eps), 0.0), np.maximum(1.0 - math.exp(eps) * S, 0.0)):
+    for v in (np.maximum(1.0 - math.exp(eps) / S_p, 0.0), np.maximum(1.0 - math.exp(eps) * S_q, 0.0)):
         out.append((float(v.mean()), float(v.std() / math.sqrt(n))))
     return out
 
