@@ -17,7 +17,7 @@ identity at t = 64 and 256 steps, the general code (the peer) against the fast p
 
 Per row: seconds and epsilon of allocation_pld, of the general and the fast "allocation" run, auto
 before (allocation_pld + the general run where auto ran it, t <= 64) and auto after (measured, one
-``dpmf.account`` call). Checks: fast = general to 1e-8 relative (1e-5 below delta 1e-6, :func:`_tolerance`) per accountant where both run, and
+``dpmf.account`` call). Checks: fast = general to 1e-8 relative (1e-3 below delta 1e-6, :func:`_tolerance`) per accountant where both run, and
 auto after = min(allocation_pld, fast allocation, unamplified). One run per cell (the machine is
 shared: the ratios are the point, not the seconds).
 """
@@ -42,10 +42,14 @@ OLD_THRESHOLD = 64  # the old AUTO_ALLOCATION_MAX_STEPS
 
 
 def _tolerance(delta: float) -> float:
-    """Relative epsilon tolerance fast vs general: 1e-8 at delta >= 1e-6; below, 1e-5 -- the two
-    compose in different orders, each composition truncating up to 1e-15 of mass (b - 1 of them),
-    which at delta - delta_E ~ 5e-11 moves epsilon by ~1e-6 (measured 1.1e-6 at t = 64)."""
-    return 1e-8 if delta >= 1e-6 else 1e-5
+    """Relative epsilon tolerance fast vs general: 1e-8 at delta >= 1e-6; below, 1e-3. The two
+    compose the same PMFs in different orders (a tree vs a sequence); each of the b - 1
+    compositions moves up to 1e-15 of tail mass up (to +inf on the right), and at delta - delta_E =
+    5e-11 that is visible in epsilon. Measured at sigma 1.3, delta 1e-10, t = 2000 (add direction,
+    the same PMFs): sequential with truncation 0.182941 (5.5e-13 at +inf), the tree 0.182905
+    (2.0e-13 at +inf), sequential without truncation 0.182885: the difference is the truncation
+    (both sound), growing with t (1.1e-6 relative at t = 64, 2.5e-5 at 300, 2.0e-4 at 2000)."""
+    return 1e-8 if delta >= 1e-6 else 1e-3
 
 
 def _timed(fn):

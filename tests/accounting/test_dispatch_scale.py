@@ -71,7 +71,7 @@ def _auto_at_scale(n, monkeypatch):
 
 
 def test_auto_runs_the_allocation_bounds_for_the_identity_without_building_it(no_dense_identity, monkeypatch):
-    _auto_at_scale(2000, monkeypatch)
+    _auto_at_scale(1000, monkeypatch)
 
 
 @pytest.mark.slow

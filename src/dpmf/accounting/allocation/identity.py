@@ -54,7 +54,10 @@ puts it at the next grid point, here it is placed at its own grid index and the 
 of FFT convolutions, batched per level, each with dp_accounting's pessimistic ``1e-15`` tail
 truncation (:func:`_convolve`), instead of ``b - 1`` sequential ones. Convolution is associative,
 so the two orders differ only by truncation (each moves at most ``1e-15`` of mass up) and float
-rounding: the tests find the epsilons equal to ``1e-8`` relative at ``delta >= 1e-6``.
+rounding: the tests find the epsilons equal to ``1e-8`` relative at ``delta >= 1e-6``. At small
+delta the truncations show, and the tree is the tighter (sigma 1.3, delta 1e-10, b = 2000, add
+direction: 2.0e-13 at +inf against 5.5e-13 for the sequence; epsilon 0.182905 against 0.182941,
+0.182885 without truncation).
 
 *Above* :data:`EXACT_STEPS` *steps* (4096; the general code's own cost rule skipped conditional
 composition from about 3000 steps) each ``lambda_n`` is replaced by the largest ``lambda`` of its
