@@ -61,17 +61,27 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
                 th = 1.0
             th1 = 1.0 - th
             rmix = th1 * Rn[a] + th * Rn[a + 1]
-            for l in range(nu):
-                pos = (l + q) * (1 + 4 * _U) + 4 * _U
-                if pos >= nu - 1:
-                    val = (pos - (nu - 1)) * h + rmix + 4 * _U * (pos + 1.0) * h
-                else:
-                    f = int(pos)
-                    ph = pos - f
-                    v0 = th1 * V[a, f] + th * V[a + 1, f]
-                    v1 = th1 * V[a, f + 1] + th * V[a + 1, f + 1]
-                    val = (1.0 - ph) * v0 + ph * v1
-                out[j, l] += wk * val
+            # one shift for every l, rounded up past (l + q)(1 + 4u) + 4u for all l < nu
+            qb = q * (1 + 4 * _U) + 4 * _U * (nu + 1.0)
+            if qb >= nu:
+                fq = nu
+                ph = 0.0
+            else:
+                fq = int(qb)
+                ph = qb - fq
+            c00 = wk * (1.0 - ph) * th1
+            c10 = wk * (1.0 - ph) * th
+            c01 = wk * ph * th1
+            c11 = wk * ph * th
+            lim = nu - 1 - fq  # l < lim: both nodes inside the table
+            if lim < 0:
+                lim = 0
+            for l in range(lim):
+                f = l + fq
+                out[j, l] += c00 * V[a, f] + c10 * V[a + 1, f] + c01 * V[a, f + 1] + c11 * V[a + 1, f + 1]
+            for l in range(lim, nu):
+                pos = l + qb
+                out[j, l] += wk * ((pos - (nu - 1)) * h + rmix + 4 * _U * (pos + 1.0) * h)
     return out
 
 
@@ -118,15 +128,22 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                 if th > 1.0:
                     th = 1.0
             th1 = 1.0 - th
-            for l in range(nu):
-                pos = (l + q) * (1 - 4 * _U) - 4 * _U
-                if pos >= nu - 1:
-                    continue  # u' >= 0: the put is 0
-                if pos < 0.0:
-                    pos = 0.0
-                f = int(pos)
-                ph = pos - f
-                v0 = th1 * P[a, f] + th * P[a + 1, f]
-                v1 = th1 * P[a, f + 1] + th * P[a + 1, f + 1]
-                out[j, l] += wk * ((1.0 - ph) * v0 + ph * v1)
+            # one shift for every l, rounded down below (l + q)(1 - 4u) - 4u for all l < nu
+            qb = q * (1 - 4 * _U) - 4 * _U * (nu + 1.0)
+            if qb < 0.0:
+                qb = 0.0
+            if qb >= nu:
+                continue  # u' >= 0 everywhere: the put is 0
+            fq = int(qb)
+            ph = qb - fq
+            c00 = wk * (1.0 - ph) * th1
+            c10 = wk * (1.0 - ph) * th
+            c01 = wk * ph * th1
+            c11 = wk * ph * th
+            lim = nu - 1 - fq  # l < lim: both nodes inside the table; beyond, u' >= 0 and the put is 0
+            if lim < 0:
+                lim = 0
+            for l in range(lim):
+                f = l + fq
+                out[j, l] += c00 * P[a, f] + c10 * P[a + 1, f] + c01 * P[a, f + 1] + c11 * P[a + 1, f + 1]
     return out
