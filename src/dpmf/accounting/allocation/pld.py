@@ -824,7 +824,9 @@ def account_allocation_pld(
 ) -> PrivacyReport:
     """Epsilon of ``strategy`` under balls-in-bins ``scheme`` (module docstring): exact (up to the
     pessimistic grid) for DP-SGD (``Identity(N)``); for any other non-negative lower-triangular
-    ``C`` the orthogonal-groups bound (:func:`strategy_groups`).
+    ``C`` the smallest bound, per direction, over the orthogonal groups (:func:`strategy_groups`),
+    the spectral groups and the Markov members (:mod:`.correlated`, :mod:`.markov`); the
+    diagnostics' ``bound`` names the member used and ``reductions`` lists every member's epsilon.
 
     Args:
       strategy: :class:`~dpmf.strategies.Identity` with ``n = scheme.steps``, or any strategy the
