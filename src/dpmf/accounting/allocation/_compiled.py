@@ -1,4 +1,6 @@
-"""Compiled (numba) step of the Rényi program of :mod:`dpmf.accounting.allocation.renyi` (private).
+"""Compiled (numba) kernels of the allocation accountants (private): the Rényi program's step
+(:mod:`dpmf.accounting.allocation.renyi`) and the two-point PMF rows of the identity's
+conditional bound (:func:`two_point_rows`, :mod:`dpmf.accounting.allocation.identity`).
 
 Why compiled: one step of the count-form dynamic program maps every transition ``i`` (a source
 state and a count ``t``) to
