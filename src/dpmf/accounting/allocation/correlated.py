@@ -364,6 +364,8 @@ def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -
             if v < by_dir[d]:
                 by_dir[d], names[d] = v, label
     if max(by_dir.values()) < out["epsilon"]:
+        # (the grid keys -- refinements, steps_per_epoch, ... -- stay those of the identity-pair member)
+        out["grid_keys_are_for"] = out["bound"]
         kinds = set(names.values())
         out["bound"] = kinds.pop() if len(kinds) == 1 else "; ".join(f"{d}: {n}" for d, n in names.items())
         out["epsilon"], out["epsilon_by_direction"] = max(by_dir.values()), by_dir
