@@ -130,6 +130,7 @@ __all__ = [
     "fit_surrogate",
     "class_grams",
     "call_bound_table",
+    "put_bound_table",
     "markov_epsilon",
 ]
 
