@@ -33,6 +33,8 @@ def _cases():
         "identity-reused-t-300": (Identity(300), BallsInBinsSampling(1, 300)),
         "identity-reused-3-epochs-t-200": (Identity(600), BallsInBinsSampling(3, 600)),
         "identity-reused-t-2000": (Identity(2000), BallsInBinsSampling(1, 2000)),
+        # above 4096 steps the conditional bound groups steps (allocation/identity.py)
+        "identity-reused-t-10000": (Identity(10_000), BallsInBinsSampling(1, 10_000)),
     }
 
 
