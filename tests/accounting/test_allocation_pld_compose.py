@@ -70,7 +70,8 @@ def _check_against_exact(r, exact: dict) -> None:
         assert got[d] <= exact[d] * EXACT_TARGET or got[d] <= got[other], (d, got, exact)
 
 
-@pytest.mark.parametrize("t,sigma", [(2, 1.0), pytest.param(3, 1.5, marks=pytest.mark.slow)])
+# (t = 3 is out of reach of this oracle: 48^3 outer nodes x 600 x 300 inner ones is a 148 GiB array)
+@pytest.mark.parametrize("t,sigma", [(2, 1.0), pytest.param(2, 0.7, marks=pytest.mark.slow)])
 def test_fresh_slots_two_epochs_match_exact_integration(t, sigma):
     r = allocation_pld_epsilon(sigma, t, DELTA, epochs=2, fresh_slots=True)
     _check_against_exact(r, {d: _solve(lambda e: _two_epochs_delta(d, e, t, sigma)) for d in ("remove", "add")})
