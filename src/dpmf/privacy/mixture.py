@@ -192,9 +192,13 @@ class GaussianMixture:
         eps_a = np.arange(ja_lo, ja_hi + 1) * disc
         p_mid_a, q_mid_a = g_mid[a0:a1][::-1], m_mid[a0:a1][::-1]
         p_top, q_top = g_below_a0, m_below_a0
-        if math.isfinite(self.min_loss):
+        if math.isfinite(self.min_loss) and ja_hi == -floor_idx:
             # the add loss never exceeds -log p_0 <= (1 - floor_idx) * disc: the remaining mass is
-            # one more interval ending at that grid point, not mass at +inf
+            # one more interval ending at that grid point, not mass at +inf. Only when the grid
+            # reaches -floor_idx: otherwise (the tail point cut the grid lower) that point is more
+            # than one step above the last one, and appending it would place the interval's mass one
+            # step up instead of at its end (optimistic); the mass (P-mass below the tail point,
+            # <= Phi(-TAIL_Z)) then stays at +inf, which is pessimistic.
             eps_a = np.append(eps_a, (1 - floor_idx) * disc)
             p_mid_a, q_mid_a = np.append(p_mid_a, p_top), np.append(q_mid_a, q_top)
             p_top, q_top = 0.0, 0.0

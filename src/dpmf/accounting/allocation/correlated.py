@@ -293,7 +293,7 @@ def identity_pair_epsilon_lower_bound(noise_multiplier: float, slots: int, delta
     to ~1e-9, so a relative margin of 1e-6 is taken off.
 
     >>> round(identity_pair_epsilon_lower_bound(1.0, 1, 1e-5), 4)   # t = 1: the Gaussian mechanism
-    4.4224
+    4.3772
     """
     from dpmf.privacy.gdp import gaussian_epsilon
 

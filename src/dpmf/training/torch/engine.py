@@ -151,7 +151,9 @@ class Privacy:
         from dpmf.accounting import account
 
         r = self.plan.report
-        if r.method not in ("pld", "unamplified", "mmcc", "allocation"):
+        if r.method not in ("pld", "unamplified", "mmcc", "allocation", "allocation_pld", "truncated_pld"):
+            # (Monte Carlo is an estimate from its own samples at its delta; composition reports carry
+            # their parts, not one accountant to rerun)
             raise InvalidParameterError(f"epsilon at another delta is not available for method {r.method!r}")
         return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
                        **r.options).epsilon
