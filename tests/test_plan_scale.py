@@ -163,7 +163,7 @@ def test_cli_notes_an_ignored_cache_file(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------- Dask
 def test_dask_equals_local(unpruned):
     distributed = pytest.importorskip("distributed")
-    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
+    with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0") as client:
         remote = plan(RUN, only=cheap(), prune=False, scheduler=client)
         remote_pruned = plan(RUN, only=cheap(), prune=True, scheduler=client)
     assert [values(r) for r in remote] == [values(r) for r in unpruned]

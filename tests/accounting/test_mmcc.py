@@ -259,7 +259,7 @@ def test_dask_local_cluster_agrees():
     distributed = pytest.importorskip("distributed")
     C = ToeplitzStrategy.sqrt_prefix_sum(6).encoder()
     serial = account_mmcc(C, PoissonSampling(0.2, 6), 3.0, DELTA, heuristic=False)
-    with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(n_workers=2, processes=False, dashboard_address=":0") as cluster:
         with distributed.Client(cluster) as client:
             by_client = account_mmcc(C, PoissonSampling(0.2, 6), 3.0, DELTA, heuristic=False, scheduler=client)
             by_address = account_mmcc(

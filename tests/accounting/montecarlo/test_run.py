@@ -201,7 +201,7 @@ def test_dask_two_workers_equals_local(tmp_path):
     local = _run(num_samples=8000, chunk_size=500).run()
     ck = tmp_path / "dask.npz"
     with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
     ) as cluster:
         seen = []
         remote = _run(num_samples=8000, chunk_size=500, checkpoint=ck)
