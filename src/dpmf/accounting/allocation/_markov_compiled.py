@@ -21,6 +21,14 @@ import numpy as np
 _U = 2.0**-53
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _corner_weights(wk, ph, th):  # pragma: no cover - compiled
+    """The four-point stencil's weights: ``wk`` split bilinearly by the partial-sum fraction ``ph``
+    and the chain-node fraction ``th`` (corners (0,0), (1,0), (0,1), (1,1) in (node, sum))."""
+    th1 = 1.0 - th
+    return wk * (1.0 - ph) * th1, wk * (1.0 - ph) * th, wk * ph * th1, wk * ph * th
+
+
 @nb.njit(cache=True, nogil=True)
 def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initial):  # pragma: no cover - compiled
     nz, nu = V.shape
@@ -69,10 +77,7 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
             else:
                 fq = int(qb)
                 ph = qb - fq
-            c00 = wk * (1.0 - ph) * th1
-            c10 = wk * (1.0 - ph) * th
-            c01 = wk * ph * th1
-            c11 = wk * ph * th
+            c00, c10, c01, c11 = _corner_weights(wk, ph, th)
             lim = nu - 1 - fq  # l < lim: both nodes inside the table
             if lim < 0:
                 lim = 0
@@ -127,7 +132,6 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                     th = 0.0
                 if th > 1.0:
                     th = 1.0
-            th1 = 1.0 - th
             # one shift for every l, rounded down below (l + q)(1 - 4u) - 4u for all l < nu
             qb = q * (1 - 4 * _U) - 4 * _U * (nu + 1.0)
             if qb < 0.0:
@@ -136,10 +140,7 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                 continue  # u' >= 0 everywhere: the put is 0
             fq = int(qb)
             ph = qb - fq
-            c00 = wk * (1.0 - ph) * th1
-            c10 = wk * (1.0 - ph) * th
-            c01 = wk * ph * th1
-            c11 = wk * ph * th
+            c00, c10, c01, c11 = _corner_weights(wk, ph, th)
             lim = nu - 1 - fq  # l < lim: both nodes inside the table; beyond, u' >= 0 and the put is 0
             if lim < 0:
                 lim = 0
