@@ -98,6 +98,10 @@ MARKOV_MAX_PERIOD = 4
 #: ... while the members' slots (summed over periods and class sizes) stay below this (cost: about
 #: 2-3 s per 64 slots on one core at the default grid).
 MARKOV_SLOT_BUDGET = 256
+#: Several epochs of reused slots make the Gram cyclic; members with a shared factor on the corners
+#: (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) are tried on residue classes of
+#: at most this many slots, and half as many (each costs ``~12x`` a chain: a table per factor node).
+MARKOV_RING_SLOTS = 64
 #: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
 _ALL_PERIODS_UP_TO = 16
 
@@ -269,6 +273,16 @@ def markov_members(means: np.ndarray, period: int):
         sur = markov.fit_surrogate(grams)
         if sur is not None:
             out.append((q, sur, tuple(parts)))
+    # the smallest period whose classes have <= MARKOV_RING_SLOTS slots, and twice it (at larger
+    # noise the classes of the doubled period, nearly moving averages, are the tighter)
+    q0 = -(-b // MARKOV_RING_SLOTS)
+    for q in (q0, 2 * q0):
+        if q > min(MARKOV_MAX_PERIOD, period - 1, b // 2):
+            break
+        grams, parts = markov.class_grams(gram, q)
+        sur = markov.fit_ring_surrogate(grams)
+        if sur is not None:
+            out.append((q, sur, tuple(parts)))
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
            f"{MARKOV_SLOT_BUDGET})") if skipped else None
     if not out:
@@ -354,15 +368,29 @@ def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -
     by_dir = dict(out["epsilon_by_direction"])
     for q, sur, parts in reductions.markov:
         label = f"{sur.describe()}" + (f" on residue classes mod {q}" if q > 1 else "")
-        mk = markov_epsilon(sur, sigma, parts, delta, max(by_dir.values()))
-        row = {"bound": label, "slots": max(n for n, _ in parts), "epsilon": mk["epsilon"],
-               "epsilon_by_direction": mk["epsilon_by_direction"]}
-        if math.isinf(mk["epsilon"]):
-            row["note"] = f"searched below {max(by_dir.values()):.6g} only (it cannot win above)"
+        row = {"bound": label, "slots": max(n for n, _ in parts), "epsilon_by_direction": {}}
+        # a direction can lower the reported maximum only while it is the larger one: the binding
+        # direction first, then the other if it has become the binding one (a table each)
+        for _ in range(2):
+            top = max(by_dir.values())
+            need = [d for d in by_dir if by_dir[d] >= top and d not in row["epsilon_by_direction"]]
+            if not need:
+                break
+            mk = markov_epsilon(sur, sigma, parts, delta, top, directions=tuple(need))
+            row["epsilon_by_direction"].update(mk["epsilon_by_direction"])
+            for d, v in mk["epsilon_by_direction"].items():
+                if v < by_dir[d]:
+                    by_dir[d], names[d] = v, label
+        row["epsilon"] = max(row["epsilon_by_direction"].values())
+        notes = []
+        if math.isinf(row["epsilon"]):
+            notes.append(f"searched below {top:.6g} only (it cannot win above)")
+        left = [d for d in by_dir if d not in row["epsilon_by_direction"]]
+        if left:
+            notes.append(f"{', '.join(left)} not computed (it could not lower the larger direction)")
+        if notes:
+            row["note"] = "; ".join(notes)
         out["reductions"].append(row)
-        for d, v in mk["epsilon_by_direction"].items():
-            if v < by_dir[d]:
-                by_dir[d], names[d] = v, label
     if max(by_dir.values()) < out["epsilon"]:
         # (the grid keys -- refinements, steps_per_epoch, ... -- stay those of the identity-pair member)
         out["grid_keys_are_for"] = out["bound"]

@@ -128,6 +128,7 @@ __all__ = [
     "MarkovSurrogate",
     "lag_maxima",
     "fit_surrogate",
+    "fit_ring_surrogate",
     "class_grams",
     "call_bound_table",
     "put_bound_table",
@@ -146,6 +147,8 @@ _XI_STRETCH = 2.0
 _Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 90
 #: Partial-sum nodes per window.
 _U_NODES = 600
+#: The shared factor's grid (:func:`_ring_tables`): half-width (standard units) and cells.
+_W_HALF, _W_CELLS, _W_STRETCH = 8.0, 12, 2.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,19 @@ class MarkovSurrogate:
     s: float
     order: str  # "natural" or "zigzag"
     proxy: float
+    #: the shared factor on the ends of a cyclic Gram (:func:`fit_ring_surrogate`): ``(a, r, width)``
+    #: in Gram units, loadings ``a r^j`` on the ``j``-th slot from either end (``j < width``)
+    ring: tuple | None = None
+
+    def loadings(self, n: int) -> np.ndarray:
+        """The factor's loadings (Gram units, ``sigma = 1``) at the ``n`` chain positions (zeros
+        without a ring factor): ``a r^j`` at distance ``j < width`` from the nearer end."""
+        out = np.zeros(n)
+        if self.ring is not None:
+            a, r, width = self.ring
+            j = np.minimum(np.arange(n), n - 1 - np.arange(n))
+            out[j < width] = a * r ** j[j < width]
+        return out
 
     def lags(self, count: int) -> np.ndarray:
         """Lower bounds on the float chain's covariances ``gamma_0 .. gamma_{count-1}`` (Gram units)."""
@@ -172,6 +188,8 @@ class MarkovSurrogate:
     def describe(self) -> str:
         g = self.lags(2)
         order = ", zig-zag order" if self.order == "zigzag" else ""
+        if self.ring is not None:
+            order += f", shared factor on the {self.ring[2]} slots at each end"
         return f"Markov surrogate (ARMA(1,1) rho {self.rho:.2g}, lag-1 corr. {g[1] / g[0]:.3g}{order})"
 
 
@@ -214,7 +232,7 @@ def _solve(gamma0: float, g1: float, rho: float) -> tuple[float, float, float]:
     return r * math.cos(theta), r * math.sin(theta), s
 
 
-def fit_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
+def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag")) -> MarkovSurrogate | None:
     """The chain (Gram units) dominating ``gram`` entrywise with the smallest proxy
     ``gamma_0 + 2 g_1 / (1 - rho)`` over ``rho`` in a grid and the two orders (module docstring);
     ``gram`` (or a list of Gram matrices, dominated at once: the residue classes of
@@ -223,7 +241,7 @@ def fit_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
     b = max(g.shape[0] for g in grams)
     rhos = np.arange(0.0, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
     best = None
-    for kind in ("natural", "zigzag"):
+    for kind in orders:
         tgt = np.zeros(b)
         for g in grams:
             lm = lag_maxima(g, _order(g.shape[0], kind))
@@ -247,6 +265,71 @@ def fit_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
             if np.all(cand.lags(b) >= tgt * (1 + 1e-10)):  # (1/sigma scaling later: 4u)
                 best = cand
     return best
+
+
+def _wrap_mask(n: int) -> np.ndarray:
+    """The pairs ``(i, j)`` of ``n`` slots more than ``n / 2`` apart (the corners of a cyclic Gram)."""
+    d = np.abs(np.subtract.outer(np.arange(n), np.arange(n)))
+    return 2 * d > n
+
+
+def fit_ring_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
+    """For a *cyclic* Gram (several epochs of reused slots: the last slots of an epoch are next to the
+    first slots of the next one), the chain in natural order fitted to the Gram without its corners,
+    plus a shared factor ``a W r^j`` (``W ~ N(0, 1)`` independent of the chain) on the ``j``-th slot
+    from either end, ``j < width``, with ``a^2`` the smallest making ``chain + a^2 v v^T >= G``
+    entrywise (``r`` from a grid by ``a^2 (sum v)^2``; any choice is sound). ``None`` if the corners
+    are empty (one epoch), wider than a quarter of the slots, or no candidate passes the float check.
+    ``gram`` as in :func:`fit_surrogate` (rounded up; one Gram or a list, dominated at once)."""
+    grams = [np.asarray(g, dtype=np.float64) for g in gram] if isinstance(gram, (list, tuple)) else [np.asarray(gram, dtype=np.float64)]
+    width = 0
+    for g in grams:
+        n = g.shape[0]
+        i, j = np.nonzero((g > 0) & _wrap_mask(n) & (np.arange(n)[:, None] < np.arange(n)[None, :]))
+        if i.size:
+            width = max(width, int(np.max(np.maximum(i + 1, n - j))))
+            if 4 * width > n:
+                return None
+    if width == 0:
+        return None
+    path = [np.where(_wrap_mask(g.shape[0]), 0.0, g) for g in grams]
+    sur = fit_surrogate(path, rhos=rhos, orders=("natural",))
+    if sur is None:
+        return None
+    resid = []
+    for g in grams:
+        n = g.shape[0]
+        chain = sur.lags(n)[np.abs(np.subtract.outer(np.arange(n), np.arange(n)))]
+        resid.append(np.where(_wrap_mask(n), np.maximum(g - chain, 0.0), 0.0))
+    best = None
+    for r in np.arange(0.05, 1.0, 0.05):
+        cand = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", sur.proxy, (1.0, float(r), width))
+        need = 0.0
+        for res in resid:
+            v = cand.loadings(res.shape[0])
+            vv = np.outer(v, v)
+            m = res > 0
+            if np.any(m & (vv == 0)):
+                need = math.inf
+                break
+            if m.any():
+                need = max(need, float(np.max(res[m] / vv[m])))
+        cost = need * float(cand.loadings(max(g.shape[0] for g in grams)).sum()) ** 2
+        if math.isfinite(cost) and (best is None or cost < best[0]):
+            best = (cost, float(r), need)
+    if best is None:
+        return None
+    _, r, need = best
+    a = math.sqrt(need) * (1 + 1e-9) + 1e-300
+    n_max = max(g.shape[0] for g in grams)
+    out = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", sur.proxy + best[0] / n_max, (a, r, width))
+    for g in grams:  # the float check: chain (lower bounds) + factor (rounded down) >= G entrywise
+        n = g.shape[0]
+        v = out.loadings(n) * (1 - 8 * _U)
+        cov = sur.lags(n)[np.abs(np.subtract.outer(np.arange(n), np.arange(n)))] + np.outer(v, v) * (1 - 4 * _U)
+        if not np.all(cov >= g * (1 + 1e-10)):
+            return None
+    return out
 
 
 def _points(half: float, cells: int, stretch: float) -> np.ndarray:
@@ -319,15 +402,24 @@ def _tail_charge(z_coef_lo, z_coef_hi, a, offs, z: np.ndarray) -> np.ndarray:
     return (np.exp(expo) * special.ndtr(a - _XI_HALF)[None, :]).sum(axis=1) * (1 + 1e-9) + 1e-300
 
 
+def _shifted(offset: np.ndarray, log_mult: np.ndarray, start: int, terms: int) -> np.ndarray:
+    """``offset[d] + log_mult[start + d]`` for ``d < terms``, rounded up (``log_mult`` already is)."""
+    lm = log_mult[start : start + terms]
+    return offset[:terms] + lm + 4 * _U * (np.abs(offset[:terms]) + np.abs(lm))
+
+
 def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *, u_nodes: int = _U_NODES,
-                     z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS):
+                     z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS, log_mult=None):
     """Strikes ``K_l = l h`` (``0 .. k_max``) and upper bounds ``C~(K_l) >= E(T' - K_l)_+`` for the
-    surrogate at noise ``sigma`` (module docstring)."""
+    surrogate at noise ``sigma`` (module docstring). ``log_mult`` (rounded up): the summand at chain
+    position ``i`` is multiplied by ``e^{log_mult[i]}`` (the shared factor given its value,
+    :func:`_ring_tables`)."""
     step = _compiled_step()
     alpha, beta = sur.alpha / sigma, sur.beta / sigma
     rho, s = sur.rho, sur.s
     xs, ws = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
     c, pw_lo, pw_hi, offset = _chain_constants(alpha, beta, rho, s, b)
+    lm = np.zeros(b + 1) if log_mult is None else np.concatenate([np.asarray(log_mult, dtype=np.float64), [0.0]])
     z = np.linspace(_Z_LO, _Z_HI, z_nodes)
     dz = (_Z_HI - _Z_LO) / (z_nodes - 1)
     h = k_max / (u_nodes - 1)
@@ -336,21 +428,24 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
     R_next = np.zeros(z_nodes)
     for i in range(b - 1, -1, -1):
         nt = b - 1 - i  # R_{i+1} has b - 1 - i terms
-        acc = step(V, R_next, xs, ws, alpha, beta, c, rho, s, _Z_LO, dz, h, alpha * pw_hi[:nt], offset[:nt], False)
+        ci = c - lm[i] - 4 * _U * (c + abs(lm[i]))  # (X_i = e^{alpha z + beta xi - c_i}, c_i rounded down)
+        off_next = _shifted(offset, lm, i + 1, nt)
+        acc = step(V, R_next, xs, ws, alpha, beta, ci, rho, s, _Z_LO, dz, h, alpha * pw_hi[:nt], off_next, False)
         # xi > L: h(xi) <= X_i + R_{i+1}(rho z + s xi), exponentials in xi (X_i first)
         zc_lo = np.concatenate([[alpha], alpha * pw_lo[1 : nt + 1]])
         zc_hi = np.concatenate([[alpha], alpha * pw_hi[1 : nt + 1]])
         a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * _U)
-        offs = np.concatenate([[-c], offset[:nt]])
+        offs = np.concatenate([[-ci], off_next])
         charge = _tail_charge(zc_lo, zc_hi, a, offs, z)
         V = acc * factor + charge[:, None] + 1e-290
-        R = _remaining_mean(alpha, pw_lo, pw_hi, offset, z, b - i)
+        R = _remaining_mean(alpha, pw_lo, pw_hi, _shifted(offset, lm, i, b - i), z, b - i)
         V = np.minimum(V, R[:, None])
         V = np.maximum.accumulate(np.maximum.accumulate(V, axis=1), axis=0)
         R_next = R
     # Z_0 ~ N(0, 1): one more spread with no summand (c = +inf: X = 0, z' = xi)
-    acc = step(V, R_next, xs, ws, 0.0, 0.0, math.inf, 0.0, 1.0, _Z_LO, dz, h, alpha * pw_hi[:b], offset[:b], True)
-    charge0 = _tail_charge(np.zeros(b), np.zeros(b), alpha * pw_hi[:b] * (1 + 2 * _U), offset[:b], np.zeros(1))
+    off0 = _shifted(offset, lm, 0, b)
+    acc = step(V, R_next, xs, ws, 0.0, 0.0, math.inf, 0.0, 1.0, _Z_LO, dz, h, alpha * pw_hi[:b], off0, True)
+    charge0 = _tail_charge(np.zeros(b), np.zeros(b), alpha * pw_hi[:b] * (1 + 2 * _U), off0, np.zeros(1))
     calls = np.maximum.accumulate(acc[0] * factor + charge0[0] + 1e-290)  # non-decreasing in u = -K
     return (u_nodes - 1 - np.arange(u_nodes))[::-1] * h, calls[::-1].copy()
 
@@ -381,17 +476,20 @@ def _mp_spread(points_log, scale: float):
 
 
 def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *, u_nodes: int = _U_NODES,
-                    z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS):
+                    z_nodes: int = _Z_NODES, xi_cells: int = _XI_CELLS, log_mult=None):
     """Strikes ``K_l = l h`` (``0 .. k_max``) and upper bounds ``P~(K_l) >= E(K_l - T')_+`` (module
     docstring, *the put program*): the state is ``w = e^{alpha Z}`` and the innovation
-    ``eta = e^{kappa xi}`` (``kappa = max(alpha s, beta)``), in which the put value is convex."""
+    ``eta = e^{kappa xi}`` (``kappa = max(alpha s, beta)``), in which the put value is convex.
+    ``log_mult`` (rounded *down*): per-position multipliers of the summands, as in
+    :func:`call_bound_table`."""
     step = _compiled_step("step_put")
     alpha, beta = sur.alpha / sigma, sur.beta / sigma
     rho, s = sur.rho, sur.s
     xs, _ = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
     kappa = max(alpha * s, beta)
     ws = _mp_spread(xs, kappa)
-    c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * _U)
+    c = 0.5 * (alpha * alpha + beta * beta) * (1 + 8 * _U)  # (rounded up: smaller summands, larger puts)
+    lm = np.zeros(b) if log_mult is None else np.asarray(log_mult, dtype=np.float64)
     z_lo, z_hi = _Z_LO - 1.0, _Z_HI
     dz = (z_hi - z_lo) / (z_nodes - 1)
     zn = z_lo + dz * np.arange(z_nodes)
@@ -401,8 +499,9 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
     low_tail = float(special.ndtr(-_XI_HALF)) * (1 + 1e-9)
     factor = 1 + 4 * (xs.size + 16) * _U
     P = np.broadcast_to(neg_u, (z_nodes, u_nodes)).copy()  # P_b(w, u) = (-u)_+
-    for _ in range(b):
-        acc = step(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h)
+    for i in range(b - 1, -1, -1):
+        ci = c - lm[i] + 4 * _U * (c + abs(lm[i]))  # (rounded up)
+        acc = step(P, wn, z_lo, dz, xs, ws, alpha, beta, ci, rho, s, h)
         P = acc * factor + low_tail * neg_u[None, :] + 1e-290
         P = np.minimum(P, neg_u[None, :])
         # non-increasing in u (axis 1) and in w (axis 0): running maxima from the high ends
@@ -415,6 +514,56 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
     puts = (w0 @ P) * factor + below * neg_u + 8 * _U * neg_u + 1e-290
     puts = np.maximum.accumulate(puts[::-1])  # non-decreasing in K
     return np.arange(u_nodes) * h, puts
+
+
+def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, *, w_cells: int = _W_CELLS,
+                w_half: float = _W_HALF, w_stretch: float = _W_STRETCH, **grid):
+    """The call (``kind = "call"``) or put table (as :func:`call_bound_table`, :func:`put_bound_table`)
+    of the surrogate with its shared factor ``W ~ N(0, 1)``: given ``W = w`` the summand at position
+    ``i`` is the chain's times ``e^{a_i w - a_i^2 / 2}`` (``a_i`` the loadings over ``sigma``), and
+    the tables given ``w`` are mixed over ``W``'s law (module docstring, *the shared factor*):
+
+    * call: convex and non-decreasing in ``w`` (``T`` is a sum of exponentials of ``w`` with
+      non-negative coefficients): ``W`` spread onto the nodes ``x_k`` with each cell's mean kept
+      (:func:`_spread`; the mass below ``-L`` at ``-L``), the mass above ``L`` charged with
+      ``E[(T - K)_+; W > L] <= E[T; W > L] = sum_i E[X_i] Phi(a_i - L)`` (``E[X_i] <= 1``);
+    * put: convex in ``eta = e^{kappa w}`` (``kappa = max a_i``; each ``e^{a_i w} = eta^{a_i/kappa}``
+      is concave in ``eta``, so ``K - T`` is convex) and non-increasing: ``eta`` spread onto
+      ``e^{kappa x_k}`` with ``E[eta; cell]`` kept, the mass above the top node at the top, the mass
+      below ``-L`` charged with the strike ``K`` (a put is at most its strike)."""
+    a = sur.loadings(n) / sigma * (1 + 4 * _U)  # (rounded up; the check used the rounded-down loadings)
+    xs, ps = _spread(w_half, w_cells, w_stretch)
+    if kind == "put":
+        ps = _mp_spread(xs, float(a.max()) * (1 + 4 * _U))
+    table, strikes = None, None
+    for x, p in zip(xs, ps):
+        lm = a * x - 0.5 * a * a
+        err = 4 * _U * (np.abs(a * x) + 0.5 * a * a)
+        if kind == "call":
+            strikes, vals = call_bound_table(sur, sigma, n, k_max, log_mult=lm + err, **grid)
+        else:
+            strikes, vals = put_bound_table(sur, sigma, n, k_max, log_mult=lm - err, **grid)
+        table = p * vals if table is None else table + p * vals
+    table = table * (1 + 4 * (xs.size + 4) * _U)
+    if kind == "call":
+        return strikes, table + float(np.sum(special.ndtr(a - w_half))) * (1 + 1e-9) * (1 + 32 * _U) + 1e-300
+    return strikes, table + float(special.ndtr(-w_half)) * (1 + 1e-9) * strikes * (1 + 2 * _U) + 1e-290
+
+
+def _factor_half_width(sur: MarkovSurrogate, sigma: float, delta: float) -> float:
+    """``L`` for the shared factor's grid: the part above ``L`` (charged in closed form) costs at most
+    about ``1e-3 delta`` per slot: ``L = max a_i / sigma + Phi^-1(1 - 1e-3 delta)``, within ``[4, 8]``
+    (any ``L`` is sound; it only sets the charge)."""
+    a = float(sur.loadings(max(2, 2 * sur.ring[2])).max()) / sigma
+    return min(8.0, max(4.0, a + float(special.ndtri(1 - 1e-3 * delta)) if delta < 1 else 4.0))
+
+
+def _table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
+    """The call or put bound table of one part (with the shared factor if the surrogate has one)."""
+    if sur.ring is not None:
+        return _ring_table(sur, sigma, n, kind, k_max, w_half=_factor_half_width(sur, sigma, delta), **grid)
+    grid.pop("w_cells", None)
+    return (call_bound_table if kind == "call" else put_bound_table)(sur, sigma, n, k_max, **grid)
 
 
 def _interp_put(strikes: np.ndarray, puts: np.ndarray, k: float) -> float:
@@ -442,28 +591,31 @@ def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> fl
     return float((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
 
 
-def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_hi: float, **grid) -> dict:
+def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_hi: float, *,
+                   directions=("remove", "add"), **grid) -> dict:
     """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
     in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
 
     ``parts``: ``b`` (one sum of ``b`` slots) or ``[(n, weight), ...]`` (the Jensen mixture over
     residue classes, :func:`class_grams`). remove: ``sum w C~_n(n e^eps) / n <= delta``; add:
-    ``sum w e^eps P~_n(n e^-eps) / n <= delta``."""
+    ``sum w e^eps P~_n(n e^-eps) / n <= delta``. ``directions``: the ones to compute (the others are
+    left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed)."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
-    tables = []
-    for n, w in parts:
-        k_max = n * math.exp(eps_hi) * 1.02
-        tables.append((n, w, call_bound_table(sur, sigma, n, k_max, **grid), put_bound_table(sur, sigma, n, n * 1.0001, **grid)))
+    calls = ([(n, w, _table(sur, sigma, n, "call", n * math.exp(eps_hi) * 1.02, delta, **grid)) for n, w in parts]
+             if "remove" in directions else [])
+    puts = [(n, w, _table(sur, sigma, n, "put", n * 1.0001, delta, **grid)) for n, w in parts] if "add" in directions else []
 
     def rem(e):
-        return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca), _ in tables) * (1 + 4 * (len(tables) + 1) * _U)
+        return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca) in calls) * (1 + 4 * (len(calls) + 1) * _U)
 
     def add(e):
         ee = math.exp(e)
-        return sum(w * ee * _interp_put(ps, pu, n / ee) / n for n, w, _, (ps, pu) in tables) * (1 + 4 * (len(tables) + 2) * _U)
+        return sum(w * ee * _interp_put(ps, pu, n / ee) / n for n, w, (ps, pu) in puts) * (1 + 4 * (len(puts) + 2) * _U)
 
     out = {}
     for name, fn in (("remove", rem), ("add", add)):
+        if name not in directions:
+            continue
         if fn(eps_hi) > delta:
             out[name] = math.inf
             continue
