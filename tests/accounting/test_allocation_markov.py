@@ -24,6 +24,7 @@ from dpmf.accounting.allocation.markov import (
     _solve,
     call_bound_table,
     class_grams,
+    fit_ring_surrogate,
     fit_surrogate,
     lag_maxima,
     markov_epsilon,
@@ -147,3 +148,71 @@ def test_member_never_below_monte_carlo_at_delta_1e5_b64(sigma):
     out = markov_epsilon(sur, sigma, 64, 1e-5, 2.0)
     point, lower = _mc_epsilon_interval(means, sigma, 1e-5, 400_000, seed=5)
     assert lower <= out["epsilon"] <= 1.25 * point
+
+
+# --------------------------------------------------------------------------- several epochs: the ring
+def _class_grams(strategy, epochs, q):
+    means = mixture_means(strategy, epochs, strategy.n)
+    return class_grams((means @ means.T) * (1 + 1e-12), q)[0]
+
+
+def _ring_cov(sur: MarkovSurrogate, b: int) -> np.ndarray:
+    v = sur.loadings(b)
+    return _surrogate_gram(sur, b) + np.outer(v, v)
+
+
+@pytest.mark.parametrize("strategy, epochs", [(bsr(128, 4), 2), (bsr(32, 3), 2), (ToeplitzStrategy([1.0, 0.8, 0.6], 48), 3)])
+@pytest.mark.parametrize("q", [1, 2])
+def test_ring_surrogate_dominates_the_cyclic_gram_entrywise(strategy, epochs, q):
+    grams = _class_grams(strategy, epochs, q)
+    sur = fit_ring_surrogate(grams)
+    assert sur is not None and sur.order == "natural" and sur.ring[2] >= 1
+    for g in grams:
+        assert np.all(_ring_cov(sur, g.shape[0]) >= g)  # Kahane's condition, corners included
+        # the chain alone does not reach the corners: the factor is what covers them
+        assert np.any(_surrogate_gram(sur, g.shape[0]) < g)
+    # one epoch: no corners, no ring member
+    assert fit_ring_surrogate(_class_grams(strategy, 1, q)) is None
+
+
+@pytest.mark.parametrize("strategy, sigma", [(bsr(32, 3), 2.0), (ToeplitzStrategy([1.0, 0.8, 0.6], 48), 2.0)])
+def test_ring_member_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo(strategy, sigma):
+    import dataclasses
+
+    epochs, delta = strategy.n // 16, 1e-3
+    means = mixture_means(strategy, epochs, strategy.n)
+    b = means.shape[0]
+    sur = fit_ring_surrogate((means @ means.T) * (1 + 1e-12))
+    out = markov_epsilon(sur, sigma, b, delta, 3.0)["epsilon"]
+    sur_point, sur_lower = _mc_epsilon_interval(np.linalg.cholesky(_ring_cov(sur, b)), sigma, delta, 200_000, seed=3)
+    point, lower = _mc_epsilon_interval(means, sigma, delta, 200_000, seed=4)
+    assert out >= sur_lower and out >= lower  # an upper bound of the surrogate's pair, so of the exact one
+    assert out <= 1.05 * sur_point  # and close to the surrogate's (grid and factor-spread error)
+    assert out <= 1.25 * point
+    # negative control: the same chain without its factor undercuts the surrogate's pair (the
+    # program does carry the factor; without it the corners would be unaccounted for)
+    assert markov_epsilon(dataclasses.replace(sur, ring=None), sigma, b, delta, 3.0)["epsilon"] < sur_lower
+
+
+def test_ring_tables_with_zero_loadings_are_the_chain_tables():
+    from dpmf.accounting.allocation.markov import _ring_table
+
+    sur = fit_surrogate(GRAMS[2] * (1 + 1e-12))
+    zero = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", 0.0, (1e-7, 0.5, 1))  # (~no factor)
+    for kind, plain in (("call", call_bound_table), ("put", put_bound_table)):
+        st, ring = _ring_table(zero, 1.5, 3, kind, 6.0, w_cells=4)
+        st0, chain = plain(sur, 1.5, 3, 6.0)
+        assert np.array_equal(st, st0)
+        assert np.all(ring >= chain * (1 - 1e-6)) and np.allclose(ring, chain, rtol=1e-5, atol=1e-12)
+
+
+def test_accountant_uses_the_ring_member_over_several_epochs():
+    strategy, scheme, sigma, delta = bsr(32, 4), BallsInBinsSampling(2, 32), 2.0, 1e-3
+    report = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld")
+    rows = report.diagnostics["reductions"]
+    ring = [r for r in rows if "shared factor" in r["bound"]]
+    assert ring and "shared factor" in report.diagnostics["bound"]
+    others = [r["epsilon"] for r in rows if "shared factor" not in r["bound"] and r.get("epsilon") is not None]
+    assert report.epsilon < min(others)
+    point, lower = _mc_epsilon_interval(mixture_means(strategy, 2, 32), sigma, delta, 200_000, seed=7)
+    assert lower <= report.epsilon <= 1.2 * point

@@ -317,7 +317,7 @@ def fit_ring_surrogate(gram, *, rhos=None) -> MarkovSurrogate | None:
         cost = need * float(cand.loadings(max(g.shape[0] for g in grams)).sum()) ** 2
         if math.isfinite(cost) and (best is None or cost < best[0]):
             best = (cost, float(r), need)
-    if best is None:
+    if best is None or best[2] <= 0:  # (no residual: the natural-order chain alone is a member)
         return None
     _, r, need = best
     a = math.sqrt(need) * (1 + 1e-9) + 1e-300
@@ -451,6 +451,13 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
 
 
 def _mp_spread(points_log, scale: float):
+    """:func:`_mp_spread_cached` on a hashable copy of the points (the shared factor's tables reuse
+    the same points and scales at every node)."""
+    return _mp_spread_cached(tuple(float(x) for x in points_log), float(scale)).copy()
+
+
+@lru_cache(maxsize=64)
+def _mp_spread_cached(points_log: tuple, scale: float):
     """Weights of the spread of ``e^{scale xi}`` (``xi ~ N(0, 1)``) onto ``e^{scale x_k}`` for the
     increasing points ``x_k``: each cell's mass to its ends with ``E[e^{scale xi}; cell]`` kept, the
     mass above the last point at the last point; the mass below the first point is *not* included
@@ -535,14 +542,26 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
     xs, ps = _spread(w_half, w_cells, w_stretch)
     if kind == "put":
         ps = _mp_spread(xs, float(a.max()) * (1 + 4 * _U))
-    table, strikes = None, None
-    for x, p in zip(xs, ps):
+    def node(x):
         lm = a * x - 0.5 * a * a
         err = 4 * _U * (np.abs(a * x) + 0.5 * a * a)
         if kind == "call":
-            strikes, vals = call_bound_table(sur, sigma, n, k_max, log_mult=lm + err, **grid)
-        else:
-            strikes, vals = put_bound_table(sur, sigma, n, k_max, log_mult=lm - err, **grid)
+            return call_bound_table(sur, sigma, n, k_max, log_mult=lm + err, **grid)
+        return put_bound_table(sur, sigma, n, k_max, log_mult=lm - err, **grid)
+
+    # the nodes' programs are independent and the compiled step releases the GIL: one thread per CPU
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dpmf.resources import available_cpus
+
+    workers = min(available_cpus(), xs.size)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(node, xs))
+    else:
+        results = [node(x) for x in xs]
+    table, strikes = None, results[0][0]
+    for p, (_, vals) in zip(ps, results):  # (summed in node order: the same on any number of threads)
         table = p * vals if table is None else table + p * vals
     table = table * (1 + 4 * (xs.size + 4) * _U)
     if kind == "call":
