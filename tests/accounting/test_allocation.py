@@ -373,20 +373,29 @@ def test_property_dp_is_exact_for_true_bandwidth_and_monotone(b, k, band, alpha,
 @pytest.mark.parametrize("bandwidth, max_order", [(1, 30), (2, 12), (3, 8), (4, 6)])
 def test_compiled_program_step_equals_the_numpy_formula(bandwidth, max_order):
     """The compiled step (``_compiled.step_lse``) is the numpy formula of its docstring, to a few ulps,
-    on every step shape of the program, including a NaN that must propagate."""
+    on every step shape of the program (transitions rebuilt from the step's source windows and counts),
+    including a NaN that must propagate."""
     from dpmf.accounting.allocation._compiled import step_lse
     from dpmf.accounting.allocation.renyi import _segment_lse, _shape
+    from scipy import special
 
     rng = np.random.default_rng(bandwidth)
     shape = _shape(bandwidth, max_order)
     w = shape.width
+    counts = np.arange(max_order + 1.0)
     for st in shape.steps:
-        f = rng.normal(size=int(st.src.max()) + 1) * 5
+        f = rng.normal(size=st.src_window.shape[0]) * 5
         g_row, g_kk, inv_s2 = rng.uniform(0, 1, size=w), 0.7, 1 / 0.9**2
-        inter = st.window @ g_row if w else 0.0
-        want = _segment_lse(f[st.src] + (g_kk * st.t_pairs + st.t * inter) * inv_s2 - st.log_t_fact, st.starts, st.counts)
-        got = step_lse(f, st.src, st.t, st.t_pairs, st.log_t_fact, st.window, g_row, g_kk, inv_s2, st.starts, st.counts)
+        t = st.t.astype(np.float64)
+        inter = st.src_window[st.src] @ g_row if w else 0.0
+        want = _segment_lse(
+            f[st.src] + (g_kk * t * (t - 1) / 2 + t * inter) * inv_s2 - special.gammaln(t + 1), st.starts, st.counts
+        )
+        tab = g_kk * counts * (counts - 1) / 2 * inv_s2 - special.gammaln(counts + 1)
+        got = step_lse(f, st.src_window, g_row, inv_s2, st.src, st.t, tab, st.starts, st.counts)
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
     f[0] = np.nan
-    got = step_lse(f, st.src, st.t, st.t_pairs, st.log_t_fact, st.window, g_row, g_kk, inv_s2, st.starts, st.counts)
-    assert np.isnan(got[np.unique(np.searchsorted(st.starts, np.flatnonzero(st.src == 0), side="right") - 1)]).all()
+    got = step_lse(f, st.src_window, g_row, inv_s2, st.src, st.t, tab, st.starts, st.counts)
+    hit = np.unique(np.searchsorted(st.starts, np.flatnonzero(st.src == 0), side="right") - 1)
+    assert hit.size and np.isnan(got[hit]).all()
+    assert not np.isnan(np.delete(got, hit)).any()

@@ -3,18 +3,26 @@
 conditional bound (:func:`two_point_rows`, :mod:`dpmf.accounting.allocation.identity`).
 
 Why compiled: one step of the count-form dynamic program maps every transition ``i`` (a source
-state and a count ``t``) to
+state ``src_i`` and the count ``t_i`` added at position ``k``) to
 
-    v_i = f[src_i] + (G_kk t_i (t_i - 1) / 2 + t_i <window_i, G[k, k-w:k]>) / sigma^2 - log t_i!
+    v_i = f[src_i] + (G_kk t_i (t_i - 1) / 2 + t_i <window(src_i), G[k, k-w:k]>) / sigma^2 - log t_i!
 
-and every target state to the log-sum-exp of its segment of ``v``. In numpy that is a matrix-vector
-product, ~8 array passes and two ``reduceat`` calls with their temporaries; the profile of an
-allocation calibration (BandMF, 32 steps, 4 bands) spent ~80% of its time there. Here it is one
-loop over segments that recomputes ``v`` in a max pass and a sum pass and allocates nothing.
+and every target state to the log-sum-exp of its segment of ``v``. The window product depends on
+the source state only and the rest on ``t`` only, so the caller passes them precomputed:
+``h[s] = <window(s), G[k, k-w:k]> / sigma^2`` per source state and
+``tab[t] = G_kk t (t - 1) / (2 sigma^2) - log t!`` per count, and the kernel forms
+``v_i = (f[src_i] + t_i h[src_i]) + tab[t_i]``: two gathers and two int32 reads per transition
+(the profile of an allocation calibration -- BandMF, 32 steps, 4 bands -- spent most of its time
+here, bound by memory traffic: the former layout read ~56 bytes per transition, twice). One loop
+over segments computes ``v`` once into a scratch row, takes its maximum and sums the exponentials;
+it allocates nothing per segment.
 
-Same formula, same order of terms up to the ``w <= 5`` products of the window dot product, so the
-result equals the numpy path to a few ulps; the caller's slack (``(b + 16) 4 ulp`` relative, in
-``renyi._remove_rdp``) covers the rounding of either. A NaN propagates to the output (the caller
+Same terms as the formula above, each rounded a bounded number of times (``2w + 6`` roundings per
+transition, each of a non-negative interaction term, of ``log t!`` or of the running sum; the
+former fused loop had ``2w + 4``), so the result equals the numpy formula to a few ulps; the
+caller's slack (``(b + 16) 4 ulp`` relative, in ``renyi._remove_rdp``) covers the rounding of
+either (``w <= 5``: at most 16 roundings per position of terms whose magnitudes sum to at most the
+slack's magnitude). A NaN propagates to the output (the caller
 turns a NaN bound into ``inf``).
 """
 
@@ -27,32 +35,39 @@ import numpy as np
 
 
 @nb.njit(cache=True, nogil=True)
-def step_lse(f, src, t, t_pairs, log_t_fact, window, g_row, g_kk, inv_s2, starts, counts):  # pragma: no cover - compiled
+def step_lse(f, src_window, g_row, inv_s2, src, t, tab, starts, counts):  # pragma: no cover - compiled
+    """``out[s] = log sum_{i in segment s} exp((f[src_i] + t_i h[src_i]) + tab[t_i])`` with
+    ``h = (src_window @ g_row) inv_s2`` (module docstring)."""
+    h = np.empty(src_window.shape[0])
+    for j in range(src_window.shape[0]):
+        inter = 0.0
+        for q in range(src_window.shape[1]):
+            inter += src_window[j, q] * g_row[q]
+        h[j] = inter * inv_s2
     out = np.empty(starts.size)
-    w = window.shape[1]
     for s in range(starts.size):
         a = starts[s]
-        e = a + counts[s]
-        mx = -math.inf
-        for i in range(a, e):
-            inter = 0.0
-            for q in range(w):
-                inter += window[i, q] * g_row[q]
-            v = f[src[i]] + (g_kk * t_pairs[i] + t[i] * inter) * inv_s2 - log_t_fact[i]
-            if v > mx or v != v:
+        n = counts[s]
+        j = src[a]
+        ti = t[a]
+        mx = f[j] + ti * h[j] + tab[ti]
+        acc = 1.0  # sum of exp(v - mx) so far (one pass: rescaled when the maximum grows)
+        for i in range(a + 1, a + n):
+            j = src[i]
+            ti = t[i]
+            v = f[j] + ti * h[j] + tab[ti]
+            if v <= mx:
+                acc += math.exp(v - mx)
+            elif v > mx:
+                acc = acc * math.exp(mx - v) + 1.0
                 mx = v
-                if v != v:
-                    break
-        if mx != mx or mx == -math.inf:
+            else:  # NaN (in v or in mx)
+                mx = math.nan
+                break
+        if n == 1 or mx != mx or mx == -math.inf:
             out[s] = mx
-            continue
-        acc = 0.0
-        for i in range(a, e):
-            inter = 0.0
-            for q in range(w):
-                inter += window[i, q] * g_row[q]
-            acc += math.exp(f[src[i]] + (g_kk * t_pairs[i] + t[i] * inter) * inv_s2 - log_t_fact[i] - mx)
-        out[s] = mx + math.log(acc)
+        else:
+            out[s] = mx + math.log(acc)
     return out
 
 

@@ -107,14 +107,41 @@ def _compositions(width: int, total: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Step:
-    src: np.ndarray  # source state of each transition (sorted by target)
-    t: np.ndarray  # count added at the current position (float)
-    t_pairs: np.ndarray  # t (t - 1) / 2
-    log_t_fact: np.ndarray  # log t!
-    window: np.ndarray  # source window counts (transitions x (p-1)), float
+    src: np.ndarray  # source state of each transition (sorted by target), int32
+    t: np.ndarray  # count added at the current position, int32
+    src_window: np.ndarray  # window counts of each source state (states x (p-1)), float
     starts: np.ndarray  # first transition of each target state
     counts: np.ndarray  # transitions per target state
     targets: np.ndarray  # target states: columns (prefix..., m, window...)
+
+    @functools.cached_property
+    def closing(self) -> "_Closing":
+        """The target states' sigma-independent parts read when the program ends at this step."""
+        return _Closing.of(self.targets, (self.targets.shape[1] - 1) // 2)
+
+
+@dataclass(frozen=True)
+class _Closing:
+    """Final states of the program: prefix and window counts (float) and the states grouped by
+    their total ``m`` (``order`` sorts them by total; segment ``starts``/``counts``, ``totals``)."""
+
+    pre: np.ndarray
+    win: np.ndarray
+    order: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    totals: np.ndarray
+
+    @classmethod
+    def of(cls, states: np.ndarray, w: int) -> "_Closing":
+        totals = states[:, w]
+        order = np.argsort(totals, kind="stable")
+        tot_sorted = totals[order]
+        starts = np.flatnonzero(np.r_[True, tot_sorted[1:] != tot_sorted[:-1]])
+        counts = np.diff(np.r_[starts, tot_sorted.size])
+        as_float = states.astype(np.float64)
+        return cls(np.ascontiguousarray(as_float[:, :w]), np.ascontiguousarray(as_float[:, w + 1 :]), order,
+                   starts, counts, tot_sorted[starts])
 
 
 @dataclass(frozen=True)
@@ -156,14 +183,11 @@ def _shape(bandwidth: int, max_order: int) -> _Shape:
         counts = np.diff(np.r_[starts, inv_sorted.size])
         targets = np.empty((uniq.size, 2 * w + 1), dtype=np.int64)
         targets[inv_sorted[starts]] = new[order][starts]
-        tf = t[order].astype(np.float64)
         steps.append(
             _Step(
-                src=src[order],
-                t=tf,
-                t_pairs=tf * (tf - 1.0) / 2.0,
-                log_t_fact=special.gammaln(tf + 1.0),
-                window=s[order][:, w + 1 :].astype(np.float64),
+                src=src[order].astype(np.int32),
+                t=t[order].astype(np.int32),
+                src_window=np.ascontiguousarray(cur[:, w + 1 :], dtype=np.float64),
                 starts=starts,
                 counts=counts,
                 targets=targets,
@@ -196,28 +220,24 @@ def _log_sums(gp: np.ndarray, sigma: float, bandwidth: int, max_order: int, clos
         f += gp[i, i] * pre[:, i] * (pre[:, i] - 1.0) * 0.5 * inv_s2
         for j in range(i + 1, w):
             f += gp[i, j] * pre[:, i] * pre[:, j] * inv_s2
-    states = init
-    for j, k in enumerate(range(w, b)):
+    counts = np.arange(max_order + 1, dtype=np.float64)
+    t_pairs, log_t_fact = counts * (counts - 1.0) / 2.0, special.gammaln(counts + 1.0)
+    for j, k in enumerate(range(w, b)):  # (b >= p > w: at least one step)
         st = shape.steps[min(j, len(shape.steps) - 1)]
-        # v = f[src] + (G_kk t(t-1)/2 + t <window, G[k, k-w:k]>) / sigma^2 - log t!, log-sum-exp per target
-        f = step_lse(f, st.src, st.t, st.t_pairs, st.log_t_fact, st.window, np.ascontiguousarray(gp[k, k - w : k]),
-                     float(gp[k, k]), inv_s2, st.starts, st.counts)
-        states = st.targets
-    states = states.astype(np.float64) if states.dtype != np.float64 else states
+        # v = f[src] + (G_kk t(t-1)/2 + t <window, G[k, k-w:k]>) / sigma^2 - log t!, log-sum-exp per
+        # target; the window product per source state (h, in the kernel), the rest per count t (tab)
+        tab = (float(gp[k, k]) * t_pairs) * inv_s2 - log_t_fact
+        f = step_lse(f, st.src_window, np.ascontiguousarray(gp[k, k - w : k]), inv_s2, st.src, st.t, tab,
+                     st.starts, st.counts)
+    end = st.closing
     if w:
-        pre, win = states[:, :w], states[:, w + 1 :]
         pos = b - w + np.arange(w)  # positions of the window entries
         coupling = gp[:w][:, pos].copy()  # coupling[i, q] = G^(p)[i, pos_q]
         if closure == "exact":  # only pairs the forward pass did not count (distance >= p)
             coupling[(pos[None, :] - np.arange(w)[:, None]) < bandwidth] = 0.0
-        f = f + np.einsum("si,iq,sq->s", pre, coupling, win) * inv_s2
-    totals = states[:, w].astype(np.int64)
+        f = f + ((end.pre @ coupling) * end.win).sum(axis=1) * inv_s2
     out = np.full(max_order + 1, -np.inf)
-    order = np.argsort(totals, kind="stable")
-    tot_sorted = totals[order]
-    starts = np.flatnonzero(np.r_[True, tot_sorted[1:] != tot_sorted[:-1]])
-    counts = np.diff(np.r_[starts, tot_sorted.size])
-    out[tot_sorted[starts]] = _segment_lse(f[order], starts, counts)
+    out[end.totals] = _segment_lse(f[end.order], end.starts, end.counts)
     return out
 
 
