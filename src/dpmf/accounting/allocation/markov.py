@@ -21,11 +21,28 @@ Math. Québec 9 (1985); stated e.g. in Rhodes & Vargas, "Gaussian multiplicative
 applications: a review", Probab. Surveys 11 (2014), §2). If ``Y, Y'`` are centred Gaussian vectors
 with ``Cov(Y)_ij <= Cov(Y')_ij`` for *all* ``i, j`` (no positive-semidefinite difference needed), then
 for non-negative weights ``w_i`` and every convex ``F`` of at most polynomial growth,
-``E F(sum_i w_i e^{Y_i - Var(Y_i)/2}) <= E F(sum_i w_i e^{Y'_i - Var(Y'_i)/2})``. (Proof: with
-``Y_t = sqrt(t) Y' + sqrt(1 - t) Y`` (independent copies), Gaussian integration by parts gives
-``d/dt E F(S_t) = (1/2) sum_ij (Cov(Y')_ij - Cov(Y)_ij) E[w_i w_j X_i X_j F''(S_t)] >= 0`` for smooth
-``F``; the hinges used here are monotone limits of smooth convex functions.) So ``S <=_cx S'``
-(equal means; both directions' deltas can only grow) as soon as ``G' >= G`` entrywise,
+``E F(sum_i w_i e^{Y_i - Var(Y_i)/2}) <= E F(sum_i w_i e^{Y'_i - Var(Y'_i)/2})``.
+
+*Proof.* Let ``K = Cov(Y)``, ``K' = Cov(Y')``, ``D = K' - K`` (entrywise ``>= 0``), ``Y, Y'``
+independent, ``Y_t = sqrt(t) Y' + sqrt(1 - t) Y`` (covariance ``K_t = K + t D``) and
+``phi(t) = E H_t(Y_t)`` with ``H_t(y) = F(sum_i w_i e^{y_i - (K_t)_ii / 2})``. For smooth ``F`` whose
+derivatives grow at most polynomially, Gaussian interpolation (integration by parts,
+``d/dt E h(Y_t) = (1/2) sum_ij D_ij E[d_i d_j h(Y_t)]`` for a fixed smooth ``h`` of moderate growth)
+plus the explicit ``t`` in ``H_t`` give, with ``X_i = e^{(Y_t)_i - (K_t)_ii / 2}`` and ``S = sum_i w_i X_i``,
+
+    phi'(t) = E[d_t H_t] + (1/2) sum_ij D_ij E[d_i d_j H_t]
+            = -(1/2) sum_i D_ii E[F'(S) w_i X_i]
+              + (1/2) sum_ij D_ij E[F''(S) w_i w_j X_i X_j] + (1/2) sum_i D_ii E[F'(S) w_i X_i]
+            = (1/2) sum_ij D_ij E[F''(S) w_i w_j X_i X_j]  >=  0,
+
+since ``d_i d_j H = F'' w_i X_i w_j X_j + [i = j] F' w_i X_i`` (the mean-one normalization is what
+cancels the first-derivative terms, so the diagonal of ``D`` may be positive too), ``F'' >= 0``,
+``D_ij >= 0``, ``w_i X_i >= 0``. So ``phi(0) <= phi(1)``. The hinges used here, ``(x - k)_+`` and
+``(k - x)_+``, are convex and 1-Lipschitz: ``F_n(x) = E F(x + N / n)`` (``N ~ N(0, 1)``) is smooth,
+convex, with derivatives of polynomial growth, and ``|F_n - F| <= E|N| / n``, so
+``E F(S) <= E F_n(S) + 1/n <= E F_n(S') + 1/n <= E F(S') + 2/n`` for every ``n``. QED.
+
+So ``S <=_cx S'`` (equal means; both directions' deltas can only grow) as soon as ``G' >= G`` entrywise,
 ``G' = sigma^2 Cov(Y')``. The slots may be listed in any order ``pi`` (``S`` is a symmetric sum):
 the condition is ``gamma(|pi^-1(i) - pi^-1(j)|) >= G_ij``. This is stronger than Lemma 1 of
 :mod:`.correlated` (``D - G`` positive semidefinite), which it contains.
@@ -91,14 +108,30 @@ charged with ``K``. Its errors are relative to the put itself. Then
 direction is one at which its bound is ``<= delta`` (bisection, the returned end checked).
 
 **Floating point.** The chain actually run is the float one: ``s`` is rounded up (so
-``Var(Z_i) >= 1`` grows, covariances only grow), ``c = gamma_0 / 2`` rounded down (each ``X_i`` is then
-pointwise ``>=`` its mean-one version, so calls only grow; the put program uses the exact mean
-nowhere), and the entrywise condition is checked on the float parameters with a margin. Every node
+``Var(Z_i) >= 1`` grows, covariances only grow), ``c = gamma_0 / 2`` rounded down in the call
+program (each ``X_i`` is then pointwise ``>=`` its mean-one version, so calls only grow) and up in
+the put program (pointwise ``<=``: puts only grow), and the entrywise condition is checked on the float parameters with a margin. Every node
 value is a sum of non-negative terms with non-negative weights, so rounding is a relative error:
 each step multiplies by ``1 + 4 (m + 16) u`` (``m + 1`` quadrature points) and adds ``1e-290``
 (underflow); the spread weights are computed in 40-digit arithmetic (mpmath) on the float points
 and carry a relative ``u``; positions are rounded toward the pessimistic side; the closed forms
 ``R`` and the charges are rounded up.
+
+**The shared factor (several epochs).** With ``k > 1`` epochs of reused slots the Gram is *cyclic*:
+the last slots of an epoch are next to the first of the next epoch, so ``G`` has corners
+``G_ij > 0`` for ``i`` near ``0``, ``j`` near ``b - 1``. A chain in natural order would need
+``g_1 rho^{b-2} >= G_{0,b-1}`` (``rho`` near 1), and the zig-zag order doubles every distance.
+:func:`fit_ring_surrogate` keeps the natural-order chain, fitted to ``G`` without its corners
+(pairs more than ``b/2`` apart), and adds ``a_i W`` to ``Y'_i`` with ``W ~ N(0, 1)`` independent
+of the chain and loadings ``a_i = a r^j`` on the ``j``-th slot from either end (``j < width``, the
+corners' width): ``Cov(Y') = chain + a a^T`` is entrywise ``>= G`` with ``a^2`` the largest corner
+residual over ``r^j r^j'`` (checked in floats, as above), and Lemma K applies unchanged. Given
+``W = w`` the summands are the chain's times ``e^{a_i w - a_i^2 / 2}`` (per-position multipliers in
+both programs: ``c_i = c - a_i w + a_i^2 / 2``, rounded toward the pessimistic side, and the closed
+forms ``R`` and the charges carry the multipliers), and the conditional call (put) is convex in
+``w`` (in ``e^{kappa w}``, ``kappa = max a_i``): the tables given ``w`` are mixed over ``W``'s law
+with the same cell-spread as the innovations (:func:`_ring_table`; the tail of ``W`` charged in
+closed form). Cost: one table per node of ``W`` (13), run on threads.
 
 **Accuracy and cost.** Grid: ``n_z = 90`` chain nodes on ``[-6, 9]`` (put: ``[-7, 9]``),
 ``m + 1 = 97`` innovation points on ``[-7, 7]`` (sinh-stretched), ``n_u = 600`` partial-sum nodes
