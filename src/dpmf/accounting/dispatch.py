@@ -59,6 +59,15 @@ class AccountingMethod:
     #: Replaces the generic calibration entirely; returns an object with ``noise_multiplier``,
     #: ``report`` and ``evaluations`` (Monte Carlo's Estimate-Verify-Release, Algorithm 5).
     own_calibration: Callable[..., object] | None = None
+    #: ``(strategy, scheme) -> bool``: calibrate this method before the other searching methods for
+    #: that pair (its search is cheap there and often the tightest, so a costlier method is then
+    #: probed once at its noise instead of searched). It changes only the order of the work: the
+    #: smallest noise over the methods is kept either way.
+    search_first: Callable[[object, object], bool] | None = None
+    #: fast_calibration takes ``limit`` (the largest noise of interest) and raises
+    #: :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the method does not pass there: the
+    #: probe at a bound is then the search's own first evaluation (not a separate one)
+    calibration_limit: bool = False
 
     def accepts(self, calibrating: bool) -> frozenset[str]:
         """Option names this method takes when accounting (``False``) or calibrating (``True``)."""
@@ -127,8 +136,9 @@ METHODS: dict[str, AccountingMethod] = {
             allocation_pld.account_allocation_pld,
             frozenset({"accuracy", "max_points"}),
             frozenset(),
-            allocation_pld.calibrate_allocation_pld,
+            allocation_pld.noise_and_report,  # (the calibrate_allocation_pld search, with the report at its answer)
             frozenset({"accuracy", "max_points"}),
+            calibration_limit=True,
         ),
         AccountingMethod(
             allocation.NAME,
@@ -138,8 +148,12 @@ METHODS: dict[str, AccountingMethod] = {
             allocation.account_allocation,
             _ALLOCATION_OPTIONS | {"callback"},
             frozenset(),
-            allocation.calibrate_allocation,
+            allocation.accountant.noise_and_report,  # (calibrate_allocation, with the report at its answer)
             _ALLOCATION_OPTIONS,
+            # (for C != I allocation_pld's reductions -- groups, Markov members -- cost seconds per noise,
+            # the Renyi search a fraction of that; for DP-SGD allocation_pld is exact and cheap)
+            search_first=lambda strategy, scheme: not isinstance(strategy, Identity),
+            calibration_limit=True,
         ),
         AccountingMethod(
             montecarlo.NAME,
@@ -399,8 +413,12 @@ def calibrate(
     def closed_form(m: AccountingMethod) -> bool:
         return m.own_calibration is None and m.fast_calibration is not None and not m.calibration_searches
 
-    # closed forms first: their noise brackets the searches (ties still go to the registry order)
-    order = sorted(range(len(methods)), key=lambda i: (not closed_form(methods[i]), i))
+    def first(m: AccountingMethod) -> bool:
+        return m.search_first is not None and bool(m.search_first(strategy, scheme))
+
+    # closed forms first: their noise brackets the searches; then the searches that go first for this
+    # pair (search_first); ties still go to the registry order
+    order = sorted(range(len(methods)), key=lambda i: (not closed_form(methods[i]), not first(methods[i]), i))
     results: dict[int, Calibration] = {}
     at_limit: dict[str, float] = {}  # method -> epsilon at the limit (when it does not pass there)
     lower_bounds: set[str] = set()  # methods whose at_limit epsilon is a lower bound (a partial probe)
@@ -438,9 +456,11 @@ def calibrate(
             searches = m.fast_calibration is None or m.calibration_searches
             try:
                 # one evaluation at each bound tells whether the method can get below it at all; the
-                # search itself is then the same as without a limit (so is its answer)
+                # search itself is then the same as without a limit (so is its answer). A method whose
+                # calibration takes the limit makes that evaluation the first of its own search.
                 bound = min((b for b in (cap, limit) if b is not None), default=None)
-                if searches and bound is not None and (m.fast_calibration is not None or bound != cap):
+                own_limit = m.fast_calibration is not None and m.calibration_limit and bound is not None
+                if searches and bound is not None and not own_limit and (m.fast_calibration is not None or bound != cap):
                     try:
                         if m.probe is not None:
                             probed = m.probe(strategy, scheme, bound, delta, target, **opts, **dict(m.probe_options))
@@ -461,7 +481,8 @@ def calibrate(
                         start.append(_search_start(strategy, scheme, target, delta))
                     with search_hint(cap if cap is not None else start[0]):
                         sigma = m.fast_calibration(
-                            strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note
+                            strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note,
+                            **({"limit": bound} if own_limit else {}),
                         )
                     if isinstance(sigma, tuple):  # (noise, the report the search computed there)
                         sigma, found = sigma

@@ -37,13 +37,13 @@ from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWID
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.calibration import CalibrationResult, ProgressCallback, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
 from dpmf.strategies.identity import Identity
 
-__all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation"]
+__all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation", "noise_and_report"]
 
 NAME = "allocation"
 WHICH = ("combined", "renyi", "conditional")
@@ -96,6 +96,10 @@ class AllocationProblem:
     noise_scale: float = 1.0
     reduction: dict | None = None
     identity_steps: int | None = None
+    #: results already computed on this problem, by (bound, analysed sigma, delta, options): a
+    #: calibration evaluates the same noise in several modes (Renyi alone, then combined) and the
+    #: report at its answer; both bounds are pure functions of these keys, so a hit is the same value
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def create(
@@ -139,7 +143,17 @@ class AllocationProblem:
         return cls(means, gram, scheme.epochs, scheme.steps_per_epoch, renyi, *described, **scale)
 
 
+def _memoized(problem: AllocationProblem, key: tuple, compute: Callable[[], dict]) -> dict:
+    if key not in problem.memo:
+        problem.memo[key] = compute()
+    return dict(problem.memo[key])
+
+
 def _renyi(problem: AllocationProblem, sigma: float, delta: float, conversion: str) -> dict:
+    return _memoized(problem, ("renyi", sigma, delta, conversion), lambda: _renyi_epsilon(problem, sigma, delta, conversion))
+
+
+def _renyi_epsilon(problem: AllocationProblem, sigma: float, delta: float, conversion: str) -> dict:
     out = problem.renyi.epsilon(sigma, delta)
     if conversion == "joint":  # the paper's Alg. 3: convert max(rho_remove, rho_add)
         rho_r, _ = problem.renyi.remove(sigma)
@@ -228,9 +242,12 @@ def account_allocation(
         if which == "conditional" or b_id is not None or cost <= conditional_budget:
             common = dict(delta_e=delta_e, discretization=discretization, callback=callback)
             if b_id is not None:  # (every psi of the family is uniform here: temperatures do not matter)
-                c = identity_conditional_epsilon(b_id, analysed, d, **common)
+                key = ("conditional", analysed, d, delta_e, discretization)
+                c = _memoized(problem, key, lambda: identity_conditional_epsilon(b_id, analysed, d, **common))
             else:
-                c = conditional_epsilon(problem.means, analysed, d, temperatures=temperatures, **common)
+                key = ("conditional", analysed, d, delta_e, discretization, tuple(np.ravel(temperatures).tolist()))
+                c = _memoized(problem, key, lambda: conditional_epsilon(
+                    problem.means, analysed, d, temperatures=temperatures, **common))
             diag["conditional"] = c
             by_dir = {k: min(by_dir[k], v) for k, v in c["epsilon_by_direction"].items()}
         else:
@@ -279,22 +296,70 @@ def calibrate_allocation(
 ) -> float:
     """Smallest noise multiplier whose reported epsilon (:func:`account_allocation`) is ``<= target``.
 
-    The Gram matrix and the program's shape are built once (:class:`AllocationProblem`). In
-    ``"combined"`` mode the Rényi calibration runs first (cheap) and seeds the combined search,
-    whose answer can only be smaller. ``callback(sigma, epsilon)`` after each evaluation. Other
-    keyword arguments go to :func:`account_allocation`.
+    The Gram matrix and the program's shape are built once (:class:`AllocationProblem`), and each
+    bound is evaluated at most once per noise. In ``"combined"`` mode the Rényi calibration runs
+    first (cheap), to ``rel_tol / 100``; its answer ``sigma_R`` passes the combined bound too (it
+    is never above the Rényi one). Conditional composition is then evaluated at ``sigma_R``: when
+    neither it nor the Gaussian cap meets the target there in either direction, neither does at any
+    smaller noise (both are non-increasing in the noise), so below ``sigma_R`` the combined bound
+    passes exactly where the Rényi bound does and ``sigma_R`` is the answer (within ``rel_tol / 100``
+    of the smallest passing noise). Otherwise a combined search starts from ``sigma_R``, whose
+    answer can only be smaller. ``callback(sigma, epsilon)`` after each evaluation. Other keyword
+    arguments go to :func:`account_allocation`.
+    """
+    return noise_and_report(strategy, scheme, target_epsilon, delta, which=which, rel_tol=rel_tol, callback=callback,
+                            **kwargs)[0]
+
+
+@guarded(NAME, supports)
+def noise_and_report(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    rel_tol: float = 1e-4,
+    callback: ProgressCallback | None = None,
+    limit: float | None = None,
+    **options,
+) -> tuple[float, PrivacyReport]:
+    """:func:`calibrate_allocation` for the dispatcher (the registry's ``fast_calibration``): the
+    noise and the :func:`account_allocation` report at it (called with ``options``), computed from
+    the bounds the search already evaluated there (not evaluated twice).
+
+    ``limit``: only noises up to it are of interest (the smallest noise another method reached);
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the combined epsilon there is above
+    the target. The Rényi bound alone is tried there first (cheap): when it passes, so does the
+    combined bound and conditional composition is not run at the limit.
     """
     target = _v.positive("target_epsilon", target_epsilon)
     d = _v.open_unit("delta", delta)
-    build = {k: kwargs.pop(k) for k in ("bandwidth", "orders", "budget", "max_bandwidth") if k in kwargs}
+    rel_tol = _v.positive("rel_tol", rel_tol)
+    limit = None if limit is None else _v.positive("limit", limit)
+    which = options.get("which", "combined")
+    if which not in WHICH:
+        raise InvalidParameterError(f"which must be one of {WHICH}, got {which!r}")
+    build = {k: options[k] for k in ("bandwidth", "orders", "budget", "max_bandwidth") if k in options}
     problem = AllocationProblem.create(strategy, scheme, **build)
 
-    def eps_of(mode):
-        return lambda s: account_allocation(strategy, scheme, s, d, which=mode, problem=problem, **kwargs).epsilon
+    def report(s: float, mode: str | None = None) -> PrivacyReport:
+        mode_option = {} if mode is None else {"which": mode}
+        return account_allocation(strategy, scheme, s, d, problem=problem, **{**options, **mode_option})
 
-    initial = 1.0
-    if which == "combined":
-        initial = smallest_noise(eps_of("renyi"), target, rel_tol=rel_tol, callback=callback).value
-    elif which not in WHICH:
-        raise InvalidParameterError(f"which must be one of {WHICH}, got {which!r}")
-    return smallest_noise(eps_of(which), target, initial=initial, rel_tol=rel_tol, callback=callback).value
+    def search(mode: str | None = None, **how) -> CalibrationResult:
+        return smallest_noise(lambda s: report(s, mode).epsilon, target, callback=callback, **how)
+
+    if which != "combined" or (limit is not None and report(limit, "renyi").epsilon > target):
+        # (one bound alone; or the Renyi bound fails at the limit and the combined one decides there)
+        found = search(rel_tol=rel_tol, limit=limit)
+        return found.value, report(found.value)
+    renyi = search("renyi", rel_tol=rel_tol / 100, initial=limit)
+    at_renyi = report(renyi.value)  # (the Renyi bound is memoized: this computes conditional composition only)
+    diag = at_renyi.diagnostics
+    others = [diag.get("gaussian_epsilon", math.inf)]
+    if "epsilon_by_direction" in diag.get("conditional", {}):
+        others += list(diag["conditional"]["epsilon_by_direction"].values())
+    if min(others) > target:  # (they cannot help below renyi.value: the answer is the Renyi one)
+        return renyi.value, at_renyi
+    found = search(rel_tol=rel_tol, initial=renyi.value)
+    return found.value, report(found.value)

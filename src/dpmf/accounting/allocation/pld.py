@@ -102,6 +102,7 @@ is heavy), so ``n`` does not grow with ``t``: at ``t = 10^4`` a few ``10^5`` poi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -120,7 +121,7 @@ from dpmf.accounting.allocation.dominating_pair import (
     pair_problem,
     toeplitz_coefficients,
 )
-from dpmf.accounting.guard import guarded
+from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -134,6 +135,7 @@ __all__ = [
     "allocation_pld_epsilon",
     "account_allocation_pld",
     "calibrate_allocation_pld",
+    "noise_and_report",
     "OrthogonalGroups",
     "orthogonal_groups",
     "toeplitz_orthogonal_groups",
@@ -844,7 +846,12 @@ def account_allocation_pld(
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
     groups = _reductions(strategy, scheme)
-    out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
+    return _report(strategy, scheme, groups, sigma, d, _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points))
+
+
+def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> PrivacyReport:
+    """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``."""
+    out = dict(out)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
     if groups is not None:
@@ -895,11 +902,42 @@ def calibrate_allocation_pld(
     ``rel_tol`` is the search's relative tolerance on sigma, ``accuracy`` the accountant's
     ``rel_tol``; ``callback(sigma, epsilon)`` after each evaluation.
     """
+    return noise_and_report(strategy, scheme, target_epsilon, delta, rel_tol=rel_tol, callback=callback,
+                            accuracy=accuracy, max_points=max_points)[0]
+
+
+def noise_and_report(
+    strategy,
+    scheme,
+    target_epsilon: float,
+    delta: float,
+    *,
+    rel_tol: float = 1e-4,
+    callback: ProgressCallback | None = None,
+    limit: float | None = None,
+    **options,
+) -> tuple[float, PrivacyReport]:
+    """:func:`calibrate_allocation_pld` for the dispatcher (the registry's ``fast_calibration``): the
+    noise and the :func:`account_allocation_pld` report at it (with ``options``: ``accuracy``,
+    ``max_points``), built from the search's own evaluation there (not evaluated twice).
+
+    ``limit``: only noises up to it are of interest (the search starts there);
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the epsilon there is above the target.
+    """
+    check_pair(NAME, supports, strategy, scheme)
     target = _v.positive("target_epsilon", target_epsilon)
     d = _v.open_unit("delta", delta)
+    unknown = sorted(set(options) - {"accuracy", "max_points"})
+    if unknown:
+        raise InvalidParameterError(f"unknown option(s) {unknown} for allocation_pld (accepted: accuracy, max_points)")
+    accuracy, max_points = options.get("accuracy", DEFAULT_REL_TOL), options.get("max_points", DEFAULT_MAX_POINTS)
     groups = _reductions(strategy, scheme)
+    seen: dict[float, dict] = {}
 
     def eps_of(s: float) -> float:
-        return _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)["epsilon"]
+        seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
+        return seen[s]["epsilon"]
 
-    return smallest_noise(eps_of, target, rel_tol=rel_tol, callback=callback).value
+    sigma = smallest_noise(eps_of, target, rel_tol=rel_tol, limit=limit, callback=callback).value
+    report = _report(strategy, scheme, groups, sigma, d, seen[sigma])
+    return sigma, dataclasses.replace(report, options=recorded_options(options))
