@@ -453,6 +453,11 @@ def calibrate(
                 continue
             best = min(results.values(), key=lambda c: c.noise_multiplier, default=None)
             cap = None if best is None else best.noise_multiplier  # it must beat this to matter
+            # where its search starts: the best noise of the methods that run before it in the registry
+            # order (closed forms and methods before it), so running a search_first method earlier
+            # changes only the bound it is probed at, not its search or its answer
+            hint = min((c.noise_multiplier for j, c in results.items() if j < i or closed_form(methods[j])),
+                       default=None)
             searches = m.fast_calibration is None or m.calibration_searches
             try:
                 # one evaluation at each bound tells whether the method can get below it at all; the
@@ -477,9 +482,9 @@ def calibrate(
                 if not searches:
                     sigma = m.fast_calibration(strategy, scheme, target, delta, **opts)
                 elif m.fast_calibration is not None:
-                    if cap is None and not start:
+                    if hint is None and not start:
                         start.append(_search_start(strategy, scheme, target, delta))
-                    with search_hint(cap if cap is not None else start[0]):
+                    with search_hint(hint if hint is not None else start[0]):
                         sigma = m.fast_calibration(
                             strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note,
                             **({"limit": bound} if own_limit else {}),

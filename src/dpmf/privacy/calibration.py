@@ -206,6 +206,34 @@ def smallest_noise(
     return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
 
 
+def check_limit(
+    epsilon_of: Callable[[float], float], target_epsilon: float, limit: float, *, callback: ProgressCallback | None = None
+) -> float:
+    """``epsilon_of(limit)`` when it is ``<= target_epsilon``; else :class:`NoiseLimitExceeded`.
+
+    The probe a calibration makes at the largest noise of interest before searching (``limit``: the
+    noise another accountant already reached, or the caller's maximum): a search that does not pass
+    there cannot give a smaller noise. An accountant that cannot evaluate a noise that small
+    (:class:`~dpmf.errors.NoiseTooSmallError`) does not pass there either (epsilon ``inf``).
+    ``callback(limit, epsilon)`` after the evaluation."""
+    try:
+        eps = float(epsilon_of(limit))
+    except NoiseTooSmallError:
+        raise NoiseLimitExceeded(
+            f"the accountant cannot evaluate noise_multiplier={limit:g}, the largest of interest", limit, math.inf
+        ) from None
+    if callback is not None:
+        callback(limit, eps)
+    if not eps <= target_epsilon:
+        raise NoiseLimitExceeded(
+            f"epsilon at the largest noise of interest, noise_multiplier={limit:g}, is {eps:g} > {target_epsilon:g}: "
+            "the smallest passing noise is larger",
+            limit,
+            eps,
+        )
+    return eps
+
+
 def _shrink_factor(eps: float, target: float) -> float:
     """How far below a passing noise (epsilon ``eps <= target`` there) to look for a failing one.
 

@@ -37,7 +37,7 @@ from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWID
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy.calibration import CalibrationResult, ProgressCallback, smallest_noise
+from dpmf.privacy.calibration import CalibrationResult, ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -327,10 +327,11 @@ def noise_and_report(
     noise and the :func:`account_allocation` report at it (called with ``options``), computed from
     the bounds the search already evaluated there (not evaluated twice).
 
-    ``limit``: only noises up to it are of interest (the smallest noise another method reached);
+    ``limit``: only noises up to it are of interest (the noise another accountant reached):
     :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the combined epsilon there is above
     the target. The Rényi bound alone is tried there first (cheap): when it passes, so does the
-    combined bound and conditional composition is not run at the limit.
+    combined bound and conditional composition is not run at the limit. The searches then run as
+    without it (from the active :func:`~dpmf.privacy.calibration.search_hint`).
     """
     target = _v.positive("target_epsilon", target_epsilon)
     d = _v.open_unit("delta", delta)
@@ -349,11 +350,13 @@ def noise_and_report(
     def search(mode: str | None = None, **how) -> CalibrationResult:
         return smallest_noise(lambda s: report(s, mode).epsilon, target, callback=callback, **how)
 
-    if which != "combined" or (limit is not None and report(limit, "renyi").epsilon > target):
-        # (one bound alone; or the Renyi bound fails at the limit and the combined one decides there)
-        found = search(rel_tol=rel_tol, limit=limit)
+    if limit is not None and (which != "combined" or report(limit, "renyi").epsilon > target):
+        # (one bound alone, or the Renyi bound fails at the limit: the combined one decides there)
+        check_limit(lambda s: report(s).epsilon, target, limit, callback=callback)
+    if which != "combined":
+        found = search(rel_tol=rel_tol)
         return found.value, report(found.value)
-    renyi = search("renyi", rel_tol=rel_tol / 100, initial=limit)
+    renyi = search("renyi", rel_tol=rel_tol / 100)
     at_renyi = report(renyi.value)  # (the Renyi bound is memoized: this computes conditional composition only)
     diag = at_renyi.diagnostics
     others = [diag.get("gaussian_epsilon", math.inf)]

@@ -124,7 +124,7 @@ from dpmf.accounting.allocation.dominating_pair import (
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
 from dpmf.strategies.identity import Identity
@@ -921,8 +921,10 @@ def noise_and_report(
     noise and the :func:`account_allocation_pld` report at it (with ``options``: ``accuracy``,
     ``max_points``), built from the search's own evaluation there (not evaluated twice).
 
-    ``limit``: only noises up to it are of interest (the search starts there);
-    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the epsilon there is above the target.
+    ``limit``: only noises up to it are of interest (the noise another accountant reached):
+    evaluated first, :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the epsilon there is
+    above the target; otherwise the search runs as without it (from the active
+    :func:`~dpmf.privacy.calibration.search_hint`, so its answer does not depend on the limit).
     """
     check_pair(NAME, supports, strategy, scheme)
     target = _v.positive("target_epsilon", target_epsilon)
@@ -935,9 +937,12 @@ def noise_and_report(
     seen: dict[float, dict] = {}
 
     def eps_of(s: float) -> float:
-        seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
+        if s not in seen:
+            seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return seen[s]["epsilon"]
 
-    sigma = smallest_noise(eps_of, target, rel_tol=rel_tol, limit=limit, callback=callback).value
+    if limit is not None:
+        check_limit(eps_of, target, limit, callback=callback)
+    sigma = smallest_noise(eps_of, target, rel_tol=rel_tol, callback=callback).value
     report = _report(strategy, scheme, groups, sigma, d, seen[sigma])
     return sigma, dataclasses.replace(report, options=recorded_options(options))
