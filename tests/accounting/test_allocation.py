@@ -399,3 +399,36 @@ def test_compiled_program_step_equals_the_numpy_formula(bandwidth, max_order):
     hit = np.unique(np.searchsorted(st.starts, np.flatnonzero(st.src == 0), side="right") - 1)
     assert hit.size and np.isnan(got[hit]).all()
     assert not np.isnan(np.delete(got, hit)).any()
+
+
+@pytest.mark.parametrize("strategy, scheme", [(bsr(32, 4), BallsInBinsSampling(2, 32)), (bsr(24, 3), BallsInBinsSampling(1, 24))])
+def test_skipping_levels_never_changes_epsilon(strategy, scheme):
+    """With an exact level (bandwidth = the true one, tau = 0), the others are skipped only when the
+    order-monotonicity bound proves they cannot lower the remove epsilon: the epsilon equals the one
+    from every level to the rounding allowance, over noises where they are skipped and where not."""
+    gram = gram_matrix(mixture_means(strategy, scheme.epochs, scheme.steps))
+    renyi = RenyiAllocation.create(gram, budget=1e6)  # (small levels: the logic, not the size, is tested)
+    exact = renyi.exact_level
+    assert exact is not None and len(renyi.levels) > 1
+    skipped = ran_all = 0
+    for sigma in (0.5, 0.8, 1.3, 4.0):
+        for delta in (1e-5, 1e-10):
+            out = renyi.epsilon(sigma, delta)
+            every, _ = renyi.remove(sigma)  # (no delta: every level)
+            want, _ = rdp_to_epsilon(renyi.orders, every, delta)
+            assert out["epsilon_by_direction"]["remove"] == pytest.approx(want, rel=1e-12)
+            skipped += out["levels_run"] == [exact.bandwidth]
+            ran_all += len(out["levels_run"]) == len(renyi.levels)
+    assert skipped >= 4 and ran_all >= 1  # (both branches exercised)
+
+
+def test_skippable_refuses_when_a_higher_order_could_win():
+    """Negative control: an exact level whose largest order is far from the best one (a tiny rho:
+    the best order is high) cannot rule the other levels out, nor can an overflowed one."""
+    renyi = RenyiAllocation.create(gram_matrix(mixture_means(bsr(32, 4), 2, 32)))
+    top = renyi.exact_level.max_order
+    small = np.full(top - 1, 1e-3)
+    assert not renyi.skippable(small, np.zeros(top - 1), 1e-10)
+    big = np.arange(2, top + 1, dtype=float)  # (rho = order: the best order is the smallest)
+    assert renyi.skippable(big, np.zeros(top - 1), 1e-5)
+    assert not renyi.skippable(np.r_[big[:-1], np.inf], np.zeros(top - 1), 1e-5)

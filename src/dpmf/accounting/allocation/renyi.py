@@ -288,6 +288,14 @@ def remove_rdp(
 
 
 def _remove_rdp(gp: np.ndarray, tau: float, sigma: float, p: int, amax: int, closure: str = "exact") -> np.ndarray:
+    return _remove_rdp_slack(gp, tau, sigma, p, amax, closure)[0]
+
+
+def _remove_rdp_slack(
+    gp: np.ndarray, tau: float, sigma: float, p: int, amax: int, closure: str = "exact"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rho, slack)``: the bounds of :func:`remove_rdp` and the rounding allowance each includes (the
+    computed value before the allowance is within ``slack`` of the exact program's value)."""
     b = gp.shape[0]
     log_s = _log_sums(gp, sigma, p, amax, closure)[2:]
     a = np.arange(2, amax + 1, dtype=np.float64)
@@ -297,7 +305,7 @@ def _remove_rdp(gp: np.ndarray, tau: float, sigma: float, p: int, amax: int, clo
         slack = (b + 16) * 4.0 * _ULP * (np.abs(log_s) + lf + alb) / (a - 1.0)
         rho = rho + slack + a * tau / (2.0 * sigma * sigma)
     rho = np.where(np.isnan(rho), np.inf, rho)
-    return np.maximum(rho, 0.0)
+    return np.maximum(rho, 0.0), slack
 
 
 def add_rdp(gram: np.ndarray, noise_multiplier: float, orders) -> np.ndarray:
@@ -457,28 +465,75 @@ class RenyiAllocation:
             gram=g, orders=ords.astype(np.float64), levels=levels, true_bandwidth=p_true, add_orders=add_orders
         )
 
-    def remove(self, noise_multiplier: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(rho_remove, bandwidth_used)`` at every order of :attr:`orders`."""
+    def remove(self, noise_multiplier: float, delta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(rho_remove, bandwidth_used)`` at every order of :attr:`orders`.
+
+        With ``delta``, levels that cannot lower the remove epsilon at ``delta`` are not run (their
+        orders keep ``inf`` unless another level reaches them; :meth:`skippable` says when).
+        """
+        return self._remove(noise_multiplier, delta)[:2]
+
+    def _remove(self, noise_multiplier: float, delta: float | None) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """:meth:`remove` and the bandwidths of the levels it ran."""
         sigma = _v.positive("noise_multiplier", noise_multiplier)
         best = np.full(self.orders.size, np.inf)
         used = np.zeros(self.orders.size, dtype=np.int64)
         b = self.size
+        exact = self.exact_level
+        # the exact level first: it may show that the others cannot help (only with delta)
+        levels = list(self.levels) if delta is None or exact is None else [exact] + [
+            lev for lev in self.levels if lev is not exact]
         # work per level ~ b * C(A + 2p, 2p) program terms (shown only when it takes over a second)
-        work = [b * transition_count(lev.bandwidth, lev.max_order) for lev in self.levels]
+        work = [b * transition_count(lev.bandwidth, lev.max_order) for lev in levels]
+        ran = []
         with progress.task("Renyi program (random allocation)", total=float(sum(work)), unit="program terms") as bar:
-            for lev, w in zip(self.levels, work):
+            for k, (lev, w) in enumerate(zip(levels, work)):
+                ran.append(lev.bandwidth)
                 bar.update(note=f"bandwidth {lev.bandwidth}, orders <= {lev.max_order}, sigma={sigma:.6g}")
                 if self.gram is None:
                     rho = identity_remove_rdp(b, sigma, lev.max_order)
                 else:
-                    rho = _remove_rdp(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
+                    rho, slack = _remove_rdp_slack(lev.gp, lev.tau, sigma, lev.bandwidth, lev.max_order)
                 reach = self.orders <= lev.max_order
                 vals = np.full(self.orders.size, np.inf)
                 vals[reach] = rho[self.orders[reach].astype(np.int64) - 2]
                 better = vals < best
                 best[better], used[better] = vals[better], lev.bandwidth
                 bar.advance(w)
-        return best, used
+                if k == 0 and lev is exact and delta is not None and self.skippable(rho, slack, delta):
+                    break
+        return best, used, ran
+
+    @property
+    def exact_level(self) -> _Level | None:
+        """The level whose program is exact (bandwidth = the true cyclic bandwidth, ``tau = 0``), if any."""
+        return next((lev for lev in self.levels if lev.bandwidth == self.true_bandwidth and lev.tau == 0.0
+                     and self.gram is not None), None)
+
+    def skippable(self, rho_exact: np.ndarray, slack: np.ndarray, delta: float) -> bool:
+        r"""Whether the levels other than the exact one cannot lower the remove epsilon at ``delta``.
+
+        ``rho_exact[a - 2]`` is the exact level's bound at order ``a = 2..A`` (the exact ``R_a`` plus at
+        most ``2 slack``: the allowance added and the rounding it covers). At orders ``a <= A`` no level
+        is below the exact value, so the others can only help at orders ``a > A``. There the Rényi
+        divergence is at least ``R_A`` (it is non-decreasing in the order; van Erven & Harremoës 2014,
+        Thm. 3), so no bound at such an order is below ``rho_lo = max_a (rho_exact[a] - 2 slack[a])``,
+        and (the conversion is non-decreasing in rho) no order ``a > A`` converts to less than
+        ``min_{a > A} eps(a, rho_lo)``. When that is not below the epsilon of orders ``<= A`` the other
+        levels are skipped: the reported epsilon is what running them would give (up to the rounding
+        allowance).
+        """
+        top = rho_exact.size + 1  # A
+        low = self.orders <= top
+        if low.all():
+            return True
+        if not (np.isfinite(rho_exact).all() and np.isfinite(slack).all()):  # (an overflow proves nothing)
+            return False
+        eps_low, _ = rdp_to_epsilon(self.orders[low], rho_exact[self.orders[low].astype(np.int64) - 2], delta)
+        rho_lo = float(np.max(np.maximum(rho_exact - 2.0 * slack, 0.0)))
+        high = self.orders[~low]
+        eps_high, _ = rdp_to_epsilon(high, np.full(high.size, rho_lo), delta)
+        return math.isfinite(eps_low) and eps_high >= eps_low
 
     def add(self, noise_multiplier: float) -> np.ndarray:
         """``rho_add`` (Lemma 3.4) at every order of :attr:`orders`."""
@@ -489,7 +544,7 @@ class RenyiAllocation:
         """Epsilon per direction at ``delta`` and the details (orders, bandwidths, tau)."""
         start = time.perf_counter()
         d = _v.open_unit("delta", delta)
-        rho_r, used = self.remove(noise_multiplier)
+        rho_r, used, ran = self._remove(noise_multiplier, d)
         rho_a = self._add(_v.positive("noise_multiplier", noise_multiplier), self.add_orders)
         eps_r, a_r = rdp_to_epsilon(self.orders, rho_r, d)
         eps_a, a_a = rdp_to_epsilon(self.add_orders, rho_a, d)
@@ -503,6 +558,8 @@ class RenyiAllocation:
             "bandwidth": p_r,
             "tau": tau_r,
             "levels": [(lev.bandwidth, lev.max_order) for lev in self.levels],
+            # (the others cannot lower the remove epsilon: RenyiAllocation.skippable)
+            "levels_run": sorted(ran),
             "true_bandwidth": self.true_bandwidth,
             "seconds": time.perf_counter() - start,
         }
