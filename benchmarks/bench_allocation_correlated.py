@@ -77,8 +77,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1_000_000)
     ap.add_argument("--delta", type=float, default=1e-5)
     ap.add_argument("--quick", action="store_true", help="first two cases, sigma 2 and 4, 2e5 samples")
+    ap.add_argument("--cases", help="only the cases whose name contains this text (e.g. 'k=2')")
     a = ap.parse_args()
     cases, sigmas, n = CASES, (2.0, 3.0, 4.0), a.samples
+    if a.cases:
+        cases = [c for c in CASES if a.cases in c[0]]
     if a.quick:
         cases, sigmas, n = CASES[:2], (2.0, 4.0), 200_000
     print("| case | sigma | MC eps [lower, upper] | orthogonal groups / MC | spectral family / MC | "

@@ -87,6 +87,7 @@ __all__ = [
     "markov_members",
     "MARKOV_MAX_PERIOD",
     "MARKOV_SLOT_BUDGET",
+    "MARKOV_RING_SLOTS",
     "identity_pair_epsilon_lower_bound",
 ]
 
@@ -251,7 +252,9 @@ def markov_members(means: np.ndarray, period: int):
     ``1..min(MARKOV_MAX_PERIOD, period - 1, b // 2)`` (at ``q = period`` the classes are orthogonal
     and the member is the orthogonal groups), tried in the order 2, 1, 3, 4 while the slots stay
     within :data:`MARKOV_SLOT_BUDGET`, the chain dominating every residue class's Gram and the
-    Jensen parts; or ``()`` and the reason."""
+    Jensen parts; then, for a cyclic Gram (several epochs), the ring members
+    (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) at the smallest period whose
+    classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it; or ``()`` and the reason."""
     from dpmf.accounting.allocation import markov
 
     b, n = means.shape
