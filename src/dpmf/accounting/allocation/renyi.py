@@ -176,13 +176,12 @@ def _shape(bandwidth: int, max_order: int) -> _Shape:
         else:
             new = (s[:, 0] + t)[:, None]
         codes = new @ weights
-        uniq, inv = np.unique(codes, return_inverse=True)
-        order = np.argsort(inv, kind="stable")
-        inv_sorted = inv[order]
-        starts = np.flatnonzero(np.r_[True, inv_sorted[1:] != inv_sorted[:-1]])
-        counts = np.diff(np.r_[starts, inv_sorted.size])
-        targets = np.empty((uniq.size, 2 * w + 1), dtype=np.int64)
-        targets[inv_sorted[starts]] = new[order][starts]
+        order = np.argsort(codes, kind="stable")  # (transitions grouped by target, targets ascending)
+        sorted_codes = codes[order]
+        starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+        counts = np.diff(np.r_[starts, codes.size])
+        uniq = sorted_codes[starts]
+        targets = new[order[starts]]
         steps.append(
             _Step(
                 src=src[order].astype(np.int32),
