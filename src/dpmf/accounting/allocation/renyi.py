@@ -234,7 +234,10 @@ def _log_sums(gp: np.ndarray, sigma: float, bandwidth: int, max_order: int, clos
         coupling = gp[:w][:, pos].copy()  # coupling[i, q] = G^(p)[i, pos_q]
         if closure == "exact":  # only pairs the forward pass did not count (distance >= p)
             coupling[(pos[None, :] - np.arange(w)[:, None]) < bandwidth] = 0.0
-        f = f + ((end.pre @ coupling) * end.win).sum(axis=1) * inv_s2
+        pairs = np.zeros(f.size)  # sum_{i,q} coupling[i, q] l_i r_q (column by column: a matmul with
+        for i, q in zip(*np.nonzero(coupling)):  # w <= 5 columns is ~30x slower here)
+            pairs += coupling[i, q] * (end.pre[:, i] * end.win[:, q])
+        f = f + pairs * inv_s2
     out = np.full(max_order + 1, -np.inf)
     out[end.totals] = _segment_lse(f[end.order], end.starts, end.counts)
     return out
