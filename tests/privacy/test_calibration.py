@@ -96,3 +96,24 @@ def test_largest_count_callback_and_impossible():
         largest_count(lambda n: gaussian_epsilon(1.0, DELTA, math.sqrt(n)), 4.0)
     with pytest.raises(InvalidParameterError):
         largest_count(lambda n: 0.1 * n, -1.0)
+
+
+def test_check_limit_passes_or_raises_with_the_epsilon_there():
+    from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.calibration import NoiseLimitExceeded, check_limit
+
+    eps_of = gaussian_accountant(1.0)
+    exact = 1.0 / gdp_mu(1.0, DELTA)  # (the smallest noise meeting epsilon 1)
+    seen = []
+    assert check_limit(eps_of, 1.0, exact * 1.01, callback=lambda s, e: seen.append((s, e))) == eps_of(exact * 1.01)
+    assert seen == [(exact * 1.01, eps_of(exact * 1.01))]
+    with pytest.raises(NoiseLimitExceeded) as err:
+        check_limit(eps_of, 1.0, exact * 0.99)
+    assert err.value.limit == exact * 0.99 and err.value.epsilon == eps_of(exact * 0.99) > 1.0
+
+    def refuses(sigma):
+        raise NoiseTooSmallError("too small", smallest=2.0 * sigma)
+
+    with pytest.raises(NoiseLimitExceeded) as err:
+        check_limit(refuses, 1.0, 0.5)
+    assert err.value.limit == 0.5 and math.isinf(err.value.epsilon)
