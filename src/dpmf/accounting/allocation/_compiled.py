@@ -8,21 +8,22 @@ state ``src_i`` and the count ``t_i`` added at position ``k``) to
     v_i = f[src_i] + (G_kk t_i (t_i - 1) / 2 + t_i <window(src_i), G[k, k-w:k]>) / sigma^2 - log t_i!
 
 and every target state to the log-sum-exp of its segment of ``v``. The window product depends on
-the source state only and the rest on ``t`` only, so the caller passes them precomputed:
-``h[s] = <window(s), G[k, k-w:k]> / sigma^2`` per source state and
-``tab[t] = G_kk t (t - 1) / (2 sigma^2) - log t!`` per count, and the kernel forms
-``v_i = (f[src_i] + t_i h[src_i]) + tab[t_i]``: two gathers and two int32 reads per transition
-(the profile of an allocation calibration -- BandMF, 32 steps, 4 bands -- spent most of its time
-here, bound by memory traffic: the former layout read ~56 bytes per transition, twice). One loop
-over segments computes ``v`` once into a scratch row, takes its maximum and sums the exponentials;
-it allocates nothing per segment.
+the source state only and the rest on ``t`` only: the kernel forms
+``h[s] = <window(s), G[k, k-w:k]> / sigma^2`` once per source state, the caller passes
+``tab[t] = G_kk t (t - 1) / (2 sigma^2) - log t!`` per count, and per transition
+``v_i = (f[src_i] + t_i h[src_i]) + tab[t_i]``: two gathers and two int32 reads (the profile of an
+allocation calibration -- BandMF, 32 steps, 4 bands -- spent most of its time here, bound by memory
+traffic: the former layout read ~56 bytes per transition, twice). The log-sum-exp is one pass
+(``acc`` rescaled when the maximum grows); nothing is allocated per segment.
 
-Same terms as the formula above, each rounded a bounded number of times (``2w + 6`` roundings per
-transition, each of a non-negative interaction term, of ``log t!`` or of the running sum; the
-former fused loop had ``2w + 4``), so the result equals the numpy formula to a few ulps; the
-caller's slack (``(b + 16) 4 ulp`` relative, in ``renyi._remove_rdp``) covers the rounding of
-either (``w <= 5``: at most 16 roundings per position of terms whose magnitudes sum to at most the
-slack's magnitude). A NaN propagates to the output (the caller
+Rounding (covered by the caller's allowance ``(b + 16) 4 ulp (|log S_a| + log a! + a log b)``, in
+``renyi._remove_rdp``, as the former two-pass loop was): per transition ``2w + 6`` roundings of
+non-negative interaction terms, of ``log t!`` and of the running sum (``2w + 4`` before), at most 16
+for ``w <= 5``, against the 16 extra positions of the allowance; per segment of ``n`` terms at most
+``3n + 2`` (``n`` additions, ``n - 1`` rescales of two roundings each, the exponentials and the log;
+``2n + 2`` before), and only segments of ``n <= a + 1`` terms reach order ``a``: at most
+``3a + 5`` unit roundoffs ``u = ulp / 2`` per position, against the allowance's
+``8u a log b >= 5.5 a u`` per position (``b >= 2``). A NaN propagates to the output (the caller
 turns a NaN bound into ``inf``).
 """
 
