@@ -621,7 +621,6 @@ def _table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, 
     """The call or put bound table of one part (with the shared factor if the surrogate has one)."""
     if sur.ring is not None:
         return _ring_table(sur, sigma, n, kind, k_max, w_half=_factor_half_width(sur, sigma, delta), **grid)
-    grid.pop("w_cells", None)
     return (call_bound_table if kind == "call" else put_bound_table)(sur, sigma, n, k_max, **grid)
 
 
