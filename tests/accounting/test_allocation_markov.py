@@ -157,41 +157,120 @@ def _class_grams(strategy, epochs, q):
 
 
 def _ring_cov(sur: MarkovSurrogate, b: int) -> np.ndarray:
-    v = sur.loadings(b)
-    return _surrogate_gram(sur, b) + np.outer(v, v)
+    """The surrogate's covariance computed independently of the package: a linear map of
+    ``(Z_0, xi_1, .., xi_b, W)`` (chain, shared factor ``W``, anchor on ``Z_0``)."""
+    A = np.zeros((b, b + 2))
+    z = np.zeros(b + 2)
+    z[0] = 1.0
+    for i in range(b):
+        if i:
+            z = sur.rho * z
+            z[i] += sur.s
+        A[i] = sur.alpha * z
+        A[i, i + 1] += sur.beta
+    A[:, 0] += sur.anchor_loadings(b)
+    A[:, -1] = sur.loadings(b)
+    return A @ A.T
 
 
 @pytest.mark.parametrize("strategy, epochs", [(bsr(128, 4), 2), (bsr(32, 3), 2), (ToeplitzStrategy([1.0, 0.8, 0.6], 48), 3)])
 @pytest.mark.parametrize("q", [1, 2])
-def test_ring_surrogate_dominates_the_cyclic_gram_entrywise(strategy, epochs, q):
+@pytest.mark.parametrize("kind", ["factor", "anchor"])
+def test_ring_surrogate_dominates_the_cyclic_gram_entrywise(strategy, epochs, q, kind):
     grams = _class_grams(strategy, epochs, q)
-    sur = fit_ring_surrogate(grams)
-    assert sur is not None and sur.order == "natural" and sur.ring[2] >= 1
+    sur = fit_ring_surrogate(grams, kinds=(kind,))
+    assert sur is not None and sur.order == "natural"
+    assert (sur.ring is not None) == (kind == "factor") and (sur.anchor is not None) == (kind == "anchor")
     for g in grams:
-        assert np.all(_ring_cov(sur, g.shape[0]) >= g)  # Kahane's condition, corners included
-        # the chain alone does not reach the corners: the factor is what covers them
+        cov = _ring_cov(sur, g.shape[0])
+        assert np.all(cov * (1 - 1e-12) >= g)  # Kahane's condition, corners included
+        # the chain alone does not reach the corners: the factor / the anchor is what covers them
         assert np.any(_surrogate_gram(sur, g.shape[0]) < g)
+    if kind == "anchor":  # only the last slots load on Z_0
+        n = grams[0].shape[0]
+        assert np.all(sur.anchor_loadings(n)[: n - len(sur.anchor)] == 0) and len(sur.anchor) <= n // 4
     # one epoch: no corners, no ring member
-    assert fit_ring_surrogate(_class_grams(strategy, 1, q)) is None
+    assert fit_ring_surrogate(_class_grams(strategy, 1, q), kinds=(kind,)) is None
 
 
 @pytest.mark.parametrize("strategy, sigma", [(bsr(32, 3), 2.0), (ToeplitzStrategy([1.0, 0.8, 0.6], 48), 2.0)])
-def test_ring_member_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo(strategy, sigma):
+@pytest.mark.parametrize("kind", ["factor", "anchor"])
+def test_ring_member_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo(strategy, sigma, kind):
     import dataclasses
 
     epochs, delta = strategy.n // 16, 1e-3
     means = mixture_means(strategy, epochs, strategy.n)
     b = means.shape[0]
-    sur = fit_ring_surrogate((means @ means.T) * (1 + 1e-12))
+    sur = fit_ring_surrogate((means @ means.T) * (1 + 1e-12), kinds=(kind,))
     out = markov_epsilon(sur, sigma, b, delta, 3.0)["epsilon"]
     sur_point, sur_lower = _mc_epsilon_interval(np.linalg.cholesky(_ring_cov(sur, b)), sigma, delta, 200_000, seed=3)
     point, lower = _mc_epsilon_interval(means, sigma, delta, 200_000, seed=4)
     assert out >= sur_lower and out >= lower  # an upper bound of the surrogate's pair, so of the exact one
     assert out <= 1.05 * sur_point  # and close to the surrogate's (grid and factor-spread error)
     assert out <= 1.25 * point
-    # negative control: the same chain without its factor undercuts the surrogate's pair (the
-    # program does carry the factor; without it the corners would be unaccounted for)
-    assert markov_epsilon(dataclasses.replace(sur, ring=None), sigma, b, delta, 3.0)["epsilon"] < sur_lower
+    if kind == "factor":
+        # negative control: the same chain without its factor undercuts the surrogate's pair (the
+        # program does carry the factor; without it the corners would be unaccounted for). (The
+        # anchored surrogate adds so little beyond the chain that the chain alone is within the
+        # Monte Carlo resolution of it here; its pinning has its own oracle and control below.)
+        assert markov_epsilon(dataclasses.replace(sur, ring=None), sigma, b, delta, 3.0)["epsilon"] < sur_lower
+
+
+def _pinned_mc(sur: MarkovSurrogate, sigma: float, b: int, z0: float, strikes, n: int, seed: int):
+    """Monte Carlo (mean, standard error) of the call and put of ``T = sum_i X_i`` for the chain
+    started at ``Z_0 = z0`` (``X_i = exp(alpha Z_i + beta xi_{i+1} - (alpha^2 + beta^2) / 2)``, in
+    noise units), written out independently of the programs."""
+    rng = np.random.default_rng(seed)
+    a, be = sur.alpha / sigma, sur.beta / sigma
+    z = np.full(n, z0)
+    t = np.zeros(n)
+    for _ in range(b):
+        xi = rng.standard_normal(n)
+        t += np.exp(a * z + be * xi - 0.5 * (a * a + be * be))
+        z = sur.rho * z + sur.s * xi
+    out = []
+    for k in strikes:
+        for v in (np.maximum(t - k, 0.0), np.maximum(k - t, 0.0)):
+            out.append((v.mean(), v.std() / math.sqrt(n)))
+    return out
+
+
+@pytest.mark.parametrize("z0", [-1.0, 0.5, 2.0])
+def test_pinned_tables_bound_the_chain_started_at_z0_by_monte_carlo(z0):
+    """The anchored ring's programs read ``V_0`` at ``Z_0 = z0``: both tables are upper bounds of the
+    chain started there (and tight); read 0.4 lower, they undercut it (negative control)."""
+    sur = fit_surrogate(GRAMS[2] * (1 + 1e-12))
+    sigma, b = 1.3, 6
+    strikes = (2.0, 6.0, 12.0)
+    st, ca = call_bound_table(sur, sigma, b, 20.0, z0=z0)
+    ps, pu = put_bound_table(sur, sigma, b, 20.0, z0=z0)
+    _, ca_low = call_bound_table(sur, sigma, b, 20.0, z0=z0 - 0.4)
+    _, pu_high = put_bound_table(sur, sigma, b, 20.0, z0=z0 + 0.4)
+    mc = _pinned_mc(sur, sigma, b, z0, strikes, 400_000, seed=11)
+    for j, k in enumerate(strikes):
+        (cm, cs), (pm, ps_) = mc[2 * j], mc[2 * j + 1]
+        call, put = _interp_call(st, ca, k, b), _interp_put(ps, pu, k)
+        assert call >= cm - 4 * cs and put >= pm - 4 * ps_
+        assert call <= 1.03 * cm + 1e-3 and put <= 1.03 * pm + 1e-3
+        if cm > 50 * cs:  # (where the call is resolved by the sample)
+            assert _interp_call(st, ca_low, k, b) < cm - 4 * cs
+        if pm > 50 * ps_:
+            assert _interp_put(ps, pu_high, k) < pm - 4 * ps_
+
+
+@pytest.mark.parametrize("kind", ["call", "put"])
+def test_anchored_tables_with_zero_anchor_are_the_chain_tables(kind):
+    """Mixing the pinned tables over ``Z_0``'s law gives back the chain's own table (which integrates
+    ``Z_0`` itself): never below it, and close with enough mixing nodes."""
+    from dpmf.accounting.allocation.markov import _ring_table
+
+    sur = fit_surrogate(GRAMS[2] * (1 + 1e-12))
+    zero = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", 0.0, anchor=(1e-12,))
+    st, mixed = _ring_table(zero, 1.5, 3, kind, 6.0, w_cells=40, w_half=7.0)
+    st0, plain = (call_bound_table if kind == "call" else put_bound_table)(sur, 1.5, 3, 6.0)
+    assert np.array_equal(st, st0)
+    assert np.all(mixed >= plain * (1 - 1e-6))
+    assert np.allclose(mixed, plain, rtol=2e-2, atol=1e-6)
 
 
 def test_ring_tables_with_zero_loadings_are_the_chain_tables():
@@ -210,9 +289,9 @@ def test_accountant_uses_the_ring_member_over_several_epochs():
     strategy, scheme, sigma, delta = bsr(32, 4), BallsInBinsSampling(2, 32), 2.0, 1e-3
     report = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld")
     rows = report.diagnostics["reductions"]
-    ring = [r for r in rows if "shared factor" in r["bound"]]
-    assert ring and "shared factor" in report.diagnostics["bound"]
-    others = [r["epsilon"] for r in rows if "shared factor" not in r["bound"] and r.get("epsilon") is not None]
+    ring = [r for r in rows if "ring:" in r["bound"]]
+    assert ring and "ring:" in report.diagnostics["bound"]
+    others = [r["epsilon"] for r in rows if "ring:" not in r["bound"] and r.get("epsilon") is not None]
     assert report.epsilon < min(others)
     point, lower = _mc_epsilon_interval(mixture_means(strategy, 2, 32), sigma, delta, 200_000, seed=7)
     assert lower <= report.epsilon <= 1.2 * point

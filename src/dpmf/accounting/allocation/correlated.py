@@ -99,8 +99,9 @@ MARKOV_MAX_PERIOD = 4
 #: ... while the members' slots (summed over periods and class sizes) stay below this (cost: about
 #: 2-3 s per 64 slots on one core at the default grid).
 MARKOV_SLOT_BUDGET = 256
-#: Several epochs of reused slots make the Gram cyclic; members with a shared factor on the corners
-#: (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) are tried on residue classes of
+#: Several epochs of reused slots make the Gram cyclic; ring members (the corners covered by the
+#: chain's own first state or a shared factor,
+#: :func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) are tried on residue classes of
 #: at most this many slots, and half as many (each costs ``~12x`` a chain: a table per factor node).
 MARKOV_RING_SLOTS = 64
 #: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
