@@ -131,6 +131,7 @@ METHODS: dict[str, AccountingMethod] = {
             allocation_pld.NAME,
             "random allocation (balls-in-bins: one slot reused, fresh slots each epoch, k of t slots) for DP-SGD "
             "(identity): the PLD of the dominating pair, pessimistically discretized (Feldman & Shenfeld 2026); "
+            "for a correlated C, reductions to it (one reused slot; or fresh slots, composed over the epochs); "
             "tried before the Renyi/conditional bounds",
             allocation_pld.supports,
             allocation_pld.account_allocation_pld,

@@ -82,6 +82,7 @@ __all__ = [
     "Reductions",
     "perron_upper_bound",
     "spectral_groups",
+    "spectral_groups_of_grams",
     "strategy_reductions",
     "reduced_epsilon",
     "markov_members",
@@ -174,16 +175,25 @@ def spectral_groups(means: np.ndarray, *, periods=None, max_period: int | None =
     b, n = m.shape
     gram = m @ m.T
     gram = np.maximum(0.5 * (gram + gram.T), 0.0) * (1 + 2 * (n + 2) * _U)
+    return spectral_groups_of_grams([gram], periods=periods, max_period=max_period)
+
+
+def spectral_groups_of_grams(grams, *, periods=None, max_period: int | None = None) -> list[SpectralGroup]:
+    """:func:`spectral_groups` of several Gram matrices of the same size (already rounded up) at once:
+    per period, the smallest class over all of them and the largest eigenvalue bound (one member that
+    dominates each matrix's pair; the epochs of :mod:`.fresh_correlated`)."""
+    b = grams[0].shape[0]
     qs = list(periods) if periods is not None else _periods(min(max_period or b, b))
     out = []
     for q in qs:
         lam, slots = 0.0, b
-        for r in range(q):
-            idx = np.arange(r, b, q)
-            if idx.size == 0:
-                continue
-            slots = min(slots, idx.size)
-            lam = max(lam, perron_upper_bound(gram[np.ix_(idx, idx)]))
+        for gram in grams:
+            for r in range(q):
+                idx = np.arange(r, b, q)
+                if idx.size == 0:
+                    continue
+                slots = min(slots, idx.size)
+                lam = max(lam, perron_upper_bound(gram[np.ix_(idx, idx)]))
         out.append(SpectralGroup(q, slots, lam))
     return _pareto(out)
 
@@ -205,7 +215,7 @@ class Reductions:
     (when the Gram matrix is small enough; ``skipped`` says why not). ``period``, ``slots`` and
     ``max_norm_sq`` are the orthogonal groups' (what :mod:`.pld` reports)."""
 
-    orthogonal: "OrthogonalGroups"  # (dpmf.accounting.allocation.pld)
+    orthogonal: "OrthogonalGroups | None"  # (dpmf.accounting.allocation.pld; None: fresh slots)
     spectral: tuple[SpectralGroup, ...]
     skipped: str | None = None
     #: the Markov members of :mod:`.markov`: ``(q, surrogate, parts)`` per period ``q`` of the residue
@@ -214,20 +224,23 @@ class Reductions:
     markov_skipped: str | None = None
 
     @property
-    def period(self) -> int:
-        return self.orthogonal.period
+    def period(self) -> int | None:
+        return None if self.orthogonal is None else self.orthogonal.period
 
     @property
-    def slots(self) -> int:
-        return self.orthogonal.slots
+    def slots(self) -> int | None:
+        return None if self.orthogonal is None else self.orthogonal.slots
 
     @property
-    def max_norm_sq(self) -> float:
-        return self.orthogonal.max_norm_sq
+    def max_norm_sq(self) -> float | None:
+        return None if self.orthogonal is None else self.orthogonal.max_norm_sq
 
     def candidates(self) -> list[tuple[str, int, float]]:
-        """``(label, slots, noise scale squared)`` of every member, orthogonal groups first."""
+        """``(label, slots, noise scale squared)`` of every member, orthogonal groups first (none
+        for fresh slots: :mod:`.fresh_correlated`)."""
         og = self.orthogonal
+        if og is None:
+            return [(f"spectral groups (period {g.period})", g.slots, g.max_eigenvalue) for g in self.spectral]
         out = [(f"orthogonal groups (period {og.period})", og.slots, og.max_norm_sq)]
         for g in self.spectral:  # (members the orthogonal groups beat on both counts are left out)
             if g.slots > og.slots or g.max_eigenvalue < og.max_norm_sq * (1 - 1e-9):

@@ -115,6 +115,7 @@ from scipy import special
 from dpmf import validation as _v
 from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
+from dpmf.accounting.allocation.fresh_correlated import fresh_slot_problem, fresh_slot_reductions
 from dpmf.accounting.allocation.dominating_pair import (
     describe_strategy,
     mixture_means,
@@ -171,6 +172,8 @@ def supports(strategy, scheme) -> str | None:
         return f"the random-allocation PLD accountant needs BallsInBinsSampling, got {type(scheme).__name__}"
     if isinstance(strategy, Identity):
         return None
+    if _fresh(scheme) and getattr(scheme, "num_selected", 1) == 1:  # (fresh_correlated.py)
+        return fresh_slot_problem(strategy, scheme)
     return pair_problem(strategy, scheme)
 
 
@@ -795,15 +798,21 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
             sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, num_selected=getattr(scheme, "num_selected", 1),
             fresh_slots=getattr(scheme, "fresh_slots", False), rel_tol=accuracy, max_points=max_points,
         )
-    if getattr(scheme, "num_selected", 1) != 1 or (getattr(scheme, "fresh_slots", False) and scheme.epochs > 1):
+    if getattr(scheme, "num_selected", 1) != 1:
         raise UnsupportedConfigurationError(
-            f"allocation_pld covers num_selected > 1 or fresh slots only for the identity (DP-SGD); got "
-            f"{describe_strategy(strategy)} with num_selected={getattr(scheme, 'num_selected', 1)}, "
-            f"fresh_slots={getattr(scheme, 'fresh_slots', False)} (the orthogonal-groups bound is proved for "
-            "one reused slot; use num_selected=1, fresh_slots=False)"
+            f"allocation_pld covers num_selected > 1 only for the identity (DP-SGD); got "
+            f"{describe_strategy(strategy)} with num_selected={getattr(scheme, 'num_selected', 1)} (the "
+            "correlated-C bounds are proved for one slot per epoch; use num_selected=1, or montecarlo)"
         )
+    if _fresh(scheme):  # the k-fold composition of each member's identity pair (fresh_correlated.py)
+        return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
+                               epochs=scheme.epochs, fresh_slots=True)
     # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
     return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points)
+
+
+def _fresh(scheme) -> bool:
+    return bool(getattr(scheme, "fresh_slots", False)) and scheme.epochs > 1
 
 
 def _reductions(strategy, scheme):
@@ -811,6 +820,8 @@ def _reductions(strategy, scheme):
     when the Gram matrix is small enough, spectral groups)."""
     if isinstance(strategy, Identity):
         return None
+    if _fresh(scheme) and getattr(scheme, "num_selected", 1) == 1:
+        return fresh_slot_reductions(strategy, scheme)
     return strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
 
 
@@ -854,7 +865,13 @@ def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> Priv
     out = dict(out)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
-    if groups is not None:
+    if groups is not None and groups.orthogonal is None:
+        out["reduction"] = (
+            f"{scheme.epochs} epochs of fresh slots: the epochs made independent (cross-epoch Gram entries "
+            "moved to the diagonal), each reduced to the identity's pair by spectral groups, then the "
+            f"{scheme.epochs}-fold composition (fresh_correlated.py)"
+        )
+    elif groups is not None:
         out["orthogonal_groups"] = {
             "period": groups.period, "slots": groups.slots, "max_norm_sq": groups.max_norm_sq,
             "bound": f"the identity's pair with {groups.slots} steps at sigma / sqrt({groups.max_norm_sq:.6g}) "
