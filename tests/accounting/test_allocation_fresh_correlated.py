@@ -88,3 +88,38 @@ def test_refusals_stay_clear():
     scheme = BallsInBinsSampling(2, 16, num_selected=2)
     with pytest.raises(UnsupportedConfigurationError, match="num_selected"):
         dpmf.account(bsr(16, 4), scheme, 2.0, 1e-5, method="allocation_pld")
+
+
+def test_markov_profiles_bound_each_epochs_pair_by_monte_carlo():
+    """Step 2': every Markov member's curve is >= a Monte Carlo estimate of the hockey-stick curve of
+    one epoch's pair after step 1 (both directions, several gamma); the same member's curve at 1.3x
+    the noise undercuts it somewhere (negative control)."""
+    from dpmf.accounting.allocation.fresh_correlated import _markov_members, _profiles
+
+    strategy, k, sigma = bsr(16, 4), 2, 1.5
+    grams = epoch_grams(mixture_means(strategy, 1, strategy.n), k)
+    members = _markov_members(grams)
+    assert members
+    rng = np.random.default_rng(2)
+    gam = np.array([0.5, 0.9, 1.2, 1.6, 2.5])
+    for g in grams:
+        chol = np.linalg.cholesky(g / sigma**2)
+        y = rng.standard_normal((400_000, g.shape[0])) @ chol.T
+        s = np.exp(y - 0.5 * np.diag(g) / sigma**2).mean(axis=1)
+        for direction, vals in (("remove", np.maximum(s[:, None] - gam, 0.0)), ("add", np.maximum(1 - gam * s[:, None], 0.0))):
+            mean, se = vals.mean(axis=0), vals.std(axis=0) / np.sqrt(s.size)
+            for q, sur, parts in members:
+                assert np.all(_profiles(sur, parts, sigma, 6.0)[direction][0](gam) >= mean - 4 * se), (q, direction)
+            if direction == "remove":  # negative control
+                q, sur, parts = members[0]
+                assert np.any(_profiles(sur, parts, 1.3 * sigma, 6.0)[direction][0](gam) < mean - 4 * se)
+
+
+def test_the_composed_markov_member_is_offered_and_never_above_the_spectral_result():
+    strategy, k, sigma, delta = ToeplitzStrategy([1.0, 0.8, 0.6], 12), 3, 2.0, 1e-3
+    report = dpmf.account(strategy, BallsInBinsSampling(k, 12, fresh_slots=True), sigma, delta, method="allocation_pld")
+    rows = report.diagnostics["reductions"]
+    markov = [r for r in rows if "composed over 3 epochs" in r["bound"]]
+    spectral = [r["epsilon"] for r in rows if r["bound"].startswith("spectral") and r.get("epsilon") is not None]
+    assert markov and "composed over" in report.diagnostics["bound"]
+    assert report.epsilon <= min(spectral) and report.epsilon == min([min(spectral)] + [r["epsilon"] for r in markov])

@@ -222,6 +222,10 @@ class Reductions:
     #: classes (empty: skipped, ``markov_skipped`` says why)
     markov: tuple = ()
     markov_skipped: str | None = None
+    #: fresh slots (:mod:`.fresh_correlated`): Markov members of one epoch whose privacy profiles are
+    #: composed over the epochs -- never offered as a single-epoch bound (:func:`reduced_epsilon`
+    #: does not read them)
+    composed_markov: tuple = ()
 
     @property
     def period(self) -> int | None:

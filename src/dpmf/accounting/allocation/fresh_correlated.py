@@ -42,7 +42,16 @@ smallest over the periods ``q``.
 
 What it costs: step 1 raises the diagonal of the steps next to an epoch boundary by their
 correlation with the neighbouring epoch (for a ``p``-banded ``C``, the first and last ``p - 1``
-steps of each epoch). No Markov members here (they bound hockey-sticks, not a composable PLD).
+steps of each epoch).
+
+**Step 2' (Markov members, composed through their privacy profiles).** The Markov surrogates of
+:mod:`.markov` (Kahane's inequality on the residue classes of every epoch's Gram at once, Jensen over
+the classes) bound each epoch's hockey-stick curve at *every* ``gamma`` from one call table (remove:
+``H_gamma <= sum_r w_r C~_n(n gamma) / n``) and one put table (add: ``H_gamma <= gamma sum_r w_r
+P~_n(n / gamma) / n``; ``1`` beyond the table). A curve that is ``>= H_gamma`` everywhere is turned
+into a dominating pair by connect-the-dots, and ``k`` dominating pairs compose
+(:func:`~dpmf.accounting.allocation.pld_compose.profile_composition_epsilon`, steps b-d of
+:mod:`.pld_compose`). Each member is a sound bound of each direction; the smallest is reported.
 
 **Rounding.** ``G`` is a float product of non-negative numbers, rounded up by
 ``1 + 2 (N + 2) u`` entrywise; the boundary sums ``d`` are rounded up by ``1 + 2 (n + 2) u``; the
@@ -51,13 +60,15 @@ eigenvalue bounds are those of :func:`~dpmf.accounting.allocation.correlated.per
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dpmf.accounting.allocation.correlated import MAX_GRAM_ENTRIES, Reductions, spectral_groups_of_grams
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.errors import DPMFError, UnsupportedConfigurationError
 
-__all__ = ["epoch_grams", "fresh_slot_problem", "fresh_slot_reductions"]
+__all__ = ["epoch_grams", "fresh_slot_problem", "fresh_slot_reductions", "add_markov_compositions"]
 
 _U = 2.0**-53
 
@@ -112,4 +123,102 @@ def fresh_slot_reductions(strategy, scheme) -> Reductions:
         raise UnsupportedConfigurationError(why)
     k, n = scheme.epochs, scheme.steps
     grams = epoch_grams(mixture_means(strategy, 1, n), k)
-    return Reductions(None, tuple(spectral_groups_of_grams(grams)))
+    return Reductions(None, tuple(spectral_groups_of_grams(grams)), composed_markov=_markov_members(grams))
+
+
+def _markov_members(grams) -> tuple:
+    """``(q, surrogate, parts)`` for ``q = 1..4``: one chain dominating the residue classes of every
+    epoch's Gram (step 2'); ``()`` above :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
+    from dpmf.accounting.allocation import markov
+
+    b = grams[0].shape[0]
+    if b > markov.MAX_SLOTS:
+        return ()
+    out = []
+    for q in range(1, min(4, b // 2) + 1):
+        classes, parts = [], None
+        for g in grams:
+            gs, parts = markov.class_grams(g, q)
+            classes.extend(gs)
+        sur = markov.fit_surrogate(classes)
+        if sur is not None:
+            out.append((q, sur, tuple(parts)))
+    return tuple(out)
+
+
+def _calls_at(strikes, calls, k):
+    """The call tables' upper bound at strikes ``k`` (array; :func:`~.markov._interp_call`)."""
+    h = strikes[1] - strikes[0]
+    pos = np.maximum(k / h * (1 - 8 * _U) - 8 * _U, 0.0)
+    last = calls.size - 1
+    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
+    f = np.minimum(pos - j, 1.0)
+    val = (1 - f) * calls[j] + f * calls[j + 1]
+    return np.where(pos >= last, calls[-1], val) * (1 + 4 * _U)
+
+
+def _puts_at(strikes, puts, k):
+    """The put tables' upper bound at strikes ``k`` (array; ``inf`` beyond the table)."""
+    h = strikes[1] - strikes[0]
+    pos = k / h * (1 + 8 * _U) + 8 * _U
+    last = puts.size - 1
+    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
+    f = pos - j
+    val = ((1 - f) * puts[np.minimum(j, last - 1)] + f * puts[np.minimum(j + 1, last)]) * (1 + 4 * _U)
+    return np.where(pos > last, np.inf, val)
+
+
+#: The put tables reach strikes ``n * _ADD_REACH`` (the add loss down to ``-log _ADD_REACH``).
+_ADD_REACH = 16.0
+
+
+def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
+    """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
+    from dpmf.accounting.allocation.markov import call_bound_table, put_bound_table
+
+    calls = [(n, w, [call_bound_table(sur, sigma, n, n * math.exp(t) * 1.02) for t in sorted({min(2.0, eps_top), eps_top})])
+             for n, w in parts]
+    puts = [(n, w, put_bound_table(sur, sigma, n, n * _ADD_REACH * 1.0001)) for n, w in parts]
+    infl = 1 + 4 * (len(parts) + 2) * _U
+
+    def d_remove(gam):
+        tot = 0.0
+        for n, w, tabs in calls:
+            tot = tot + w * np.min([_calls_at(st, ca, n * gam) for st, ca in tabs], axis=0) / n
+        return np.minimum(tot * infl, 1.0)
+
+    def d_add(gam):
+        tot = 0.0
+        for n, w, (ps, pu) in puts:
+            with np.errstate(invalid="ignore"):
+                tot = tot + w * gam * _puts_at(ps, pu, n / gam) / n
+        return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
+
+    return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}
+
+
+def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int) -> None:
+    """Offer the Markov members composed over the epochs (step 2'): each direction's epsilon is the
+    smallest over the spectral result ``out`` and the members; their rows are appended to
+    ``out["reductions"]``."""
+    from dpmf.accounting.allocation import pld, pld_compose
+
+    if not reductions.composed_markov:
+        return
+    budget = pld_compose._BUDGET * delta / (4 * max(1, math.ceil(math.log2(epochs + 1))) + 4)
+    by_dir, names = dict(out["epsilon_by_direction"]), {d: out["bound"] for d in out["epsilon_by_direction"]}
+    for q, sur, parts in reductions.composed_markov:
+        label = sur.describe() + (f" on residue classes mod {q}" if q > 1 else "") + f", composed over {epochs} epochs"
+        # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's squared
+        # norm) bounds the epoch's curve by ``budget`` beyond it (any reach is sound; tightness only)
+        eps_top = pld.gaussian_epsilon(sigma / math.sqrt(sur.alpha**2 + sur.beta**2), budget)
+        comp = pld_compose.profile_composition_epsilon(_profiles(sur, parts, sigma, eps_top), epochs, delta, grid=pld)
+        out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],
+                                  "epsilon_by_direction": comp["epsilon_by_direction"]})
+        for d, v in comp["epsilon_by_direction"].items():
+            if v < by_dir[d]:
+                by_dir[d], names[d] = v, label
+    if max(by_dir.values()) < out["epsilon"] or any(names[d] != out["bound"] for d in names):
+        kinds = set(names.values())
+        out["bound"] = kinds.pop() if len(kinds) == 1 else "; ".join(f"{d}: {n}" for d, n in names.items())
+        out["epsilon"], out["epsilon_by_direction"] = max(by_dir.values()), by_dir

@@ -115,7 +115,7 @@ from scipy import special
 from dpmf import validation as _v
 from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
-from dpmf.accounting.allocation.fresh_correlated import fresh_slot_problem, fresh_slot_reductions
+from dpmf.accounting.allocation.fresh_correlated import add_markov_compositions, fresh_slot_problem, fresh_slot_reductions
 from dpmf.accounting.allocation.dominating_pair import (
     describe_strategy,
     mixture_means,
@@ -805,8 +805,10 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
             "correlated-C bounds are proved for one slot per epoch; use num_selected=1, or montecarlo)"
         )
     if _fresh(scheme):  # the k-fold composition of each member's identity pair (fresh_correlated.py)
-        return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
-                               epochs=scheme.epochs, fresh_slots=True)
+        out = reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
+                              epochs=scheme.epochs, fresh_slots=True)
+        add_markov_compositions(out, groups, sigma, d, scheme.epochs)
+        return out
     # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
     return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points)
 

@@ -78,7 +78,7 @@ import numpy as np
 from scipy import special
 
 
-__all__ = ["composition_epsilon", "split_k_of_t"]
+__all__ = ["composition_epsilon", "profile_composition_epsilon", "split_k_of_t"]
 
 _pld = None  # dpmf.accounting.allocation.pld, set by composition_epsilon (see there)
 
@@ -348,4 +348,27 @@ def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max
             best = min(best, eps)
         by_dir[direction] = best
         detail[direction] = tries
+    return {"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir, "compositions": detail}
+
+
+def profile_composition_epsilon(profiles: dict, copies: int, delta: float, *, grid) -> dict:
+    """Steps b-d for ``copies`` copies of one pair given, per direction, an upper bound on its
+    hockey-stick curve: ``profiles[direction] = (d, eps_lo, eps_hi)`` with ``d`` a callable on arrays
+    of ``gamma > 0`` returning values ``>= H_gamma`` (and ``<= 1``), ``[eps_lo, eps_hi]`` the loss range
+    of the grid (beyond it the hull is flat: the mass at ``+inf`` is ``d(e^eps_hi)``). Both loss
+    spacings are tried; the smaller epsilon per direction is kept (each is a sound bound)."""
+    global _pld
+    _pld = grid
+    by_dir, detail = {}, {}
+    budget = _BUDGET * delta / (4 * max(1, math.ceil(math.log2(copies + 1))) + 4)
+    for direction, (d, lo, hi) in profiles.items():
+        best, tries = math.inf, []
+        for step in _LOSS_STEPS:
+            law, p_inf = _connect_the_dots(d, lo, hi, step)
+            law, cut = _trim(law, budget)
+            comp, c_inf = _self_compose(law, min(p_inf + cut, 1.0), copies, 0.0, budget)
+            eps = _query(comp, c_inf, step, delta)
+            tries.append({"loss_step": step, "points": int(comp.p.size), "epsilon": eps})
+            best = min(best, eps)
+        by_dir[direction], detail[direction] = best, tries
     return {"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir, "compositions": detail}
