@@ -197,11 +197,15 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}
 
 
-def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int) -> None:
+def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int, *,
+                            grid) -> None:
     """Offer the Markov members composed over the epochs (step 2'): each direction's epsilon is the
     smallest over the spectral result ``out`` and the members; their rows are appended to
-    ``out["reductions"]``."""
-    from dpmf.accounting.allocation import pld, pld_compose
+    ``out["reductions"]``. ``grid`` is :mod:`dpmf.accounting.allocation.pld` (passed in by it: this
+    module does not import it back)."""
+    from dpmf.accounting.allocation import pld_compose
+
+    pld = grid
 
     if not reductions.composed_markov:
         return

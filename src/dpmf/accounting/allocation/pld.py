@@ -807,7 +807,7 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
     if _fresh(scheme):  # the k-fold composition of each member's identity pair (fresh_correlated.py)
         out = reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
                               epochs=scheme.epochs, fresh_slots=True)
-        add_markov_compositions(out, groups, sigma, d, scheme.epochs)
+        add_markov_compositions(out, groups, sigma, d, scheme.epochs, grid=sys.modules[__name__])
         return out
     # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
     return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points)
