@@ -114,10 +114,11 @@ def fresh_slot_problem(strategy, scheme) -> str | None:
 
 
 def fresh_slot_reductions(strategy, scheme) -> Reductions:
-    """:class:`~dpmf.accounting.allocation.correlated.Reductions` (spectral groups only; no orthogonal
-    groups, no Markov members) bounding ``strategy`` under ``scheme`` with a fresh slot each epoch:
-    each member ``(q, slots, lambda)`` means the ``k``-fold composition of the identity's one-epoch
-    pair with ``slots`` steps at noise ``sigma / sqrt(lambda)`` (module docstring)."""
+    """:class:`~dpmf.accounting.allocation.correlated.Reductions` bounding ``strategy`` under ``scheme``
+    with a fresh slot each epoch (no orthogonal groups): each spectral member ``(q, slots, lambda)``
+    means the ``k``-fold composition of the identity's one-epoch pair with ``slots`` steps at noise
+    ``sigma / sqrt(lambda)``; ``composed_markov`` holds the Markov members of step 2', whose profiles
+    :func:`add_markov_compositions` composes (module docstring)."""
     why = fresh_slot_problem(strategy, scheme)
     if why:
         raise UnsupportedConfigurationError(why)
