@@ -139,3 +139,19 @@ def test_readme_training_pair(monkeypatch):
     below = cal.noise_multiplier * (1 - 1.01e-4)
     assert dpmf.account(strategy, scheme, below, DELTA, method="allocation_pld").epsilon > target
     assert _eps(strategy, scheme, alone * (1 - 1.01e-6)) > target
+
+def test_allocation_pld_evaluations_are_memoized_by_their_inputs(monkeypatch):
+    """The same reductions, scheme, noise, delta and options give the stored result (a copy: the
+    caller may change it); any other noise, delta or scheme is computed."""
+    strategy, scheme = bsr(8, 2), BallsInBinsSampling(1, 8)
+    monkeypatch.setattr(allocation_pld, "_MEMO", {})
+    runs: list[float] = []
+    real = allocation_pld._epsilon_of
+    monkeypatch.setattr(allocation_pld, "_epsilon_of", lambda *a: runs.append(a[3]) or real(*a))
+    first = dpmf.account(strategy, scheme, 1.5, DELTA, method="allocation_pld")
+    again = dpmf.account(strategy, scheme, 1.5, DELTA, method="allocation_pld")
+    assert runs == [1.5] and again.epsilon == first.epsilon and again.diagnostics == first.diagnostics
+    dpmf.account(strategy, scheme, 1.6, DELTA, method="allocation_pld")
+    dpmf.account(strategy, scheme, 1.5, 1e-6, method="allocation_pld")
+    dpmf.account(strategy, BallsInBinsSampling(2, 8), 1.5, DELTA, method="allocation_pld")
+    assert runs == [1.5, 1.6, 1.5, 1.5]

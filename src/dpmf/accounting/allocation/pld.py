@@ -102,6 +102,7 @@ is heavy), so ``n`` does not grow with ``t``: at ``t = 10^4`` a few ``10^5`` poi
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import sys
@@ -790,9 +791,28 @@ def allocation_pld_epsilon(
 
 
 # ----------------------------------------------------------------------------- accountant
+#: Results of :func:`_epsilon` for a correlated C by (reductions, scheme, noise, delta, options): the
+#: reductions (frozen: every member's numbers) and the scheme determine the computation, so equal keys
+#: give equal results. A calibration repeated in one process (the README's two training examples, a
+#: plan row and its report) costs nothing the second time.
+_MEMO: dict = {}
+_MEMO_SIZE = 256
+
+
 def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
     """The identity's exact pair, or for any other C the best of the reductions ``groups``
-    (:class:`~dpmf.accounting.allocation.correlated.Reductions`)."""
+    (:class:`~dpmf.accounting.allocation.correlated.Reductions`; memoized, :data:`_MEMO`)."""
+    if groups is None:
+        return _epsilon_of(strategy, scheme, groups, sigma, d, accuracy, max_points)
+    key = (groups, scheme, float(sigma), float(d), float(accuracy), int(max_points))
+    if key not in _MEMO:
+        if len(_MEMO) >= _MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))
+        _MEMO[key] = _epsilon_of(strategy, scheme, groups, sigma, d, accuracy, max_points)
+    return copy.deepcopy(_MEMO[key])
+
+
+def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
     if groups is None:
         return allocation_pld_epsilon(
             sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, num_selected=getattr(scheme, "num_selected", 1),
