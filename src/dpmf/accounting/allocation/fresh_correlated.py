@@ -147,35 +147,13 @@ def _markov_members(grams) -> tuple:
     return tuple(out)
 
 
-def _calls_at(strikes, calls, k):
-    """The call tables' upper bound at strikes ``k`` (array; :func:`~.markov._interp_call`)."""
-    h = strikes[1] - strikes[0]
-    pos = np.maximum(k / h * (1 - 8 * _U) - 8 * _U, 0.0)
-    last = calls.size - 1
-    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
-    f = np.minimum(pos - j, 1.0)
-    val = (1 - f) * calls[j] + f * calls[j + 1]
-    return np.where(pos >= last, calls[-1], val) * (1 + 4 * _U)
-
-
-def _puts_at(strikes, puts, k):
-    """The put tables' upper bound at strikes ``k`` (array; ``inf`` beyond the table)."""
-    h = strikes[1] - strikes[0]
-    pos = k / h * (1 + 8 * _U) + 8 * _U
-    last = puts.size - 1
-    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
-    f = pos - j
-    val = ((1 - f) * puts[np.minimum(j, last - 1)] + f * puts[np.minimum(j + 1, last)]) * (1 + 4 * _U)
-    return np.where(pos > last, np.inf, val)
-
-
 #: The put tables reach strikes ``n * _ADD_REACH`` (the add loss down to ``-log _ADD_REACH``).
 _ADD_REACH = 16.0
 
 
 def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
-    from dpmf.accounting.allocation.markov import call_bound_table, put_bound_table
+    from dpmf.accounting.allocation.markov import call_bound_table, calls_at, put_bound_table, puts_at
 
     calls = [(n, w, [call_bound_table(sur, sigma, n, n * math.exp(t) * 1.02) for t in sorted({min(2.0, eps_top), eps_top})])
              for n, w in parts]
@@ -185,14 +163,14 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     def d_remove(gam):
         tot = 0.0
         for n, w, tabs in calls:
-            tot = tot + w * np.min([_calls_at(st, ca, n * gam) for st, ca in tabs], axis=0) / n
+            tot = tot + w * np.min([calls_at(st, ca, n * gam) for st, ca in tabs], axis=0) / n
         return np.minimum(tot * infl, 1.0)
 
     def d_add(gam):
         tot = 0.0
         for n, w, (ps, pu) in puts:
             with np.errstate(invalid="ignore"):
-                tot = tot + w * gam * _puts_at(ps, pu, n / gam) / n
+                tot = tot + w * gam * puts_at(ps, pu, n / gam) / n
         return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
 
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}

@@ -172,6 +172,7 @@ diagnostics).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -211,9 +212,10 @@ _W_HALF, _W_CELLS, _W_STRETCH = 8.0, 12, 2.0
 #: events that set delta (any centre is sound; measured on bsr(128, 4) over 2 epochs: 0 -> 2 moves
 #: epsilon 4.806 -> 4.707 at sigma 1 and 0.9784 -> 0.9764 at sigma 2).
 _W_SHIFT = 2.0
-#: The anchored ring's mixing nodes: quantiles of ``N(center, _A_SCALE^2)`` with the centre at
-#: ``_A_SHIFT`` times the largest covariance of a log-summand with ``Z_0`` (up for the call, down for
-#: the put; measured on bsr(256, 4) over 4 epochs at sigma 2; any nodes are sound).
+#: The anchored ring's mixing nodes: ``w_cells + 1`` sinh-stretched points (stretch ``_A_STRETCH``)
+#: around ``_A_SHIFT`` times the largest covariance of a log-summand with ``Z_0``, reaching
+#: ``_A_SCALE`` below zero and the half-width above (mirrored for the put); measured on bsr(256, 4)
+#: over 4 epochs at sigma 2 (any nodes are sound).
 _A_SHIFT, _A_SCALE, _A_STRETCH = 1.5, 3.0, 1.0
 
 
@@ -440,8 +442,7 @@ def _anchored(sur: MarkovSurrogate, grams, resid, width: int) -> MarkovSurrogate
     e = e * (1 + 1e-9) + 1e-300 * (e > 0)
     n_max = max(g.shape[0] for g in grams)
     cand = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", 0.0, anchor=tuple(float(x) for x in e))
-    cand = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural",
-                           sur.proxy + float(_added(cand, n_max).sum()) / n_max, anchor=cand.anchor)
+    cand = dataclasses.replace(cand, proxy=sur.proxy + float(_added(cand, n_max).sum()) / n_max)
     return cand if _dominates(cand, grams) else None
 
 
@@ -556,11 +557,11 @@ def _shifted(offset: np.ndarray, log_mult: np.ndarray, start: int, terms: int) -
     return offset[:terms] + lm + 4 * _U * (np.abs(offset[:terms]) + np.abs(lm))
 
 
-def _read_row(V: np.ndarray, pos: float, up: bool) -> np.ndarray | None:
-    """Row ``pos`` (in node units) of a table convex and monotone along axis 0, by linear
-    interpolation (an upper bound between nodes); the position rounded up (``up``: the table is
-    non-decreasing there); below the grid the first row; ``None`` above it."""
-    pos = pos * (1 + 4 * _U) + 4 * _U if up else pos
+def _read_row(V: np.ndarray, pos: float) -> np.ndarray | None:
+    """Row ``pos`` (in node units) of a table convex and non-decreasing along axis 0, by linear
+    interpolation (an upper bound between nodes); the position rounded up; below the grid the first
+    row; ``None`` above it."""
+    pos = pos * (1 + 4 * _U) + 4 * _U
     if pos <= 0:
         return V[0].copy()
     j = int(pos)
@@ -608,7 +609,7 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
         R_next = R
     off0 = _shifted(offset, lm, 0, b)
     if z0 is not None:
-        calls = _read_row(V, (float(z0) - _Z_LO) / dz, up=True)
+        calls = _read_row(V, (float(z0) - _Z_LO) / dz)
         if calls is None:  # (above the grid: V_0(z0, u) <= R_0(z0) for u <= 0)
             R0 = _remaining_mean(alpha, pw_lo, pw_hi, off0, np.array([float(z0)]), b)[0]
             calls = np.full(u_nodes, R0)
@@ -736,9 +737,9 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
         c_lo = c_hi = np.zeros(n)
         cov = a
     # nodes centred where the factor matters: up for the call (large sums), down for the put
-    center = w_shift * float(a.max()) * (1 if kind == "call" else -1)
-    xs, ps = _spread(w_half, w_cells, w_stretch, center)
-    if anchored:  # the points snapped to the program's z nodes (its V_0 is then read at a node)
+    if not anchored:
+        xs, ps = _spread(w_half, w_cells, w_stretch, w_shift * float(a.max()) * (1 if kind == "call" else -1))
+    else:  # the points snapped to the program's z nodes (its V_0 is then read at a node)
         center = _A_SHIFT * float(cov.max())
         t = np.linspace(-1.0, 1.0, w_cells + 1)
         lo_w, hi_w = center + _A_SCALE, w_half - center  # (half-widths below / above the centre)
@@ -799,29 +800,39 @@ def _table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, 
     return (call_bound_table if kind == "call" else put_bound_table)(sur, sigma, n, k_max, **grid)
 
 
-def _interp_put(strikes: np.ndarray, puts: np.ndarray, k: float) -> float:
-    """Linear interpolation of the (convex, non-decreasing) put bound at strike ``k``, position
-    rounded up; ``inf`` beyond the table."""
+def puts_at(strikes: np.ndarray, puts: np.ndarray, k) -> np.ndarray:
+    """Linear interpolation of the (convex, non-decreasing) put bound at strikes ``k`` (array),
+    position rounded up; ``inf`` beyond the table."""
     h = strikes[1] - strikes[0]
-    pos = k / h * (1 + 8 * _U) + 8 * _U
-    j = int(pos)
-    if j >= strikes.size - 1:
-        return float(puts[-1]) if pos <= strikes.size - 1 else math.inf
+    pos = np.asarray(k, dtype=np.float64) / h * (1 + 8 * _U) + 8 * _U
+    last = puts.size - 1
+    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
     f = pos - j
-    return float((1 - f) * puts[j] + f * puts[j + 1]) * (1 + 4 * _U)
+    val = ((1 - f) * puts[j] + f * puts[np.minimum(j + 1, last)]) * (1 + 4 * _U)
+    return np.where(pos > last, np.inf, val)
+
+
+def calls_at(strikes: np.ndarray, calls: np.ndarray, k) -> np.ndarray:
+    """Linear interpolation of the (convex, non-increasing) call bound at strikes ``k`` (array; an
+    upper bound between nodes; the position is rounded toward the smaller strike); beyond the table
+    the call is at most its last node value (non-increasing)."""
+    h = strikes[1] - strikes[0]
+    pos = np.maximum(np.asarray(k, dtype=np.float64) / h * (1 - 8 * _U) - 8 * _U, 0.0)
+    last = calls.size - 1
+    j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
+    f = np.minimum(pos - j, 1.0)
+    val = ((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
+    return np.where(pos >= last, calls[-1], val)
+
+
+def _interp_put(strikes: np.ndarray, puts: np.ndarray, k: float) -> float:
+    """:func:`puts_at` at one strike."""
+    return float(puts_at(strikes, puts, k))
 
 
 def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> float:
-    """Linear interpolation of the (convex, non-increasing) call bound at strike ``k`` (an upper
-    bound between nodes; the position is rounded toward the smaller strike); beyond the table the
-    call is at most its last node value (non-increasing)."""
-    h = strikes[1] - strikes[0]
-    pos = max(k / h * (1 - 8 * _U) - 8 * _U, 0.0)
-    j = int(pos)
-    if j >= strikes.size - 1:
-        return float(calls[-1])
-    f = pos - j
-    return float((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
+    """:func:`calls_at` at one strike."""
+    return float(calls_at(strikes, calls, k))
 
 
 def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_hi: float, *,
