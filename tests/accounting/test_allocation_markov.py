@@ -9,6 +9,7 @@ correlation than G (half the lag-one covariance, or independent slots) is caught
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -196,8 +197,6 @@ def test_ring_surrogate_dominates_the_cyclic_gram_entrywise(strategy, epochs, q,
 @pytest.mark.parametrize("strategy, sigma", [(bsr(32, 3), 2.0), (ToeplitzStrategy([1.0, 0.8, 0.6], 48), 2.0)])
 @pytest.mark.parametrize("kind", ["factor", "anchor"])
 def test_ring_member_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo(strategy, sigma, kind):
-    import dataclasses
-
     epochs, delta = strategy.n // 16, 1e-3
     means = mixture_means(strategy, epochs, strategy.n)
     b = means.shape[0]
@@ -216,15 +215,16 @@ def test_ring_member_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo(stra
         assert markov_epsilon(dataclasses.replace(sur, ring=None), sigma, b, delta, 3.0)["epsilon"] < sur_lower
 
 
-def _pinned_mc(sur: MarkovSurrogate, sigma: float, b: int, z0: float, strikes, n: int, seed: int):
+def _pinned_mc(sur: MarkovSurrogate, sigma: float, b: int, z0, strikes, n: int, seed: int):
     """Monte Carlo (mean, standard error) of the call and put of ``T = sum_i X_i`` for the chain
-    started at ``Z_0 = z0`` (``X_i = exp(alpha Z_i + beta xi_{i+1} - (alpha^2 + beta^2) / 2)``, in
-    noise units), written out independently of the programs."""
+    started at ``Z_0 = z0`` (``None``: ``Z_0 ~ N(0, 1)``), ``X_i = exp(alpha Z_i + beta_i xi_{i+1} -
+    (alpha^2 + beta_i^2) / 2)`` in noise units (``beta_i`` the per-position loadings), written out
+    independently of the programs."""
     rng = np.random.default_rng(seed)
-    a, be = sur.alpha / sigma, sur.beta / sigma
-    z = np.full(n, z0)
+    a, betas = sur.alpha / sigma, sur.betas(b) / sigma
+    z = rng.standard_normal(n) if z0 is None else np.full(n, z0)
     t = np.zeros(n)
-    for _ in range(b):
+    for be in betas:
         xi = rng.standard_normal(n)
         t += np.exp(a * z + be * xi - 0.5 * (a * a + be * be))
         z = sur.rho * z + sur.s * xi
@@ -295,3 +295,64 @@ def test_accountant_uses_the_ring_member_over_several_epochs():
     assert report.epsilon < min(others)
     point, lower = _mc_epsilon_interval(mixture_means(strategy, 2, 32), sigma, delta, 200_000, seed=7)
     assert lower <= report.epsilon <= 1.2 * point
+
+
+def _fresh_class_grams(strategy, epochs, q):
+    from dpmf.accounting.allocation.fresh_correlated import epoch_grams
+
+    out = []
+    for g in epoch_grams(mixture_means(strategy, 1, strategy.n), epochs):
+        out += class_grams(g, q)[0]
+    return out
+
+
+def _chain_loadings(sur: MarkovSurrogate, n: int) -> np.ndarray:
+    """``Y'`` as a linear map of ``(Z_0, xi_1, .., xi_n)``: ``Z_i = rho^i Z_0 + s sum_{k <= i}
+    rho^{i-k} xi_k``, ``Y'_i = alpha Z_i + beta_i xi_{i+1}`` (Gram units), built from the definition."""
+    z = np.zeros((n + 1, n + 1))
+    z[0, 0] = 1.0
+    for i in range(1, n + 1):
+        z[i] = sur.rho * z[i - 1]
+        z[i, i] += sur.s
+    y = sur.alpha * z[:n]
+    y[np.arange(n), np.arange(1, n + 1)] += sur.betas(n)
+    return y
+
+
+@pytest.mark.parametrize("strategy, epochs, q", [(bsr(32, 4), 2, 1), (bsr(32, 4), 2, 2), (ToeplitzStrategy([1.0, 0.8, 0.6], 12), 3, 1),
+                                                  (bsr(48, 5), 3, 1), (bsr(48, 5), 3, 2)])
+def test_chain_with_raised_ends_dominates_the_fresh_slot_grams_entrywise(strategy, epochs, q):
+    """Fresh slots raise the diagonal at an epoch's ends; the fitted chain keeps a smaller stationary
+    variance and raises ``beta_i`` there. Its covariance, rebuilt as a linear map of the innovations,
+    is entrywise >= every class Gram (Kahane's condition); without the raised ends it is not."""
+    grams = _fresh_class_grams(strategy, epochs, q)
+    sur = fit_surrogate(grams, edges=True)
+    assert sur.edges is not None and sur.alpha**2 + sur.beta**2 < max(np.diag(g).max() for g in grams)
+    for g in grams:
+        y = _chain_loadings(sur, g.shape[0])
+        assert np.all(y @ y.T >= g * (1 - 1e-12))
+        assert np.all(sur.covariance(g.shape[0]) <= y @ y.T * (1 + 1e-12))  # (the lower bound used)
+    plain = dataclasses.replace(sur, edges=None)
+    assert not all(np.all(_chain_loadings(plain, g.shape[0]) @ _chain_loadings(plain, g.shape[0]).T >= g) for g in grams)
+    # the smaller-alpha root: the raised ends add less forward covariance (same stationary lags)
+    assert fit_surrogate(grams, edges=True).proxy <= fit_surrogate(grams).proxy
+
+
+@pytest.mark.parametrize("kind", ["call", "put"])
+def test_tables_with_raised_ends_bound_the_chain_by_monte_carlo(kind):
+    """Both programs with per-position ``beta_i`` are upper bounds of a Monte Carlo of that chain (and
+    tight); the same chain's tables without the raised ends undercut it (negative control)."""
+    sur = fit_surrogate(_fresh_class_grams(bsr(16, 4), 2, 1), edges=True)
+    sigma, b, strikes = 1.5, 8, (4.0, 8.0, 14.0)
+    program = call_bound_table if kind == "call" else put_bound_table
+    read = (lambda st, v, k: _interp_call(st, v, k, b)) if kind == "call" else _interp_put
+    st, vals = program(sur, sigma, b, 24.0)
+    st0, vals0 = program(dataclasses.replace(sur, edges=None), sigma, b, 24.0)
+    mc = _pinned_mc(sur, sigma, b, None, strikes, 400_000, seed=3)
+    caught = False
+    for j, k in enumerate(strikes):
+        m, se = mc[2 * j + (kind == "put")]
+        v = read(st, vals, k)
+        assert v >= m - 4 * se and v <= 1.03 * m + 1e-3, (k, v, m, se)
+        caught |= read(st0, vals0, k) < m - 4 * se
+    assert caught

@@ -52,6 +52,10 @@ P~_n(n / gamma) / n``; ``1`` beyond the table). A curve that is ``>= H_gamma`` e
 into a dominating pair by connect-the-dots, and ``k`` dominating pairs compose
 (:func:`~dpmf.accounting.allocation.pld_compose.profile_composition_epsilon`, steps b-d of
 :mod:`.pld_compose`). Each member is a sound bound of each direction; the smallest is reported.
+Step 1's larger diagonal sits at an epoch's first and last ``p - 1`` positions only: the chains keep
+a stationary variance below it and raise their innovation loading there (*edges* in :mod:`.markov`),
+instead of paying the boundary's variance at every position. Each profile is the smallest over
+tables of several reaches (a table has a fixed number of strike nodes, so a short one is finer).
 
 **Rounding.** ``G`` is a float product of non-negative numbers, rounded up by
 ``1 + 2 (N + 2) u`` entrywise; the boundary sums ``d`` are rounded up by ``1 + 2 (n + 2) u``; the
@@ -141,7 +145,7 @@ def _markov_members(grams) -> tuple:
         for g in grams:
             gs, parts = markov.class_grams(g, q)
             classes.extend(gs)
-        sur = markov.fit_surrogate(classes)
+        sur = markov.fit_surrogate(classes, edges=True)
         if sur is not None:
             out.append((q, sur, tuple(parts)))
     return tuple(out)
@@ -149,15 +153,23 @@ def _markov_members(grams) -> tuple:
 
 #: The put tables reach strikes ``n * _ADD_REACH`` (the add loss down to ``-log _ADD_REACH``).
 _ADD_REACH = 16.0
+#: Each table has the same number of strike nodes, so a short one is finer: the call tables reach
+#: ``n e^t`` for ``t`` in these (capped at the profile's top) and the top; the put tables ``n r`` for
+#: ``r`` in these and :data:`_ADD_REACH`; at each ``gamma`` the smallest bound is taken.
+_CALL_REACHES = (0.5, 1.0, 2.0)
+_PUT_REACHES = (math.exp(0.5), math.exp(1.0))
 
 
 def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
-    from dpmf.accounting.allocation.markov import call_bound_table, calls_at, put_bound_table, puts_at
+    from dpmf.accounting.allocation.markov import call_bound_table, calls_at, on_threads, put_bound_table, puts_at
 
-    calls = [(n, w, [call_bound_table(sur, sigma, n, n * math.exp(t) * 1.02) for t in sorted({min(2.0, eps_top), eps_top})])
-             for n, w in parts]
-    puts = [(n, w, put_bound_table(sur, sigma, n, n * _ADD_REACH * 1.0001)) for n, w in parts]
+    call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _CALL_REACHES} | {eps_top})]
+    put_k = [r * 1.0001 for r in (*_PUT_REACHES, _ADD_REACH)]
+    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, k) for n, _ in parts for k in put_k]
+    tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
+    calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
+    puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
     infl = 1 + 4 * (len(parts) + 2) * _U
 
     def d_remove(gam):
@@ -168,9 +180,9 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
 
     def d_add(gam):
         tot = 0.0
-        for n, w, (ps, pu) in puts:
+        for n, w, tabs in puts:
             with np.errstate(invalid="ignore"):
-                tot = tot + w * gam * puts_at(ps, pu, n / gam) / n
+                tot = tot + w * gam * np.min([puts_at(ps, pu, n / gam) for ps, pu in tabs], axis=0) / n
         return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
 
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}
@@ -194,7 +206,8 @@ def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, del
         label = sur.describe() + (f" on residue classes mod {q}" if q > 1 else "") + f", composed over {epochs} epochs"
         # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's squared
         # norm) bounds the epoch's curve by ``budget`` beyond it (any reach is sound; tightness only)
-        eps_top = pld.gaussian_epsilon(sigma / math.sqrt(sur.alpha**2 + sur.beta**2), budget)
+        top_var = max(float(np.max(np.diag(sur.covariance(n)))) for n, _ in parts) * (1 + 1e-9)
+        eps_top = pld.gaussian_epsilon(sigma / math.sqrt(top_var), budget)
         comp = pld_compose.profile_composition_epsilon(_profiles(sur, parts, sigma, eps_top), epochs, delta, grid=pld)
         out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],
                                   "epsilon_by_direction": comp["epsilon_by_direction"]})
