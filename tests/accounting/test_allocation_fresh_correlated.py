@@ -85,9 +85,9 @@ def test_moving_the_cross_epoch_entries_to_the_diagonal_dominates_the_gram(strat
 
 
 def test_refusals_stay_clear():
-    scheme = BallsInBinsSampling(2, 16, num_selected=2)
-    with pytest.raises(UnsupportedConfigurationError, match="num_selected"):
-        dpmf.account(bsr(16, 4), scheme, 2.0, 1e-5, method="allocation_pld")
+    scheme = BallsInBinsSampling(2, 16, fresh_slots=True)
+    with pytest.raises(UnsupportedConfigurationError, match="non-negative"):
+        dpmf.account(-np.eye(16), scheme, 2.0, 1e-5, method="allocation_pld")
 
 
 def test_markov_profiles_bound_each_epochs_pair_by_monte_carlo():

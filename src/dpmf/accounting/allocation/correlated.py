@@ -226,6 +226,8 @@ class Reductions:
     #: composed over the epochs -- never offered as a single-epoch bound (:func:`reduced_epsilon`
     #: does not read them)
     composed_markov: tuple = ()
+    #: the spectral members' name when it is not "spectral groups (period q)" (:mod:`.k_of_t_correlated`)
+    label: str | None = None
 
     @property
     def period(self) -> int | None:
@@ -244,7 +246,7 @@ class Reductions:
         for fresh slots: :mod:`.fresh_correlated`)."""
         og = self.orthogonal
         if og is None:
-            return [(f"spectral groups (period {g.period})", g.slots, g.max_eigenvalue) for g in self.spectral]
+            return [(self.label or f"spectral groups (period {g.period})", g.slots, g.max_eigenvalue) for g in self.spectral]
         out = [(f"orthogonal groups (period {og.period})", og.slots, og.max_norm_sq)]
         for g in self.spectral:  # (members the orthogonal groups beat on both counts are left out)
             if g.slots > og.slots or g.max_eigenvalue < og.max_norm_sq * (1 - 1e-9):

@@ -117,6 +117,8 @@ from dpmf import validation as _v
 from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
 from dpmf.accounting.allocation.fresh_correlated import add_markov_compositions, fresh_slot_problem, fresh_slot_reductions
+from dpmf.accounting.allocation import k_of_t_correlated
+from dpmf.accounting.allocation.k_of_t_correlated import k_of_t_problem, k_of_t_reductions
 from dpmf.accounting.allocation.dominating_pair import (
     describe_strategy,
     mixture_means,
@@ -125,7 +127,7 @@ from dpmf.accounting.allocation.dominating_pair import (
 )
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError
 from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -173,7 +175,9 @@ def supports(strategy, scheme) -> str | None:
         return f"the random-allocation PLD accountant needs BallsInBinsSampling, got {type(scheme).__name__}"
     if isinstance(strategy, Identity):
         return None
-    if _fresh(scheme) and getattr(scheme, "num_selected", 1) == 1:  # (fresh_correlated.py)
+    if getattr(scheme, "num_selected", 1) > 1:  # (k_of_t_correlated.py)
+        return k_of_t_problem(strategy, scheme)
+    if _fresh(scheme):  # (fresh_correlated.py)
         return fresh_slot_problem(strategy, scheme)
     return pair_problem(strategy, scheme)
 
@@ -818,12 +822,10 @@ def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_
             sigma, scheme.steps_per_epoch, d, epochs=scheme.epochs, num_selected=getattr(scheme, "num_selected", 1),
             fresh_slots=getattr(scheme, "fresh_slots", False), rel_tol=accuracy, max_points=max_points,
         )
-    if getattr(scheme, "num_selected", 1) != 1:
-        raise UnsupportedConfigurationError(
-            f"allocation_pld covers num_selected > 1 only for the identity (DP-SGD); got "
-            f"{describe_strategy(strategy)} with num_selected={getattr(scheme, 'num_selected', 1)} (the "
-            "correlated-C bounds are proved for one slot per epoch; use num_selected=1, or montecarlo)"
-        )
+    if getattr(scheme, "num_selected", 1) != 1:  # the identity's k-of-t at sigma / sqrt(Lambda) (k_of_t_correlated.py)
+        fresh = _fresh(scheme)
+        return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
+                               epochs=scheme.epochs if fresh else 1, fresh_slots=fresh, num_selected=scheme.num_selected)
     if _fresh(scheme):  # the k-fold composition of each member's identity pair (fresh_correlated.py)
         out = reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points,
                               epochs=scheme.epochs, fresh_slots=True)
@@ -842,7 +844,9 @@ def _reductions(strategy, scheme):
     when the Gram matrix is small enough, spectral groups)."""
     if isinstance(strategy, Identity):
         return None
-    if _fresh(scheme) and getattr(scheme, "num_selected", 1) == 1:
+    if getattr(scheme, "num_selected", 1) > 1:
+        return k_of_t_reductions(strategy, scheme)
+    if _fresh(scheme):
         return fresh_slot_reductions(strategy, scheme)
     return strategy_reductions(strategy, scheme, strategy_groups(strategy, scheme))
 
@@ -887,7 +891,16 @@ def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> Priv
     out = dict(out)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
-    if groups is not None and groups.orthogonal is None:
+    if groups is not None and groups.label == k_of_t_correlated.LABEL:
+        n_sel, fresh = scheme.num_selected, _fresh(scheme)
+        out["reduction"] = (
+            f"{n_sel} of {scheme.steps_per_epoch} steps per epoch, {'fresh' if fresh else 'reused'} slots: random "
+            "blocks made independent (cross-block Gram entries moved to the diagonal), every block bounded by the "
+            "identity's pair at sigma / sqrt(largest row sum of the Gram), so the identity's "
+            f"{n_sel}-of-{scheme.steps_per_epoch} allocation{f' over {scheme.epochs} fresh epochs' if fresh else ''} "
+            "at that noise (k_of_t_correlated.py)"
+        )
+    elif groups is not None and groups.orthogonal is None:
         out["reduction"] = (
             f"{scheme.epochs} epochs of fresh slots: the epochs made independent (cross-epoch Gram entries "
             "moved to the diagonal), each reduced to the identity's pair by spectral groups, then the "
