@@ -55,7 +55,7 @@ def pair_problem(strategy, scheme) -> str | None:
             f"the Renyi, conditional-composition and orthogonal-groups random-allocation analyses (on the pair "
             f"of Lemma 2.8) assume one slot per example reused every epoch; this scheme has num_selected="
             f"{scheme.num_selected}, fresh_slots={scheme.fresh_slots}, for which no extension is proved here: for "
-            "the identity, and for a correlated C with fresh slots (one per epoch), use allocation_pld; "
+            "the identity, and for a correlated C with fresh slots or num_selected > 1, use allocation_pld; "
             "otherwise 'montecarlo' (an estimate, certified by calibration) or 'unamplified'"
         )
     try:
