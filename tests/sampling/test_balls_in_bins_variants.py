@@ -179,13 +179,10 @@ def test_renyi_and_conditional_refuse_the_variants_with_the_reason(scheme):
         dpmf.account(C, scheme, 1.0, 1e-6, method="allocation")
     auto = dpmf.account(C, scheme, 1.0, 1e-6)
     unamplified = dpmf.account(C, scheme, 1.0, 1e-6, method="unamplified")
-    if scheme.fresh_slots:  # fresh slots: allocation_pld's own bound (fresh_correlated.py) applies
-        assert reasons["allocation_pld"] is None
-        pld = dpmf.account(C, scheme, 1.0, 1e-6, method="allocation_pld")
-        assert auto.epsilon == min(pld.epsilon, unamplified.epsilon)
-    else:
-        assert reasons["allocation_pld"] is not None  # the orthogonal-groups bound assumes one slot
-        assert auto.method == "unamplified"  # auto: the proved bound left
+    # allocation_pld's own bounds apply (fresh slots: fresh_correlated.py; k of t: k_of_t_correlated.py)
+    assert reasons["allocation_pld"] is None
+    pld = dpmf.account(C, scheme, 1.0, 1e-6, method="allocation_pld")
+    assert auto.epsilon == min(pld.epsilon, unamplified.epsilon)
 
 
 def test_fresh_slots_over_one_epoch_equal_reused_slots():

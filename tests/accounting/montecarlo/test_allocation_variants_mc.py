@@ -1,7 +1,7 @@
 """Monte Carlo for the balls-in-bins variants (num_selected = k slots per epoch, fresh slots each
 epoch) with a correlated C (issue 23): the loss sampler against brute force, its law against a
 direct simulation through the scheme's own sampler, and Monte Carlo checks of the proved bound for
-these pairs (the unamplified Gaussian mechanism) with a negative control.
+these pairs (``allocation_pld``'s k-of-t bound) with a negative control.
 
 The pair is ``P = E_x N(C x, sigma^2 I)`` against ``Q = N(0, sigma^2 I)``, ``x`` the target's pattern
 (Dong & Ganesh 2026 Sec. 2.4): it holds for any sampler that draws the target's pattern
@@ -90,13 +90,15 @@ def _delta_interval(L: np.ndarray, eps: float, alpha: float = 1e-6) -> tuple[flo
 
 @pytest.mark.parametrize("scheme", [VARIANTS[0], VARIANTS[2]], ids=["k2-reused", "k2-fresh"])
 def test_monte_carlo_check_of_the_bound_with_a_negative_control(scheme):
-    """``auto`` gives the unamplified bound for these pairs; the Monte Carlo delta of the exact pair
-    at its epsilon is below the claimed delta. The negative control -- accounting the k = 2 scheme
-    as one reused slot (the Renyi/conditional allocation bound of ``BallsInBinsSampling(2, 8)``) --
-    is caught: the exact pair's delta at that epsilon is far above the claim, in both directions."""
+    """``auto`` gives ``allocation_pld``'s k-of-t bound for these pairs (``k_of_t_correlated.py``; the
+    unamplified one before it); the Monte Carlo delta of the exact pair at its epsilon is below the
+    claimed delta. The negative control -- accounting the k = 2 scheme as one reused slot (the
+    Renyi/conditional allocation bound of ``BallsInBinsSampling(2, 8)``) -- is caught: the exact
+    pair's delta at that epsilon is far above the claim, in both directions."""
     sigma, delta = 2.0, 1e-2
     sound = dpmf.account(C, scheme, sigma, delta)
-    assert sound.method == "unamplified"
+    assert sound.method == "allocation_pld"
+    assert sound.epsilon < dpmf.account(C, scheme, sigma, delta, method="unamplified").epsilon
     wrong = dpmf.account(C, BallsInBinsSampling(2, 8), sigma, delta, method="allocation")
     assert wrong.epsilon < sound.epsilon
     for direction in ("remove", "add"):
