@@ -207,7 +207,7 @@ def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, del
         label = sur.describe() + (f" on residue classes mod {q}" if q > 1 else "") + f", composed over {epochs} epochs"
         # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's squared
         # norm) bounds the epoch's curve by ``budget`` beyond it (any reach is sound; tightness only)
-        top_var = max(float(np.max(np.diag(sur.covariance(n)))) for n, _ in parts) * (1 + 1e-9)
+        top_var = max(float(np.max(sur.variances(n))) for n, _ in parts) * (1 + 1e-9)
         eps_top = pld.gaussian_epsilon(sigma / math.sqrt(top_var), budget)
         comp = pld_compose.profile_composition_epsilon(_profiles(sur, parts, sigma, eps_top), epochs, delta, grid=pld)
         out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],

@@ -266,13 +266,17 @@ class MarkovSurrogate:
                 out[pos] = np.maximum(out[pos], e)
         return out
 
+    def variances(self, n: int) -> np.ndarray:
+        """Lower bounds on the float chain's variances ``alpha^2 + beta_i^2`` (Gram units; without a ring)."""
+        b = self.betas(n)
+        return (self.alpha * self.alpha + b * b) * (1 - 64 * _U)
+
     def covariance(self, n: int) -> np.ndarray:
         """Lower bounds on the float chain's covariance over ``n`` positions (Gram units), without a
         ring: the stationary lags off the diagonal (a larger ``beta_i`` only adds ``alpha (beta_i -
         beta) s rho^{j-i-1} >= 0`` to ``Cov(Y'_i, Y'_j)``, ``j > i``) and ``alpha^2 + beta_i^2`` on it."""
         cov = self.lags(n)[np.abs(np.subtract.outer(np.arange(n), np.arange(n)))]
-        b = self.betas(n)
-        cov[np.diag_indices(n)] = (self.alpha * self.alpha + b * b) * (1 - 64 * _U)
+        cov[np.diag_indices(n)] = self.variances(n)
         return cov
 
     def anchor_loadings(self, n: int) -> np.ndarray:
@@ -384,6 +388,10 @@ def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool 
             tgt[: lm.size] = np.maximum(tgt[: lm.size], lm)
         pos = np.flatnonzero(tgt[1:] > 0) + 1
         diag = np.concatenate([np.diag(g) for g in grams])
+        diag_by_size = {}  # n -> the largest diagonal over the Grams of n slots, per position
+        for g in grams:
+            n = g.shape[0]
+            diag_by_size[n] = np.maximum(diag_by_size.get(n, 0.0), np.diag(g))
         floors = [tgt[0]]
         if edges and kind == "natural":
             floors += sorted({float(np.quantile(diag, f)) for f in (0.0, 0.25, 0.5, 0.75)} - {tgt[0]})
@@ -401,31 +409,31 @@ def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool 
                     continue
                 cand = MarkovSurrogate(a, be, rho, s, kind, gamma0 + 2 * g1 / (1 - rho))
                 if gamma0 < tgt[0]:
-                    cand = _with_edges(cand, grams, g1, rho)
+                    cand = _with_edges(cand, diag_by_size, g1, rho)
                 if cand is None or (best is not None and cand.proxy >= best.proxy):
                     continue
                 if np.all(cand.lags(b)[1:] >= tgt[1:] * (1 + 1e-10)) and all(
-                        np.all(np.diag(cand.covariance(g.shape[0])) >= np.diag(g) * (1 + 1e-10)) for g in grams):
+                        np.all(cand.variances(n) >= d * (1 + 1e-10)) for n, d in diag_by_size.items()):
                     best = cand  # (1/sigma scaling later: 4u)
     return best
 
 
-def _with_edges(sur: MarkovSurrogate, grams, g1: float, rho: float) -> MarkovSurrogate | None:
+def _with_edges(sur: MarkovSurrogate, diag_by_size: dict, g1: float, rho: float) -> MarkovSurrogate | None:
     """``sur`` with ``beta_i`` raised where ``alpha^2 + beta^2`` is below a Gram's diagonal (the
     ``j``-th position from the nearer end of each Gram; :attr:`MarkovSurrogate.edges`), and the proxy
-    with the mean variance; ``None`` if the raised positions reach the middle of a Gram."""
-    n_max = max(g.shape[0] for g in grams)
+    with the mean variance; ``None`` if the raised positions reach the middle of a Gram.
+    ``diag_by_size``: per number of slots, the largest diagonal over those Grams, per position."""
+    n_max = max(diag_by_size)
     half = (n_max + 1) // 2
     start, end = np.zeros(half), np.zeros(half)
-    for g in grams:
-        n = g.shape[0]
-        d = np.diag(g) * (1 + 1e-9)
+    for n, diag in diag_by_size.items():
+        d = diag * (1 + 1e-9)
         need = np.sqrt(np.maximum(d - sur.alpha * sur.alpha, 0.0)) * (1 + 1e-9)
-        need[np.diag(g) * (1 + 1e-10) <= (sur.alpha**2 + sur.beta**2) * (1 - 64 * _U)] = 0.0  # (covered already)
+        need[diag * (1 + 1e-10) <= (sur.alpha**2 + sur.beta**2) * (1 - 64 * _U)] = 0.0  # (covered already)
         j = np.arange(n)
         front = j < n - 1 - j
-        np.maximum.at(start, j[front], need[front])
-        np.maximum.at(end, (n - 1 - j)[~front], need[~front])
+        start[j[front]] = np.maximum(start[j[front]], need[front])
+        end[(n - 1 - j)[~front]] = np.maximum(end[(n - 1 - j)[~front]], need[~front])
     start, end = (np.trim_zeros(np.where(e > sur.beta, e, 0.0), "b") for e in (start, end))
     if start.size + end.size >= n_max:
         return None
@@ -434,7 +442,7 @@ def _with_edges(sur: MarkovSurrogate, grams, g1: float, rho: float) -> MarkovSur
     # beta_i adds forward, alpha (beta_i - beta) s rho^{L-1} summed over the lags L >= 1 (twice)
     raised = cand.betas(n_max) - sur.beta
     extra = 2 * sur.alpha * sur.s * float(np.mean(raised)) / (1 - rho)
-    var = np.mean(np.diag(cand.covariance(n_max)))
+    var = np.mean(cand.variances(n_max))
     return dataclasses.replace(cand, proxy=float(var) + 2 * g1 / (1 - rho) + extra)
 
 
