@@ -317,6 +317,9 @@ def candidates(run: TrainingRun) -> list[Candidate]:
             )
     p = min(4, spe)
     out.append(Candidate(f"BSR ({p} bands), balls-in-bins", StrategySpec("bsr", steps, bands=p), balls, "auto", wave=2))
+    if k > 1:  # shuffled batches every epoch: the epochs compose (allocation/fresh_correlated.py)
+        out.append(Candidate(f"BSR ({p} bands), balls-in-bins, fresh slots each epoch", StrategySpec("bsr", steps, bands=p),
+                             BallsInBinsSampling(k, steps, fresh_slots=True), "auto", wave=2))
     if run.montecarlo_samples:
         b = min(64, spe)
         out.append(
