@@ -5,7 +5,11 @@ allocation" (arXiv 2601.21636); digest ``notes/random-allocation.md``. Two sound
 the dominating pair of :mod:`.dominating_pair`: the Rényi dynamic program (:mod:`.renyi`, Sec. 3)
 and conditional composition (:mod:`.conditional`, Sec. 4); :mod:`.accountant` reports the tighter.
 For the identity (DP-SGD), :mod:`.pld` computes the PLD of the pair itself (Feldman & Shenfeld,
-arXiv 2602.17284), tight up to a pessimistic discretization.
+arXiv 2602.17284), tight up to a pessimistic discretization; fresh slots and k-of-t are
+compositions of it (:mod:`.pld_compose`). For any other non-negative ``C`` (dpmf's own arguments),
+``allocation_pld`` takes the smallest of reductions to that pair or to Markov-chain surrogates:
+one reused slot :mod:`.correlated` and :mod:`.markov`; fresh slots :mod:`.fresh_correlated`;
+``num_selected > 1`` :mod:`.k_of_t_correlated`.
 """
 
 from dpmf.accounting.allocation.dominating_pair import (

@@ -864,13 +864,16 @@ def account_allocation_pld(
     """Epsilon of ``strategy`` under balls-in-bins ``scheme`` (module docstring): exact (up to the
     pessimistic grid) for DP-SGD (``Identity(N)``); for any other non-negative lower-triangular
     ``C`` the smallest bound, per direction, over the orthogonal groups (:func:`strategy_groups`),
-    the spectral groups and the Markov members (:mod:`.correlated`, :mod:`.markov`); the
-    diagnostics' ``bound`` names the member used and ``reductions`` lists every member's epsilon.
+    the spectral groups and the Markov members (:mod:`.correlated`, :mod:`.markov`) -- with fresh
+    slots over the epochs' compositions (:mod:`.fresh_correlated`), with ``num_selected > 1`` the
+    random-blocks bound (:mod:`.k_of_t_correlated`); the diagnostics' ``bound`` names the member
+    used and ``reductions`` lists every member's epsilon.
 
     Args:
       strategy: :class:`~dpmf.strategies.Identity` with ``n = scheme.steps``, or any strategy the
         random-allocation pair covers (Toeplitz / banded / BLT from their coefficients).
-      scheme: :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps, slot reused).
+      scheme: :class:`~dpmf.sampling.BallsInBinsSampling` (``k`` epochs of ``b`` steps; slots reused or
+        fresh, ``num_selected`` of them per epoch).
       noise_multiplier: ``sigma > 0`` (clip norm 1).
       delta: target delta in (0, 1).
       accuracy: grid refinement stops when two levels agree to this relative tolerance.
