@@ -32,9 +32,10 @@ NUM_SELECTED = typer.Option(
 FRESH_SLOTS = typer.Option(
     False,
     "--fresh-slots/--reused-slots",
-    help="balls-in-bins: draw a new random allocation every epoch (--fresh-slots: for DP-SGD, epochs compose "
-    "and privacy is close to Poisson sampling's) or reuse the first epoch's slots every epoch (default: what "
-    "multi-epoch matrix factorization needs; for DP-SGD k epochs cost like one epoch at sigma / sqrt(k)).",
+    help="balls-in-bins: draw a new random allocation every epoch (--fresh-slots: the epochs compose; for "
+    "DP-SGD privacy is close to Poisson sampling's, and for banded MF such as bsr it is the tighter choice from "
+    "about three epochs on) or reuse the first epoch's slots every epoch (default: participations exactly one "
+    "epoch apart; for DP-SGD k epochs cost like one epoch at sigma / sqrt(k)).",
 )
 
 
