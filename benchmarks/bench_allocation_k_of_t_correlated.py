@@ -13,13 +13,9 @@ below the Monte Carlo lower end.
 from __future__ import annotations
 
 import argparse
-import time
 
-import numpy as np
-from bench_allocation_correlated import mc_epsilon
+from bench_allocation_fresh_correlated import compare
 
-import dpmf
-from dpmf.accounting.montecarlo._loss_bruteforce import allocation_patterns
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import ToeplitzStrategy, bsr
 
@@ -34,30 +30,12 @@ SCRIPT_CASES = [
 ]
 
 
-def pattern_means(strategy, scheme) -> np.ndarray:
-    pats = allocation_patterns(scheme.epochs, scheme.steps_per_epoch, scheme.num_selected, scheme.fresh_slots)
-    dense = np.asarray(strategy.encoder(), dtype=np.float64)
-    return np.array([dense @ np.asarray(x, dtype=np.float64) for _, x in pats])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=400_000)
     ap.add_argument("--delta", type=float, default=1e-5)
     a = ap.parse_args()
-    print("| case | sigma | MC eps [lower, upper] | allocation_pld | / MC | unamplified | / MC | s |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
-    for name, strategy, scheme in SCRIPT_CASES:
-        means = pattern_means(strategy, scheme)
-        for sigma in (2.0, 3.0, 4.0):
-            t0 = time.perf_counter()
-            r = dpmf.account(strategy, scheme, sigma, a.delta, method="allocation_pld")
-            secs = time.perf_counter() - t0
-            u = dpmf.account(strategy, scheme, sigma, a.delta, method="unamplified").epsilon
-            lo, mid, hi = mc_epsilon(means, sigma, a.delta, a.samples, seed=1)
-            assert r.epsilon >= lo, (name, sigma, r.epsilon, lo)
-            print(f"| {name} | {sigma:g} | {mid:.4f} [{lo:.4f}, {hi:.4f}] | {r.epsilon:.4f} | **{r.epsilon / mid:.3f}** | "
-                  f"{u:.4f} | {u / mid:.3f} | {secs:.2f} |", flush=True)
+    compare(SCRIPT_CASES, a.samples, a.delta, seed=1, show_bound=False)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf.accounting.allocation.dominating_pair import mixture_means
+from dpmf.errors import DPMFError
 
 __all__ = [
     "MAX_GRAM_ENTRIES",
@@ -83,6 +84,7 @@ __all__ = [
     "perron_upper_bound",
     "spectral_groups",
     "spectral_groups_of_grams",
+    "gram_problem",
     "strategy_reductions",
     "reduced_epsilon",
     "markov_members",
@@ -252,6 +254,21 @@ class Reductions:
             if g.slots > og.slots or g.max_eigenvalue < og.max_norm_sq * (1 - 1e-9):
                 out.append((f"spectral groups (period {g.period})", g.slots, g.max_eigenvalue))
         return out
+
+
+def gram_problem(strategy, steps: int, slots: int, what: str, remedy: str) -> str | None:
+    """Why a reduction that needs the ``slots x slots`` Gram matrix of ``strategy``'s columns (``steps``
+    of them) does not apply -- the matrix is over :data:`MAX_GRAM_ENTRIES`, or ``C`` is not
+    non-negative lower-triangular -- or ``None``; ``what`` and ``remedy`` are the message's."""
+    dim = getattr(strategy, "n", steps)
+    if slots * max(slots, dim) > MAX_GRAM_ENTRIES:
+        return (f"{what}: the bound needs the {slots} x {slots} Gram matrix; slots * max(slots, N) = "
+                f"{slots * max(slots, dim)} > {MAX_GRAM_ENTRIES}: use {remedy}")
+    try:
+        mixture_means(strategy, 1, steps)
+    except DPMFError as exc:
+        return str(exc)
+    return None
 
 
 def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:

@@ -67,9 +67,9 @@ import math
 
 import numpy as np
 
-from dpmf.accounting.allocation.correlated import MAX_GRAM_ENTRIES, Reductions, spectral_groups_of_grams
+from dpmf.accounting.allocation.correlated import Reductions, gram_problem, spectral_groups_of_grams
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.errors import DPMFError, UnsupportedConfigurationError
+from dpmf.errors import UnsupportedConfigurationError
 
 __all__ = ["epoch_grams", "fresh_slot_problem", "fresh_slot_reductions", "add_markov_compositions"]
 
@@ -104,16 +104,8 @@ def epoch_grams(means: np.ndarray, epochs: int) -> list[np.ndarray]:
 def fresh_slot_problem(strategy, scheme) -> str | None:
     """Why the bound does not apply to ``strategy`` under the fresh-slot ``scheme`` (``C`` not
     non-negative lower-triangular, or the Gram matrix of all steps too large), or ``None``."""
-    n = scheme.steps
-    dim = getattr(strategy, "n", n)
-    if n * max(n, dim) > MAX_GRAM_ENTRIES:
-        return (f"fresh slots with a correlated C need the {n} x {n} Gram matrix of all steps; "
-                f"n * max(n, N) = {n * max(n, dim)} > {MAX_GRAM_ENTRIES}: use montecarlo or reused slots")
-    try:
-        mixture_means(strategy, 1, n)
-    except DPMFError as exc:
-        return str(exc)
-    return None
+    return gram_problem(strategy, scheme.steps, scheme.steps, "fresh slots with a correlated C",
+                        "montecarlo or reused slots")
 
 
 def fresh_slot_reductions(strategy, scheme) -> Reductions:
@@ -152,25 +144,23 @@ def _markov_members(grams) -> tuple:
 
 #: The put tables reach strikes ``n * _ADD_REACH`` (the add loss down to ``-log _ADD_REACH``).
 _ADD_REACH = 16.0
-#: Each table has the same number of strike nodes, so a short one is finer: the call tables reach
-#: ``n e^t`` for ``t`` in these (capped at the profile's top) and the top; the put tables ``n r`` for
-#: ``r`` in these and :data:`_ADD_REACH`; at each ``gamma`` the smallest bound is taken. (Measured on
-#: the fresh-slot benchmark: calls at 0.5, 1, 2 and puts at e^0.5, e moved the reported epsilons by
-#: 0-0.5% for ~1.5x the time, so one short call table only.)
-_CALL_REACHES = (2.0,)
-_PUT_REACHES = ()
+#: Besides the call table reaching the profile's top ``n e^eps_top``, one reaching ``n e^t`` with ``t``
+#: this reach (a table has a fixed number of strike nodes, so a short one is finer); at each ``gamma`` the
+#: smaller bound is taken. (Measured on the fresh-slot benchmark: more reaches -- calls at e^0.5, e,
+#: puts at e^0.5, e -- moved the reported epsilons by 0-0.5% for ~1.5x the time.)
+_SHORT_CALL_REACH = 2.0
 
 
 def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
     from dpmf.accounting.allocation.markov import call_bound_table, calls_at, on_threads, put_bound_table, puts_at
 
-    call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _CALL_REACHES} | {eps_top})]
-    put_k = [r * 1.0001 for r in (*_PUT_REACHES, _ADD_REACH)]
-    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, k) for n, _ in parts for k in put_k]
+    call_k = [math.exp(t) * 1.02 for t in sorted({min(_SHORT_CALL_REACH, eps_top), eps_top})]
+    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, _ADD_REACH * 1.0001)
+                                                                          for n, _ in parts]
     tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
     calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
-    puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
+    puts = [(n, w, next(tables)) for n, w in parts]
     infl = 1 + 4 * (len(parts) + 2) * _U
 
     def d_remove(gam):
@@ -181,9 +171,9 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
 
     def d_add(gam):
         tot = 0.0
-        for n, w, tabs in puts:
+        for n, w, (ps, pu) in puts:
             with np.errstate(invalid="ignore"):
-                tot = tot + w * gam * np.min([puts_at(ps, pu, n / gam) for ps, pu in tabs], axis=0) / n
+                tot = tot + w * gam * puts_at(ps, pu, n / gam) / n
         return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
 
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}

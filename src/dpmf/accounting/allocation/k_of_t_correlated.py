@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpmf.accounting.allocation.correlated import MAX_GRAM_ENTRIES, Reductions, SpectralGroup
+from dpmf.accounting.allocation.correlated import Reductions, SpectralGroup, gram_problem
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.errors import DPMFError, UnsupportedConfigurationError
+from dpmf.errors import UnsupportedConfigurationError
 
 __all__ = ["k_of_t_problem", "k_of_t_reductions", "row_sum_bound", "LABEL"]
 
@@ -56,24 +56,12 @@ _U = 2.0**-53
 LABEL = "random blocks (row-sum bound)"
 
 
-def _slots(strategy, scheme) -> tuple[int, int]:
-    """``(slots, dimension)`` of the Gram matrix: folded slots (reused) or every step (fresh)."""
-    fresh = bool(scheme.fresh_slots) and scheme.epochs > 1
-    return (scheme.steps if fresh else scheme.steps_per_epoch), getattr(strategy, "n", scheme.steps)
-
-
 def k_of_t_problem(strategy, scheme) -> str | None:
-    """Why the bound does not apply (``C`` not non-negative lower-triangular, or the Gram matrix too
-    large), or ``None``."""
-    b, dim = _slots(strategy, scheme)
-    if b * max(b, dim) > MAX_GRAM_ENTRIES:
-        return (f"num_selected > 1 with a correlated C needs the {b} x {b} Gram matrix of the slots; "
-                f"b * max(b, N) = {b * max(b, dim)} > {MAX_GRAM_ENTRIES}: use montecarlo or unamplified")
-    try:
-        mixture_means(strategy, 1, scheme.steps)
-    except DPMFError as exc:
-        return str(exc)
-    return None
+    """Why the bound does not apply (``C`` not non-negative lower-triangular, or the Gram matrix of the
+    slots -- folded when reused, every step when fresh -- too large), or ``None``."""
+    fresh = bool(scheme.fresh_slots) and scheme.epochs > 1
+    return gram_problem(strategy, scheme.steps, scheme.steps if fresh else scheme.steps_per_epoch,
+                        "num_selected > 1 with a correlated C", "montecarlo or unamplified")
 
 
 def row_sum_bound(means: np.ndarray) -> float:
