@@ -303,16 +303,30 @@ def markov_members(means: np.ndarray, period: int):
     top = min(MARKOV_MAX_PERIOD, period - 1, b // 2)
     # q = 2 first: for a few bands its classes are nearly a moving average (the chain is almost
     # exact), which made it the best member most often; it matters when the budget stops early
-    for q in [q for q in (2, 1, 3, 4) if q <= top] + list(range(5, top + 1)):
+    # each period offers the entrywise chain (Lemma K) and the PSD-dominating one (Lemma P; it
+    # follows a banded Gram's lags without the geometric tail) unless the latter's second-moment
+    # proxy is no smaller; the PSD chain on all slots first (the best member on every banded and
+    # Toeplitz case measured), then as before, while the members' slots stay within the budget
+    fits = {}
+    for q in [q for q in (1, 2, 3, 4) if q <= top] + list(range(5, top + 1)):
         grams, parts = markov.class_grams(gram, q)
+        ent, psd = (markov.fit_surrogate(grams, domination=d) for d in ("entrywise", "psd"))
+        if ent is not None and psd is not None and (
+                markov.surrogate_proxy(psd, grams) >= markov.surrogate_proxy(ent, grams) * (1 - 1e-3)):
+            psd = None
+        fits[q] = (grams, tuple(parts), {"entrywise": ent, "psd": psd})
+    order = [(1, "psd"), (2, "entrywise"), (2, "psd"), (1, "entrywise")]
+    order += [(q, d) for q in sorted(fits) if q > 2 for d in ("entrywise", "psd")]
+    for q, dom in order:
+        if q not in fits or fits[q][2][dom] is None:
+            continue
+        grams, parts, surs = fits[q]
         cost = sum(n for n, _ in parts)  # (time is ~linear in the slots of each distinct class size)
         if work + cost > MARKOV_SLOT_BUDGET:
-            skipped.append(q)
+            skipped.append(f"{q} ({dom})")
             continue
         work += cost
-        sur = markov.fit_surrogate(grams)
-        if sur is not None:
-            out.append((q, sur, tuple(parts)))
+        out.append((q, surs[dom], parts))
     # the smallest period whose classes have <= MARKOV_RING_SLOTS slots, and twice it (at larger
     # noise the classes of the doubled period, nearly moving averages, are the tighter)
     q0 = -(-b // MARKOV_RING_SLOTS)
@@ -320,9 +334,10 @@ def markov_members(means: np.ndarray, period: int):
         if q > min(MARKOV_MAX_PERIOD, period - 1, b // 2):
             break
         grams, parts = markov.class_grams(gram, q)
-        sur = markov.fit_ring_surrogate(grams)
-        if sur is not None:
-            out.append((q, sur, tuple(parts)))
+        for dom in ("entrywise", "psd"):
+            sur = markov.fit_ring_surrogate(grams, domination=dom)
+            if sur is not None:
+                out.append((q, sur, tuple(parts)))
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
            f"{MARKOV_SLOT_BUDGET})") if skipped else None
     if not out:
