@@ -30,6 +30,7 @@ SCRIPT_CASES = [
     ("bsr(32, 4), 2 epochs of 16", bsr(32, 4), 2),
     ("Toeplitz [1, .8, .6], 3 epochs of 4", ToeplitzStrategy([1.0, 0.8, 0.6], 12), 3),
     ("bsr(24, 3), 3 epochs of 8", bsr(24, 3), 3),
+    ("bsr(128, 4), 2 epochs of 64", bsr(128, 4), 2),
 ]
 
 

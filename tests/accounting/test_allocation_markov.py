@@ -462,3 +462,27 @@ def test_psd_ring_dominates_the_cyclic_gram_with_the_corners_left_to_kahane():
     assert np.all(diff[far] >= 0)  # the corners: entrywise (Lemma K)
     assert np.linalg.eigvalsh(np.where(far & (diff > 0), 0.0, diff))[0] >= -1e-9 * np.linalg.norm(g)
     assert np.any(diff < -1e-6)  # and not entrywise elsewhere
+
+
+@pytest.mark.parametrize("strategy, epochs, q", [(bsr(128, 4), 2, 1), (bsr(48, 5), 3, 1), (bsr(64, 8), 2, 2)])
+def test_psd_chain_with_raised_ends_dominates_the_fresh_slot_grams(strategy, epochs, q):
+    """Lemma P with edges: the chain is PSD-above the Grams with their raised ends taken off
+    (``G' = G - D``), and the raised loadings add ``D`` on the diagonal plus non-negative forward
+    covariances. Checked from the definition: the lower bound the package certifies
+    (``covariance(n)``: the stationary lags, the raised variances) minus each class Gram is PSD, and
+    the chain's covariance rebuilt as a linear map of the innovations is entrywise above that bound."""
+    grams = _fresh_class_grams(strategy, epochs, q)
+    sur = fit_surrogate(grams, edges=True, domination="psd")
+    assert sur is not None and sur.domination == "psd" and sur.edges is not None
+    undershoots = False
+    for g in grams:
+        n = g.shape[0]
+        lower = sur.covariance(n)
+        y = _chain_loadings(sur, n)
+        assert np.all(lower <= y @ y.T * (1 + 1e-12))  # Kahane's step from the bound to the chain
+        assert np.linalg.eigvalsh(lower - g)[0] >= -1e-9 * np.linalg.norm(g)  # Lemma P's PSD step
+        undershoots |= bool(np.any(y @ y.T < g * (1 - 1e-6)))
+    assert undershoots  # not an entrywise domination
+    # negative control: without its raised ends the same chain is not PSD-above the Grams
+    plain = dataclasses.replace(sur, edges=None)
+    assert min(np.linalg.eigvalsh(plain.covariance(g.shape[0]) - g)[0] for g in grams) < -0.1

@@ -287,9 +287,11 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
 def markov_members(means: np.ndarray, period: int):
     """The Markov members (:mod:`.markov`) of the ``b x N`` means: for each period ``q`` in
     ``1..min(MARKOV_MAX_PERIOD, period - 1, b // 2)`` (at ``q = period`` the classes are orthogonal
-    and the member is the orthogonal groups), tried in the order 2, 1, 3, 4 while the slots stay
-    within :data:`MARKOV_SLOT_BUDGET`, the chain dominating every residue class's Gram and the
-    Jensen parts; then, for a cyclic Gram (several epochs), the ring members
+    and the member is the orthogonal groups) a chain dominating every residue class's Gram
+    entrywise and one dominating it in the PSD sense (Lemma P of :mod:`.markov`; left out where its
+    second-moment proxy is no smaller), with the Jensen parts, tried in the order (1, PSD), (2, both),
+    (1, entrywise), then 3, 4 while the slots stay within :data:`MARKOV_SLOT_BUDGET`; then, for a
+    cyclic Gram (several epochs), the ring members (both dominations)
     (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) at the smallest period whose
     classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it; or ``()`` and the reason."""
     from dpmf.accounting.allocation import markov
@@ -334,10 +336,11 @@ def markov_members(means: np.ndarray, period: int):
         if q > min(MARKOV_MAX_PERIOD, period - 1, b // 2):
             break
         grams, parts = markov.class_grams(gram, q)
-        for dom in ("entrywise", "psd"):
-            sur = markov.fit_ring_surrogate(grams, domination=dom)
-            if sur is not None:
-                out.append((q, sur, tuple(parts)))
+        ent, psd = (markov.fit_ring_surrogate(grams, domination=d) for d in ("entrywise", "psd"))
+        if ent is not None and psd is not None and (
+                markov.surrogate_proxy(psd, grams) >= markov.surrogate_proxy(ent, grams) * (1 - 1e-3)):
+            psd = None  # (a moving average on the classes: the same chain)
+        out += [(q, sur, tuple(parts)) for sur in (ent, psd) if sur is not None]
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
            f"{MARKOV_SLOT_BUDGET})") if skipped else None
     if not out:

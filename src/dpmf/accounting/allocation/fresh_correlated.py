@@ -54,7 +54,9 @@ into a dominating pair by connect-the-dots, and ``k`` dominating pairs compose
 :mod:`.pld_compose`). Each member is a sound bound of each direction; the smallest is reported.
 Step 1's larger diagonal sits at an epoch's first and last ``p - 1`` positions only: the chains keep
 a stationary variance below it and raise their innovation loading there (*edges* in :mod:`.markov`),
-instead of paying the boundary's variance at every position.
+instead of paying the boundary's variance at every position. Each period offers the entrywise chain
+(Lemma K of :mod:`.markov`) and the PSD-dominating one (Lemma P; where its second-moment proxy is
+smaller).
 
 **Rounding.** ``G`` is a float product of non-negative numbers, rounded up by
 ``1 + 2 (N + 2) u`` entrywise; the boundary sums ``d`` are rounded up by ``1 + 2 (n + 2) u``; the
@@ -123,8 +125,10 @@ def fresh_slot_reductions(strategy, scheme) -> Reductions:
 
 
 def _markov_members(grams) -> tuple:
-    """``(q, surrogate, parts)`` for ``q = 1..4``: one chain dominating the residue classes of every
-    epoch's Gram (step 2'); ``()`` above :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
+    """``(q, surrogate, parts)`` for ``q = 1..4``: a chain dominating the residue classes of every
+    epoch's Gram (step 2') entrywise, and one dominating them in the PSD sense (Lemma P of
+    :mod:`.markov`; where its second-moment proxy is smaller); ``()`` above
+    :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
     from dpmf.accounting.allocation import markov
 
     b = grams[0].shape[0]
@@ -136,31 +140,36 @@ def _markov_members(grams) -> tuple:
         for g in grams:
             gs, parts = markov.class_grams(g, q)
             classes.extend(gs)
-        sur = markov.fit_surrogate(classes, edges=True)
-        if sur is not None:
-            out.append((q, sur, tuple(parts)))
+        ent, psd = (markov.fit_surrogate(classes, edges=True, domination=d) for d in ("entrywise", "psd"))
+        if ent is not None and psd is not None and (
+                markov.surrogate_proxy(psd, classes) >= markov.surrogate_proxy(ent, classes) * (1 - 1e-3)):
+            psd = None  # (no smaller second moment: a moving average on the classes already)
+        out += [(q, sur, tuple(parts)) for sur in (psd, ent) if sur is not None]
     return tuple(out)
 
 
-#: The put tables reach strikes ``n * _ADD_REACH`` (the add loss down to ``-log _ADD_REACH``).
-_ADD_REACH = 16.0
-#: Besides the call table reaching the profile's top ``n e^eps_top``, one reaching ``n e^t`` with ``t``
-#: this reach (a table has a fixed number of strike nodes, so a short one is finer); at each ``gamma`` the
-#: smaller bound is taken. (Measured on the fresh-slot benchmark: more reaches -- calls at e^0.5, e,
-#: puts at e^0.5, e -- moved the reported epsilons by 0-0.5% for ~1.5x the time.)
-_SHORT_CALL_REACH = 2.0
+#: The put tables reach strikes ``n * r`` for ``r`` in these (the widest: the add loss down to
+#: ``-log r``), the call tables ``n e^t`` for ``t`` in these and the profile's top ``eps_top``. A table
+#: has a fixed number of strike nodes, so a short one is finer; at each ``gamma`` the smallest bound
+#: over the tables that reach it is taken (each is sound). Measured on bsr(128, 4) over 2 fresh epochs
+#: of 64 at sigma 2, one epoch's add epsilon through the profile: 0.810 with one put table at 16 (its
+#: 600 strike nodes spread over the whole add-loss range), 0.527 with these (the chain's own add table
+#: at the top: 0.526); 5 calls and 3 puts per member instead of 2 and 1.
+_PUT_REACHES = (1.25, 2.0, 16.0)
+_SHORT_CALL_REACHES = (0.5, 1.0, 2.0)
 
 
 def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
     from dpmf.accounting.allocation.markov import call_bound_table, calls_at, on_threads, put_bound_table, puts_at
 
-    call_k = [math.exp(t) * 1.02 for t in sorted({min(_SHORT_CALL_REACH, eps_top), eps_top})]
-    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, _ADD_REACH * 1.0001)
-                                                                          for n, _ in parts]
+    call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _SHORT_CALL_REACHES} | {eps_top})]
+    put_k = [r * 1.0001 for r in _PUT_REACHES]
+    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, k)
+                                                                          for n, _ in parts for k in put_k]
     tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
     calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
-    puts = [(n, w, next(tables)) for n, w in parts]
+    puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
     infl = 1 + 4 * (len(parts) + 2) * _U
 
     def d_remove(gam):
@@ -171,12 +180,14 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
 
     def d_add(gam):
         tot = 0.0
-        for n, w, (ps, pu) in puts:
-            with np.errstate(invalid="ignore"):
-                tot = tot + w * gam * puts_at(ps, pu, n / gam) / n
-        return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
+        for n, w, tabs in puts:
+            with np.errstate(invalid="ignore", over="ignore"):
+                vals = [np.nan_to_num(gam * puts_at(ps, pu, n / gam) / n, nan=np.inf) for ps, pu in tabs]
+            tot = tot + w * np.min(vals, axis=0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return np.minimum(np.nan_to_num(tot * infl, nan=1.0, posinf=1.0), 1.0)
 
-    return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(_ADD_REACH), eps_top)}
+    return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(max(_PUT_REACHES)), eps_top)}
 
 
 def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int, *,
