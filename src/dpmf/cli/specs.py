@@ -33,8 +33,8 @@ FRESH_SLOTS = typer.Option(
     False,
     "--fresh-slots/--reused-slots",
     help="balls-in-bins: draw a new random allocation every epoch (--fresh-slots: the epochs compose; for "
-    "DP-SGD privacy is close to Poisson sampling's, and for banded MF such as bsr it is the tighter choice from "
-    "about three epochs on) or reuse the first epoch's slots every epoch (default: participations exactly one "
+    "DP-SGD privacy is close to Poisson sampling's, and for banded MF such as bsr with tens of steps per epoch "
+    "it is the tighter choice from two epochs on) or reuse the first epoch's slots every epoch (default: participations exactly one "
     "epoch apart; for DP-SGD k epochs cost like one epoch at sigma / sqrt(k)).",
 )
 

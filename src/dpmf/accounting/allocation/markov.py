@@ -439,7 +439,7 @@ def psd_deficit(excess: np.ndarray, scale: float, keep: int | None = None) -> fl
 def surrogate_proxy(sur: MarkovSurrogate, grams) -> float:
     """The second-moment proxy (:func:`_moment_proxy`) of a fitted surrogate's whole covariance over
     ``grams``' sizes at ``s^2 = 4 max G_ii`` (to compare the members of one period)."""
-    s2 = 4.0 * max(float(np.max(np.diag(g))) for g in grams)
+    s2 = _PSD_SCALE * max(float(np.max(np.diag(g))) for g in grams)
     with np.errstate(over="ignore"):
         return float(np.mean([np.expm1(_cov_lower(sur, g.shape[0]) / s2).mean() for g in grams]))
 
@@ -605,7 +605,7 @@ def _psd_surrogate(fit, kind: str, chain_grams, diag_by_size=None, floor=None, r
     ``(G_ii - floor)_+`` (``diag_by_size`` as in :func:`_with_edges`)."""
     proxy, gamma0, g1, rho = fit
     sizes = [g.shape[0] for g in chain_grams]
-    s2 = 4.0 * max(float(np.max(np.diag(g))) for g in chain_grams)
+    s2 = _PSD_SCALE * max(float(np.max(np.diag(g))) for g in chain_grams)
     for _ in range(3):
         a, be, s = _solve(gamma0, g1 * (1 + 1e-12), rho, root)
         if a < 1e-3 * math.sqrt(gamma0):
