@@ -541,6 +541,8 @@ def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool 
     ``beta_i`` (:attr:`MarkovSurrogate.edges`; module docstring, *edges*) -- for Grams whose diagonal
     is raised at the ends only (fresh slots: :mod:`.fresh_correlated`); entrywise only, ranked by
     ``1^T Cov(Y') 1 / n`` with the mean variance over the positions."""
+    if domination not in ("entrywise", "psd"):
+        raise ValueError(f"domination must be 'entrywise' or 'psd', not {domination!r}")
     grams = [np.asarray(g, dtype=np.float64) for g in gram] if isinstance(gram, (list, tuple)) else [np.asarray(gram, dtype=np.float64)]
     b = max(g.shape[0] for g in grams)
     rhos = np.arange(0.0, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
