@@ -125,7 +125,7 @@ def fresh_slot_reductions(strategy, scheme) -> Reductions:
 
 
 def _markov_members(grams) -> tuple:
-    """``(q, surrogate, parts)`` for ``q = 1..4``: a chain dominating the residue classes of every
+    """``(q, surrogate, parts)`` for ``q = 1.._MARKOV_PERIODS``: a chain dominating the residue classes of every
     epoch's Gram (step 2') entrywise, and one dominating them in the PSD sense (Lemma P of
     :mod:`.markov`; where its second-moment proxy is smaller); ``()`` above
     :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
@@ -135,7 +135,7 @@ def _markov_members(grams) -> tuple:
     if b > markov.MAX_SLOTS:
         return ()
     out = []
-    for q in range(1, min(4, b // 2) + 1):
+    for q in range(1, min(_MARKOV_PERIODS, b // 2) + 1):
         classes, parts = [], None
         for g in grams:
             gs, parts = markov.class_grams(g, q)
@@ -148,6 +148,11 @@ def _markov_members(grams) -> tuple:
     return tuple(out)
 
 
+#: The Markov members are tried on residue classes modulo ``1..this``: on every case of
+#: ``bench_allocation_fresh_correlated.py`` and the default plan's bsr-4 row (5 fresh epochs of 100) the
+#: members modulo 3 and 4 never gave the smallest epsilon (their classes are nearly independent: the
+#: spectral groups' bound), and each costs 8 tables per evaluation.
+_MARKOV_PERIODS = 2
 #: The put tables reach strikes ``n * r`` for ``r`` in these (the widest: the add loss down to
 #: ``-log r``), the call tables ``n e^t`` for ``t`` in these and the profile's top ``eps_top``. A table
 #: has a fixed number of strike nodes, so a short one is finer; at each ``gamma`` the smallest bound
