@@ -747,6 +747,36 @@ def test_calibration_cost_estimate_follows_the_search_and_refuses_over_ten_minut
                                  "--epsilon", "1", "--delta", "1e-6"]), "refusing to start", "rough estimate", "--force")
 
 
+def test_cost_estimate_covers_what_auto_runs_and_the_markov_members():
+    """The estimate lists every amplified method ``auto`` may run (``valid_methods``; was: fresh slots
+    and k of t with a correlated C counted as unamplified only), and ``allocation_pld`` for a correlated
+    C grows with the slots per epoch while its Markov members run (not for C = I, k of t, or above
+    their slot limit)."""
+    from dpmf.accounting.cost import _methods, accounting_cost
+    from dpmf.accounting.dispatch import valid_methods
+    from dpmf.sampling import BallsInBinsSampling
+    from dpmf.strategies import Identity, bsr
+
+    schemes = [BallsInBinsSampling(2, 128), BallsInBinsSampling(2, 128, fresh_slots=True),
+               BallsInBinsSampling(2, 128, num_selected=2)]
+    for strategy in (bsr(128, 4), Identity(128)):
+        for scheme in schemes:
+            valid = {m for m, why in valid_methods(strategy, scheme).items() if why is None} - {"montecarlo"}
+            assert valid <= set(_methods(strategy, scheme, "auto")), (strategy, scheme.describe())
+
+    def pld_secs(strategy, scheme, **kw):
+        return dict((m, s) for m, s, _ in accounting_cost(strategy, scheme, 2.0, method="allocation_pld", **kw).parts)[
+            "allocation_pld"]
+
+    fresh = [pld_secs(bsr(2 * b, 4), BallsInBinsSampling(2, 2 * b, fresh_slots=True)) for b in (32, 64, 128)]
+    assert fresh[0] < fresh[1] < fresh[2]
+    base = pld_secs(Identity(256), BallsInBinsSampling(2, 256, fresh_slots=True))
+    assert base == pld_secs(bsr(256, 4), BallsInBinsSampling(2, 256, num_selected=2)) < fresh[0]
+    assert pld_secs(bsr(1024, 4), BallsInBinsSampling(2, 1024)) == base  # 512 slots per epoch: no members
+    # a calibration with the members takes about ten evaluations (the default plan's fresh bsr-4 row: 12)
+    assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) > 9 * fresh[1]
+
+
 def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):
     """Issue 24 item 2: the CLI's memory guard at the API entry point (a billion DP-SGD steps)."""
     import dpmf.resources as resources

@@ -307,10 +307,34 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
     return 0.5 + 6e-4 * n * epochs / 10 + conditional, 6 * 8.0 * per_epoch * per_epoch + 1e8
 
 
-def _allocation_pld_part() -> tuple[float, float]:
-    """Random allocation PLD for the identity: 0.01-1.2 s for t = 8..10^4 (benchmarks/README.md);
+#: ``allocation_pld`` for the identity (and the part of every call outside the Markov members), s.
+_ALLOCATION_PLD_BASE = 2.0
+#: Seconds per slot of an epoch of the Markov members of ``allocation_pld`` for a correlated C, per
+#: evaluation, measured on 2 shared cores (benchmarks/README.md, the default plan): one reused epoch
+#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members; bsr(128, 4) over 2 epochs: ~20 s),
+#: fresh slots (members modulo 1 and 2, 8 tables each; 5 fresh epochs of 100: 19 s).
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.3, "fresh": 0.2}
+#: Evaluations of a calibration with the Markov members (the default plan's bsr-4 fresh row: 12).
+_MARKOV_CALIBRATION_EVALS = 10
+
+
+def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
+    """Random allocation PLD: for the identity 0.01-1.2 s for t = 8..10^4 (benchmarks/README.md);
+    for a correlated C under one slot per epoch, plus the Markov members (skipped above
+    :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS` slots per epoch; k of t has none);
     memory ``O(max_points)`` (a few 10^5 grid points, a few arrays of them)."""
-    return 2.0, 16 * 8.0 * 400_000
+    from dpmf.accounting.allocation.markov import MAX_SLOTS
+    from dpmf.sampling.schemes import BallsInBinsSampling
+    from dpmf.strategies.identity import Identity
+
+    mem = 16 * 8.0 * 400_000
+    if isinstance(strategy, Identity) or not isinstance(scheme, BallsInBinsSampling) or scheme.num_selected > 1:
+        return _ALLOCATION_PLD_BASE, mem
+    b = scheme.steps // scheme.epochs
+    if b > MAX_SLOTS:
+        return _ALLOCATION_PLD_BASE, mem
+    kind = "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")
+    return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b, mem
 
 
 def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
@@ -341,7 +365,7 @@ def _methods(strategy, scheme, method: str) -> list[str]:
         if scheme.reused_single_slot:  # (fast paths for C = I at any size: allocation/identity.py)
             out.append("allocation")
     elif isinstance(scheme, BallsInBinsSampling) and not scheme.reused_single_slot:
-        pass  # (k of t / fresh slots with a correlated C: only the unamplified bound is proved)
+        out.append("allocation_pld")  # (k of t / fresh slots with a correlated C: its reductions)
     elif isinstance(scheme, BallsInBinsSampling):
         out += ["allocation_pld", "allocation"]  # (the orthogonal-groups bound, then Renyi/conditional)
     return out
@@ -384,7 +408,9 @@ def accounting_cost(
         elif m == "allocation":
             secs, mem = _allocation_part(strategy, scheme)
         elif m == "allocation_pld":
-            secs, mem = _allocation_pld_part()
+            secs, mem = _allocation_pld_part(strategy, scheme)
+            if calibrate and secs > _ALLOCATION_PLD_BASE:  # (the Markov members' searches run longer)
+                secs *= _MARKOV_CALIBRATION_EVALS / evals
         elif m == "montecarlo":
             secs, mem = _montecarlo_part(strategy, scheme, num_samples)
             if calibrate:  # Algorithm 5: ~12 candidates at the samples that certify delta
