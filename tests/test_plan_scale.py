@@ -306,7 +306,9 @@ def test_readme_plan_is_estimated_under_the_limit():
     from dpmf.accounting.cost import plan_cost
 
     est = plan_cost(1000, epochs=10)
-    assert 5 < est.seconds < 120
+    # measured 3 min 24 s on 2 cores (2026-11-26: its best row, bsr-4 with fresh slots, calibrated);
+    # the estimate must be pessimistic but stay under the 10-minute refusal
+    assert 204 < est.seconds < 600
     assert math.isfinite(est.memory_bytes)
 
 

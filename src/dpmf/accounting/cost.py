@@ -430,7 +430,11 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
     tree under Poisson sampling is 24 s (one MMCC evaluation at n = 1000), the banded MMCC checks
     3.7 s, and the closed forms, PLD, cyclic Poisson and allocation rows 2.6 s (3.5 s for the whole
     command with ``--no-mmcc``). The optimal factorization is usually pruned by its closed-form bound
-    (0 s); when it is the best row it is built to a 1% duality gap (~0.3 of a full optimization)."""
+    (0 s); when it is the best row it is built to a 1% duality gap (~0.3 of a full optimization).
+    With at most :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS` steps per epoch the banded-MF
+    balls-in-bins rows run ``allocation_pld``'s Markov members: the default plan (100 steps per epoch,
+    5 epochs) took 3 min 51 s, 3.5 min of it calibrating its best row (bsr-4, fresh slots, 12
+    evaluations); counted as one such calibration and one check of the reused row."""
     steps = _size(steps)
     base = 2.0 + 2.0 * (steps / 1000) ** 1.5
     optimal = 0.3 * strategy_build_cost("optimal", steps, epochs=1).seconds if steps <= 1024 else 0.0
@@ -443,6 +447,14 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
         parts.append(("MMCC rows", m, 0.35 * _GIB + 0.8 * _GIB * (steps / 1000) ** 2))
     if montecarlo_samples:
         parts.append(("Monte Carlo rows", 12 * (0.5 + 4e-9 * montecarlo_samples * steps * 64), 8.0 * 10_000 * steps))
+    from dpmf.accounting.allocation.markov import MAX_SLOTS
+
+    per_epoch = steps // max(int(epochs), 1)
+    if per_epoch <= MAX_SLOTS:  # banded MF under balls-in-bins: the fresh-slot row calibrated, the reused one checked
+        m = _MARKOV_SECONDS_PER_SLOT
+        secs = _MARKOV_CALIBRATION_EVALS * (_ALLOCATION_PLD_BASE + m["fresh"] * per_epoch) + (
+            m["ring"] if epochs > 1 else m["reused"]) * per_epoch
+        parts.append(("banded MF under balls-in-bins (Markov members)", secs, 16 * 8.0 * 400_000))
     out = CostEstimate(0.0, 0.0)
     for p in parts:
         out = out + CostEstimate(p[1], p[2], (p,))
