@@ -303,12 +303,12 @@ def markov_members(means: np.ndarray, period: int):
     gram = np.maximum(gram, gram.T)
     out, work, skipped = [], 0, []
     top = min(MARKOV_MAX_PERIOD, period - 1, b // 2)
-    # q = 2 first: for a few bands its classes are nearly a moving average (the chain is almost
-    # exact), which made it the best member most often; it matters when the budget stops early
     # each period offers the entrywise chain (Lemma K) and the PSD-dominating one (Lemma P; it
     # follows a banded Gram's lags without the geometric tail) unless the latter's second-moment
-    # proxy is no smaller; the PSD chain on all slots first (the best member on every banded and
-    # Toeplitz case measured), then as before, while the members' slots stay within the budget
+    # proxy is no smaller. Order (it matters when the budget stops early): the PSD chain on all
+    # slots (the best member on every one-epoch banded and Toeplitz case measured), then q = 2 (for
+    # a few bands its classes are nearly a moving average: the entrywise chain is almost exact),
+    # the entrywise chain on all slots, then q = 3, 4, while the members' slots fit the budget
     fits = {}
     for q in [q for q in (1, 2, 3, 4) if q <= top] + list(range(5, top + 1)):
         grams, parts = markov.class_grams(gram, q)
