@@ -312,10 +312,7 @@ def markov_members(means: np.ndarray, period: int):
     fits = {}
     for q in [q for q in (1, 2, 3, 4) if q <= top] + list(range(5, top + 1)):
         grams, parts = markov.class_grams(gram, q)
-        ent, psd = (markov.fit_surrogate(grams, domination=d) for d in ("entrywise", "psd"))
-        if ent is not None and psd is not None and (
-                markov.surrogate_proxy(psd, grams) >= markov.surrogate_proxy(ent, grams) * (1 - 1e-3)):
-            psd = None
+        ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_surrogate(grams, domination=d), grams)
         fits[q] = (grams, tuple(parts), {"entrywise": ent, "psd": psd})
     order = [(1, "psd"), (2, "entrywise"), (2, "psd"), (1, "entrywise")]
     order += [(q, d) for q in sorted(fits) if q > 2 for d in ("entrywise", "psd")]
@@ -336,10 +333,7 @@ def markov_members(means: np.ndarray, period: int):
         if q > min(MARKOV_MAX_PERIOD, period - 1, b // 2):
             break
         grams, parts = markov.class_grams(gram, q)
-        ent, psd = (markov.fit_ring_surrogate(grams, domination=d) for d in ("entrywise", "psd"))
-        if ent is not None and psd is not None and (
-                markov.surrogate_proxy(psd, grams) >= markov.surrogate_proxy(ent, grams) * (1 - 1e-3)):
-            psd = None  # (a moving average on the classes: the same chain)
+        ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_ring_surrogate(grams, domination=d), grams)
         out += [(q, sur, tuple(parts)) for sur in (ent, psd) if sur is not None]
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
            f"{MARKOV_SLOT_BUDGET})") if skipped else None

@@ -140,10 +140,7 @@ def _markov_members(grams) -> tuple:
         for g in grams:
             gs, parts = markov.class_grams(g, q)
             classes.extend(gs)
-        ent, psd = (markov.fit_surrogate(classes, edges=True, domination=d) for d in ("entrywise", "psd"))
-        if ent is not None and psd is not None and (
-                markov.surrogate_proxy(psd, classes) >= markov.surrogate_proxy(ent, classes) * (1 - 1e-3)):
-            psd = None  # (no smaller second moment: a moving average on the classes already)
+        ent, psd = markov.psd_member(lambda d: markov.fit_surrogate(classes, edges=True, domination=d), classes)
         out += [(q, sur, tuple(parts)) for sur in (psd, ent) if sur is not None]
     return tuple(out)
 

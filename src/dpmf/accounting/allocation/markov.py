@@ -234,6 +234,7 @@ __all__ = [
     "fit_surrogate",
     "psd_deficit",
     "surrogate_proxy",
+    "psd_member",
     "fit_ring_surrogate",
     "class_grams",
     "call_bound_table",
@@ -313,7 +314,7 @@ class MarkovSurrogate:
         """Lower bounds on the float chain's covariance over ``n`` positions (Gram units), without a
         ring: the stationary lags off the diagonal (a larger ``beta_i`` only adds ``alpha (beta_i -
         beta) s rho^{j-i-1} >= 0`` to ``Cov(Y'_i, Y'_j)``, ``j > i``) and ``alpha^2 + beta_i^2`` on it."""
-        cov = self.lags(n)[np.abs(np.subtract.outer(np.arange(n), np.arange(n)))]
+        cov = _toeplitz(self.lags(n), n)
         cov[np.diag_indices(n)] = self.variances(n)
         return cov
 
@@ -436,12 +437,32 @@ def psd_deficit(excess: np.ndarray, scale: float, keep: int | None = None) -> fl
     return max(0.0, tol - lam)
 
 
-def surrogate_proxy(sur: MarkovSurrogate, grams) -> float:
-    """The second-moment proxy (:func:`_moment_proxy`) of a fitted surrogate's whole covariance over
-    ``grams``' sizes at ``s^2 = 4 max G_ii`` (to compare the members of one period)."""
-    s2 = _PSD_SCALE * max(float(np.max(np.diag(g))) for g in grams)
+def _proxy_scale(grams) -> float:
+    """``s^2 = _PSD_SCALE * max G_ii``: the noise at which the second-moment proxies are taken."""
+    return _PSD_SCALE * max(float(np.max(np.diag(g))) for g in grams)
+
+
+def _second_moment(covs, scale_sq: float) -> float:
+    """``mean_r mean_ij (e^{Cov_ij / s^2} - 1)`` over the covariance matrices ``covs``: the second
+    moment of a surrogate's sum at noise ``s`` (``s^2 = scale_sq``), the ranking of candidates (any
+    candidate is sound; an overflow ranks it last)."""
     with np.errstate(over="ignore"):
-        return float(np.mean([np.expm1(_cov_lower(sur, g.shape[0]) / s2).mean() for g in grams]))
+        return float(np.mean([np.expm1(c / scale_sq).mean() for c in covs]))
+
+
+def surrogate_proxy(sur: MarkovSurrogate, grams) -> float:
+    """The second-moment proxy of a fitted surrogate's whole covariance (lower bounds) over ``grams``'
+    sizes at :func:`_proxy_scale` (to compare the members of one period)."""
+    return _second_moment([_cov_lower(sur, g.shape[0]) for g in grams], _proxy_scale(grams))
+
+
+def psd_member(fit, grams):
+    """``fit(domination)`` for ``"entrywise"`` and ``"psd"``: both surrogates, the PSD one ``None``
+    unless its :func:`surrogate_proxy` is smaller (a moving average on the classes: the same chain)."""
+    ent, psd = fit("entrywise"), fit("psd")
+    if ent is not None and psd is not None and surrogate_proxy(psd, grams) >= surrogate_proxy(ent, grams) * (1 - 1e-3):
+        psd = None
+    return ent, psd
 
 
 def chain_covariance(sur: MarkovSurrogate, n: int) -> np.ndarray:
@@ -480,14 +501,6 @@ def _deficit(sur: MarkovSurrogate, grams, keeps) -> float:
     return worst
 
 
-def _moment_proxy(lags: np.ndarray, sizes, scale_sq: float) -> float:
-    """``mean_r mean_ij (e^{Cov_ij / s^2} - 1)`` over the Gram sizes ``n_r``: the second moment of the
-    surrogate's sum at a noise ``s`` (``s^2 = scale_sq``), the fit's ranking of candidates (any
-    candidate is sound)."""
-    with np.errstate(over="ignore"):  # (an overflow ranks the candidate last)
-        return float(np.mean([np.expm1(_toeplitz(lags[:n], n) / scale_sq).mean() for n in sizes]))
-
-
 def _chain_lags(gamma0: float, g1: float, rho: float, count: int) -> np.ndarray:
     out = np.empty(count)
     out[0] = gamma0
@@ -496,7 +509,7 @@ def _chain_lags(gamma0: float, g1: float, rho: float, count: int) -> np.ndarray:
 
 
 def _psd_fit(grams, tgt, kind: str, rhos, scale_sq: float):
-    """The PSD-dominating chain of ``grams`` (chain order) with the smallest :func:`_moment_proxy`:
+    """The PSD-dominating chain of ``grams`` (chain order) with the smallest :func:`_second_moment`:
     ``(rho, g_1)`` on a grid (``g_1`` around the largest lag-1 entry) and then a finer one around the
     best, each ``gamma_0`` the smallest making ``chain - G`` positive semidefinite (Lemma P, ``N = 0``);
     ``None`` without lag-1 correlation."""
@@ -516,7 +529,8 @@ def _psd_fit(grams, tgt, kind: str, rhos, scale_sq: float):
 
     def scored(g1, rho):
         g0 = gamma0(g1, rho)
-        return _moment_proxy(_chain_lags(g0, g1, rho, b), sizes, scale_sq), g0, g1, rho
+        lags = _chain_lags(g0, g1, rho, b)
+        return _second_moment([_toeplitz(lags[:n], n) for n in sizes], scale_sq), g0, g1, rho
 
     best = min(scored(tgt[1] * f, float(r)) for r in rhos[::3] for f in np.arange(0.6, 1.65, 0.1))
     _, _, g1c, rc = best
@@ -532,7 +546,7 @@ def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool 
     covariance whose geometric lags cover every lag, ranked by the spectral proxy
     ``gamma_0 + 2 g_1 / (1 - rho)``; ``"psd"`` (Lemma P): the chain whose covariance minus the Gram is
     positive semidefinite, ``g_1`` free and ``gamma_0`` raised until it is, ranked by the second-moment
-    proxy :func:`_moment_proxy` at ``s^2 = 4 max G_ii``.
+    proxy :func:`_second_moment` at ``s^2 = 4 max G_ii``.
     ``gram`` (or a list of Gram matrices, dominated at once: the residue classes of
     :func:`class_grams`) must already be rounded up. ``None`` if no candidate passes the float check.
 
@@ -546,7 +560,7 @@ def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool 
     grams = [np.asarray(g, dtype=np.float64) for g in gram] if isinstance(gram, (list, tuple)) else [np.asarray(gram, dtype=np.float64)]
     b = max(g.shape[0] for g in grams)
     rhos = np.arange(0.0, 0.97, 0.02) if rhos is None else np.asarray(rhos, dtype=np.float64)
-    scale_sq = _PSD_SCALE * max(float(np.max(np.diag(g))) for g in grams)
+    scale_sq = _proxy_scale(grams)
     best = None
     for kind in orders:
         tgt = np.zeros(b)
@@ -606,8 +620,6 @@ def _psd_surrogate(fit, kind: str, chain_grams, diag_by_size=None, floor=None, r
     ``floor`` (edges), the innovation loadings at the ends raise the variance at position ``i`` by
     ``(G_ii - floor)_+`` (``diag_by_size`` as in :func:`_with_edges`)."""
     proxy, gamma0, g1, rho = fit
-    sizes = [g.shape[0] for g in chain_grams]
-    s2 = _PSD_SCALE * max(float(np.max(np.diag(g))) for g in chain_grams)
     for _ in range(3):
         a, be, s = _solve(gamma0, g1 * (1 + 1e-12), rho, root)
         if a < 1e-3 * math.sqrt(gamma0):
@@ -618,9 +630,8 @@ def _psd_surrogate(fit, kind: str, chain_grams, diag_by_size=None, floor=None, r
             cand = _with_edges(cand, target, g1, rho)
             if cand is None:
                 return None
-            with np.errstate(over="ignore"):
-                cand = dataclasses.replace(cand, proxy=float(np.mean(
-                    [np.expm1(chain_covariance(cand, n) / s2).mean() for n in sizes])))
+            cand = dataclasses.replace(cand, proxy=_second_moment(
+                [chain_covariance(cand, g.shape[0]) for g in chain_grams], _proxy_scale(chain_grams)))
         d = _deficit(cand, chain_grams, (None,))
         if d == 0.0:
             return cand
@@ -718,7 +729,7 @@ def _residuals(sur: MarkovSurrogate, grams) -> list[np.ndarray]:
     out = []
     for g in grams:
         n = g.shape[0]
-        chain = sur.lags(n)[np.abs(np.subtract.outer(np.arange(n), np.arange(n)))]
+        chain = _toeplitz(sur.lags(n), n)
         out.append(np.where(_wrap_mask(n), np.maximum(g - chain, 0.0), 0.0))
     return out
 
