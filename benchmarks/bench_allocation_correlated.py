@@ -1,8 +1,8 @@
 """Correlated C under random allocation: Markov members vs spectral vs orthogonal groups vs the exact pair.
 
 For banded / Toeplitz encoders under balls-in-bins (slot reused), at sigma 2-4 and delta 1e-5:
-the Monte Carlo estimate of the exact pair's epsilon (importance sampled: remove from P, add
-from Q; point and z = 4 confidence interval, 10^6 samples), the orthogonal-groups bound, the
+the Monte Carlo estimate of the exact pair's epsilon (importance sampled, ``exact_pair_mc.py``;
+point and z = 4 confidence interval, 10^6 samples), the orthogonal-groups bound, the
 spectral-groups family (the smallest over its members: ``allocation_pld`` before the Markov
 members), the best Markov member alone (``allocation/markov.py``) and ``allocation_pld`` now (each
 direction the smallest over all members), each as a ratio to the Monte Carlo point estimate, with
@@ -17,50 +17,12 @@ import argparse
 import math
 import time
 
-import numpy as np
-
 import dpmf
+from exact_pair_mc import mc_epsilon
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.accounting.allocation.pld import allocation_pld_epsilon
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import ToeplitzStrategy, bsr
-
-
-def mc_epsilon(means, sigma, delta, n, seed, z=4.0):
-    """(lower, point, upper) Monte Carlo epsilon of the exact pair (see the test module's helper)."""
-    rng = np.random.default_rng(seed)
-    b = means.shape[0]
-    half = 0.5 * (means * means).sum(axis=1) / sigma**2
-    logs = [[], []]
-    for _ in range(max(1, n // 200_000)):
-        m = min(n, 200_000)
-        x = sigma * rng.standard_normal((m, means.shape[1]))
-        for k, shift in enumerate((means[rng.integers(0, b, m)], 0.0)):
-            y = (x + shift) @ means.T / sigma**2 - half
-            mx = y.max(axis=1)
-            logs[k].append(mx + np.log(np.exp(y - mx[:, None]).mean(axis=1)))
-    logs = [np.concatenate(v) for v in logs]
-    n = logs[0].size
-
-    def solve(stat):
-        lo, hi = 0.0, 30.0
-        if stat(0.0) <= delta:
-            return 0.0
-        for _ in range(60):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (lo, mid) if stat(mid) <= delta else (mid, hi)
-        return hi
-
-    out = []
-    for k in (z, 0.0, -z):
-        eps = []
-        for sign, L in ((-1, logs[0]), (1, logs[1])):
-            def stat(e, L=L, sign=sign):
-                v = np.maximum(1 - np.exp(e + sign * L), 0.0)
-                return v.mean() - k * v.std() / math.sqrt(n)
-            eps.append(solve(stat))
-        out.append(max(eps))
-    return tuple(out)
 
 
 #: (a script printing its own table; benchmarks/run.py finds no peer-vs-dpmf case here)

@@ -3,7 +3,7 @@
 unamplified Gaussian mechanism (what dpmf reported before; no peer accounts for this case).
 
 The exact pair is the mixture over all ``b^k`` patterns, so the cases are small. Printed per case:
-the Monte Carlo point and z = 4 lower end (importance sampled: remove from P, add from Q), the bound
+the Monte Carlo point and z = 4 lower end (importance sampled, ``exact_pair_mc.py``), the bound
 and its ratio to the point, the unamplified epsilon, and the accountant's time.
 
     python benchmarks/bench_allocation_fresh_correlated.py [--samples 400000]
@@ -15,7 +15,7 @@ import argparse
 import time
 
 import numpy as np
-from bench_allocation_correlated import mc_epsilon
+from exact_pair_mc import mc_epsilon
 
 import dpmf
 from dpmf.accounting.montecarlo._loss_bruteforce import allocation_patterns
