@@ -35,23 +35,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
 #: draws per batch, and the most entries of one ``batch x b`` array (~200 MB; a few are alive at once)
 _BATCH, _ENTRIES = 200_000, 25_000_000
 
 
-def _log_mean_exp(v: np.ndarray) -> np.ndarray:
-    mx = v.max(axis=1)
-    return mx + np.log(np.exp(v - mx[:, None]).mean(axis=1))
-
-
-def _log_mean(terms) -> np.ndarray:
-    """``log mean_k exp(terms_k)`` of a sequence of arrays, one at a time (no stacked copy)."""
-    acc, count = None, 0
-    for t in terms:
-        acc = t if acc is None else np.logaddexp(acc, t)
-        count += 1
-    return acc - math.log(count)
+def _log_mean_exp(v: np.ndarray, axis: int = 1) -> np.ndarray:
+    """``log mean exp`` along ``axis`` (stable)."""
+    return special.logsumexp(v, axis=axis) - math.log(v.shape[axis])
 
 
 def exact_pair_samples(means: np.ndarray, sigma: float, n: int, seed: int) -> dict:
@@ -78,15 +70,15 @@ def exact_pair_samples(means: np.ndarray, sigma: float, n: int, seed: int) -> di
         # remove: a tilt and a slot per draw
         t = tilts[rng.integers(0, tilts.size, m)]
         y = z + t[:, None] * A[rng.integers(0, b, m)]
-        log_lr = _log_mean_exp(y - d / 2)
-        log_d = _log_mean(_log_mean_exp(s * y - s * s * d / 2) for s in tilts)
+        log_r = [_log_mean_exp(s * y - s * s * d / 2) for s in tilts]  # log dR_t/dQ (t = 1: log LR)
+        log_lr, log_d = log_r[0], _log_mean_exp(np.stack(log_r), axis=0)
         out["remove"][0].append(log_lr)
         out["remove"][1].append(np.exp(log_lr - log_d))
         # add: every slot lowered by h v
         h = lifts[rng.integers(0, lifts.size, m)]
         y = z - h[:, None] * v
         proj = y.sum(axis=1) / rows.mean()
-        log_d = _log_mean(-s * proj - 0.5 * s * s * vq for s in lifts)
+        log_d = _log_mean_exp(np.stack([-s * proj - 0.5 * s * s * vq for s in lifts]), axis=0)
         out["add"][0].append(_log_mean_exp(y - d / 2))
         out["add"][1].append(np.exp(-log_d))
     return {k: (np.concatenate(a), np.concatenate(wt)) for k, (a, wt) in out.items()}
