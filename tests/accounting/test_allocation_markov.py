@@ -486,3 +486,55 @@ def test_psd_chain_with_raised_ends_dominates_the_fresh_slot_grams(strategy, epo
     # negative control: without its raised ends the same chain is not PSD-above the Grams
     plain = dataclasses.replace(sur, edges=None)
     assert min(np.linalg.eigvalsh(plain.covariance(g.shape[0]) - g)[0] for g in grams) < -0.1
+
+
+def test_ring_family_members_split_as_psd_plus_non_negative_off_diagonal():
+    """The family of mixed-split rings (``ring_family``): every member's covariance, rebuilt here as a
+    linear map, minus the cyclic Gram is a PSD matrix plus non-negative off-diagonal entries (Lemma P
+    with ``N`` the positive off-diagonal part); some members do undershoot the Gram (the split is
+    used), and lowering a member's stationary variance by 10% breaks the split (negative control)."""
+    from dpmf.accounting.allocation.markov import ring_family
+
+    grams = _class_grams(bsr(128, 4), 2, 1)
+    g = grams[0]
+    n = g.shape[0]
+    fam = ring_family(grams, fit_ring_surrogate(grams))
+    assert fam is not None and len(fam.members) >= 5
+
+    def kept_min_eig(sur):
+        diff = _ring_cov(sur, n) - g
+        off = ~np.eye(n, dtype=bool) & (diff > 0)
+        return np.linalg.eigvalsh(np.where(off, 0.0, diff))[0], diff
+
+    undershoot = False
+    for sur in fam.members:
+        lam, diff = kept_min_eig(sur)
+        assert lam >= -1e-9 * np.linalg.norm(g)
+        undershoot |= bool(np.any(diff < -1e-6))
+        assert sur.anchor is not None and sur.domination == "psd"
+    assert undershoot
+    sur = fam.members[len(fam.members) // 2]
+    g0 = sur.alpha**2 + sur.beta**2
+    g1 = sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s
+    a, be, s = _solve(0.9 * g0, g1, sur.rho)
+    assert kept_min_eig(dataclasses.replace(sur, alpha=a, beta=be, s=s))[0] < -1e-3
+
+
+def test_ring_family_pick_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo():
+    """The member ``pick`` runs (ranked on the coarse grid) is certified on the default grid above
+    the Monte Carlo lower ends of its own surrogate's pair and of the exact pair, and close to its own."""
+    from dpmf.accounting.allocation.markov import pick, ring_family
+
+    strategy, sigma, delta = bsr(32, 3), 2.0, 1e-3
+    means = mixture_means(strategy, 2, strategy.n)
+    b = means.shape[0]
+    grams = [(means @ means.T) * (1 + 1e-12)]
+    fam = ring_family(grams, fit_ring_surrogate(grams))
+    assert fam is not None
+    sur = pick(fam, sigma, b, delta, 3.0, ("remove", "add"))
+    assert sur in fam.members
+    out = markov_epsilon(sur, sigma, b, delta, 3.0)["epsilon"]
+    sur_point, sur_lower = _mc_epsilon_interval(np.linalg.cholesky(_ring_cov(sur, b)), sigma, delta, 200_000, seed=5)
+    _, lower = _mc_epsilon_interval(means, sigma, delta, 200_000, seed=6)
+    assert out >= sur_lower and out >= lower
+    assert out <= 1.05 * sur_point

@@ -311,9 +311,10 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
 _ALLOCATION_PLD_BASE = 2.0
 #: Seconds per slot of an epoch of the Markov members of ``allocation_pld`` for a correlated C, per
 #: evaluation, measured on 2 shared cores (benchmarks/README.md, the default plan): one reused epoch
-#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members; bsr(128, 4) over 2 epochs: ~20 s),
-#: fresh slots (members modulo 1 and 2, 8 tables each; 5 fresh epochs of 100: 19 s).
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.3, "fresh": 0.2}
+#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members and the ranked family;
+#: bsr(128, 4) over 2 epochs: 20-22 s), fresh slots (members modulo 1 and 2, 8 tables each; 5 fresh
+#: epochs of 100: 19 s).
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.35, "fresh": 0.2}
 #: Evaluations of a calibration with the Markov members (the default plan's bsr-4 fresh row: 12).
 _MARKOV_CALIBRATION_EVALS = 10
 

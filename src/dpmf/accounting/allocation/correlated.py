@@ -335,6 +335,9 @@ def markov_members(means: np.ndarray, period: int):
         grams, parts = markov.class_grams(gram, q)
         ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_ring_surrogate(grams, domination=d), grams)
         out += [(q, sur, tuple(parts)) for sur in (ent, psd) if sur is not None]
+        family = markov.ring_family(grams, ent) if q == q0 else None
+        if family is not None:  # (the mixed-split rings around the fitted one, ranked at the call's noise)
+            out.append((q, family, tuple(parts)))
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
            f"{MARKOV_SLOT_BUDGET})") if skipped else None
     if not out:
@@ -414,12 +417,17 @@ def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -
     """Offer the Markov members (:mod:`.markov`): each direction's epsilon is the smallest over the
     members (each a sound bound of that direction; the true deltas are non-increasing in epsilon),
     each searched below the best epsilon so far (above it, it cannot win)."""
-    from dpmf.accounting.allocation.markov import markov_epsilon
+    from dpmf.accounting.allocation.markov import markov_epsilon, pick
 
     names = {d: out["bound"] for d in out["epsilon_by_direction"]}
     by_dir = dict(out["epsilon_by_direction"])
-    for q, sur, parts in reductions.markov:
+    for q, member, parts in reductions.markov:
+        # (a family: the member a coarse program ranks best for the binding direction(s) at this noise)
+        top = max(by_dir.values())
+        sur = pick(member, sigma, parts, delta, top, [d for d in by_dir if by_dir[d] >= top])
         label = f"{sur.describe()}" + (f" on residue classes mod {q}" if q > 1 else "")
+        if sur is not member:
+            label += f" ({member.describe()})"
         row = {"bound": label, "slots": max(n for n, _ in parts), "epsilon_by_direction": {}}
         # a direction can lower the reported maximum only while it is the larger one: the binding
         # direction first, then the other if it has become the binding one (a table each)
