@@ -293,7 +293,9 @@ def markov_members(means: np.ndarray, period: int):
     (1, entrywise), then 3, 4 while the slots stay within :data:`MARKOV_SLOT_BUDGET`; then, for a
     cyclic Gram (several epochs), the ring members (both dominations)
     (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) at the smallest period whose
-    classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it; or ``()`` and the reason."""
+    classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it, and at the smallest one the
+    mixed-split ring family (:func:`~dpmf.accounting.allocation.markov.ring_family`, one member run
+    per evaluation: the one a coarse program ranks best at its noise); or ``()`` and the reason."""
     from dpmf.accounting.allocation import markov
 
     b, n = means.shape
