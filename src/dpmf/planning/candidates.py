@@ -345,8 +345,16 @@ def _dpsgd_allocation_method() -> str:
 
 
 def sort_rows(rows: list[PlanRow]) -> list[PlanRow]:
-    """Calibrated rows best first, then pruned rows by their lower bound."""
-    return sorted(rows, key=lambda r: (r.pruned, r.prefix_sum_rmse if math.isfinite(r.prefix_sum_rmse) else math.inf))
+    """Calibrated rows best first, then pruned rows by their lower bound. The RMSEs are compared to 12
+    digits: pruned rows' bounds are the best row's RMSE rescaled, equal up to the last bits (whose
+    rounding ordered them differently between machines), and such ties go by the pruned rows' noise
+    bound, then the input order."""
+
+    def key(r):
+        rmse = float(f"{r.prefix_sum_rmse:.12g}") if math.isfinite(r.prefix_sum_rmse) else math.inf
+        return r.pruned, rmse, r.noise_multiplier if r.pruned else 0.0
+
+    return sorted(rows, key=key)
 
 
 def optimal_strategy(spec: StrategySpec, stop=None):
