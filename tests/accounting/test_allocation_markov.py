@@ -538,3 +538,9 @@ def test_ring_family_pick_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo
     _, lower = _mc_epsilon_interval(means, sigma, delta, 200_000, seed=6)
     assert out >= sur_lower and out >= lower
     assert out <= 1.05 * sur_point
+    # a rival that ranks as well (the pick itself) keeps the family from running; a worse one does not
+    assert pick(dataclasses.replace(fam, rivals=(sur,)), sigma, b, delta, 3.0, ("remove", "add")) is None
+    g0 = sur.alpha**2 + sur.beta**2
+    a, be, s = _solve(1.5 * g0, sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s, sur.rho)
+    worse = dataclasses.replace(sur, alpha=a, beta=be, s=s)
+    assert pick(dataclasses.replace(fam, rivals=(worse,)), sigma, b, delta, 3.0, ("remove", "add")) is sur

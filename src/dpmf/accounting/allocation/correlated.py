@@ -337,7 +337,7 @@ def markov_members(means: np.ndarray, period: int):
         grams, parts = markov.class_grams(gram, q)
         ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_ring_surrogate(grams, domination=d), grams)
         out += [(q, sur, tuple(parts)) for sur in (ent, psd) if sur is not None]
-        family = markov.ring_family(grams, ent) if q == q0 else None
+        family = markov.ring_family(grams, ent, rivals=(ent, psd)) if q == q0 else None
         if family is not None:  # (the mixed-split rings around the fitted one, ranked at the call's noise)
             out.append((q, family, tuple(parts)))
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
@@ -427,6 +427,11 @@ def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -
         # (a family: the member a coarse program ranks best for the binding direction(s) at this noise)
         top = max(by_dir.values())
         sur = pick(member, sigma, parts, delta, top, [d for d in by_dir if by_dir[d] >= top])
+        if sur is None:
+            out["reductions"].append({"bound": f"ring family ({len(member.members)} mixed-split anchored rings)",
+                                      "slots": max(n for n, _ in parts), "epsilon": None,
+                                      "skipped": "a fitted ring ranks first on the coarse grid"})
+            continue
         label = f"{sur.describe()}" + (f" on residue classes mod {q}" if q > 1 else "")
         if sur is not member:
             label += f" ({member.describe()})"
