@@ -65,8 +65,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=400_000)
     ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--cases", help="only the cases whose name contains this text (e.g. 'bsr(16')")
     args = ap.parse_args()
-    cases = [(name, strategy, BallsInBinsSampling(k, strategy.n, fresh_slots=True)) for name, strategy, k in SCRIPT_CASES]
+    cases = [(name, strategy, BallsInBinsSampling(k, strategy.n, fresh_slots=True)) for name, strategy, k in SCRIPT_CASES
+             if not args.cases or args.cases in name]
     compare(cases, args.samples, args.delta, seed=3, show_bound=True)
 
 

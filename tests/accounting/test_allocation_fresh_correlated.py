@@ -123,3 +123,26 @@ def test_the_composed_markov_member_is_offered_and_never_above_the_spectral_resu
     spectral = [r["epsilon"] for r in rows if r["bound"].startswith("spectral") and r.get("epsilon") is not None]
     assert markov and "composed over" in report.diagnostics["bound"]
     assert report.epsilon <= min(spectral) and report.epsilon == min([min(spectral)] + [r["epsilon"] for r in markov])
+
+
+def test_members_see_each_epochs_raised_diagonal_at_the_end(monkeypatch):
+    """An epoch's pair does not depend on the order of its slots: the members fit the epochs with the
+    raised diagonal last (the second of two epochs reversed), so their chains carry no larger
+    innovation at the start, and the bound is tighter than the same fit in the given order (measured:
+    bsr(16, 4), 2 fresh epochs of 8, sigma 2: 2.641 -> 2.474) while staying above the Monte Carlo
+    lower end of the exact pair (the soundness oracles above run on the reversed fit too)."""
+    import dpmf.accounting.allocation.fresh_correlated as fc
+
+    strategy, k, sigma, delta = bsr(16, 4), 2, 2.0, 1e-5
+    grams = epoch_grams(mixture_means(strategy, 1, strategy.n), k)
+    oriented = [fc._raised_end_last(g) for g in grams]
+    assert np.array_equal(oriented[0], grams[0]) and np.array_equal(oriented[1], grams[1][::-1, ::-1])
+    members = fc._markov_members(grams)
+    assert members and all(not sur.edges or not sur.edges[0] for _, sur, _ in members)
+    scheme = BallsInBinsSampling(k, strategy.n, fresh_slots=True)
+    now = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld").epsilon
+    monkeypatch.setattr(fc, "_raised_end_last", lambda g: g)
+    before = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld").epsilon
+    assert now < 0.97 * before
+    _, lower = _mc_epsilon_interval(_pattern_means(strategy, k, strategy.n), sigma, delta, 300_000, seed=7)
+    assert now >= lower

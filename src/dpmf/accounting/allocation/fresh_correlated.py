@@ -134,6 +134,7 @@ def _markov_members(grams) -> tuple:
     b = grams[0].shape[0]
     if b > markov.MAX_SLOTS:
         return ()
+    grams = [_raised_end_last(g) for g in grams]
     out = []
     for q in range(1, min(_MARKOV_PERIODS, b // 2) + 1):
         classes, parts = [], None
@@ -143,6 +144,18 @@ def _markov_members(grams) -> tuple:
         ent, psd = markov.psd_member(lambda d: markov.fit_surrogate(classes, edges=True, domination=d), classes)
         out += [(q, sur, tuple(parts)) for sur in (psd, ent) if sur is not None]
     return tuple(out)
+
+
+def _raised_end_last(gram: np.ndarray) -> np.ndarray:
+    """``gram`` with its slots in reverse order if step 1 raised its diagonal more in the first half
+    than in the second. An epoch's pair does not depend on the order of its slots (``S'_e`` is a
+    symmetric sum), but a chain pays a raised diagonal at its *start* with a larger innovation
+    loading that adds covariance to every later position (*edges* in :mod:`.markov`), at its end with
+    variance only. Measured (Monte Carlo of the fitted surrogates' composed pairs): bsr(16, 4) over 2
+    fresh epochs of 8 at sigma 2, 2.610 -> 2.451 (the decoupled pair 2.332, the exact pair 2.210)."""
+    d = np.diag(gram)
+    half = d.size // 2
+    return gram[::-1, ::-1].copy() if d[:half].sum() > d[d.size - half:].sum() else gram
 
 
 #: The Markov members are tried on residue classes modulo ``1..this``: on every case of
