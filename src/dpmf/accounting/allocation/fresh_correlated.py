@@ -54,7 +54,10 @@ into a dominating pair by connect-the-dots, and ``k`` dominating pairs compose
 :mod:`.pld_compose`). Each member is a sound bound of each direction; the smallest is reported.
 Step 1's larger diagonal sits at an epoch's first and last ``p - 1`` positions only: the chains keep
 a stationary variance below it and raise their innovation loading there (*edges* in :mod:`.markov`),
-instead of paying the boundary's variance at every position. Each period offers the entrywise chain
+instead of paying the boundary's variance at every position; and since an epoch's pair is symmetric
+in its slots, every epoch is fitted with its raised end *last* (:func:`_raised_end_last`: a larger
+loading at a chain's start adds covariance to every later position, at its end only variance; with
+two epochs no chain needs a raised start). Each period offers the entrywise chain
 (Lemma K of :mod:`.markov`) and the PSD-dominating one (Lemma P; where its second-moment proxy is
 smaller).
 
