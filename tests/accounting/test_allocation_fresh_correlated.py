@@ -102,17 +102,19 @@ def test_markov_profiles_bound_each_epochs_pair_by_monte_carlo():
     assert members
     rng = np.random.default_rng(2)
     gam = np.array([0.5, 0.9, 1.2, 1.6, 2.5])
-    for g in grams:
+    for e, g in enumerate(grams):
         chol = np.linalg.cholesky(g / sigma**2)
         y = rng.standard_normal((400_000, g.shape[0])) @ chol.T
         s = np.exp(y - 0.5 * np.diag(g) / sigma**2).mean(axis=1)
         for direction, vals in (("remove", np.maximum(s[:, None] - gam, 0.0)), ("add", np.maximum(1 - gam * s[:, None], 0.0))):
             mean, se = vals.mean(axis=0), vals.std(axis=0) / np.sqrt(s.size)
-            for q, sur, parts in members:
-                assert np.all(_profiles(sur, parts, sigma, 6.0)[direction][0](gam) >= mean - 4 * se), (q, direction)
+            for q, chains, parts in members:
+                for sur, epochs in chains:
+                    if e in epochs:
+                        assert np.all(_profiles(sur, parts, sigma, 6.0)[direction][0](gam) >= mean - 4 * se), (q, direction)
             if direction == "remove":  # negative control
-                q, sur, parts = members[0]
-                assert np.any(_profiles(sur, parts, 1.3 * sigma, 6.0)[direction][0](gam) < mean - 4 * se)
+                q, chains, parts = members[0]
+                assert np.any(_profiles(chains[0][0], parts, 1.3 * sigma, 6.0)[direction][0](gam) < mean - 4 * se)
 
 
 def test_the_composed_markov_member_is_offered_and_never_above_the_spectral_result():
@@ -138,7 +140,7 @@ def test_members_see_each_epochs_raised_diagonal_at_the_end(monkeypatch):
     oriented = [fc._raised_end_last(g) for g in grams]
     assert np.array_equal(oriented[0], grams[0]) and np.array_equal(oriented[1], grams[1][::-1, ::-1])
     members = fc._markov_members(grams)
-    assert members and all(not sur.edges or not sur.edges[0] for _, sur, _ in members)
+    assert members and all(not sur.edges or not sur.edges[0] for _, chains, _ in members for sur, _ in chains)
     scheme = BallsInBinsSampling(k, strategy.n, fresh_slots=True)
     now = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld").epsilon
     monkeypatch.setattr(fc, "_raised_end_last", lambda g: g)
@@ -146,3 +148,41 @@ def test_members_see_each_epochs_raised_diagonal_at_the_end(monkeypatch):
     assert now < 0.97 * before
     _, lower = _mc_epsilon_interval(_pattern_means(strategy, k, strategy.n), sigma, delta, 300_000, seed=7)
     assert now >= lower
+
+
+def test_three_epochs_offer_a_chain_for_the_outer_epochs_and_one_for_the_middle():
+    """With 3 fresh epochs the first and last epochs (raised at one end) get their own chain and the
+    middle one (raised at both) another; each chain's per-epoch curve bounds a Monte Carlo estimate of
+    the hockey-stick curve of every epoch it covers, the outer chain is *not* a bound for the middle
+    epoch (so covering it with the middle chain is what is paid), and the composed bound is tighter than
+    the single chain's and above the Monte Carlo lower end of the exact pair."""
+    from dpmf.accounting.allocation.fresh_correlated import _markov_members, _profiles
+
+    strategy, k, sigma, delta = bsr(24, 3), 3, 2.0, 1e-5
+    grams = epoch_grams(mixture_means(strategy, 1, strategy.n), k)
+    members = _markov_members(grams)
+    split = [m for m in members if len(m[1]) == 2]
+    assert split and all(m[1][0][1] == (0, 2) and m[1][1][1] == (1,) for m in split)
+    rng = np.random.default_rng(4)
+    gam = np.array([0.7, 1.0, 1.5, 2.5])
+    below_middle = False
+    for e, g in enumerate(grams):
+        y = rng.standard_normal((400_000, g.shape[0])) @ np.linalg.cholesky(g / sigma**2).T
+        s = np.exp(y - 0.5 * np.diag(g) / sigma**2).mean(axis=1)
+        vals = np.maximum(s[:, None] - gam, 0.0)
+        mean, se = vals.mean(axis=0), vals.std(axis=0) / np.sqrt(s.size)
+        for _, chains, parts in split:
+            for sur, epochs in chains:
+                curve = _profiles(sur, parts, sigma, 6.0)["remove"][0](gam)
+                if e in epochs:
+                    assert np.all(curve >= mean - 4 * se)
+                elif e == 1:
+                    below_middle |= bool(np.any(curve < mean - 4 * se))
+    assert below_middle
+    report = dpmf.account(strategy, BallsInBinsSampling(k, strategy.n, fresh_slots=True), sigma, delta,
+                          method="allocation_pld")
+    rows = report.diagnostics["reductions"]
+    single = min(r["epsilon"] for r in rows if "composed over" in r["bound"] and "epochs 1, 3" not in r["bound"])
+    assert "epochs 1, 3" in report.diagnostics["bound"] and report.epsilon < single
+    _, lower = _mc_epsilon_interval(_pattern_means(strategy, k, strategy.n), sigma, delta, 300_000, seed=9)
+    assert report.epsilon >= lower

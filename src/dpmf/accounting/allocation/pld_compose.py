@@ -357,18 +357,35 @@ def profile_composition_epsilon(profiles: dict, copies: int, delta: float, *, gr
     of ``gamma > 0`` returning values ``>= H_gamma`` (and ``<= 1``), ``[eps_lo, eps_hi]`` the loss range
     of the grid (beyond it the hull is flat: the mass at ``+inf`` is ``d(e^eps_hi)``). Both loss
     spacings are tried; the smaller epsilon per direction is kept (each is a sound bound)."""
+    return profiles_composition_epsilon([(profiles, copies)], delta, grid=grid)
+
+
+def profiles_composition_epsilon(parts, delta: float, *, grid) -> dict:
+    """:func:`profile_composition_epsilon` for independent pairs of several kinds: ``parts =
+    [(profiles, copies), ...]``, every ``profiles`` with the same directions. Each kind is
+    self-composed, then the kinds are convolved (on the same loss grid); every window cut goes to the
+    mass at ``+inf``, so the budget per operation only sets tightness."""
     global _pld
     _pld = grid
+    ops = sum(max(1, math.ceil(math.log2(c + 1))) for _, c in parts) + len(parts) - 1
+    budget = _BUDGET * delta / (4 * ops + 4)
     by_dir, detail = {}, {}
-    budget = _BUDGET * delta / (4 * max(1, math.ceil(math.log2(copies + 1))) + 4)
-    for direction, (d, lo, hi) in profiles.items():
+    for direction in parts[0][0]:
         best, tries = math.inf, []
         for step in _LOSS_STEPS:
-            law, p_inf = _connect_the_dots(d, lo, hi, step)
-            law, cut = _trim(law, budget)
-            comp, c_inf = _self_compose(law, min(p_inf + cut, 1.0), copies, 0.0, budget)
-            eps = _query(comp, c_inf, step, delta)
-            tries.append({"loss_step": step, "points": int(comp.p.size), "epsilon": eps})
+            total, t_inf = None, 0.0
+            for profiles, copies in parts:
+                d, lo, hi = profiles[direction]
+                law, p_inf = _connect_the_dots(d, lo, hi, step)
+                law, cut = _trim(law, budget)
+                comp, c_inf = _self_compose(law, min(p_inf + cut, 1.0), copies, 0.0, budget)
+                if total is None:
+                    total, t_inf = comp, c_inf
+                else:
+                    total, cut = _conv(total, comp, 0.0, budget)
+                    t_inf = min(t_inf + c_inf + cut, 1.0)
+            eps = _query(total, t_inf, step, delta)
+            tries.append({"loss_step": step, "points": int(total.p.size), "epsilon": eps})
             best = min(best, eps)
         by_dir[direction], detail[direction] = best, tries
     return {"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir, "compositions": detail}
