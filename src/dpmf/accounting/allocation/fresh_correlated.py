@@ -57,7 +57,10 @@ a stationary variance below it and raise their innovation loading there (*edges*
 instead of paying the boundary's variance at every position; and since an epoch's pair is symmetric
 in its slots, every epoch is fitted with its raised end *last* (:func:`_raised_end_last`: a larger
 loading at a chain's start adds covariance to every later position, at its end only variance; with
-two epochs no chain needs a raised start). Each period offers the entrywise chain
+two epochs no chain needs a raised start; with 3-4 epochs a member with one chain for the outer
+epochs and one for the middle ones is offered too, whose epochs compose as two kinds of independent
+pairs, :func:`~dpmf.accounting.allocation.pld_compose.profiles_composition_epsilon`). Each period
+offers the entrywise chain
 (Lemma K of :mod:`.markov`) and the PSD-dominating one (Lemma P; where its second-moment proxy is
 smaller).
 
