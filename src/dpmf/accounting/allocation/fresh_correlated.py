@@ -57,7 +57,7 @@ a stationary variance below it and raise their innovation loading there (*edges*
 instead of paying the boundary's variance at every position; and since an epoch's pair is symmetric
 in its slots, every epoch is fitted with its raised end *last* (:func:`_raised_end_last`: a larger
 loading at a chain's start adds covariance to every later position, at its end only variance; with
-two epochs no chain needs a raised start; with 3-4 epochs a member with one chain for the outer
+two epochs no chain needs a raised start; with 3-4 short epochs a member with one chain for the outer
 epochs and one for the middle ones is offered too, whose epochs compose as two kinds of independent
 pairs, :func:`~dpmf.accounting.allocation.pld_compose.profiles_composition_epsilon`). Each period
 offers the entrywise chain
@@ -134,8 +134,8 @@ def _markov_members(grams) -> tuple:
     """``(q, chains, parts)`` for ``q = 1.._MARKOV_PERIODS``, ``chains = ((surrogate, epochs), ...)``
     with each surrogate dominating the residue classes of the epochs it covers (step 2'): one chain for
     every epoch, entrywise and in the PSD sense (Lemma P of :mod:`.markov`; where its second-moment
-    proxy is smaller); and with 3 or 4 epochs (q = 1) one chain for the first and last epochs and one
-    for the middle ones (:data:`_SPLIT_EPOCHS`). ``()`` above
+    proxy is smaller); and with 3 or 4 epochs of at most 32 slots (q = 1) one chain for the first and
+    last epochs and one for the middle ones (:data:`_SPLIT_EPOCHS`, :data:`_SPLIT_MAX_SLOTS`). ``()`` above
     :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
     from dpmf.accounting.allocation import markov
 
@@ -159,7 +159,7 @@ def _markov_members(grams) -> tuple:
 
         ent, psd = fit(every)
         out += [(q, ((sur, every),), tuple(parts)) for sur in (psd, ent) if sur is not None]
-        if q == 1 and k in _SPLIT_EPOCHS:
+        if q == 1 and k in _SPLIT_EPOCHS and b <= _SPLIT_MAX_SLOTS:
             outer, middle = (0, k - 1), tuple(range(1, k - 1))
             (o_ent, o_psd), (m_ent, m_psd) = fit(outer), fit(middle)
             # the same domination in both groups (the PSD one where offered, else the entrywise one;
@@ -175,8 +175,12 @@ def _markov_members(grams) -> tuple:
 #: one end only, after :func:`_raised_end_last`; a middle epoch's at both). Monte Carlo of the composed
 #: surrogates' pairs at sigma 2: Toeplitz [1, .8, .6] over 3 fresh epochs of 4, 5.228 -> 4.987; bsr(24, 3)
 #: over 3 of 8, 2.630 -> 2.552. From 5 epochs on, the outer epochs are at most 2 of 5 and the extra
-#: chains' tables (~50% more time per evaluation) are not spent (the default plan has 5 epochs).
+#: chains' tables are not spent (the default plan has 5 epochs).
 _SPLIT_EPOCHS = (3, 4)
+#: ... and with at most this many slots per epoch: the raised diagonal's share of an epoch shrinks with
+#: its length (bsr(300, 4) over 3 fresh epochs of 100 at sigma 3, delta 1e-6: 0.5374 -> 0.5352 for
+#: 2.2x the time, 12 -> 26 s; bsr(24, 3) over 3 of 8 at sigma 2: -3%, Toeplitz over 3 of 4: -5%).
+_SPLIT_MAX_SLOTS = 32
 
 
 def _raised_end_last(gram: np.ndarray) -> np.ndarray:
