@@ -147,27 +147,23 @@ def _markov_members(grams) -> tuple:
     every = tuple(range(k))
     out = []
     for q in range(1, min(_MARKOV_PERIODS, b // 2) + 1):
-        parts = None
+        parts = tuple(markov.class_grams(grams[0], q)[1])  # (every epoch has b slots: the same classes)
 
-        def fit(epochs):
-            nonlocal parts
-            classes = []
-            for e in epochs:
-                gs, parts = markov.class_grams(grams[e], q)
-                classes.extend(gs)
+        def fit(epochs, q=q):
+            classes = [c for e in epochs for c in markov.class_grams(grams[e], q)[0]]
             return markov.psd_member(lambda d: markov.fit_surrogate(classes, edges=True, domination=d), classes)
 
         ent, psd = fit(every)
-        out += [(q, ((sur, every),), tuple(parts)) for sur in (psd, ent) if sur is not None]
+        out += [(q, ((sur, every),), parts) for sur in (psd, ent) if sur is not None]
         if q == 1 and k in _SPLIT_EPOCHS and b <= _SPLIT_MAX_SLOTS:
             outer, middle = (0, k - 1), tuple(range(1, k - 1))
             (o_ent, o_psd), (m_ent, m_psd) = fit(outer), fit(middle)
             # the same domination in both groups (the PSD one where offered, else the entrywise one;
             # and both entrywise): on the 3-epoch benchmark cases the best pairs were of this kind
-            pairs = {((o_psd or o_ent), (m_psd or m_ent)), (o_ent, m_ent)}
-            for o, m in sorted(pairs, key=lambda p: (p[0] is o_ent) + (p[1] is m_ent)):
-                if o is not None and m is not None:
-                    out.append((q, ((o, outer), (m, middle)), tuple(parts)))
+            pairs = [(o_psd or o_ent, m_psd or m_ent)]
+            if pairs[0] != (o_ent, m_ent):
+                pairs.append((o_ent, m_ent))
+            out += [(q, ((o, outer), (m, middle)), parts) for o, m in pairs if o is not None and m is not None]
     return tuple(out)
 
 
