@@ -296,7 +296,7 @@ def markov_members(means: np.ndarray, period: int):
     classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it, and at the smallest one the
     mixed-split ring family (:func:`~dpmf.accounting.allocation.markov.ring_family`, one member run
     per evaluation: the one a coarse program ranks best at its noise); or ``()`` and the reason."""
-    from dpmf.accounting.allocation import markov
+    from dpmf.accounting.allocation import markov, moving_average
 
     b, n = means.shape
     if b > markov.MAX_SLOTS:
@@ -304,6 +304,9 @@ def markov_members(means: np.ndarray, period: int):
     gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * _U)
     gram = np.maximum(gram, gram.T)
     out, work, skipped = [], 0, []
+    band = moving_average.fit_moving_average(gram)
+    if band is not None:  # (a band of order <= 3: its own structure, the tightest member where it applies)
+        out.append((1, band, ((b, 1.0),)))
     top = min(MARKOV_MAX_PERIOD, period - 1, b // 2)
     # each period offers the entrywise chain (Lemma K) and the PSD-dominating one (Lemma P; it
     # follows a banded Gram's lags without the geometric tail) unless the latter's second-moment

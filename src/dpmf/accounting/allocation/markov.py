@@ -1273,7 +1273,10 @@ def _factor_half_width(sur: MarkovSurrogate, sigma: float, delta: float) -> floa
 
 
 def _table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
-    """The call or put bound table of one part (with the shared factor if the surrogate has one)."""
+    """The call or put bound table of one part (with the shared factor if the surrogate has one; a
+    surrogate of another module, :mod:`.moving_average`, brings its own ``table``)."""
+    if hasattr(sur, "table"):
+        return sur.table(sigma, n, kind, k_max, delta, **grid)
     if sur.ring is not None or sur.anchor is not None:
         return _ring_table(sur, sigma, n, kind, k_max, w_half=_factor_half_width(sur, sigma, delta), **grid)
     return (call_bound_table if kind == "call" else put_bound_table)(sur, sigma, n, k_max, **grid)

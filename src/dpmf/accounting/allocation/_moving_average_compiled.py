@@ -1,0 +1,104 @@
+"""Compiled (numba) step of the moving-average program of
+:mod:`dpmf.accounting.allocation.moving_average` (private).
+
+The table ``V`` holds, for every state (the ``w`` innovations the earlier slots still load on, each on
+the discrete law's nodes, flattened with the oldest as the most significant digit) and every
+partial-sum node, an upper bound on the value function. One step maps ``V_{s+1}`` to the
+unnormalized ``sum_l p_l V_{s+1}(next state, u + x)`` at every node: the next state is the current
+one shifted by the new innovation's node (exact: no interpolation across states), and ``u + x`` is
+read by linear interpolation on the uniform partial-sum grid, one shift per (state, new node), so the
+inner loop is a two-point stencil. Every term is a non-negative combination, so the caller's
+relative factor covers the rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+_U = 2.0**-53
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _base(idx, xs, a, c, m, w):  # pragma: no cover - compiled
+    """``sum_j a_j x_{d_j} - c`` over the state's ``w`` digits (``d_0`` the oldest) and its absolute size."""
+    base, size, pw = -c, abs(c), 1
+    for j in range(w - 1, -1, -1):
+        d = (idx // pw) % m
+        pw *= m
+        base += a[j] * xs[d]
+        size += abs(a[j] * xs[d])
+    return base, size
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _shift(x, h, nu, up):  # pragma: no cover - compiled
+    """The summand ``x`` in partial-sum steps, split into whole steps and a fraction, rounded up
+    (call) or down (put) past the rounding of every position ``n + x / h``."""
+    if up:
+        q = x / h * (1 + 4 * _U) + 4 * _U * (nu + 1.0)
+    else:
+        q = max(x / h * (1 - 4 * _U) - 4 * _U * (nu + 1.0), 0.0)
+    if q >= nu:
+        return nu, 0.0
+    fq = int(q)
+    return fq, q - fq
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
+    """Call: ``min(factor * sum_l p_l V_{s+1}(state', u + x) + 1e-290, R_s(state))`` with positions
+    rounded up and the closed form ``u' + R_{s+1}(state')`` at ``u' >= 0`` (``u'`` clamped at 0 from
+    below: ``V`` is non-decreasing with ``V(0) <= R``)."""
+    ns, nu = V.shape
+    out = np.empty((ns, nu))
+    low = m ** (w - 1)
+    for r in nb.prange(low):  # (the m states that differ in their oldest digit read the same m rows)
+        for i in range(m):
+            idx = i * low + r
+            base, size = _base(idx, xs, a, c, m, w)
+            acc = np.zeros(nu)
+            for l in range(m):
+                e = base + a[w] * xs[l]
+                x = math.exp(e + 4 * _U * (size + abs(a[w] * xs[l]))) * (1 + 4 * _U)
+                fq, f = _shift(x, h, nu, True)
+                pl, vn, rn = ps[l], V[r * m + l], Rn[r * m + l]
+                lim = max(nu - 1 - fq, 0)
+                g0, g1 = pl * (1.0 - f), pl * f
+                for n in range(lim):
+                    acc[n] += g0 * vn[n + fq] + g1 * vn[n + fq + 1]
+                for n in range(lim, nu):
+                    uu = (n - (nu - 1)) * h
+                    v = max(uu + x, 0.0)
+                    acc[n] += pl * (v + rn + 4 * _U * (abs(uu) + x + rn))
+            cap = Rs[idx]
+            for n in range(nu):
+                out[idx, n] = min(acc[n] * factor + 1e-290, cap)
+    return out
+
+
+@nb.njit(cache=True, nogil=True, parallel=True)
+def put_step(V, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
+    """Put: ``min(factor * sum_l p_l W_{s+1}(state', u + x) + 1e-290, -u)`` with summands and
+    positions rounded down; ``W = 0`` at ``u' >= 0`` (node ``nu - 1``, ``u = 0``, holds 0)."""
+    ns, nu = V.shape
+    out = np.empty((ns, nu))
+    low = m ** (w - 1)
+    for r in nb.prange(low):
+        for i in range(m):
+            idx = i * low + r
+            base, size = _base(idx, xs, a, c, m, w)
+            acc = np.zeros(nu)
+            for l in range(m):
+                e = base + a[w] * xs[l]
+                x = math.exp(e - 4 * _U * (size + abs(a[w] * xs[l]))) * (1 - 4 * _U)
+                fq, f = _shift(x, h, nu, False)
+                pl, vn = ps[l], V[r * m + l]
+                g0, g1 = pl * (1.0 - f), pl * f
+                for n in range(nu - 1 - fq):
+                    acc[n] += g0 * vn[n + fq] + g1 * vn[n + fq + 1]
+            for n in range(nu):
+                out[idx, n] = min(acc[n] * factor + 1e-290, (nu - 1 - n) * h * (1 + 2 * _U))
+    return out
