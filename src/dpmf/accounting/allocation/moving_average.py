@@ -107,17 +107,22 @@ _U_NODES = 400
 _LOW, _CHARGE, _STRETCH, _CENTER = 2.5, 1e-2, 2.0, 1.2
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class MovingAverageSurrogate:
-    """The surrogate of the module docstring in Gram units (``sigma = 1``): ``loadings[s, j]`` is slot
-    ``s``'s loading on ``xi_{s+j}`` (``j = 0..w``); ``cut`` the ring cut ``(u, v)`` or ``None``."""
+    """The surrogate of the module docstring in Gram units (``sigma = 1``): ``rows[s][j]`` is slot
+    ``s``'s loading on ``xi_{s+j}`` (``j = 0..w``); ``cut`` the ring cut ``(u, v)`` or ``None`` (tuples:
+    equal surrogates compare and hash equal, so the accountant's memo recognizes them)."""
 
-    loadings: np.ndarray
+    rows: tuple
     cut: tuple | None = None
 
     @property
+    def loadings(self) -> np.ndarray:
+        return np.array(self.rows, dtype=np.float64)
+
+    @property
     def order(self) -> int:
-        return self.loadings.shape[1] - 1
+        return len(self.rows[0]) - 1
 
     def describe(self) -> str:
         ring = "; the ring cut at its ends" if self.cut is not None else ""
@@ -130,8 +135,8 @@ class MovingAverageSurrogate:
     def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
         """The call or put bound table (:func:`call_bound_table`, :func:`put_bound_table`); ``grid``
         keys of the chain programs that do not apply here are ignored."""
-        if n != self.loadings.shape[0]:
-            raise ValueError(f"the surrogate has {self.loadings.shape[0]} slots, not {n}")
+        if n != len(self.rows):
+            raise ValueError(f"the surrogate has {len(self.rows)} slots, not {n}")
         fn = call_bound_table if kind == "call" else put_bound_table
         return fn(self, sigma, k_max, delta, u_nodes=grid.get("u_nodes", _U_NODES))
 
@@ -220,7 +225,7 @@ def _dominates(sur: MovingAverageSurrogate, gram: np.ndarray) -> bool:
     b = gram.shape[0]
     p = np.zeros(b)
     if sur.cut is not None:
-        u, v = sur.cut
+        u, v = (np.array(x) for x in sur.cut)
         p[:w], p[b - w:] = v, -u
     cov = sur.covariance()
     pp = np.outer(p, p)
@@ -251,7 +256,7 @@ def fit_moving_average(gram: np.ndarray) -> MovingAverageSurrogate | None:
     cut = None
     if cw:
         u, v = _cover(g[b - w:, :w])
-        cut = (u, v)
+        cut = (tuple(map(float, u)), tuple(map(float, v)))
         t = np.arange(w)
         start = np.where(t[None, :] >= t[:, None], a[np.clip(t[None, :] - t[:, None], 0, w)], 0.0)  # [i, t] = a[t - i]
         s_blk = _boundary_block(start, v, upper=True, shared=w - 1)
@@ -263,7 +268,7 @@ def fit_moving_average(gram: np.ndarray) -> MovingAverageSurrogate | None:
                     A[i, tt - i] = s_blk[i, tt]
                 if tt <= i:
                     A[b - w + i, w - i + tt] = e_blk[i, tt]
-    sur = MovingAverageSurrogate(A, cut)
+    sur = MovingAverageSurrogate(tuple(tuple(map(float, r)) for r in A), cut)
     return sur if _dominates(sur, g) else None
 
 
