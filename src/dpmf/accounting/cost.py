@@ -315,6 +315,10 @@ _ALLOCATION_PLD_BASE = 2.0
 #: bsr(128, 4) over 2 epochs: 20-22 s), fresh slots (members modulo 1 and 2, 8 tables each; 5 fresh
 #: epochs of 100: 19 s).
 _MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.35, "fresh": 0.2}
+#: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
+#: average (:mod:`~dpmf.accounting.allocation.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
+#: over 4 epochs of 64 slots: ~5 s).
+_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.08}
 #: Evaluations of a calibration with the Markov members (the default plan's bsr-4 fresh row: 12).
 _MARKOV_CALIBRATION_EVALS = 10
 
@@ -335,7 +339,11 @@ def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
     if b > MAX_SLOTS:
         return _ALLOCATION_PLD_BASE, mem
     kind = "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")
-    return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b, mem
+    w = _bandwidth(strategy) - 1
+    band = 0.0 if kind == "fresh" else _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
+    if band:  # (three tables of m^w states x 400 partial sums alive at once)
+        mem = max(mem, 3 * 8.0 * 400 * {1: 96, 2: 40**2, 3: 20**3}[w])
+    return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
 
 
 def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
