@@ -344,7 +344,7 @@ def _program(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: flo
         for s in range(b - 1, -1, -1):
             V = comp.call_step(V, R[s + 1], R[s], xs, ps, a[s], c[s], h, m, w, factor)
     else:
-        V = np.broadcast_to(-u, (m**w, u_nodes)).copy()
+        V = np.broadcast_to(-u * (1 + 2 * _U), (m**w, u_nodes)).copy()  # W_b = (-u)_+
         for s in range(b - 1, -1, -1):
             V = comp.put_step(V, xs, ps, a[s], c[s], h, m, w, factor)
     weights = np.prod(ps[digits], axis=1)
