@@ -285,7 +285,9 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
 
 
 def markov_members(means: np.ndarray, period: int):
-    """The Markov members (:mod:`.markov`) of the ``b x N`` means: for each period ``q`` in
+    """The Markov members (:mod:`.markov`) of the ``b x N`` means -- first, for a band of order ``<= 3``
+    (at most 4 diagonals), its own moving average (:mod:`.moving_average`; the ring's corners cut) on
+    all slots -- then: for each period ``q`` in
     ``1..min(MARKOV_MAX_PERIOD, period - 1, b // 2)`` (at ``q = period`` the classes are orthogonal
     and the member is the orthogonal groups) a chain dominating every residue class's Gram
     entrywise and one dominating it in the PSD sense (Lemma P of :mod:`.markov`; left out where its
