@@ -137,7 +137,7 @@ def _markov_members(grams) -> tuple:
     proxy is smaller); and with 3 or 4 epochs of at most 32 slots (q = 1) one chain for the first and
     last epochs and one for the middle ones (:data:`_SPLIT_EPOCHS`, :data:`_SPLIT_MAX_SLOTS`). ``()`` above
     :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
-    from dpmf.accounting.allocation import markov
+    from dpmf.accounting.allocation import markov, moving_average
 
     b = grams[0].shape[0]
     if b > markov.MAX_SLOTS:
@@ -146,6 +146,15 @@ def _markov_members(grams) -> tuple:
     k = len(grams)
     every = tuple(range(k))
     out = []
+    if b <= _BAND_MAX_SLOTS:  # (a band of order <= 3: its own structure, the raised ends in its boundary blocks)
+        band = moving_average.fit_moving_average(grams)
+        if band is not None:
+            out.append((1, ((band, every),), ((b, 1.0),)))
+            if k in _SPLIT_EPOCHS:  # (as the chains below: the outer epochs' and the middle ones' own)
+                outer, middle = (0, k - 1), tuple(range(1, k - 1))
+                o, m = (moving_average.fit_moving_average([grams[e] for e in eps]) for eps in (outer, middle))
+                if o is not None and m is not None:
+                    out.append((1, ((o, outer), (m, middle)), ((b, 1.0),)))
     for q in range(1, min(_MARKOV_PERIODS, b // 2) + 1):
         parts = tuple(markov.class_grams(grams[0], q)[1])  # (every epoch has b slots: the same classes)
 
@@ -177,6 +186,9 @@ _SPLIT_EPOCHS = (3, 4)
 #: its length (bsr(300, 4) over 3 fresh epochs of 100 at sigma 3, delta 1e-6: 0.5374 -> 0.5352 for
 #: 2.2x the time, 12 -> 26 s; bsr(24, 3) over 3 of 8 at sigma 2: -3%, Toeplitz over 3 of 4: -5%).
 _SPLIT_MAX_SLOTS = 32
+#: The band's own moving average (:mod:`.moving_average`) is offered with at most this many slots per
+#: epoch (8 tables of ``m^w`` states each per evaluation: ~1.3 s per table at 32 slots, w = 3).
+_BAND_MAX_SLOTS = 32
 
 
 def _raised_end_last(gram: np.ndarray) -> np.ndarray:
@@ -207,7 +219,7 @@ _PUT_REACHES = (1.25, 2.0, 16.0)
 _SHORT_CALL_REACHES = (0.5, 1.0, 2.0)
 
 
-def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
+def _profiles(sur, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
     from dpmf.accounting.allocation.markov import call_bound_table, calls_at, on_threads, put_bound_table, puts_at
 
@@ -215,7 +227,11 @@ def _profiles(sur, parts, sigma: float, eps_top: float) -> dict:
     put_k = [r * 1.0001 for r in _PUT_REACHES]
     jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, k)
                                                                           for n, _ in parts for k in put_k]
-    tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
+    if hasattr(sur, "table"):  # (a surrogate of another module, :mod:`.moving_average`: its own tables, run in turn)
+        kinds = {call_bound_table: "call", put_bound_table: "put"}
+        tables = iter([sur.table(sigma, n, kinds[fn], n * k, delta) for fn, n, k in jobs])
+    else:
+        tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
     calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
     puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
     infl = 1 + 4 * (len(parts) + 2) * _U
@@ -265,7 +281,7 @@ def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, del
                 # squared norm) bounds the epoch's curve by ``budget`` beyond it (tightness only)
                 top_var = max(float(np.max(sur.variances(n))) for n, _ in parts) * (1 + 1e-9)
                 eps_top = pld.gaussian_epsilon(sigma / math.sqrt(top_var), budget)
-                profiles[id(sur)] = _profiles(sur, parts, sigma, eps_top)
+                profiles[id(sur)] = _profiles(sur, parts, sigma, eps_top, budget)
         comp = pld_compose.profiles_composition_epsilon([(profiles[id(sur)], len(eps)) for sur, eps in chains], delta,
                                                         grid=pld)
         out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],

@@ -128,6 +128,10 @@ class MovingAverageSurrogate:
         ring = "; the ring cut at its ends" if self.cut is not None else ""
         return f"moving average (MA({self.order}), the band's own structure{ring})"
 
+    def variances(self, n: int) -> np.ndarray:
+        """``Var(Y'_s)`` at the ``n`` slots (Gram units)."""
+        return (self.loadings**2).sum(axis=1)[:n]
+
     def covariance(self) -> np.ndarray:
         """``Cov(Y')`` (floats) from the loadings as a linear map of ``xi_0 .. xi_{b+w-1}``."""
         return _linear_map(self.loadings) @ _linear_map(self.loadings).T
@@ -199,24 +203,15 @@ def _cover(corners: np.ndarray, rounds: int = 20) -> tuple[np.ndarray, np.ndarra
     return u * (1 + 1e-9), v * (1 + 1e-9)
 
 
-def _boundary_block(base: np.ndarray, extra: np.ndarray, upper: bool, shared: int) -> np.ndarray:
-    """A non-negative triangular ``F`` with ``F F^T >= base base^T + extra extra^T`` entrywise: the
-    Cholesky factor (upper-triangular via the reversed order) if non-negative, else ``base`` with
-    ``extra`` added to column ``shared`` (the innovation every boundary slot loads on)."""
-    target = base @ base.T + np.outer(extra, extra)
+def _boundary_block(base: np.ndarray, extra: np.ndarray, raise_: np.ndarray, upper: bool) -> np.ndarray | None:
+    """A non-negative triangular ``F`` with ``F F^T = base base^T + extra extra^T + raise_`` (its
+    Cholesky factor; upper-triangular via the reversed order), or ``None`` if it has a negative entry."""
+    target = base @ base.T + np.outer(extra, extra) + raise_
     try:
-        if upper:
-            rev = np.linalg.cholesky(target[::-1, ::-1])
-            f = rev[::-1, ::-1]
-        else:
-            f = np.linalg.cholesky(target)
-        if np.all(f >= 0):
-            return f
+        f = np.linalg.cholesky(target[::-1, ::-1])[::-1, ::-1] if upper else np.linalg.cholesky(target)
     except np.linalg.LinAlgError:
-        pass
-    f = base.copy()
-    f[:, shared] += extra
-    return f
+        return None
+    return f if np.all(f >= 0) else None
 
 
 def _dominates(sur: MovingAverageSurrogate, gram: np.ndarray) -> bool:
@@ -234,40 +229,69 @@ def _dominates(sur: MovingAverageSurrogate, gram: np.ndarray) -> bool:
     return bool(np.all(d >= tol))
 
 
-def fit_moving_average(gram: np.ndarray) -> MovingAverageSurrogate | None:
-    """The surrogate of the module docstring for a (rounded-up) Gram of a band of order ``w <=
-    MAX_ORDER`` (cyclic corners allowed), or ``None``: not a band, a spectral factor with a negative
-    coefficient, too many slots, or the float check fails."""
-    g = np.asarray(gram, dtype=np.float64)
+def _excess_cover(excess: np.ndarray, scale: float) -> np.ndarray:
+    """A positive-semidefinite ``D >= excess_+`` entrywise: the positive off-diagonal part plus a
+    diagonal of its row sums and the positive diagonal (diagonally dominant), with a margin of
+    ``1e-9`` (relative, and ``1e-9 scale`` on the diagonal of a block with any excess) for the float
+    check."""
+    e = np.maximum(excess, 0.0)
+    if not np.any(e > 0):
+        return np.zeros_like(e)
+    off = e - np.diag(np.diag(e))
+    return (off + np.diag(np.diag(e) + off.sum(axis=1))) * (1 + 1e-9) + 1e-9 * scale * np.eye(e.shape[0])
+
+
+def fit_moving_average(gram) -> MovingAverageSurrogate | None:
+    """The surrogate of the module docstring for a (rounded-up) Gram -- or several of one size (their
+    entrywise maximum: it dominates each, Lemma K) -- of a band of order ``w <= MAX_ORDER`` (cyclic
+    corners allowed), or ``None``: not a band, a spectral factor with a negative coefficient, a
+    boundary block without a non-negative factor, too many slots, or the float check fails.
+
+    The stationary lags are the largest at each distance over the pairs not both among the first or
+    both among the last ``w`` slots (the interior's diagonal only); what the first (last) ``w`` slots'
+    block of the Gram has above the stationary block -- a raised diagonal, as fresh slots' step 1
+    leaves at an epoch's ends (:mod:`.fresh_correlated`) -- is covered by a PSD ``D >=`` that excess
+    added to the boundary block's own Gram (with the ring cut's ``v v^T``, ``u u^T``)."""
+    grams = [np.asarray(g, dtype=np.float64) for g in (gram if isinstance(gram, (list, tuple)) else [gram])]
+    g = grams[0] if len(grams) == 1 else np.maximum.reduce(grams)
     b = g.shape[0]
     band = _band(g)
     if band is None or b > MAX_SLOTS:
         return None
     w, cw = band
-    if not 1 <= w <= MAX_ORDER or b < 4 * w + 2:
+    if not 1 <= w <= MAX_ORDER or b < 2 * w or (cw and b < 2 * w + 2):  # (the boundary blocks apart)
         return None
-    d = np.abs(np.subtract.outer(np.arange(b), np.arange(b)))
-    lags = np.array([float(g[d == L].max()) for L in range(w + 1)])
+    i, j = np.meshgrid(np.arange(b), np.arange(b), indexing="ij")
+    d = np.abs(i - j)
+    inner = ~(((i < w) & (j < w)) | ((i >= b - w) & (j >= b - w)))
+    diag = np.diag(g)[w:b - w] if b > 2 * w else np.diag(g)  # (no interior: the smallest, the rest in the blocks)
+    lags = np.array([float(g[(d == L) & inner].max()) if L else float(diag.max() if b > 2 * w else diag.min())
+                     for L in range(w + 1)])
     a = _spectral_factor(lags)
     if a is None:
         return None
     a = a * (1 + 1e-9)
-    A = np.tile(a, (b, 1))
+    stationary = np.array([[a[: a.size - abs(x - y)] @ a[abs(x - y):] if abs(x - y) <= w else 0.0 for y in range(w)]
+                           for x in range(w)])
+    u = v = np.zeros(w)
     cut = None
     if cw:
         u, v = _cover(g[b - w:, :w])
         cut = (tuple(map(float, u)), tuple(map(float, v)))
-        t = np.arange(w)
-        start = np.where(t[None, :] >= t[:, None], a[np.clip(t[None, :] - t[:, None], 0, w)], 0.0)  # [i, t] = a[t - i]
-        s_blk = _boundary_block(start, v, upper=True, shared=w - 1)
-        end = np.where(t[None, :] <= t[:, None], a[np.clip(w - t[:, None] + t[None, :], 0, w)], 0.0)  # [i, t] = a[w - i + t]
-        e_blk = _boundary_block(end, u, upper=False, shared=0)
-        for i in range(w):
-            for tt in range(w):
-                if tt >= i:
-                    A[i, tt - i] = s_blk[i, tt]
-                if tt <= i:
-                    A[b - w + i, w - i + tt] = e_blk[i, tt]
+    t = np.arange(w)
+    start = np.where(t[None, :] >= t[:, None], a[np.clip(t[None, :] - t[:, None], 0, w)], 0.0)  # [i, t] = a[t - i]
+    end = np.where(t[None, :] <= t[:, None], a[np.clip(w - t[:, None] + t[None, :], 0, w)], 0.0)  # [i, t] = a[w - i + t]
+    s_blk = _boundary_block(start, v, _excess_cover(g[:w, :w] - stationary, lags[0]), upper=True)
+    e_blk = _boundary_block(end, u, _excess_cover(g[b - w:, b - w:] - stationary, lags[0]), upper=False)
+    if s_blk is None or e_blk is None:
+        return None
+    A = np.tile(a, (b, 1))
+    for x in range(w):
+        for y in range(w):
+            if y >= x:
+                A[x, y - x] = s_blk[x, y]
+            if y <= x:
+                A[b - w + x, w - x + y] = e_blk[x, y]
     sur = MovingAverageSurrogate(tuple(tuple(map(float, r)) for r in A), cut)
     return sur if _dominates(sur, g) else None
 
