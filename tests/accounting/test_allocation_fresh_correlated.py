@@ -136,6 +136,7 @@ def test_members_see_each_epochs_raised_diagonal_at_the_end(monkeypatch):
     import dpmf.accounting.allocation.fresh_correlated as fc
 
     strategy, k, sigma, delta = bsr(16, 4), 2, 2.0, 1e-5
+    monkeypatch.setattr(fc, "_BAND_MAX_SLOTS", 0)  # (the chains' orientation: the band's own member is left out)
     grams = epoch_grams(mixture_means(strategy, 1, strategy.n), k)
     oriented = [fc._raised_end_last(g) for g in grams]
     assert np.array_equal(oriented[0], grams[0]) and np.array_equal(oriented[1], grams[1][::-1, ::-1])

@@ -127,3 +127,40 @@ def test_accountant_offers_it_first_and_takes_it_where_it_is_tighter():
     assert len(band) == 1 and "ring cut" in band[0]["bound"]
     others = [r["epsilon"] for r in rows if not r["bound"].startswith("moving average") and r.get("epsilon") is not None]
     assert report.epsilon == band[0]["epsilon"] <= min(others) and report.certified
+
+
+@pytest.mark.parametrize("strategy, epochs", [(bsr(32, 4), 2), (ToeplitzStrategy([1.0, 0.8, 0.6], 12), 3)],
+                         ids=["bsr-2x16", "toeplitz-3x4-no-interior"])
+def test_fresh_epochs_raised_ends_go_into_the_boundary_blocks(strategy, epochs):
+    from dpmf.accounting.allocation.fresh_correlated import epoch_grams
+
+    grams = epoch_grams(mixture_means(strategy, 1, strategy.n), epochs)
+    sur = ma.fit_moving_average(grams)
+    assert sur is not None and sur.cut is None
+    cov = sur.covariance()
+    for g in grams:  # Lemma K: entrywise above every epoch's Gram (step 1's raised diagonal included)
+        assert np.all(cov >= g * (1 - 1e-12))
+    w, b = sur.order, len(sur.rows)
+    raised = np.diag(np.maximum.reduce(grams)) - np.diag(grams[0] if epochs == 1 else np.minimum.reduce(grams))
+    assert raised[:w].max() > 0.1 or raised[b - w:].max() > 0.1
+    if b > 2 * w:  # the interior keeps the stationary variance; only the blocks pay the raised ends
+        assert np.allclose(cov.diagonal()[w:b - w], cov.diagonal()[w:b - w].min())
+        assert cov.diagonal().max() > 1.1 * cov.diagonal()[w:b - w].min()
+    # negative control: the stationary rows alone (no boundary blocks) miss the raised diagonal
+    a = np.array(sur.rows[b // 2])
+    bare = ma.MovingAverageSurrogate(tuple(tuple(a) for _ in range(b)))
+    assert not ma._dominates(bare, np.maximum.reduce(grams))
+
+
+def test_fresh_slots_take_it_where_tighter_and_stay_above_the_exact_pair():
+    from test_allocation_fresh_correlated import _pattern_means
+
+    strategy, k, sigma, delta = bsr(16, 4), 2, 2.0, 1e-5
+    report = dpmf.account(strategy, BallsInBinsSampling(k, 16, fresh_slots=True), sigma, delta, method="allocation_pld")
+    rows = report.diagnostics["reductions"]
+    band = [r for r in rows if r["bound"].startswith("moving average")]
+    chains = [r["epsilon_by_direction"]["remove"] for r in rows if r["bound"].startswith("Markov")]
+    assert band and band[0]["epsilon_by_direction"]["remove"] < min(chains)  # (measured: 2.407 vs 2.474)
+    assert "moving average" in report.diagnostics["bound"]
+    _, lower = _mc_epsilon_interval(_pattern_means(strategy, k, 16), sigma, delta, 300_000, seed=3)
+    assert report.epsilon >= lower
