@@ -23,7 +23,9 @@ _U = 2.0**-53
 
 @nb.njit(cache=True, nogil=True, inline="always")
 def _base(idx, xs, a, c, m, w):  # pragma: no cover - compiled
-    """``sum_j a_j x_{d_j} - c`` over the state's ``w`` digits (``d_0`` the oldest) and its absolute size."""
+    """``sum_j a_j x_{d_j} - c`` over the state's ``w`` digits (``d_0`` the oldest) and the sum of its
+    terms' absolute values (the rounding of the summand's exponent, ``w + 2`` terms, is within ``8 u``
+    of that plus the new innovation's term)."""
     base, size, pw = -c, abs(c), 1
     for j in range(w - 1, -1, -1):
         d = (idx // pw) % m
@@ -61,8 +63,10 @@ def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - c
             base, size = _base(idx, xs, a, c, m, w)
             acc = np.zeros(nu)
             for l in range(m):
+                if ps[l] == 0.0:  # (no mass: no term, and no 0 * inf)
+                    continue
                 e = base + a[w] * xs[l]
-                x = math.exp(e + 4 * _U * (size + abs(a[w] * xs[l]))) * (1 + 4 * _U)
+                x = math.exp(e + 8 * _U * (size + abs(a[w] * xs[l]))) * (1 + 4 * _U)
                 fq, f = _shift(x, h, nu, True)
                 pl, vn, rn = ps[l], V[r * m + l], Rn[r * m + l]
                 lim = max(nu - 1 - fq, 0)
@@ -92,8 +96,10 @@ def put_step(V, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
             base, size = _base(idx, xs, a, c, m, w)
             acc = np.zeros(nu)
             for l in range(m):
+                if ps[l] == 0.0:
+                    continue
                 e = base + a[w] * xs[l]
-                x = math.exp(e - 4 * _U * (size + abs(a[w] * xs[l]))) * (1 - 4 * _U)
+                x = math.exp(e - 8 * _U * (size + abs(a[w] * xs[l]))) * (1 - 4 * _U)
                 fq, f = _shift(x, h, nu, False)
                 pl, vn = ps[l], V[r * m + l]
                 g0, g1 = pl * (1.0 - f), pl * f

@@ -373,6 +373,7 @@ def _program(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: flo
             V = comp.put_step(V, xs, ps, a[s], c[s], h, m, w, factor)
     weights = np.prod(ps[digits], axis=1)
     vals = (weights @ V) * (1 + 4 * (w + m**w) * _U)
+    vals = np.where(np.isnan(vals), np.inf, vals)  # (an overflow is never read as a small bound)
     strikes = -u[::-1].copy()
     vals = vals[::-1].copy()
     if kind == "call":
