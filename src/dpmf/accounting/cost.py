@@ -319,6 +319,9 @@ _MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.35, "fresh": 0.2}
 #: average (:mod:`~dpmf.accounting.allocation.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
 #: over 4 epochs of 64 slots: ~5 s).
 _BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.08}
+#: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
+#: with 3-4 epochs; bench_allocation_fresh_correlated.py: +3 to +7 s per evaluation).
+_BAND_FRESH_SECONDS = 6.0
 #: Evaluations of a calibration with the Markov members (the default plan's bsr-4 fresh row: 12).
 _MARKOV_CALIBRATION_EVALS = 10
 
@@ -340,7 +343,10 @@ def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
         return _ALLOCATION_PLD_BASE, mem
     kind = "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")
     w = _bandwidth(strategy) - 1
-    band = 0.0 if kind == "fresh" else _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
+    if kind == "fresh":  # (offered with <= 32 slots per epoch: 8-16 tables, 3-7 s at 8-16 slots)
+        band = _BAND_FRESH_SECONDS if 1 <= w <= 3 and b <= 32 else 0.0
+    else:
+        band = _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
     if band:  # (three tables of m^w states x 400 partial sums alive at once)
         mem = max(mem, 3 * 8.0 * 400 * {1: 96, 2: 40**2, 3: 20**3}[w])
     return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
