@@ -120,7 +120,7 @@ def test_surrogates_compare_equal_by_value_for_the_accountants_memo():
 
 
 def test_accountant_offers_it_first_and_takes_it_where_it_is_tighter():
-    strategy, scheme, sigma, delta = bsr(64, 4), BallsInBinsSampling(2, 64), 2.0, 1e-3
+    strategy, scheme, sigma, delta = bsr(32, 4), BallsInBinsSampling(2, 32), 2.0, 1e-3
     report = dpmf.account(strategy, scheme, sigma, delta, method="allocation_pld")
     rows = report.diagnostics["reductions"]
     band = [r for r in rows if r["bound"].startswith("moving average")]
