@@ -74,8 +74,18 @@ Every node value is a non-negative combination (each step multiplies by ``1 + 4 
 on two cores; offered for bands ``w <= MAX_ORDER`` and ``b <= MAX_SLOTS``. The grid's error is the
 cells' added variance (about ``h^2 / 6`` per innovation), so the nodes are dense where the tilted
 innovations that set delta fall (``x`` ~ 0.5-3 for the call): measured on bsr(256, 4) over 4 reused
-epochs at sigma 3 (its surrogate 1.020x the exact pair): ``m`` = 16 / 20 / 24 gave 1.082x / 1.062x /
-1.053x.
+epochs at sigma 3 (its surrogate 1.020x the exact pair), with the nodes on ``[-2.5, 6]`` dense about
+their middle, ``m`` = 16 / 20 / 24 gave 1.082x / 1.062x / 1.053x, and the final grid (dense about
+``1.2`` times the loadings' largest row sum) 1.052x at ``m = 20``; a symmetric grid on ``[-7.5, 7.5]``
+1.20x / 1.13x at ``m`` = 16 / 20. At larger loadings over sigma the cells cost more (4 reused epochs
+at sigma 2: 1.13x, where the anchored ring of :mod:`.markov` is 1.096x): the accountant keeps both.
+
+**Raised ends (fresh slots).** Step 1 of :mod:`.fresh_correlated` raises an epoch's diagonal at its
+first and last ``w`` positions. The stationary lags are taken from the pairs not both inside one
+boundary block (the diagonal from the interior only), and a block's excess over the stationary
+block is covered by a positive-semidefinite ``D`` (its positive off-diagonal part plus a diagonal of
+row sums and the positive diagonal) added to the block's own Gram: the covariance is then entrywise
+above the Gram (Lemma K; several epochs' Grams at once through their entrywise maximum).
 """
 
 from __future__ import annotations
