@@ -227,17 +227,18 @@ _SHORT_CALL_REACHES = (0.5, 1.0, 2.0)
 
 def _profiles(sur, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
-    from dpmf.accounting.allocation.markov import call_bound_table, calls_at, on_threads, put_bound_table, puts_at
+    from dpmf.accounting.allocation.markov import _table, calls_at, on_threads, puts_at
 
     call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _SHORT_CALL_REACHES} | {eps_top})]
     put_k = [r * 1.0001 for r in _PUT_REACHES]
-    jobs = [(call_bound_table, n, k) for n, _ in parts for k in call_k] + [(put_bound_table, n, k)
-                                                                          for n, _ in parts for k in put_k]
-    if hasattr(sur, "table"):  # (a surrogate of another module, :mod:`.moving_average`: its own tables, run in turn)
-        kinds = {call_bound_table: "call", put_bound_table: "put"}
-        tables = iter([sur.table(sigma, n, kinds[fn], n * k, delta) for fn, n, k in jobs])
-    else:
-        tables = iter(on_threads(lambda job: job[0](sur, sigma, job[1], job[1] * job[2]), jobs))
+    jobs = [("call", n, k) for n, _ in parts for k in call_k] + [("put", n, k) for n, _ in parts for k in put_k]
+
+    def run(job):
+        kind, n, k = job
+        return _table(sur, sigma, n, kind, n * k, delta)
+
+    # (a surrogate with its own tables, :mod:`.moving_average`, runs them in turn: its kernels are parallel)
+    tables = iter([run(job) for job in jobs] if hasattr(sur, "table") else on_threads(run, jobs))
     calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
     puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
     infl = 1 + 4 * (len(parts) + 2) * _U

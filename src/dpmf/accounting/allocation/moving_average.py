@@ -144,7 +144,8 @@ class MovingAverageSurrogate:
 
     def covariance(self) -> np.ndarray:
         """``Cov(Y')`` (floats) from the loadings as a linear map of ``xi_0 .. xi_{b+w-1}``."""
-        return _linear_map(self.loadings) @ _linear_map(self.loadings).T
+        lin = _linear_map(self.loadings)
+        return lin @ lin.T
 
     def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
         """The call or put bound table (:func:`call_bound_table`, :func:`put_bound_table`); ``grid``
@@ -161,6 +162,11 @@ def _linear_map(loadings: np.ndarray) -> np.ndarray:
     for j in range(p):
         out[np.arange(b), np.arange(b) + j] = loadings[:, j]
     return out
+
+
+def _autocov(a: np.ndarray, lag: int) -> float:
+    """``sum_j a_j a_{j+lag}``: the lag's covariance of a moving average with coefficients ``a``."""
+    return float(a[: a.size - lag] @ a[lag:]) if lag < a.size else 0.0
 
 
 def _band(gram: np.ndarray) -> tuple[int, int] | None:
@@ -190,9 +196,9 @@ def _spectral_factor(lags: np.ndarray) -> np.ndarray | None:
         return None
     theta = np.real(np.poly(1.0 / out))  # prod (1 - z / r): coefficients of z^0 .. z^w after reversal
     theta = theta / theta[0]
-    acov = np.array([theta[: theta.size - L] @ theta[L:] for L in range(w + 1)])
+    acov = np.array([_autocov(theta, L) for L in range(w + 1)])
     a = theta * math.sqrt(lags[0] / acov[0])
-    check = np.array([a[: a.size - L] @ a[L:] for L in range(w + 1)])
+    check = np.array([_autocov(a, L) for L in range(w + 1)])
     if np.any(a < 0) or not np.allclose(check, lags, rtol=1e-9, atol=1e-12 * lags[0]):
         return None
     return a
@@ -281,8 +287,7 @@ def fit_moving_average(gram) -> MovingAverageSurrogate | None:
     if a is None:
         return None
     a = a * (1 + 1e-9)
-    stationary = np.array([[a[: a.size - abs(x - y)] @ a[abs(x - y):] if abs(x - y) <= w else 0.0 for y in range(w)]
-                           for x in range(w)])
+    stationary = np.array([[_autocov(a, abs(x - y)) for y in range(w)] for x in range(w)])
     u = v = np.zeros(w)
     cut = None
     if cw:
