@@ -45,6 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.recurrent import plain_recurrent
 from dpmf.training.torch.clipping import (
     check_nonfinite,
     check_scalar_loss,
@@ -233,7 +234,8 @@ class PerExampleClipper:
 
         params = {n: p.detach() for n, p in zip(names, self.params)}
         in_dims = (None, 0, None if targets is None else 0)
-        grads = func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
+        with plain_recurrent(module):  # fused RNN kernels do not vmap: the same layers in plain operations
+            grads = func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
         return [grads[n] for n in names]
 
     def _attach_opacus(self):

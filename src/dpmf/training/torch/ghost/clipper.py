@@ -38,9 +38,9 @@ from typing import Any, Callable
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
-from dpmf.training.torch.ghost import conv, embedding, linear, normalization  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost import conv, embedding, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
-from dpmf.training.torch.ghost.registry import LayerCall, rule_for
+from dpmf.training.torch.ghost.registry import LayerCall, call_batch, rule_for
 from dpmf.training.torch.ghost.sequence import F64
 
 torch = require_torch()
@@ -253,7 +253,7 @@ class GhostClipper:
         first = flat_tensors((args, kwargs))
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
-        batch = first[0].shape[0] if first and first[0].ndim >= 1 else 0
+        batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0)
         outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
                          versions=[(t, t._version) for t in first])
