@@ -233,3 +233,25 @@ def test_training_loop_runs(mode):
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     if mode == "ghost":
         assert optimizer.clipper.covered_layers()["rnn"] == "ghost"
+
+
+class ItemLayer(torch.nn.Module):
+    """A layer torch.func cannot batch (``.item()`` in its forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return x * self.w * float(x.abs().max().item() > 0)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "functorch"])
+def test_layer_that_vmap_cannot_batch_gives_one_clear_error(mode):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), ItemLayer(), torch.nn.Linear(3, 2))
+    x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+    clipper = GhostClipper(model, F.cross_entropy, 1.0) if mode == "ghost" else PerExampleClipper(
+        model, F.cross_entropy, 1.0)
+    with pytest.raises(UnsupportedConfigurationError, match=r"layer '1' \(ItemLayer\).*\.item\(\)"):
+        clipper.clipped_sum(x, y)
+    clipper.close()
