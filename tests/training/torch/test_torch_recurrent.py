@@ -255,3 +255,10 @@ def test_layer_that_vmap_cannot_batch_gives_one_clear_error(mode):
     with pytest.raises(UnsupportedConfigurationError, match=r"layer '1' \(ItemLayer\).*\.item\(\)"):
         clipper.clipped_sum(x, y)
     clipper.close()
+
+
+def test_opacus_mode_refuses_torch_recurrent_layers_clearly():
+    pytest.importorskip("opacus")
+    model, inputs, y = make("GRU", batch_first=True)
+    with pytest.raises(UnsupportedConfigurationError, match=r"'rnn'.*DPLSTM.*'ghost' or 'functorch'"):
+        PerExampleClipper(model, F.cross_entropy, 1.0, mode="opacus")

@@ -45,7 +45,6 @@ from typing import Any, Callable, NamedTuple
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.recurrent import plain_recurrent
 from dpmf.training.torch.clipping import (
     check_nonfinite,
     check_scalar_loss,
@@ -55,6 +54,7 @@ from dpmf.training.torch.clipping import (
     setup_clipper,
     toward_zero,
 )
+from dpmf.training.torch.recurrent import is_plain_recurrent, plain_recurrent
 
 torch = require_torch()
 
@@ -282,6 +282,13 @@ class PerExampleClipper:
             raise UnsupportedConfigurationError(
                 "mode='opacus' needs opacus (pip install opacus==1.6.0); mode='functorch' needs nothing more"
             ) from exc
+        rnn = [n for n, m in self.module.named_modules() if is_plain_recurrent(m)]
+        if rnn:
+            raise UnsupportedConfigurationError(
+                f"mode='opacus' cannot take torch.nn recurrent layers ({', '.join(repr(n) for n in rnn)}): Opacus' hooks "
+                "need its own opacus.layers.DPLSTM/DPGRU/DPRNN; grad_sample_mode='ghost' or 'functorch' take "
+                "nn.RNN/GRU/LSTM as they are"
+            )
         gsm = GradSampleModule(self.module, batch_first=True, loss_reduction=self.loss_reduction, strict=True)
         gsm.disable_hooks()  # only inside our calls: the user's own forward/backward stay untouched
         return gsm
