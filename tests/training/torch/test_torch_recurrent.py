@@ -262,3 +262,40 @@ def test_opacus_mode_refuses_torch_recurrent_layers_clearly():
     model, inputs, y = make("GRU", batch_first=True)
     with pytest.raises(UnsupportedConfigurationError, match=r"'rnn'.*DPLSTM.*'ghost' or 'functorch'"):
         PerExampleClipper(model, F.cross_entropy, 1.0, mode="opacus")
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_non_finite_example_skipped_or_raised(batch_first):
+    """nonfinite='skip': the example with an inf input contributes 0, the others exactly as without it;
+    'raise' (default): NumericalError. Two layers x two directions and h0 given: the state tensors are
+    (4, B, H), so B = 5 keeps dim 0 apart from the batch."""
+    from dpmf.errors import NumericalError
+
+    model, inputs, y = make("LSTM", B=5, T=4, states=True, batch_first=batch_first, num_layers=2,
+                            bidirectional=True)
+    x = inputs[0].clone()
+    x[2, 1, 0] = float("inf")
+    bad_inputs = (x, *inputs[1:])
+    keep = [0, 1, 3, 4]
+    ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
+    got = ghost.clipped_sum(bad_inputs, y)
+    assert ghost.skipped_nonfinite == 1 and not torch.isfinite(got.norms[2])
+    ghost.close()
+    want, norms = reference(model, tuple(t[keep] for t in inputs), y[keep], 0.3, ghost.margin)
+    assert torch.allclose(got.norms[keep], norms, rtol=1e-9, atol=0)
+    for name, a, b in zip(ghost.param_names, got.grads, want):
+        assert torch.isfinite(a).all() and torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12), name
+    ghost = GhostClipper(model, F.cross_entropy, 0.3)
+    with pytest.raises(NumericalError):
+        ghost.clipped_sum(bad_inputs, y)
+    ghost.close()
+
+
+def test_non_finite_skip_refused_where_the_batch_dimension_is_ambiguous():
+    model, inputs, y = make("GRU", B=4, T=4, batch_first=False)  # the layer's input is (T=4, B=4, d)
+    x = inputs[0].clone()
+    x[1, 0, 0] = float("nan")
+    ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
+    with pytest.raises(UnsupportedConfigurationError, match="cannot be told apart"):
+        ghost.clipped_sum((x,), y)
+    ghost.close()

@@ -99,21 +99,56 @@ def recurrent_rule(module, call, trainable):
             targets += [rec["gi"], *rec["gh"], *rec["hr"]]
         grads = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
     grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
-    parts, k = [], 0
+    pieces, k = [], 0  # (A, G, weight name, bias name): one Linear along time each
     for layer, d, rec in record:
         names = weight_names(module, layer, d)
-        T = len(rec["gh"])
-        d_gi = grads[k]
-        d_gh = torch.stack(grads[k + 1:k + 1 + T], 1)
-        k += 1 + T + len(rec["hr"])
-        pieces = [_part(rec["x"].detach(), d_gi, names["ih"], names.get("b_ih"), trainable),
-                  _part(torch.stack(rec["h_in"], 1).detach(), d_gh, names["hh"], names.get("b_hh"), trainable)]
-        if rec["hr"]:
-            d_hr = torch.stack(grads[k - len(rec["hr"]):k], 1)
-            pieces.append(_part(torch.stack(rec["m_in"], 1).detach(), d_hr, names["hr"], None, trainable))
-        parts += [p for p in pieces if p is not None]
-    return combine(parts)
+        T, P = len(rec["gh"]), len(rec["hr"])
+        pieces.append((rec["x"].detach(), grads[k], names["ih"], names.get("b_ih")))
+        pieces.append((torch.stack(rec["h_in"], 1).detach(), torch.stack(grads[k + 1:k + 1 + T], 1), names["hh"],
+                       names.get("b_hh")))
+        if P:
+            pieces.append((torch.stack(rec["m_in"], 1).detach(), torch.stack(grads[k + 1 + T:k + 1 + T + P], 1),
+                           names["hr"], None))
+        k += 1 + T + P
+    return _layer_gradients(pieces, trainable, call, module)
 
+
+def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
+    """Norms from the recomputed tensors as they are; clipped sums with any example whose tensors are not
+    finite set to 0 (its norm is then inf or NaN, so its clip factor is 0 anyway: ``0 * inf`` must not
+    poison the sum). The rows are zeroed here, on the recomputed batch-first tensors, because the
+    clipper's own zeroing of such examples works along dim 0, which is not the batch of every tensor a
+    recurrent call holds (``(T, B, d)`` inputs, ``(L*D, B, H)`` states)."""
+    B = call.batch
+    bad = torch.zeros(B, dtype=torch.bool, device=pieces[0][0].device)
+    for A, G, _, _ in pieces:
+        bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
+    if not call.versions and _ambiguous(module, call):
+        raise UnsupportedConfigurationError(
+            f"{type(module).__name__} saw a non-finite gradient with nonfinite='skip', and its call has another "
+            "dimension of the batch's size (time steps with batch_first=False, or layers x directions for the "
+            "states), so the examples to drop cannot be told apart; use batch_first=True and another batch size, "
+            "or nonfinite='raise'"
+        )
+    parts = [p for p in (_part(A, G, w, b, trainable) for A, G, w, b in pieces) if p is not None]
+    if not parts:  # (a unit always has a trainable weight; kept for safety)
+        return LayerGradients(torch.zeros(B, dtype=torch.float64, device=bad.device), lambda f: {})
+    raw = combine(parts)
+    if not bool(bad.any()):
+        return raw
+    keep = lambda t: torch.where(bad.view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
+    clean = combine([p for p in (_part(keep(A), keep(G), w, b, trainable) for A, G, w, b in pieces) if p is not None])
+    sq = torch.where(bad.to(raw.sq.device), torch.full_like(raw.sq, float("nan")), raw.sq)
+    return LayerGradients(sq, clean.weighted_sum)
+
+
+def _ambiguous(module, call) -> bool:
+    """Whether a tensor of this call has a dim 0 of the batch's size that is not the batch."""
+    B = call.batch
+    x, hx = _input_and_state(call)
+    L = module.num_layers * (2 if module.bidirectional else 1)
+    state = hx is not None or any(g is not None for g in call.grads[1:])
+    return (not module.batch_first and x.shape[0] == B) or (state and L == B)
 
 for _t in RECURRENT_TYPES:
     CALL_BATCH[_t] = recurrent_batch
