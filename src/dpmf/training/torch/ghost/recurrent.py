@@ -11,15 +11,16 @@ per-example gradient is a Linear's along the sequence. For one layer and directi
 
 where ``du, dv, dh`` are the gradients of the loss with respect to those pre-activations (for the GRU,
 ``dv`` is the gradient of ``W_hh h + b_hh`` itself, whose ``n`` block reaches the state through
-``r * (.)``). The fused kernel PyTorch ran in the forward does not expose ``du, dv``, so the rule re-runs the
-layer call in plain operations (:func:`~dpmf.training.torch.recurrent.recurrent_forward`, the same
-equations, on the recorded input and initial state, with the weights detached) and asks autograd for
-the gradients of the pre-activations at the recorded output gradients (``output``, ``h_n`` and, for the
-LSTM, ``c_n``: any of them may carry gradient). One batched re-run and backward: no per-example loop,
-no ``B x parameters`` tensor. Norms and clipped sums then come from
+``r * (.)``). The fused kernel PyTorch ran in the forward does not expose ``du, dv``, so the rule
+recomputes them from the recorded input, initial state and the gradients that reached ``output``,
+``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gradient):
+:func:`~dpmf.training.torch.recurrent.gate_gradients` runs the layer's equations forward without
+autograd, keeping the gate activations, and the backward through time by hand. One batched pass: no
+per-example loop, no ``B x parameters`` tensor. Norms and clipped sums then come from
 :func:`~dpmf.training.torch.ghost.linear.linear_parts` (Gram or materialized by cost, with its rounding
 bound), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
-agrees with the fused kernel to rounding (tested in float64); the clip bound does not depend on that.
+agrees with autograd through the fused kernel to rounding (tested in float64); the clip bound does not
+depend on that.
 
 Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, and dropout between
 layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can).
@@ -32,7 +33,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.linear import linear_parts
 from dpmf.training.torch.ghost.materialized import combine
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
-from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, recurrent_forward, weight_names
+from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, gate_gradients, weight_names
 
 torch = require_torch()
 
@@ -89,27 +90,14 @@ def recurrent_rule(module, call, trainable):
     x = x.to(work)
     if hx is not None:
         hx = tuple(h.to(work) for h in hx) if isinstance(hx, (tuple, list)) else hx.to(work)
-    record: list = []
-    with torch.enable_grad():
-        out = recurrent_forward(module, x, hx, record=record, params=params)
-        flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
-        pairs = [(o, g.to(work)) for o, g in zip(flat, call.grads) if g is not None]
-        targets = []
-        for _, _, rec in record:
-            targets += [rec["gi"], *rec["gh"], *rec["hr"]]
-        grads = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
-    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
-    pieces, k = [], 0  # (A, G, weight name, bias name): one Linear along time each
-    for layer, d, rec in record:
+    grads = [None if g is None else g.to(work) for g in call.grads] + [None, None]
+    pieces = []  # (A, G, weight name, bias name): one Linear along time each
+    for layer, d, rec in gate_gradients(module, x, hx, grads[0], grads[1], grads[2], params):
         names = weight_names(module, layer, d)
-        T, P = len(rec["gh"]), len(rec["hr"])
-        pieces.append((rec["x"].detach(), grads[k], names["ih"], names.get("b_ih")))
-        pieces.append((torch.stack(rec["h_in"], 1).detach(), torch.stack(grads[k + 1:k + 1 + T], 1), names["hh"],
-                       names.get("b_hh")))
-        if P:
-            pieces.append((torch.stack(rec["m_in"], 1).detach(), torch.stack(grads[k + 1 + T:k + 1 + T + P], 1),
-                           names["hr"], None))
-        k += 1 + T + P
+        pieces.append((rec["x"], rec["dgi"], names["ih"], names.get("b_ih")))
+        pieces.append((rec["h_in"], rec["dgh"], names["hh"], names.get("b_hh")))
+        if rec["dhr"] is not None:
+            pieces.append((rec["m"], rec["dhr"], names["hr"], None))
     return _layer_gradients(pieces, trainable, call, module)
 
 
@@ -120,9 +108,7 @@ def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
     clipper's own zeroing of such examples works along dim 0, which is not the batch of every tensor a
     recurrent call holds (``(T, B, d)`` inputs, ``(L*D, B, H)`` states)."""
     B = call.batch
-    bad = torch.zeros(B, dtype=torch.bool, device=pieces[0][0].device)
-    for A, G, _, _ in pieces:
-        bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
+    device = pieces[0][0].device
     if not call.versions and _ambiguous(module, call):
         raise UnsupportedConfigurationError(
             f"{type(module).__name__} saw a non-finite gradient with nonfinite='skip', and its call has another "
@@ -132,10 +118,14 @@ def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
         )
     parts = [p for p in (_part(A, G, w, b, trainable) for A, G, w, b in pieces) if p is not None]
     if not parts:  # (a unit always has a trainable weight; kept for safety)
-        return LayerGradients(torch.zeros(B, dtype=torch.float64, device=bad.device), lambda f: {})
+        return LayerGradients(torch.zeros(B, dtype=torch.float64, device=device), lambda f: {})
     raw = combine(parts)
-    if not bool(bad.any()):
+    if bool(torch.isfinite(raw.sq).all()):  # a non-finite entry of A or G makes its example's norm inf/NaN
         return raw
+    bad = torch.zeros(B, dtype=torch.bool, device=device)
+    for A, G, _, _ in pieces:
+        bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
+    bad |= ~torch.isfinite(raw.sq).to(device)
     keep = lambda t: torch.where(bad.view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
     clean = combine([p for p in (_part(keep(A), keep(G), w, b, trainable) for A, G, w, b in pieces) if p is not None])
     sq = torch.where(bad.to(raw.sq.device), torch.full_like(raw.sq, float("nan")), raw.sq)
@@ -149,6 +139,7 @@ def _ambiguous(module, call) -> bool:
     L = module.num_layers * (2 if module.bidirectional else 1)
     state = hx is not None or any(g is not None for g in call.grads[1:])
     return (not module.batch_first and x.shape[0] == B) or (state and L == B)
+
 
 for _t in RECURRENT_TYPES:
     CALL_BATCH[_t] = recurrent_batch
