@@ -197,88 +197,102 @@ def plain_recurrent(model):
 
 # ---------------------------------------------------------------------------- gate gradients (ghost rule)
 def _states(kind, w, xs, h, c, reverse: bool) -> dict:
-    """Forward of one layer and direction (no autograd), keeping what the backward through time needs."""
+    """Forward of one layer and direction (no autograd), keeping what the backward through time needs:
+    the outputs ``out``, the states each step read ``h_in``, and the derivative factors of every step,
+    formed for all steps at once after the loop (only the recurrence itself runs step by step)."""
     B, T = xs.shape[:2]
     gi = F.linear(xs, w["ih"], w["b_ih"])
     H_out = h.shape[-1]
-    st = {"x": xs, "h_in": xs.new_empty(B, T, H_out), "out": xs.new_empty(B, T, H_out)}
+    h0 = h
+    out = xs.new_empty(B, T, H_out)
+    st = {"x": xs, "out": out}
     if kind == "GRU":
         H = H_out
-        st.update(r=xs.new_empty(B, T, H), z=xs.new_empty(B, T, H), n=xs.new_empty(B, T, H),
-                  ghn=xs.new_empty(B, T, H))
+        rz, n_all, ghn = xs.new_empty(B, T, 2 * H), xs.new_empty(B, T, H), xs.new_empty(B, T, H)
     elif kind == "LSTM":
         H = c.shape[-1]
-        st.update(a=xs.new_empty(B, T, 4 * H), tc=xs.new_empty(B, T, H), c_in=xs.new_empty(B, T, H))
-        if w["hr"] is not None:
-            st["m"] = xs.new_empty(B, T, H)
+        pre_all, c_all = xs.new_empty(B, T, 4 * H), xs.new_empty(B, T, H)
+        c_in0 = c
+        m_all = xs.new_empty(B, T, H) if w["hr"] is not None else None
+    else:
+        pre_all = xs.new_empty(B, T, H_out)
     for t in (range(T - 1, -1, -1) if reverse else range(T)):
-        st["h_in"][:, t] = h
         gh = F.linear(h, w["hh"], w["b_hh"])
         if kind == "GRU":
-            i_r, i_z, i_n = gi[:, t].chunk(3, -1)
-            h_r, h_z, h_n = gh.chunk(3, -1)
-            r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
-            n = torch.tanh(i_n + r * h_n)
-            st["r"][:, t], st["z"][:, t], st["n"][:, t], st["ghn"][:, t] = r, z, n, h_n
-            h = (1 - z) * n + z * h
+            s = torch.sigmoid(gi[:, t, :2 * H] + gh[:, :2 * H])
+            rz[:, t] = s
+            r, z = s[:, :H], s[:, H:]
+            ghn[:, t] = h_n = gh[:, 2 * H:]
+            n_all[:, t] = n = torch.tanh(gi[:, t, 2 * H:] + r * h_n)
+            h = n + z * (h - n)
         elif kind == "LSTM":
-            pre = gi[:, t] + gh
-            i, f, g, o = pre.chunk(4, -1)
-            i, f, g, o = torch.sigmoid(i), torch.sigmoid(f), torch.tanh(g), torch.sigmoid(o)
-            st["a"][:, t] = torch.cat((i, f, g, o), -1)
-            st["c_in"][:, t] = c
-            c = f * c + i * g
-            tc = torch.tanh(c)
-            st["tc"][:, t] = tc
-            h = o * tc
-            if w["hr"] is not None:
-                st["m"][:, t] = h
+            pre_all[:, t] = pre = gi[:, t] + gh
+            s = torch.sigmoid(pre)
+            c = s[:, H:2 * H] * c + s[:, :H] * torch.tanh(pre[:, 2 * H:3 * H])
+            c_all[:, t] = c
+            h = s[:, 3 * H:] * torch.tanh(c)
+            if m_all is not None:
+                m_all[:, t] = h
                 h = F.linear(h, w["hr"])
         else:
-            pre = gi[:, t] + gh
+            pre_all[:, t] = pre = gi[:, t] + gh
             h = torch.tanh(pre) if kind == "RNN_TANH" else torch.relu(pre)
-        st["out"][:, t] = h
+        out[:, t] = h
+    # the state step t read: h0 at the first step of the direction, else the neighbouring output
+    if reverse:
+        st["h_in"] = torch.cat((out[:, 1:], h0.unsqueeze(1)), 1)
+    else:
+        st["h_in"] = torch.cat((h0.unsqueeze(1), out[:, :-1]), 1)
+    if kind == "GRU":  # du = [dpn Kr, dh Kz, dpn], dpn = dh Kn; dv = du * [1, 1, r]
+        r, z = rz[..., :H], rz[..., H:]
+        Kn = (1 - z) * (1 - n_all * n_all)
+        st["P"] = torch.cat((Kn * ghn * r * (1 - r), (st["h_in"] - n_all) * z * (1 - z), Kn), -1)
+        st["R"] = torch.cat((torch.ones_like(rz), r), -1)
+        st["z"] = z
+    elif kind == "LSTM":  # dc += dm Kc; du = [dc, dc, dc, dm] * P; dc_{t-1} = dc f
+        s = torch.sigmoid(pre_all)
+        i, f, o = s[..., :H], s[..., H:2 * H], s[..., 3 * H:]
+        g = torch.tanh(pre_all[..., 2 * H:3 * H])
+        c_in = torch.cat((c_all[:, 1:], c_in0.unsqueeze(1)), 1) if reverse else torch.cat(
+            (c_in0.unsqueeze(1), c_all[:, :-1]), 1)
+        tc = torch.tanh(c_all)
+        st["Kc"] = o * (1 - tc * tc)
+        st["P"] = torch.cat((g * i * (1 - i), c_in * f * (1 - f), i * (1 - g * g), tc * o * (1 - o)), -1)
+        st["f"] = f
+        st["m"] = m_all
+    else:
+        st["P"] = 1 - out * out if kind == "RNN_TANH" else (pre_all > 0).to(out.dtype)
     return st
 
 
 def _through_time(kind, w, st, dout, dh, dc, reverse: bool) -> dict:
     """Backward through time of one layer and direction: the gradients of the pre-activations
     ``u_t = W_ih x_t + b_ih`` (``dgi``), ``v_t = W_hh h_{t-1} + b_hh`` (``dgh``) and, projected LSTM,
-    of ``h_t = W_hr m_t`` (``dhr``), each ``(B, T, .)`` in time order."""
+    of ``h_t = W_hr m_t`` (``dhr``), each ``(B, T, .)`` in time order (module docstring)."""
     B, T = dout.shape[:2]
     G = w["ih"].shape[0]
     dgi = dout.new_empty(B, T, G)
-    dgh = dout.new_empty(B, T, G) if kind == "GRU" else dgi  # RNN/LSTM: u_t and v_t are added, same gradient
     dhr = dout.new_empty(B, T, dout.shape[2]) if kind == "LSTM" and w["hr"] is not None else None
-    W_hh = w["hh"]
+    W_hh, P = w["hh"], st["P"]
     for t in (range(T) if reverse else range(T - 1, -1, -1)):
         dh = dh + dout[:, t]
         if kind == "GRU":
-            r, z, n, ghn, h_prev = st["r"][:, t], st["z"][:, t], st["n"][:, t], st["ghn"][:, t], st["h_in"][:, t]
-            dpn = dh * (1 - z) * (1 - n * n)
-            d_r = dpn * ghn * r * (1 - r)
-            d_z = dh * (h_prev - n) * z * (1 - z)
-            dgi[:, t] = torch.cat((d_r, d_z, dpn), -1)
-            dgh[:, t] = v = torch.cat((d_r, d_z, dpn * r), -1)
-            dh = dh * z + v @ W_hh
+            dgi[:, t] = v = torch.cat((dh, dh, dh), -1) * P[:, t]
+            dh = dh * st["z"][:, t] + (v * st["R"][:, t]) @ W_hh
         elif kind == "LSTM":
             if dhr is not None:
                 dhr[:, t] = dh
                 dm = dh @ w["hr"]
             else:
                 dm = dh
-            i, f, g, o = st["a"][:, t].chunk(4, -1)
-            tc = st["tc"][:, t]
-            dc = dc + dm * o * (1 - tc * tc)
-            dgi[:, t] = v = torch.cat((dc * g * i * (1 - i), dc * st["c_in"][:, t] * f * (1 - f),
-                                       dc * i * (1 - g * g), dm * tc * o * (1 - o)), -1)
-            dc = dc * f
+            dc = dc + dm * st["Kc"][:, t]
+            dgi[:, t] = v = torch.cat((dc, dc, dc, dm), -1) * P[:, t]
+            dc = dc * st["f"][:, t]
             dh = v @ W_hh
         else:
-            h = st["out"][:, t]
-            v = dh * (1 - h * h) if kind == "RNN_TANH" else dh * (h > 0)
-            dgi[:, t] = v
+            dgi[:, t] = v = dh * P[:, t]
             dh = v @ W_hh
+    dgh = dgi * st["R"] if kind == "GRU" else dgi  # RNN/LSTM: u_t and v_t are added, same gradient
     return {"dgi": dgi, "dgh": dgh, "dhr": dhr}
 
 
