@@ -46,7 +46,7 @@ def naive(model, loss_fn, inputs, targets, clip, margin):
         out = call_model(model, slice_inputs(inputs, i))
         loss = loss_fn(out, targets[i : i + 1])
         g = torch.autograd.grad(loss, params, allow_unused=True)
-        g = [torch.zeros_like(p) if gi is None else gi for gi, p in zip(g, params)]
+        g = [torch.zeros_like(p) if gi is None else (gi.to_dense() if gi.is_sparse else gi) for gi, p in zip(g, params)]
         per.append(g)
         norms.append(torch.sqrt(sum((gi.double() ** 2).sum() for gi in g)))
     norms = torch.stack(norms)
@@ -476,3 +476,15 @@ def test_layer_shared_across_the_batch_expanded():
             return self.lin(x + self.pos(torch.arange(4))).sum(1)
 
     check_equal(Broadcast(), ce, torch.randn(5, 4, 3), torch.randint(0, 2, (5,)))
+
+
+def test_sparse_embedding_ghost_rule_and_clear_refusal_elsewhere():
+    from dpmf.training.torch import PerExampleClipper
+
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    model = torch.nn.Sequential(emb, torch.nn.Flatten(), torch.nn.Linear(12, 2))
+    ids, y = torch.randint(0, 10, (5, 3)), torch.randint(0, 2, (5,))
+    ids[0] = 4  # a row looked up three times
+    check_equal(model, ce, ids, y, clip=0.3)
+    with pytest.raises(UnsupportedConfigurationError, match="sparse=False"):
+        PerExampleClipper(model, ce, 1.0)

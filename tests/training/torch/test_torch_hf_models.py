@@ -151,3 +151,49 @@ def _median_norm(model, b):
     """A clip norm between the examples' norms, so that some are clipped and some are not."""
     _, norms = reference(model, b, 1e9, 0.0)
     return float(norms.median())
+
+
+class _Sequences(torch.utils.data.Dataset):
+    def __init__(self, n=12):
+        g = torch.Generator().manual_seed(2)
+        self.ids = torch.randint(1, V, (n, T), generator=g)
+        self.mask = torch.ones(n, T, dtype=torch.long)
+        self.mask[::3, 6:] = 0
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i]}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "lora"])
+def test_make_private_trains_in_the_opacus_loop(kind):
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import Identity
+    from dpmf.training.torch import make_private
+
+    if kind == "lora":
+        peft = pytest.importorskip("peft")
+        model = peft.get_peft_model(llama(dtype=torch.float32), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    else:
+        model = gpt2(True, torch.float32)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    before = [p.detach().clone() for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    run = make_private(model, opt, _Sequences(), strategy=Identity(3), sampling=FixedOrderSampling(1, 3),
+                       noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0, seed=0, accountant="unamplified")
+    steps = 0
+    for b in run.data_loader:
+        run.optimizer.zero_grad()
+        per_example_loss(run.module(**b).logits, b).mean().backward()
+        run.optimizer.step()
+        steps += 1
+    assert steps == 3
+    after = [p.detach() for p in model.parameters() if p.requires_grad]
+    assert all(torch.isfinite(a).all() for a in after) and any(not torch.equal(a, b) for a, b in zip(after, before))
+    training = run.privacy.report().diagnostics["training"]
+    assert training["trainable_parameters"] == trainable
+    assert training["ghost_fallback_layers"] == []
+    if kind == "lora":
+        assert trainable < sum(p.numel() for p in model.parameters()) / 10
