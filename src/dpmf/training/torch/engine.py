@@ -171,6 +171,8 @@ class Privacy:
             "steps_done": self.steps_done,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_class": _optimizer_class(self.optimizer),
+            "optimizer_hyperparameters": _hyperparameter_names(self.optimizer.param_groups),
             "sampler": self.sampler.state_dict(steps_done=self.steps_done),
             "noise": self.noise_state(),
             "torch_rng": torch.get_rng_state(),
@@ -212,6 +214,7 @@ class Privacy:
                 "file is damaged; resume from an unedited checkpoint"
             )
         _check_model_state(state.get("model"), self.module)
+        _check_optimizer_state(state, self.optimizer)
         # the noise first: it checks everything (its digest too) before changing anything
         self.optimizer.noise.load_state_dict(state["noise"])
         self.sampler.load_state_dict(state["sampler"])
@@ -271,6 +274,56 @@ class Privacy:
         except Exception as exc:  # torch raises many types for a corrupt file
             raise InvalidParameterError(f"checkpoint {path} is not a readable torch checkpoint ({type(exc).__name__})") from exc
         self.load_state_dict(state)
+
+
+def _optimizer_class(optimizer) -> str:
+    """``"torch.optim.sgd.SGD"``: the class of the optimizer a :class:`DPOptimizer` wraps."""
+    inner = getattr(optimizer, "original_optimizer", optimizer)
+    cls = type(inner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _hyperparameter_names(param_groups) -> list[str]:
+    """The sorted hyper-parameter names of an optimizer's parameter groups (``lr``, ``momentum``,
+    ``betas`` ...): what its ``step`` reads from every group."""
+    names = set()
+    for group in param_groups if isinstance(param_groups, (list, tuple)) else ():
+        if isinstance(group, dict):
+            names |= {str(k) for k in group if k != "params"}
+    return sorted(names)
+
+
+def _check_optimizer_state(state: dict, optimizer) -> None:
+    """Refuse, before anything is loaded, a checkpoint saved from another optimizer class, or whose
+    parameter groups lack hyper-parameters this optimizer reads: torch's ``load_state_dict`` would
+    take the other optimizer's groups as they are and the first ``step()`` fail deep inside torch
+    (``KeyError: 'betas'`` for an SGD checkpoint resumed with Adam). Checkpoints from before the
+    class was recorded are checked by their groups' hyper-parameter names alone (for the same class,
+    torch itself fills in hyper-parameters a newer version added)."""
+    here_cls = _optimizer_class(optimizer)
+    there_cls = state.get("optimizer_class")
+    saved = state.get("optimizer")
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, (list, tuple)):
+        raise InvalidParameterError("the checkpoint's optimizer state has no param_groups: not a torch optimizer state")
+    there = set(_hyperparameter_names(groups))
+    here = set(_hyperparameter_names(optimizer.param_groups))
+    name = lambda c: str(c).rsplit(".", 1)[-1]  # noqa: E731 - "SGD", "Adam"
+    if there_cls is not None and there_cls != here_cls:
+        raise InvalidParameterError(
+            f"the checkpoint was saved with the optimizer {name(there_cls)} ({there_cls}; hyper-parameters "
+            f"{', '.join(sorted(there)) or 'none'}) but this run uses {name(here_cls)} ({here_cls}; hyper-parameters "
+            f"{', '.join(sorted(here)) or 'none'}): build the run with {name(there_cls)} to resume it, or start "
+            "a new run"
+        )
+    missing = sorted(here - there)
+    if there_cls is None and missing:  # (same class: torch fills hyper-parameters newer versions added)
+        saved_as = f" {name(there_cls)}" if there_cls is not None else ""
+        raise InvalidParameterError(
+            f"the checkpoint's optimizer{saved_as} has no hyper-parameter{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} that this run's {name(here_cls)} reads (it has {', '.join(sorted(there)) or 'none'}): "
+            "it was saved with another optimizer; build the run with that optimizer to resume it"
+        )
 
 
 def _saved_steps(state: dict, key: str):
