@@ -36,6 +36,7 @@ _EXPORTS = {
     "jax_privacy_noise_multiplier": ".config",
     "scheme_from_jax_privacy": ".config",
     "strategy_from_jax_privacy": ".config",
+    "compare_with_jax_privacy": ".config",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
