@@ -231,11 +231,15 @@ class Privacy:
         state = self.state_dict(params, opt_state)
         arrays = {f"params_{i}": a for i, a in enumerate(state.pop("params"))}
         arrays.update({f"opt_{i}": a for i, a in enumerate(state.pop("opt_state"))})
-        meta = {**state, "num_params": sum(k.startswith("params_") for k in arrays),
+        meta = {**state, "kind": "dpmf-jax-checkpoint", "num_params": sum(k.startswith("params_") for k in arrays),
                 "num_opt": sum(k.startswith("opt_") for k in arrays)}
         tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
-        os.replace(tmp, path)
+        try:
+            np.savez(tmp, metadata=np.array(json.dumps(meta)), **arrays)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot write the checkpoint {path}: {exc.strerror or exc} "
+                                        "(choose a writable folder)") from exc
 
     def load_checkpoint(self, path: str | os.PathLike, params, opt_state):
         """Load a checkpoint written by :meth:`save_checkpoint` onto templates; ``(params, opt_state)``.
@@ -243,12 +247,12 @@ class Privacy:
         damage, not a deliberate edit; keep a run's checkpoints as private as its noise)."""
         from dpmf.files import read_npz
 
-        data = read_npz(path, "checkpoint")
+        data = read_npz(path, "dpmf JAX checkpoint", kind="dpmf-jax-checkpoint")
         try:
-            meta = json.loads(str(data["meta"]))
-            state = {k: v for k, v in meta.items() if k not in ("num_params", "num_opt")}
-            state["params"] = [data[f"params_{i}"] for i in range(int(meta["num_params"]))]
-            state["opt_state"] = [data[f"opt_{i}"] for i in range(int(meta["num_opt"]))]
+            meta = data.metadata
+            state = {k: v for k, v in meta.items() if k not in ("num_params", "num_opt", "kind")}
+            state["params"] = [data.arrays[f"params_{i}"] for i in range(int(meta["num_params"]))]
+            state["opt_state"] = [data.arrays[f"opt_{i}"] for i in range(int(meta["num_opt"]))]
         except (KeyError, ValueError, TypeError) as exc:
             raise InvalidParameterError(f"checkpoint {path} is not a dpmf JAX checkpoint ({exc})") from None
         return self.load_state_dict(state, params, opt_state)
