@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, build_plan, description_fingerprint
+from dpmf.training.plan import ExecutionPlan, description_fingerprint, resolve_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
@@ -385,46 +385,6 @@ def _check_model_state(saved, module) -> None:
             raise InvalidParameterError(f"the checkpoint's {k!r} holds NaN or inf: it cannot resume a run")
 
 
-def _plan_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conflicts, accountant_options) -> ExecutionPlan:
-    """``make_private(plan=...)``: the execution plan of a plan row (re-checked, never recalibrated) or
-    an :class:`ExecutionPlan` used as it is; options that would contradict it are refused."""
-    from dpmf.training.plan import plan_from_row
-
-    given = [k for k, v in conflicts.items() if v is not None]
-    if given:
-        raise InvalidParameterError(
-            f"plan= fixes the strategy, the sampling scheme and the noise (hence epsilon); do not also pass "
-            f"{', '.join(f'{k}={conflicts[k]!r}' for k in given)}: drop {'it' if len(given) == 1 else 'them'}, or "
-            "drop plan= to choose them yourself"
-        )
-    if isinstance(plan, ExecutionPlan):
-        if accountant_options:
-            raise InvalidParameterError(
-                f"accountant_options={accountant_options!r} have nothing to do with an ExecutionPlan: it is already "
-                "certified (its report was computed when it was built); drop them"
-            )
-        for name, value, planned in (("delta", delta, plan.delta), ("max_grad_norm", max_grad_norm, plan.max_grad_norm),
-                                     ("normalizer", normalizer, plan.normalizer)):
-            if value is not None and value != planned:
-                raise InvalidParameterError(
-                    f"{name}={value!r} but the ExecutionPlan has {name}={planned!r}: leave {name} out (the plan's is "
-                    "used) or build a new plan"
-                )
-        if num_examples != plan.num_examples:
-            raise InvalidParameterError(
-                f"the dataset has {num_examples} examples but the ExecutionPlan was built for num_examples="
-                f"{plan.num_examples}: build a plan for this dataset"
-            )
-        return plan
-    if max_grad_norm is None:
-        raise InvalidParameterError(
-            "max_grad_norm is needed with a plan row (a row fixes the mechanism, not the clip norm): pass "
-            "max_grad_norm=<per-example clip norm>"
-        )
-    return plan_from_row(plan, num_examples=num_examples, max_grad_norm=max_grad_norm, delta=delta,
-                         normalizer=normalizer, **(accountant_options or {}))
-
-
 class PrivateRun(NamedTuple):
     """What :func:`make_private` returns: ``module, optimizer, data_loader, privacy = make_private(...)``."""
 
@@ -542,26 +502,9 @@ def make_private(
         # the sampler's checks (attribution given for, and only for, multi-attribution; its size; k_u) before
         # the accounting, which can take minutes
         SchemeBatchSampler(sampling, num_examples, seed=0, attribution=attribution)
-    if plan is None:
-        missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
-                                  ("max_grad_norm", max_grad_norm)) if v is None]
-        if missing:
-            raise InvalidParameterError(
-                f"make_private needs {', '.join(missing)} (with noise_multiplier or target_epsilon), or plan=<a dpmf "
-                "plan row, its exported file, or an ExecutionPlan>"
-            )
-        plan = build_plan(
-            strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
-            noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
-            normalizer=normalizer, **(accountant_options or {}),
-        )
-    else:
-        plan = _plan_from(plan, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
-                          normalizer=normalizer, conflicts={"strategy": strategy, "sampling": sampling,
-                                                            "noise_multiplier": noise_multiplier,
-                                                            "target_epsilon": target_epsilon,
-                                                            "accountant": None if accountant == "auto" else accountant},
-                          accountant_options=accountant_options)
+    plan = resolve_plan(plan, strategy=strategy, sampling=sampling, num_examples=num_examples, delta=delta,
+                        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+                        accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
     strategy, sampling, max_grad_norm = plan.strategy, plan.scheme, plan.max_grad_norm
     if seed is None and not secure:
         raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
