@@ -124,6 +124,9 @@ class Privacy:
                                               "normalizer": self.plan.normalizer,
                                               "grad_sample_mode": getattr(self.optimizer.clipper, "mode", "?"),
                                               "nonfinite_examples_skipped": self.optimizer.clipper.skipped_nonfinite,
+                                              "trainable_parameters": sum(p.numel() for p in self.optimizer.clipper.params),
+                                              **({"ghost_fallback_layers": self.optimizer.clipper.fallback_layers()}
+                                                 if hasattr(self.optimizer.clipper, "fallback_layers") else {}),
                                               "num_examples": self.plan.num_examples,
                                               **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
         return dataclasses.replace(r, diagnostics=diag)
