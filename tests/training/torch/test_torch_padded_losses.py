@@ -35,6 +35,16 @@ def tiny_llama(seed=0):
     return transformers.LlamaForCausalLM(llama_config()).eval()  # eval: no dropout, so float64 and float32 agree
 
 
+def tiny_gpt2(seed=0):
+    """GPT-2 architecture with tied input/output embeddings (``wte`` is ``lm_head``)."""
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=0,
+                                  tie_word_embeddings=True)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    return model
+
+
 class Padded(torch.utils.data.Dataset):
     """Right-padded sequences of lengths 3..T: pad id 0, attention 0 and label -100 on the padding."""
 
@@ -126,9 +136,9 @@ def reference(model, batch, clip, margin, reduction):
     return [sum(f[i] * per[i][k] for i in range(B)) for k in range(len(params))], norms
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_model_loss_in_the_loop_is_per_example_and_matches_the_float64_reference(reduction):
-    model, ds = tiny_llama(), Padded(40)
+@pytest.mark.parametrize(("build", "reduction"), [(tiny_llama, "mean"), (tiny_llama, "sum"), (tiny_gpt2, "mean")])
+def test_model_loss_in_the_loop_is_per_example_and_matches_the_float64_reference(build, reduction):
+    model, ds = build(), Padded(40)
     assert is_causal_lm(model)
     clip = 0.05  # small enough that every example is clipped: the factors matter
     model, optimizer, loader, privacy = make_private(
