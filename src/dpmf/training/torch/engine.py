@@ -42,6 +42,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
 from dpmf.training.torch.grad_sample import PerExampleClipper
+from dpmf.training.torch.losses import guard_model_loss
 from dpmf.training.torch.noise import correlated_noise
 from dpmf.training.torch.optimizer import DPOptimizer
 
@@ -461,7 +462,11 @@ def make_private(
             in memory at once (functorch).
         loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses
             (ghost and opacus modes; Opacus' convention). It must be one of the two: a loss averaged
-            over all tokens of the batch couples examples (average per sequence first).
+            over all tokens of the batch couples examples (average per sequence first). A
+            ``transformers`` causal LM called with ``labels`` (ghost and opacus modes) has its ``.loss``
+            recomputed per example (:func:`~dpmf.training.torch.losses.per_example_causal_lm_loss`);
+            other ``transformers`` heads called with ``-100`` labels are refused
+            (:mod:`dpmf.training.torch.losses`).
         nonfinite: ``"raise"`` (default): an example whose gradient is NaN/inf stops training with an
             error; ``"skip"``: it contributes nothing and is counted in the report's diagnostics.
         noise_dtype: ``torch.float32`` (default for float32 models) or ``torch.float64``.
@@ -533,6 +538,8 @@ def make_private(
     else:
         clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
                                     loss_reduction=loss_reduction, nonfinite=nonfinite)
+    if grad_sample_mode in ("ghost", "opacus"):  # the model's own loss sees the whole batch: keep it per example
+        clipper.loss_guard = guard_model_loss(module, loss_reduction)
     noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
                              max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
     if distributed and secure:  # the same secure noise stream on every rank: rank 0's state
