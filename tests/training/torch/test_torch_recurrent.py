@@ -299,3 +299,36 @@ def test_non_finite_skip_refused_where_the_batch_dimension_is_ambiguous():
     with pytest.raises(UnsupportedConfigurationError, match="cannot be told apart"):
         ghost.clipped_sum((x,), y)
     ghost.close()
+
+
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
+def test_time_first_input_of_one_step_is_not_taken_for_a_shared_input(cell):
+    """A time-first (T, B, d) input with T = 1 has dim 0 of size 1 like an input shared by the batch
+    (GPT-2's position ids), which ghost mode expands to the batch; a recurrent layer's batch is its
+    own (dim 1 here), so its input must reach it unchanged."""
+    model, inputs, y = make(cell, T=1, batch_first=False)
+    check("ghost", model, inputs, y)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "functorch"])
+def test_recurrent_layer_called_twice_in_one_forward(mode):
+    """One GRU encodes two halves of each example (a layer called twice): its per-example gradient adds
+    both calls, whose cross terms ghost mode joins like any repeated layer's."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.GRU(3, 4, batch_first=True, bidirectional=True)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            a, b = x[:, :3], x[:, 3:]
+            return self.head(torch.cat((self.rnn(a)[0][:, -1], self.rnn(b)[0][:, 0]), -1))
+
+    torch.manual_seed(3)
+    model = Twice().double()
+    check(mode, model, (torch.randn(6, 7, 3, dtype=torch.float64),), torch.randint(0, 3, (6,)))
+    if mode == "ghost":
+        ghost = GhostClipper(model, F.cross_entropy, 1.0)
+        assert ghost.covered_layers()["rnn"] == "ghost"
+        ghost.close()

@@ -153,6 +153,14 @@ class PerExampleClipper:
         self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
         self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
+        for name, m in module.named_modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse and m.weight.requires_grad:
+                raise UnsupportedConfigurationError(
+                    f"embedding {name!r} has sparse=True: per-example gradients of a sparse embedding are not "
+                    f"supported in mode={mode!r} (torch.func and Opacus need dense gradients); use "
+                    "torch.nn.Embedding(..., sparse=False), or grad_sample_mode='ghost' (which covers it; the "
+                    "noised gradient is dense either way)"
+                )
         self._gsm = self._attach_opacus() if mode == "opacus" else None
 
     # ------------------------------------------------------------------ public

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
-from dpmf.training.torch.ghost import conv, embedding, linear, normalization, recurrent  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
-from dpmf.training.torch.ghost.registry import LayerCall, call_batch, rule_for
+from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
+from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerCall, LayerGradients, call_batch, rule_for
 from dpmf.training.torch.ghost.sequence import F64
 
 torch = require_torch()
@@ -62,7 +63,8 @@ class _Unit:
     rule: Callable | None
     trainable: dict  # local name -> parameter
     index: dict  # local name -> position in GhostClipper.params
-    call: LayerCall | None = None
+    calls: list = field(default_factory=list)  # this forward's calls (several: a layer reused)
+    fell_back: bool = False  # a call went to the fallback (the rule declined it)
 
 
 @dataclass
@@ -74,7 +76,7 @@ class BatchResult:
     batch: int
 
 
-def _without_rows(call: LayerCall, bad) -> LayerCall:
+def _without_rows(call: LayerCall, bad) -> LayerCall:  # noqa: D103
     """A copy of ``call`` whose float tensors have the ``bad`` examples' rows set to 0."""
     B = call.batch
 
@@ -86,6 +88,15 @@ def _without_rows(call: LayerCall, bad) -> LayerCall:
 
     return LayerCall(tuple(clean(a) for a in call.args), {k: clean(v) for k, v in call.kwargs.items()},
                      call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[])
+
+
+def _joint_sum(contributions, param, f) -> dict:
+    return {"p": joint_weighted_sum(contributions, f, param)}
+
+
+def _sequence_first(module) -> bool:
+    """Whether a layer is a known sequence-first one (``MultiheadAttention(batch_first=False)``)."""
+    return isinstance(module, torch.nn.MultiheadAttention) and not module.batch_first
 
 
 def _release(call: LayerCall) -> None:
@@ -172,19 +183,22 @@ class GhostClipper:
         self._error: Exception | None = None
         self._handles = [u.module.register_forward_hook(functools.partial(self._forward_hook, u), with_kwargs=True)
                          for u in self.units]
+        self._handles += [u.module.register_forward_pre_hook(functools.partial(self._expand_pre_hook, u),
+                                                             with_kwargs=True)
+                          for u in self.units if not isinstance(u.module, WHOLE_LAYERS)]
         self._model_batch: int | None = None
         self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True))
         self._touched: set[int] = set()
-        self._unit_of = {}
+        self._units_of: dict[int, list] = {}
         for u in self.units:
             for k in u.index.values():
-                self._unit_of[k] = u
+                self._units_of.setdefault(k, []).append(u)
+        self._shared = {k for k, us in self._units_of.items() if len(us) > 1}
         self._handles += [p.register_hook(functools.partial(self._param_hook, k)) for k, p in enumerate(self.params)]
 
     # ------------------------------------------------------------------ layers
     def _find_units(self) -> list[_Unit]:
         position = {id(p): k for k, p in enumerate(self.params)}
-        owner: dict[int, str] = {}
         units: list[_Unit] = []
         inside: list[str] = []  # prefixes of layers that own their sub-layers' parameters
         for name, m in self.module.named_modules(remove_duplicate=False):
@@ -196,14 +210,6 @@ class GhostClipper:
             own = {n: p for n, p in m.named_parameters(recurse=whole, remove_duplicate=False) if p.requires_grad}
             if not own:
                 continue
-            for n, p in own.items():
-                full = f"{name}.{n}" if name else n
-                if id(p) in owner:
-                    raise UnsupportedConfigurationError(
-                        f"parameter {full!r} is the same tensor as {owner[id(p)]!r} (tied weights): its per-example "
-                        "gradient adds the two uses, which ghost norms cannot split; use grad_sample_mode='functorch'"
-                    )
-                owner[id(p)] = full
             if any(u.module is m for u in units):
                 continue
             rule = None if whole else rule_for(m)
@@ -211,9 +217,22 @@ class GhostClipper:
         return units
 
     def covered_layers(self) -> dict:
-        """``{layer name: "ghost" | "fallback"}``: how each layer's per-example norms are computed
-        (a rule may still hand an unusual call, e.g. an ``Embedding(max_norm=...)``, to the fallback)."""
-        return {u.name: ("ghost" if u.rule is not None else "fallback") for u in self.units}
+        """``{layer name: "ghost" | "fallback"}``: how each layer's per-example norms are computed.
+        ``"fallback"``: the layer has no rule, or its rule declined one of the calls seen so far (an
+        ``Embedding(max_norm=...)``, an RMSNorm-like layer whose output did not match the formula)."""
+        return {u.name: ("ghost" if u.rule is not None and not u.fell_back else "fallback") for u in self.units}
+
+    def fallback_layers(self) -> list:
+        """Names of the layers whose per-example norms use per-example gradients (:meth:`covered_layers`)."""
+        return [name for name, how in self.covered_layers().items() if how == "fallback"]
+
+    def shared_parameters(self) -> dict:
+        """``{parameter name: [layer names]}`` for parameters owned by more than one layer (tied weights)."""
+        out = {}
+        for k, us in self._units_of.items():
+            if len(us) > 1:
+                out[self.param_names[k]] = [u.name for u in us]
+        return out
 
     # ------------------------------------------------------------------ capture
     def _capturing(self) -> bool:
@@ -228,10 +247,34 @@ class GhostClipper:
         tensors = [t for t in flat_tensors((args, kwargs)) if t.ndim >= 1]
         self._model_batch = tensors[0].shape[0] if tensors else None
         for u in self.units:
-            if u.call is not None and all(g is None for g in u.call.grads):
-                u.call.stale = True
-                _release(u.call)
-                u.call = None
+            if u.calls and all(g is None for c in u.calls for g in c.grads):
+                for c in u.calls:
+                    c.stale = True
+                    _release(c)
+                u.calls = []
+
+    def _expand_pre_hook(self, unit: _Unit, module, args, kwargs):
+        """A layer whose main input is shared by the batch (dim 0 of size 1 while the model's batch is
+        ``B > 1``, e.g. GPT-2's position ids; or, for an Embedding, 1-D ids of another length than
+        ``B``) runs on that input expanded to ``B`` rows: its output then holds one (identical) row per
+        example, which the broadcast that followed uses exactly as before, and its gradient arrives per
+        example. Without this, the gradient of the shared output would be the sum over the batch."""
+        B = self._model_batch
+        if not B or not self._capturing() or type(module) in CALL_BATCH:
+            return None  # (a layer with its own batch convention, e.g. time-first recurrent input)
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor) or x.ndim == 0 or _wrapped(x):
+            return None
+        if x.shape[0] == 1 and B > 1:
+            new = x.expand(B, *x.shape[1:])
+        elif (x.ndim == 1 and x.shape[0] != B and not x.is_floating_point() and not x.is_complex()
+              and isinstance(module, torch.nn.Embedding)):
+            new = x.unsqueeze(0).expand(B, x.shape[0])
+        else:
+            return None
+        if args:
+            return (new, *args[1:]), kwargs
+        return args, {**kwargs, "input": new}
 
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
         if not self._capturing():
@@ -240,12 +283,6 @@ class GhostClipper:
             raise UnsupportedConfigurationError(
                 "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
                 "replace it (e.g. torch.nn.GroupNorm) or put it in eval mode"
-            )
-        if unit.call is not None:
-            raise UnsupportedConfigurationError(
-                f"layer {unit.name!r} ran twice before one backward (a layer reused in the forward, or two "
-                "forwards before one backward): its per-example gradient would add both uses, which ghost norms "
-                "cannot split; use grad_sample_mode='functorch', or one backward per forward"
             )
         det = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
         args = tuple(det(a) for a in args)
@@ -261,7 +298,7 @@ class GhostClipper:
         for k, t in enumerate(outputs):
             if t.requires_grad:
                 t.register_hook(functools.partial(self._grad_hook, unit, call, k))
-        unit.call = call
+        unit.calls.append(call)
 
     def _grad_hook(self, unit, call, k, grad):
         if call.done or call.stale:
@@ -286,24 +323,28 @@ class GhostClipper:
         self._queued = False
         touched, self._touched = self._touched, set()
         for k in sorted(touched):
-            u = self._unit_of[k]
-            if u.call is None or all(g is None for g in u.call.grads):
+            us = self._units_of[k]
+            if not any(g is not None for u in us for c in u.calls for g in c.grads):
                 for u2 in self.units:
-                    if u2.call is not None:
-                        _release(u2.call)
-                    u2.call = None
+                    for c in u2.calls:
+                        _release(c)
+                    u2.calls = []
                 raise UnsupportedConfigurationError(
-                    f"parameter {self.param_names[k]!r} received a gradient, but no call of its layer {u.name!r} "
-                    "was seen in this forward (another module used the parameter directly, or the forward ran "
-                    "with gradients disabled in the layer); ghost norms cannot cover it: use "
-                    "grad_sample_mode='functorch'"
+                    f"parameter {self.param_names[k]!r} received a gradient, but no call of its layer "
+                    f"{' / '.join(repr(u.name) for u in us)} was seen in this forward (another module used the "
+                    "parameter directly, or the forward ran with gradients disabled in the layer); ghost norms "
+                    "cannot cover it: use grad_sample_mode='functorch'"
                 )
-        calls = [(u, u.call) for u in self.units if u.call is not None and any(g is not None for g in u.call.grads)]
-        pending = [u.call for u in self.units if u.call is not None]
+        calls = []
         for u in self.units:
-            if u.call is not None:
-                u.call.done = True
-                u.call = None
+            got = [c for c in u.calls if any(g is not None for g in c.grads)]
+            if got:
+                calls.append((u, got))
+        pending = [c for u in self.units for c in u.calls]
+        for u in self.units:
+            for c in u.calls:
+                c.done = True
+            u.calls = []
         try:
             if calls:
                 device_type = self.params[0].device.type
@@ -315,22 +356,23 @@ class GhostClipper:
 
     # ------------------------------------------------------------------ norms, factors, sums
     def _finish(self, calls) -> BatchResult:
-        batches = {c.batch for _, c in calls}
-        if len(batches) != 1:
-            self._model_batch = None
-            sizes = {u.name: c.batch for u, c in calls}
+        model_batch, self._model_batch = self._model_batch, None
+        sizes = {u.name: c.batch for u, cs in calls for c in cs}
+        batches = set(sizes.values())
+        if len(batches) != 1 or (model_batch is not None and model_batch not in batches):
+            if model_batch is None:
+                model_batch = max(batches, key=lambda b: sum(v == b for v in sizes.values()))
+            odd = {name: b for name, b in sizes.items() if b != model_batch}
+            seq_first = [u.name for u, _ in calls if u.name in odd and _sequence_first(u.module)]
+            hint = (f"; {', '.join(seq_first)} is sequence-first: pass batch_first=True" if seq_first else "")
             raise UnsupportedConfigurationError(
-                f"layers saw different batch sizes in one backward ({sizes}); ghost mode needs batch-first "
-                "inputs (e.g. MultiheadAttention(batch_first=True))"
+                f"the model's input has {model_batch} examples along dim 0, but layer(s) {odd} saw another number of "
+                "rows: per-example gradients need every layer with trainable parameters called on batch-first, "
+                "per-example inputs. An input shared by the batch with a leading dimension of 1 (position ids) is "
+                "expanded automatically; an input with no batch dimension, or a batch dimension elsewhere, is not "
+                f"(expand it to the batch: x.expand({model_batch}, ...), or pass batch_first=True){hint}"
             )
         B = batches.pop()
-        model_batch, self._model_batch = self._model_batch, None
-        if model_batch is not None and B != model_batch:
-            raise UnsupportedConfigurationError(
-                f"the layers saw {B} rows along dim 0 but the model's input has {model_batch} examples: every "
-                "layer with trainable parameters must be called on batch-first, per-example inputs (e.g. "
-                "pos_embedding(positions.expand(B, T)) rather than a shared call broadcast over the batch)"
-            )
         if B == 0:  # an empty (Poisson) batch: nothing to clip, the noise is still added by the optimizer
             return BatchResult([None] * len(self.params), torch.zeros(0, dtype=F64, device=self.params[0].device), 0)
         scale = float(B) if self.loss_reduction == "mean" else 1.0
@@ -341,35 +383,55 @@ class GhostClipper:
         if bool(bad.any()):
             self.skipped_nonfinite += check_nonfinite(bad, self.nonfinite)
             # skip: zero the examples' rows everywhere (0 * inf would poison the products), recompute
-            calls = [(u, _without_rows(c, bad)) for u, c in calls]
+            calls = [(u, [_without_rows(c, bad) for c in cs]) for u, cs in calls]
             layer_grads, _ = self._layer_gradients(calls, B, device)
         f = clip_factors(norms, self.max_grad_norm, self.margin)
         if self._weights is not None:
             f = f * check_weights(self._weights, B).to(device)
         f = f * scale
         sums: list = [None] * len(self.params)
-        for u, lg in layer_grads:
+        for index, lg in layer_grads:
             for name, s in lg.weighted_sum(f).items():
-                sums[u.index[name]] = s
+                sums[index[name]] = s
         return BatchResult(sums, norms, B)
 
     def _layer_gradients(self, calls, B: int, device):
-        """Each layer's gradients (rule or fallback) and the summed squared norms, float64 ``(B,)``."""
+        """Each layer's gradients (rule or fallback) and the summed squared norms, float64 ``(B,)``.
+
+        A layer with one call and no parameter shared with another layer: its rule's norms and sums. A
+        layer called several times, or owning a parameter another layer owns too (tied weights): every
+        call's contributions (:mod:`~dpmf.training.torch.ghost.joint`), joined per parameter with their
+        cross terms."""
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
+        joint: dict[int, list] = {}
         with self.suspended():
-            for u, c in calls:
-                for t, version in c.versions:
-                    if t._version != version:
-                        raise UnsupportedConfigurationError(
-                            f"the input of layer {u.name!r} was modified in place after the forward (an in-place "
-                            "operation such as ReLU(inplace=True) on it); use the out-of-place version"
-                        )
-                lg = u.rule(u.module, c, u.trainable) if u.rule is not None else None
-                if lg is None:
-                    lg = fallback_gradients(u.module, c, u.trainable, u.name)
-                sq += lg.sq.to(device)
-                layer_grads.append((u, lg))
+            for u, cs in calls:
+                together = len(cs) > 1 or any(k in self._shared for k in u.index.values())
+                for c in cs:
+                    for t, version in c.versions:
+                        if t._version != version:
+                            raise UnsupportedConfigurationError(
+                                f"the input of layer {u.name!r} was modified in place after the forward (an "
+                                "in-place operation such as ReLU(inplace=True) on it); use the out-of-place version"
+                            )
+                    lg = u.rule(u.module, c, u.trainable) if u.rule is not None else None
+                    if lg is not None and together and (lg.contributions is None
+                                                        or set(lg.contributions) != set(u.trainable)):
+                        lg = None  # the rule cannot give cross terms: per-example gradients of this call
+                    if lg is None:
+                        u.fell_back = u.fell_back or u.rule is not None
+                        lg = fallback_gradients(u.module, c, u.trainable, u.name)
+                    if not together:
+                        sq += lg.sq.to(device)
+                        layer_grads.append((u.index, lg))
+                        continue
+                    for name, contribution in lg.contributions.items():
+                        joint.setdefault(u.index[name], []).append(contribution)
+            for k, contributions in joint.items():
+                sq += joint_sq_norms(contributions).to(device)
+                param = self.params[k]
+                layer_grads.append(({"p": k}, LayerGradients(None, functools.partial(_joint_sum, contributions, param))))
         return layer_grads, sq
 
     @contextlib.contextmanager
@@ -431,10 +493,10 @@ class GhostClipper:
             if loss.requires_grad:
                 torch.autograd.grad(loss, self.params, allow_unused=True)
         for u in self.units:  # layers whose output reached no loss
-            if u.call is not None:
-                u.call.stale = True
-                _release(u.call)
-            u.call = None
+            for c in u.calls:
+                c.stale = True
+                _release(c)
+            u.calls = []
         got = self._results
         self._results = []
         if not got:
@@ -447,7 +509,7 @@ class GhostClipper:
 
     def forwards_waiting(self) -> list:
         """Names of layers whose forward has not been followed by a backward yet."""
-        return [u.name for u in self.units if u.call is not None]
+        return [u.name for u in self.units if u.calls]
 
     def collect(self) -> tuple[list | None, Any, int]:
         """``(sums, norms, backwards)`` formed by the loop's backwards since the last call: ``sums`` one
@@ -467,10 +529,10 @@ class GhostClipper:
         """Forget captures and formed sums (``zero_grad``)."""
         self._results = []
         for u in self.units:
-            if u.call is not None:
-                u.call.stale = True
-                _release(u.call)
-                u.call = None
+            for c in u.calls:
+                c.stale = True
+                _release(c)
+            u.calls = []
 
     def close(self) -> None:
         """Remove the hooks from the module."""

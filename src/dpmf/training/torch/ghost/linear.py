@@ -11,6 +11,7 @@ tensor, which is also what is summed.
 from __future__ import annotations
 
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
 from dpmf.training.torch.ghost.materialized import combine, from_per_example
 from dpmf.training.torch.ghost.registry import LayerGradients, register_ghost_rule
 from dpmf.training.torch.ghost.sequence import sequence_sq_norms, sequence_weighted_sum
@@ -45,4 +46,9 @@ def linear_rule(module, call, trainable):
     B = x.shape[0]
     A = x.reshape(B, -1, module.in_features)
     G = g.reshape(B, -1, module.out_features)
-    return linear_parts(A, G, trainable)
+    contributions = {}
+    if "weight" in trainable:  # grad W = G^T A = sum_t g_t a_t^T: U = G, V = A
+        contributions["weight"] = Factored(G, A, work=torch.promote_types(trainable["weight"].dtype, torch.float32))
+    if "bias" in trainable:
+        contributions["bias"] = PerExample(G.to(torch.promote_types(trainable["bias"].dtype, torch.float32)).sum(1))
+    return from_contributions(contributions, trainable)

@@ -4,6 +4,7 @@ the fallback): ``n_i^2 = sum_p ||g_{i,p}||^2`` and ``sum_i f_i g_{i,p}`` from th
 from __future__ import annotations
 
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.ghost.joint import PerExample
 from dpmf.training.torch.ghost.registry import LayerGradients
 from dpmf.training.torch.ghost.sequence import F64, rows_sq_norms
 
@@ -32,7 +33,7 @@ def from_per_example(per_example: dict, params: dict) -> LayerGradients:
                 out[name] = torch.tensordot(f.to(device), g.to(F64), dims=1).to(p.dtype)
         return out
 
-    return LayerGradients(sq, weighted_sum)
+    return LayerGradients(sq, weighted_sum, contributions={n: PerExample(g) for n, g in per_example.items()})
 
 
 def combine(parts: list) -> LayerGradients:

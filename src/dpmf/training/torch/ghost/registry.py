@@ -69,16 +69,32 @@ class LayerGradients:
 
     sq: Any
     weighted_sum: Callable[[Any], dict]
+    #: optional ``{name: contribution}`` (:mod:`~dpmf.training.torch.ghost.joint`): what this call adds to
+    #: each parameter's per-example gradient, in a form whose cross terms with another call's can be
+    #: taken. Needed when a parameter is used by several calls (tied weights, a layer called twice); a
+    #: rule without it is replaced by the fallback for such calls.
+    contributions: dict | None = None
 
 
 Rule = Callable[[Any, LayerCall, dict], "LayerGradients | None"]
 #: layer type -> rule(module, call, trainable) ; ``trainable`` maps the layer's own parameter names
 #: (``weight``, ``bias``) to the parameters that require a gradient
-GHOST_RULES: dict[type, Rule] = {}
+GHOST_RULES: dict = {}
+#: ``(predicate(module) -> bool, rule)``: layers found by what they are (e.g. the RMSNorm classes every
+#: Hugging Face model defines for itself); the rule must check what the layer computed and return
+#: ``None`` (the fallback) when it does not match
+GHOST_MATCHERS: list = []
 
 
-def register_ghost_rule(*layer_types: type) -> Callable[[Rule], Rule]:
-    """Decorator: ``@register_ghost_rule(torch.nn.Linear)`` makes the function the rule of those types."""
+def _qualified(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register_ghost_rule(*layer_types) -> Callable[[Rule], Rule]:
+    """Decorator: ``@register_ghost_rule(torch.nn.Linear)`` makes the function the rule of those types.
+
+    A type may also be given by its qualified name (``"transformers.pytorch_utils.Conv1D"``), so that a
+    rule for another library's layer needs no import of that library."""
 
     def wrap(fn: Rule) -> Rule:
         for t in layer_types:
@@ -89,11 +105,15 @@ def register_ghost_rule(*layer_types: type) -> Callable[[Rule], Rule]:
 
 
 def rule_for(module) -> Rule | None:
-    """The rule of ``module``'s type, of a parent type whose ``forward`` it keeps, or ``None``."""
+    """The rule of ``module``'s type (or qualified name), of a parent type whose ``forward`` it keeps, of
+    a matcher that recognizes it, or ``None``."""
     for cls in type(module).__mro__:
-        rule = GHOST_RULES.get(cls)
+        rule = GHOST_RULES.get(cls) or GHOST_RULES.get(_qualified(cls))
         if rule is not None:
             return rule if type(module).forward is cls.forward else None
+    for matches, rule in GHOST_MATCHERS:
+        if matches(module):
+            return rule
     return None
 
 

@@ -1,0 +1,248 @@
+"""Per-parameter *contributions*: what one call of one layer adds to a parameter's per-example
+gradient, in a form whose norms and inner products can be taken without materializing it. A
+parameter used by several calls -- weights tied between layers (GPT-2's ``wte`` / ``lm_head``), a
+layer called twice in one forward -- has per-example gradient ``g_i = sum_k c_{k,i}`` over its
+contributions, and
+
+    ||g_i||^2 = sum_k ||c_{k,i}||^2 + 2 sum_{k<l} <c_{k,i}, c_{l,i}>,
+
+which needs every pair's cross term (summing per-call norms would under-estimate: not a bound).
+
+Two forms:
+
+* :class:`PerExample` -- a materialized ``(B, *shape)`` tensor (biases, normalization layers, the
+  fallback); inner products in float64.
+* :class:`Factored` -- ``c_i = sum_t u_{i,t} v_{i,t}^T`` (a ``R x C`` matrix, reshaped to the parameter):
+  ``u`` dense rows ``U`` (``B x T x R``) or one-hot rows given by indices (an embedding lookup: ``R`` the
+  vocabulary), ``v`` dense rows ``V`` (``B x T x C``). Linear: ``U = G`` (output gradients),
+  ``V = A`` (inputs); Hugging Face ``Conv1D`` (weight ``in x out``): ``U = A``, ``V = G``; Embedding:
+  ``U`` = the token ids, ``V = G``. A list of factored contributions is one longer sequence (positions
+  stacked), so
+
+      ||sum_k c_k||^2 = sum_{k,l} <U_k U_l^T, V_k V_l^T>_F = sum_{s,t} (u_s . u_t)(v_s . v_t)
+
+  over all stacked positions ``s, t`` (Li et al. 2021, arXiv 2110.05679, Sec. 4, for one call). With
+  one-hot rows, ``u_s . u_t = [x_s = x_t]`` (two lookups) or ``U_l[t, x_s]`` (a lookup against a dense
+  row: the tied embedding against ``lm_head``'s output gradient) -- exact, no rounding. So the cross
+  term of GPT-2's tied weight is ``sum_{s,t} G_lm[s, x_t] (h_s . g_t)``: the ``lm_head`` output gradient
+  at position ``s`` for the token looked up at ``t``, times the hidden state at ``s`` against the
+  embedding's output gradient at ``t``.
+
+Rounding (the norms are upper bounds of the exact norms of the computed ``U``, ``V``): the Gram form is
+taken in the working precision with the error term of
+:mod:`~dpmf.training.torch.ghost.sequence`, for the stacked sequence: ``gamma_m (sum_k s_k)^2`` with
+``s_k = sum_t ||u_t|| ||v_t||`` and ``m = max(R, C) + T^2 + K^2 + 2`` (``T`` all stacked positions, ``K``
+contributions; every block's inner products and sums are among those operations, and the ``K^2`` block
+totals are added in float64), plus an underflow term; float64 if the working precision overflows.
+When materializing is cheaper (``2 T^2 > R C``) or a contribution is materialized anyway, the summed
+per-example gradient is formed in float64 (products of float32 numbers are exact there; the sums over
+``T`` err by at most ``gamma_{T+K+2} s``, added to the norm).
+"""
+
+from __future__ import annotations
+
+from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.clipping import toward_zero
+from dpmf.training.torch.ghost.registry import LayerGradients
+from dpmf.training.torch.ghost.sequence import (
+    CHUNK_FLOATS,
+    F64,
+    gamma,
+    rows_sq_norms,
+    sequence_sq_norms,
+    sequence_weighted_sum,
+    use_gram,
+)
+
+torch = require_torch()
+
+__all__ = ["PerExample", "Factored", "joint_sq_norms", "joint_weighted_sum", "from_contributions"]
+
+
+class PerExample:
+    """A materialized contribution: ``grads`` is ``(B, *param.shape)`` (any float dtype)."""
+
+    def __init__(self, grads) -> None:
+        self.grads = grads
+
+    @property
+    def batch(self) -> int:
+        return self.grads.shape[0]
+
+    def sq_alone(self):
+        return rows_sq_norms(self.grads.to(F64)) if self.batch else torch.zeros(0, dtype=F64, device=self.grads.device)
+
+    def weighted_sum(self, f, param):
+        if self.batch == 0:
+            return torch.zeros_like(param)
+        return torch.tensordot(f.to(self.grads.device), self.grads.to(F64), dims=1).to(param.dtype)
+
+
+class Factored:
+    """``c_i = sum_t u_{i,t} v_{i,t}^T`` reshaped to the parameter (module docstring).
+
+    ``U``: float ``(B, T, R)``, or integer ``(B, T)`` row indices into ``rows`` one-hot rows; ``V``:
+    ``(B, T, C)``; ``keep``: optional bool ``(B, T)`` (index form only) -- positions that contribute
+    (an embedding's ``padding_idx`` positions do not); ``work``: the working precision (at least float32).
+    """
+
+    def __init__(self, U, V, *, rows: int | None = None, keep=None, work=torch.float32) -> None:
+        self.index = not U.is_floating_point()
+        if self.index:
+            if rows is None:
+                raise ValueError("an index contribution needs rows=")
+            if keep is not None:
+                V = V * keep.unsqueeze(-1).to(V.dtype)
+        self.U, self.V, self.keep, self.work = U, V, keep, work
+        self.R = rows if self.index else U.shape[2]
+        self.C = V.shape[2]
+
+    @property
+    def batch(self) -> int:
+        return self.V.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.V.shape[1]
+
+    def s(self, work):
+        """``sum_t ||u_t|| ||v_t||`` in ``work``, rounded up (``1 + 2 gamma``): float64 ``(B,)``."""
+        d = max(self.R, self.C) + self.T + 2
+        vn = torch.linalg.vector_norm(self.V.to(work), dim=2)
+        if not self.index:
+            vn = vn * torch.linalg.vector_norm(self.U.to(work), dim=2)
+        return vn.sum(1).to(F64) * (1 + 2 * gamma(d, work))
+
+    def sq_alone(self):
+        if not self.index:
+            return sequence_sq_norms(self.V, self.U, self.work)
+        # exact grouping: sum_v ||sum_{t: x_t = v} g_t||^2, the rows summed in float64
+        B, R = self.batch, self.R
+        idx = self.U.reshape(B, -1)
+        example = torch.arange(B, device=idx.device).unsqueeze(1).expand_as(idx)
+        keep = torch.ones_like(idx, dtype=torch.bool) if self.keep is None else self.keep.reshape(B, -1)
+        key = example[keep] * R + idx[keep]
+        uniq, inverse = torch.unique(key, return_inverse=True)
+        grouped = torch.zeros(uniq.shape[0], self.C, dtype=F64, device=self.V.device).index_add_(
+            0, inverse, self.V.reshape(B, -1, self.C)[keep].to(F64))
+        return torch.zeros(B, dtype=F64, device=self.V.device).index_add_(0, uniq // R, (grouped * grouped).sum(1))
+
+    def weighted_sum(self, f, param):
+        if not self.index:
+            return sequence_weighted_sum(self.V, self.U, f.to(self.V.device), param.dtype).reshape(param.shape)
+        B = self.batch
+        idx, V = self.U.reshape(B, -1), self.V.reshape(B, -1, self.C)
+        scale = toward_zero(f.to(V.device), param.dtype).view(-1, 1, 1)
+        if self.keep is not None:
+            keep = self.keep.reshape(B, -1)
+            rows, vals = idx[keep], (V.to(param.dtype) * scale)[keep]
+        else:
+            rows, vals = idx.reshape(-1), (V.to(param.dtype) * scale).reshape(-1, self.C)
+        out = torch.zeros(self.R, self.C, dtype=param.dtype, device=param.device).index_add_(0, rows, vals)
+        return out.reshape(param.shape)
+
+    def materialize64(self, lo: int, hi: int):
+        """``c_i`` for examples ``lo:hi`` in float64, ``(hi - lo, R, C)``."""
+        V = self.V[lo:hi].to(F64)
+        if not self.index:
+            return torch.bmm(self.U[lo:hi].to(F64).transpose(1, 2), V)
+        b = V.shape[0]
+        out = torch.zeros(b * self.R, self.C, dtype=F64, device=V.device)
+        rows = (self.U[lo:hi].reshape(b, -1) + torch.arange(b, device=V.device).unsqueeze(1) * self.R).reshape(-1)
+        if self.keep is not None:
+            keep = self.keep[lo:hi].reshape(-1)
+            return out.index_add_(0, rows[keep], V.reshape(-1, self.C)[keep]).reshape(b, self.R, self.C)
+        return out.index_add_(0, rows, V.reshape(-1, self.C)).reshape(b, self.R, self.C)
+
+
+def _u_gram(a: Factored, b: Factored, work):
+    """``(u_{a,s} . u_{b,t})`` for all ``s, t``: ``(B, T_a, T_b)`` in ``work`` (exact for one-hot rows)."""
+    B = a.batch
+    if a.index and b.index:
+        return (a.U.reshape(B, -1, 1) == b.U.reshape(B, 1, -1)).to(work)
+    if a.index:  # e_{x_s} . u_t = U_b[t, x_s]
+        idx = a.U.reshape(B, 1, -1).expand(B, b.T, a.T)
+        return b.U.to(work).gather(2, idx).transpose(1, 2)
+    if b.index:
+        return _u_gram(b, a, work).transpose(1, 2)
+    return torch.bmm(a.U.to(work), b.U.to(work).transpose(1, 2))
+
+
+def _gram_joint(fac: list, work):
+    B = fac[0].batch
+    T = sum(c.T for c in fac)
+    K = len(fac)
+    d = max(max(c.R, c.C) for c in fac)
+    n2 = torch.zeros(B, dtype=F64, device=fac[0].V.device)
+    s = torch.zeros(B, dtype=F64, device=fac[0].V.device)
+    for k, a in enumerate(fac):
+        s += a.s(work)
+        for b in fac[k:]:
+            vv = torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2))
+            val = (_u_gram(a, b, work) * vv).sum((1, 2)).to(F64)
+            n2 += val if b is a else 2 * val
+    underflow = (d + T * T + 2) * T * T * torch.finfo(work).smallest_normal
+    return n2.clamp_min(0.0) + gamma(d + T * T + K * K + 2, work) * s * s + underflow
+
+
+def joint_sq_norms(contribs: list):
+    """Upper bounds of ``||sum_k c_{k,i}||^2``, float64 ``(B,)`` (module docstring)."""
+    if len(contribs) == 1:
+        return contribs[0].sq_alone()
+    B = contribs[0].batch
+    device = (contribs[0].grads if isinstance(contribs[0], PerExample) else contribs[0].V).device
+    if B == 0:
+        return torch.zeros(0, dtype=F64, device=device)
+    fac = [c for c in contribs if isinstance(c, Factored)]
+    per = [c for c in contribs if isinstance(c, PerExample)]
+    T = sum(c.T for c in fac)
+    if fac and not per and use_gram(T, fac[0].R, fac[0].C):
+        work = fac[0].work
+        for c in fac[1:]:
+            work = torch.promote_types(work, c.work)
+        out = _gram_joint(fac, work)
+        if not bool(torch.isfinite(out).all()) and work != F64:  # overflow in the working precision
+            out = _gram_joint(fac, F64)
+        return out
+    # materialized: the summed per-example gradient in float64, a chunk of examples at a time
+    numel = (per[0].grads[0].numel() if per else fac[0].R * fac[0].C)
+    step = max(1, CHUNK_FLOATS // max(1, numel))
+    s = torch.zeros(B, dtype=F64, device=device)
+    for c in fac:
+        s += c.s(F64)
+    err = gamma(T + len(contribs) + 2, F64)
+    out = torch.empty(B, dtype=F64, device=device)
+    for lo in range(0, B, step):
+        hi = min(B, lo + step)
+        P = torch.zeros(hi - lo, numel, dtype=F64, device=device)
+        for c in per:
+            P += c.grads[lo:hi].reshape(hi - lo, -1).to(F64)
+        for c in fac:
+            P += c.materialize64(lo, hi).reshape(hi - lo, -1)
+        out[lo:hi] = (torch.linalg.vector_norm(P, dim=1) + err * s[lo:hi]) ** 2
+    return out
+
+
+def joint_weighted_sum(contribs: list, f, param):
+    """``sum_i f_i sum_k c_{k,i}`` in ``param``'s dtype and shape."""
+    out = None
+    for c in contribs:
+        s = c.weighted_sum(f, param)
+        out = s if out is None else out + s
+    return out
+
+
+def from_contributions(contributions: dict, params: dict) -> LayerGradients:
+    """The :class:`~dpmf.training.torch.ghost.registry.LayerGradients` of one call whose parameters
+    ``name -> contribution`` each have one contribution: squared norms added over the parameters,
+    clipped sums from the same contributions. Keeps ``contributions`` for joint use (tied weights,
+    repeated calls)."""
+    sq = None
+    for c in contributions.values():
+        x = c.sq_alone()
+        sq = x if sq is None else sq + x
+
+    def weighted_sum(f):
+        return {name: c.weighted_sum(f, params[name]) for name, c in contributions.items()}
+
+    return LayerGradients(sq, weighted_sum, contributions=dict(contributions))
