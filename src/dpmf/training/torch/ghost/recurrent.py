@@ -17,8 +17,9 @@ recomputes them from the recorded input, initial state and the gradients that re
 :func:`~dpmf.training.torch.recurrent.gate_gradients` runs the layer's equations forward without
 autograd, keeping the gate activations, and the backward through time by hand. One batched pass: no
 per-example loop, no ``B x parameters`` tensor. Norms and clipped sums then come from
-:func:`~dpmf.training.torch.ghost.linear.linear_parts` (Gram or materialized by cost, with its rounding
-bound), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
+the same factored contributions as a Linear's (:mod:`~dpmf.training.torch.ghost.joint`: Gram or
+materialized by cost, with its rounding bound; a recurrent layer called twice in one forward is joined
+with its cross terms like any repeated layer), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
 agrees with autograd through the fused kernel to rounding (tested in float64); the clip bound does not
 depend on that.
 
@@ -30,8 +31,7 @@ from __future__ import annotations
 
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.ghost.linear import linear_parts
-from dpmf.training.torch.ghost.materialized import combine
+from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
 from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, gate_gradients, weight_names
 
@@ -60,19 +60,17 @@ def recurrent_batch(module, args, kwargs) -> int:
     return x.shape[0] if module.batch_first else x.shape[1]
 
 
-def _renamed(part: LayerGradients, names: dict) -> LayerGradients:
-    return LayerGradients(part.sq, lambda f: {names[k]: v for k, v in part.weighted_sum(f).items()})
-
-
-def _part(A, G, weight_name, bias_name, trainable) -> LayerGradients | None:
-    sub, names = {}, {}
-    if weight_name in trainable:
-        sub["weight"], names["weight"] = trainable[weight_name], weight_name
-    if bias_name is not None and bias_name in trainable:
-        sub["bias"], names["bias"] = trainable[bias_name], bias_name
-    if not sub:
-        return None
-    return _renamed(linear_parts(A, G, sub), names)
+def _contributions(pieces, trainable) -> dict:
+    """``{parameter name: contribution}``: a weight's per-example gradient ``sum_t g_t a_t^T`` is
+    :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
+    ``sum_t g_t`` is materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
+    out = {}
+    for A, G, weight, bias in pieces:
+        if weight in trainable:
+            out[weight] = Factored(G, A, work=torch.promote_types(trainable[weight].dtype, torch.float32))
+        if bias is not None and bias in trainable:
+            out[bias] = PerExample(G.to(torch.promote_types(trainable[bias].dtype, torch.float32)).sum(1))
+    return out
 
 
 @register_ghost_rule(*RECURRENT_TYPES)
@@ -116,10 +114,7 @@ def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
             "states), so the examples to drop cannot be told apart; use batch_first=True and another batch size, "
             "or nonfinite='raise'"
         )
-    parts = [p for p in (_part(A, G, w, b, trainable) for A, G, w, b in pieces) if p is not None]
-    if not parts:  # (a unit always has a trainable weight; kept for safety)
-        return LayerGradients(torch.zeros(B, dtype=torch.float64, device=device), lambda f: {})
-    raw = combine(parts)
+    raw = from_contributions(_contributions(pieces, trainable), trainable)
     if bool(torch.isfinite(raw.sq).all()):  # a non-finite entry of A or G makes its example's norm inf/NaN
         return raw
     bad = torch.zeros(B, dtype=torch.bool, device=device)
@@ -127,9 +122,13 @@ def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
         bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
     bad |= ~torch.isfinite(raw.sq).to(device)
     keep = lambda t: torch.where(bad.view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
-    clean = combine([p for p in (_part(keep(A), keep(G), w, b, trainable) for A, G, w, b in pieces) if p is not None])
+    clean = from_contributions(_contributions([(keep(A), keep(G), w, b) for A, G, w, b in pieces], trainable),
+                               trainable)
     sq = torch.where(bad.to(raw.sq.device), torch.full_like(raw.sq, float("nan")), raw.sq)
-    return LayerGradients(sq, clean.weighted_sum)
+    # joint use (the layer called twice) takes norms from the contributions: keep the non-finite ones in
+    # the first pass, so the example is seen; the clipper's second pass (a cleaned copy) sums the clean ones
+    joint = clean.contributions if not call.versions else raw.contributions
+    return LayerGradients(sq, clean.weighted_sum, contributions=joint)
 
 
 def _ambiguous(module, call) -> bool:
