@@ -24,8 +24,10 @@ gradients from its ``GradSampleModule``, clipped ``min(1, C / (n_i + 1e-6))``) a
 parameter name; relative L2 difference must be <= 1e-4 (float32).
 
 Timing: every side pinned to one thread, ``warmup`` steps each, then ``rounds`` rounds; each round runs
-every side (rotated order) for one untimed and ``block`` timed steps. Reported: medians over all timed
-steps and the ratio to plain; ``[lo-hi]`` the per-round range of that ratio.
+every side (rotated order) for one untimed and ``block`` timed steps. Times are the process's CPU time
+(``time.process_time``; one torch thread, so it is the step's compute, robust to other processes on a
+shared machine). Reported: medians over all timed steps and the ratio to plain; ``[lo-hi]`` the
+per-round range of that ratio.
 
 ``python benchmarks/bench_torch_recurrent.py [--only lstm,gru] [--rounds R]``
 """
@@ -200,9 +202,9 @@ def time_sides(sides: dict, rounds: int, block: int = 3, warmup: int = 2) -> dic
             sides[n]()
             ts = []
             for _ in range(block):
-                t0 = time.perf_counter()
+                t0 = time.process_time()
                 sides[n]()
-                ts.append(time.perf_counter() - t0)
+                ts.append(time.process_time() - t0)
             times[n] += ts
             per_round[n].append(statistics.median(ts))
     return {n: (statistics.median(times[n]), per_round[n]) for n in names}

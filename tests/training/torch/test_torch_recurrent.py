@@ -264,6 +264,43 @@ def test_opacus_mode_refuses_torch_recurrent_layers_clearly():
         PerExampleClipper(model, F.cross_entropy, 1.0, mode="opacus")
 
 
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_non_finite_example_skipped_or_raised(batch_first):
+    """nonfinite='skip': the example with an inf input contributes 0, the others exactly as without it;
+    'raise' (default): NumericalError. Two layers x two directions and h0 given: the state tensors are
+    (4, B, H), so B = 5 keeps dim 0 apart from the batch."""
+    from dpmf.errors import NumericalError
+
+    model, inputs, y = make("LSTM", B=5, T=4, states=True, batch_first=batch_first, num_layers=2,
+                            bidirectional=True)
+    x = inputs[0].clone()
+    x[2, 1, 0] = float("inf")
+    bad_inputs = (x, *inputs[1:])
+    keep = [0, 1, 3, 4]
+    ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
+    got = ghost.clipped_sum(bad_inputs, y)
+    assert ghost.skipped_nonfinite == 1 and not torch.isfinite(got.norms[2])
+    ghost.close()
+    want, norms = reference(model, tuple(t[keep] for t in inputs), y[keep], 0.3, ghost.margin)
+    assert torch.allclose(got.norms[keep], norms, rtol=1e-9, atol=0)
+    for name, a, b in zip(ghost.param_names, got.grads, want):
+        assert torch.isfinite(a).all() and torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12), name
+    ghost = GhostClipper(model, F.cross_entropy, 0.3)
+    with pytest.raises(NumericalError):
+        ghost.clipped_sum(bad_inputs, y)
+    ghost.close()
+
+
+def test_non_finite_skip_refused_where_the_batch_dimension_is_ambiguous():
+    model, inputs, y = make("GRU", B=4, T=4, batch_first=False)  # the layer's input is (T=4, B=4, d)
+    x = inputs[0].clone()
+    x[1, 0, 0] = float("nan")
+    ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
+    with pytest.raises(UnsupportedConfigurationError, match="cannot be told apart"):
+        ghost.clipped_sum((x,), y)
+    ghost.close()
+
+
 @pytest.mark.parametrize("cell", ["GRU", "LSTM"])
 def test_time_first_input_of_one_step_is_not_taken_for_a_shared_input(cell):
     """A time-first (T, B, d) input with T = 1 has dim 0 of size 1 like an input shared by the batch
@@ -271,3 +308,27 @@ def test_time_first_input_of_one_step_is_not_taken_for_a_shared_input(cell):
     own (dim 1 here), so its input must reach it unchanged."""
     model, inputs, y = make(cell, T=1, batch_first=False)
     check("ghost", model, inputs, y)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "functorch"])
+def test_recurrent_layer_called_twice_in_one_forward(mode):
+    """One GRU encodes two halves of each example (a layer called twice): its per-example gradient adds
+    both calls, whose cross terms ghost mode joins like any repeated layer's."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.GRU(3, 4, batch_first=True, bidirectional=True)
+            self.head = torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            a, b = x[:, :3], x[:, 3:]
+            return self.head(torch.cat((self.rnn(a)[0][:, -1], self.rnn(b)[0][:, 0]), -1))
+
+    torch.manual_seed(3)
+    model = Twice().double()
+    check(mode, model, (torch.randn(6, 7, 3, dtype=torch.float64),), torch.randint(0, 3, (6,)))
+    if mode == "ghost":
+        ghost = GhostClipper(model, F.cross_entropy, 1.0)
+        assert ghost.covered_layers()["rnn"] == "ghost"
+        ghost.close()

@@ -11,15 +11,17 @@ per-example gradient is a Linear's along the sequence. For one layer and directi
 
 where ``du, dv, dh`` are the gradients of the loss with respect to those pre-activations (for the GRU,
 ``dv`` is the gradient of ``W_hh h + b_hh`` itself, whose ``n`` block reaches the state through
-``r * (.)``). The fused kernel PyTorch ran in the forward does not expose ``du, dv``, so the rule re-runs the
-layer call in plain operations (:func:`~dpmf.training.torch.recurrent.recurrent_forward`, the same
-equations, on the recorded input and initial state, with the weights detached) and asks autograd for
-the gradients of the pre-activations at the recorded output gradients (``output``, ``h_n`` and, for the
-LSTM, ``c_n``: any of them may carry gradient). One batched re-run and backward: no per-example loop,
-no ``B x parameters`` tensor. Norms and clipped sums then come from
-:func:`~dpmf.training.torch.ghost.linear.linear_parts` (Gram or materialized by cost, with its rounding
-bound), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
-agrees with the fused kernel to rounding (tested in float64); the clip bound does not depend on that.
+``r * (.)``). The fused kernel PyTorch ran in the forward does not expose ``du, dv``, so the rule
+recomputes them from the recorded input, initial state and the gradients that reached ``output``,
+``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gradient):
+:func:`~dpmf.training.torch.recurrent.gate_gradients` runs the layer's equations forward without
+autograd, keeping the gate activations, and the backward through time by hand. One batched pass: no
+per-example loop, no ``B x parameters`` tensor. Norms and clipped sums then come from
+the same factored contributions as a Linear's (:mod:`~dpmf.training.torch.ghost.joint`: Gram or
+materialized by cost, with its rounding bound; a recurrent layer called twice in one forward is joined
+with its cross terms like any repeated layer), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
+agrees with autograd through the fused kernel to rounding (tested in float64); the clip bound does not
+depend on that.
 
 Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, and dropout between
 layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can).
@@ -29,10 +31,9 @@ from __future__ import annotations
 
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.ghost.linear import linear_parts
-from dpmf.training.torch.ghost.materialized import combine
+from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
-from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, recurrent_forward, weight_names
+from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, gate_gradients, weight_names
 
 torch = require_torch()
 
@@ -59,19 +60,17 @@ def recurrent_batch(module, args, kwargs) -> int:
     return x.shape[0] if module.batch_first else x.shape[1]
 
 
-def _renamed(part: LayerGradients, names: dict) -> LayerGradients:
-    return LayerGradients(part.sq, lambda f: {names[k]: v for k, v in part.weighted_sum(f).items()})
-
-
-def _part(A, G, weight_name, bias_name, trainable) -> LayerGradients | None:
-    sub, names = {}, {}
-    if weight_name in trainable:
-        sub["weight"], names["weight"] = trainable[weight_name], weight_name
-    if bias_name is not None and bias_name in trainable:
-        sub["bias"], names["bias"] = trainable[bias_name], bias_name
-    if not sub:
-        return None
-    return _renamed(linear_parts(A, G, sub), names)
+def _contributions(pieces, trainable) -> dict:
+    """``{parameter name: contribution}``: a weight's per-example gradient ``sum_t g_t a_t^T`` is
+    :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
+    ``sum_t g_t`` is materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
+    out = {}
+    for A, G, weight, bias in pieces:
+        if weight in trainable:
+            out[weight] = Factored(G, A, work=torch.promote_types(trainable[weight].dtype, torch.float32))
+        if bias is not None and bias in trainable:
+            out[bias] = PerExample(G.to(torch.promote_types(trainable[bias].dtype, torch.float32)).sum(1))
+    return out
 
 
 @register_ghost_rule(*RECURRENT_TYPES)
@@ -89,30 +88,56 @@ def recurrent_rule(module, call, trainable):
     x = x.to(work)
     if hx is not None:
         hx = tuple(h.to(work) for h in hx) if isinstance(hx, (tuple, list)) else hx.to(work)
-    record: list = []
-    with torch.enable_grad():
-        out = recurrent_forward(module, x, hx, record=record, params=params)
-        flat = [out[0], *(out[1] if isinstance(out[1], tuple) else (out[1],))]
-        pairs = [(o, g.to(work)) for o, g in zip(flat, call.grads) if g is not None]
-        targets = []
-        for _, _, rec in record:
-            targets += [rec["gi"], *rec["gh"], *rec["hr"]]
-        grads = torch.autograd.grad([o for o, _ in pairs], targets, [g for _, g in pairs], allow_unused=True)
-    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
-    parts, k = [], 0
-    for layer, d, rec in record:
+    grads = [None if g is None else g.to(work) for g in call.grads] + [None, None]
+    pieces = []  # (A, G, weight name, bias name): one Linear along time each
+    for layer, d, rec in gate_gradients(module, x, hx, grads[0], grads[1], grads[2], params):
         names = weight_names(module, layer, d)
-        T = len(rec["gh"])
-        d_gi = grads[k]
-        d_gh = torch.stack(grads[k + 1:k + 1 + T], 1)
-        k += 1 + T + len(rec["hr"])
-        pieces = [_part(rec["x"].detach(), d_gi, names["ih"], names.get("b_ih"), trainable),
-                  _part(torch.stack(rec["h_in"], 1).detach(), d_gh, names["hh"], names.get("b_hh"), trainable)]
-        if rec["hr"]:
-            d_hr = torch.stack(grads[k - len(rec["hr"]):k], 1)
-            pieces.append(_part(torch.stack(rec["m_in"], 1).detach(), d_hr, names["hr"], None, trainable))
-        parts += [p for p in pieces if p is not None]
-    return combine(parts)
+        pieces.append((rec["x"], rec["dgi"], names["ih"], names.get("b_ih")))
+        pieces.append((rec["h_in"], rec["dgh"], names["hh"], names.get("b_hh")))
+        if rec["dhr"] is not None:
+            pieces.append((rec["m"], rec["dhr"], names["hr"], None))
+    return _layer_gradients(pieces, trainable, call, module)
+
+
+def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
+    """Norms from the recomputed tensors as they are; clipped sums with any example whose tensors are not
+    finite set to 0 (its norm is then inf or NaN, so its clip factor is 0 anyway: ``0 * inf`` must not
+    poison the sum). The rows are zeroed here, on the recomputed batch-first tensors, because the
+    clipper's own zeroing of such examples works along dim 0, which is not the batch of every tensor a
+    recurrent call holds (``(T, B, d)`` inputs, ``(L*D, B, H)`` states)."""
+    B = call.batch
+    device = pieces[0][0].device
+    if not call.versions and _ambiguous(module, call):
+        raise UnsupportedConfigurationError(
+            f"{type(module).__name__} saw a non-finite gradient with nonfinite='skip', and its call has another "
+            "dimension of the batch's size (time steps with batch_first=False, or layers x directions for the "
+            "states), so the examples to drop cannot be told apart; use batch_first=True and another batch size, "
+            "or nonfinite='raise'"
+        )
+    raw = from_contributions(_contributions(pieces, trainable), trainable)
+    if bool(torch.isfinite(raw.sq).all()):  # a non-finite entry of A or G makes its example's norm inf/NaN
+        return raw
+    bad = torch.zeros(B, dtype=torch.bool, device=device)
+    for A, G, _, _ in pieces:
+        bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
+    bad |= ~torch.isfinite(raw.sq).to(device)
+    keep = lambda t: torch.where(bad.view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
+    clean = from_contributions(_contributions([(keep(A), keep(G), w, b) for A, G, w, b in pieces], trainable),
+                               trainable)
+    sq = torch.where(bad.to(raw.sq.device), torch.full_like(raw.sq, float("nan")), raw.sq)
+    # joint use (the layer called twice) takes norms from the contributions: keep the non-finite ones in
+    # the first pass, so the example is seen; the clipper's second pass (a cleaned copy) sums the clean ones
+    joint = clean.contributions if not call.versions else raw.contributions
+    return LayerGradients(sq, clean.weighted_sum, contributions=joint)
+
+
+def _ambiguous(module, call) -> bool:
+    """Whether a tensor of this call has a dim 0 of the batch's size that is not the batch."""
+    B = call.batch
+    x, hx = _input_and_state(call)
+    L = module.num_layers * (2 if module.bidirectional else 1)
+    state = hx is not None or any(g is not None for g in call.grads[1:])
+    return (not module.batch_first and x.shape[0] == B) or (state and L == B)
 
 
 for _t in RECURRENT_TYPES:
