@@ -141,6 +141,37 @@ class ExecutionPlan:
         """A short hash of :meth:`describe` (checkpoints compare it)."""
         return description_fingerprint(self.describe())
 
+    def training_report(self, steps_done: int, **fields):
+        """The plan's certified report with ``diagnostics["training"]``: steps done of steps planned,
+        clip norm, normalizer, dataset size, the plan row, and the adapter's ``fields`` (e.g. how
+        per-example gradients were computed). What ``Privacy.report()`` returns in every framework
+        (releasing the first ``t`` steps' models is post-processing of the whole planned run)."""
+        import dataclasses
+
+        r = self.report
+        training = {"steps_done": steps_done, "steps_planned": self.steps, "max_grad_norm": self.max_grad_norm,
+                    "normalizer": self.normalizer, **fields, "num_examples": self.num_examples,
+                    **({"plan_row": self.plan_row} if self.plan_row else {})}
+        return dataclasses.replace(r, diagnostics={**r.diagnostics, "training": training})
+
+    def check_checkpoint(self, state: dict) -> None:
+        """Refuse a checkpoint ``state`` whose plan description no longer hashes to its stored
+        ``plan_fingerprint`` (edited or damaged after saving) or that belongs to another plan (the
+        differences named). Every framework's ``load_state_dict`` runs this first."""
+        there, stored = state.get("plan"), state.get("plan_fingerprint")
+        recomputed = description_fingerprint(there) if isinstance(there, dict) else None
+        if recomputed is None or stored != recomputed:
+            raise InvalidParameterError(
+                f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
+                f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
+                "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
+            )
+        if stored != self.fingerprint():
+            here = self.describe()
+            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+            detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
+            raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+
     def check_step(self, step: int) -> None:
         """Raise :class:`StepOutOfPlanError` unless ``0 <= step < steps``."""
         if not 0 <= step < self.steps:

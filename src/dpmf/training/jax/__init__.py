@@ -37,6 +37,7 @@ _EXPORTS = {
     "scheme_from_jax_privacy": ".config",
     "strategy_from_jax_privacy": ".config",
     "compare_with_jax_privacy": ".config",
+    "jax_privacy_epsilon": ".config",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = attach(__name__, _EXPORTS, globals())

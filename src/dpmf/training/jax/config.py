@@ -64,6 +64,7 @@ __all__ = [
     "account_jax_privacy",
     "calibrate_jax_privacy",
     "jax_privacy_noise_multiplier",
+    "jax_privacy_epsilon",
     "compare_with_jax_privacy",
 ]
 
@@ -220,17 +221,10 @@ def _max_column_norm_and_bands(dpmf_strategy) -> tuple[float, int] | None:
     return None
 
 
-def jax_privacy_noise_multiplier(strategy, batch_selection, target_epsilon: float, delta: float, *,
-                                 num_examples: int, tol: float = 1e-5) -> float | None:
-    """jax_privacy's own calibrated noise multiplier for ``C`` *as given* (module docstring), or
-    ``None`` where its accounting does not cover the configuration.
-
-    ``accounting.calibrate.calibrate_noise_multiplier`` with a ``DpsgdTrainingAccountant`` (PLD) at
-    batch size ``q * (num_examples // cycle_length)`` (so its ``q`` is the scheme's), times the
-    largest column norm of ``C`` (jax_privacy's noise multiplier is for the column-normalized
-    matrix; 1 for its ``ColumnNormalizedBanded`` and for DP-SGD)."""
+def _jax_privacy_setup(strategy, batch_selection, num_examples):
+    """``(accountant, batch size, cycle length or None, largest column norm, steps)`` of jax_privacy's
+    own accounting for the configuration, or ``None`` where it has none."""
     from jax_privacy.accounting import accountants, analysis
-    from jax_privacy.accounting import calibrate as jp_calibrate
 
     if not isinstance(batch_selection, _bs.CyclicPoissonSampling):
         return None
@@ -246,13 +240,47 @@ def jax_privacy_noise_multiplier(strategy, batch_selection, target_epsilon: floa
             f"jax_privacy's accounting takes an integer batch size, and sampling_prob * (num_examples // cycle_length) "
             f"= {batch!r} is not one: choose num_examples or sampling_prob so that it is (its q is batch / group size)"
         )
-    batch = int(round(batch))
     acc = analysis.DpsgdTrainingAccountant(dp_accountant_config=accountants.PldAccountantConfig())
+    return acc, int(round(batch)), (None if b == 1 else b), shape[0], steps
+
+
+def jax_privacy_epsilon(strategy, batch_selection, noise_multiplier: float, delta: float, *,
+                        num_examples: int) -> float | None:
+    """jax_privacy's own epsilon (``DpsgdTrainingAccountant``, PLD) for ``C`` *as given* at
+    ``noise_multiplier``, or ``None`` where its accounting does not cover the configuration
+    (:func:`jax_privacy_noise_multiplier` says how the two are matched)."""
+    from jax_privacy.accounting import analysis
+
+    setup = _jax_privacy_setup(strategy, batch_selection, num_examples)
+    if setup is None:
+        return None
+    acc, batch, cycle, norm, steps = setup
+    params = analysis.DpParams(noise_multipliers=float(noise_multiplier) / norm, num_samples=int(num_examples),
+                               delta=float(delta), batch_size=batch, cycle_length=cycle,
+                               truncated_batch_size=batch_selection.truncated_batch_size)
+    return float(acc.compute_epsilon(steps, params))
+
+
+def jax_privacy_noise_multiplier(strategy, batch_selection, target_epsilon: float, delta: float, *,
+                                 num_examples: int, tol: float = 1e-5) -> float | None:
+    """jax_privacy's own calibrated noise multiplier for ``C`` *as given* (module docstring), or
+    ``None`` where its accounting does not cover the configuration.
+
+    ``accounting.calibrate.calibrate_noise_multiplier`` with a ``DpsgdTrainingAccountant`` (PLD) at
+    batch size ``q * (num_examples // cycle_length)`` (so its ``q`` is the scheme's), times the
+    largest column norm of ``C`` (jax_privacy's noise multiplier is for the column-normalized
+    matrix; 1 for its ``ColumnNormalizedBanded`` and for DP-SGD)."""
+    from jax_privacy.accounting import calibrate as jp_calibrate
+
+    setup = _jax_privacy_setup(strategy, batch_selection, num_examples)
+    if setup is None:
+        return None
+    acc, batch, cycle, norm, steps = setup
     nm = jp_calibrate.calibrate_noise_multiplier(
-        target_epsilon=float(target_epsilon), accountant=acc, batch_sizes=batch, num_updates=steps, num_samples=m,
-        target_delta=float(delta), cycle_length=None if b == 1 else b,
+        target_epsilon=float(target_epsilon), accountant=acc, batch_sizes=batch, num_updates=steps,
+        num_samples=int(num_examples), target_delta=float(delta), cycle_length=cycle,
         truncated_batch_size=batch_selection.truncated_batch_size, tol=tol)
-    return float(nm) * shape[0]
+    return float(nm) * norm
 
 
 def compare_with_jax_privacy(strategy, batch_selection, target_epsilon: float, delta: float, *, num_examples: int,

@@ -54,7 +54,7 @@ from dpmf.errors import InvalidParameterError
 from dpmf.training.jax._deps import require_jax
 from dpmf.training.jax.data import SchemeBatches
 from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
-from dpmf.training.plan import ExecutionPlan, description_fingerprint, resolve_plan
+from dpmf.training.plan import ExecutionPlan, resolve_plan
 
 jax, optax, jax_privacy = require_jax()
 import jax.numpy as jnp  # noqa: E402
@@ -142,14 +142,7 @@ class Privacy:
                 f"the optimizer state has taken {self.noise_steps(opt_state)} noise steps but {self.steps_done} batches "
                 "were handed out: every batch must be used for exactly one update (run.step)"
             )
-        r = self.plan.report
-        diag = {**r.diagnostics, "training": {"steps_done": self.steps_done, "steps_planned": self.plan.steps,
-                                              "max_grad_norm": self.plan.max_grad_norm,
-                                              "normalizer": self.plan.normalizer,
-                                              "grad_sample_mode": GRAD_SAMPLE_MODE, "framework": "jax",
-                                              "num_examples": self.plan.num_examples,
-                                              **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
-        return dataclasses.replace(r, diagnostics=diag)
+        return self.plan.training_report(self.steps_done, grad_sample_mode=GRAD_SAMPLE_MODE, framework="jax")
 
     def save_report(self, path: str | os.PathLike, opt_state=None) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (and, beside it, the matrix a large dense strategy's
@@ -193,19 +186,7 @@ class Privacy:
         after saving, counters that disagree, arrays of another model or optimizer, NaN/inf."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
             raise InvalidParameterError("not a dpmf JAX training checkpoint (missing format/plan)")
-        there, stored = state["plan"], state.get("plan_fingerprint")
-        recomputed = description_fingerprint(there) if isinstance(there, dict) else None
-        if recomputed is None or stored != recomputed:
-            raise InvalidParameterError(
-                f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
-                f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
-                "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
-            )
-        if stored != self.plan.fingerprint():
-            here = self.plan.describe()
-            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
-            detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
-            raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+        self.plan.check_checkpoint(state)
         steps = state.get("steps_done")
         saved_batches = state.get("batches") if isinstance(state.get("batches"), dict) else {}
         counters = (state.get("noise_steps"), saved_batches.get("steps_done"))

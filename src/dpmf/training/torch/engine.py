@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, description_fingerprint, resolve_plan
+from dpmf.training.plan import ExecutionPlan, resolve_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
@@ -116,20 +116,12 @@ class Privacy:
         post-processing of the whole run, so the planned epsilon bounds the privacy spent at any step.
         Its ``adjacency`` states what the epsilon is for (zero-out: ``len(dataset)`` is public); its
         JSON carries the digest ``dpmf verify`` checks for edits."""
-        import dataclasses
-
-        r = self.plan.report
-        diag = {**r.diagnostics, "training": {"steps_done": self.steps_done, "steps_planned": self.plan.steps,
-                                              "max_grad_norm": self.plan.max_grad_norm,
-                                              "normalizer": self.plan.normalizer,
-                                              "grad_sample_mode": getattr(self.optimizer.clipper, "mode", "?"),
-                                              "nonfinite_examples_skipped": self.optimizer.clipper.skipped_nonfinite,
-                                              "trainable_parameters": sum(p.numel() for p in self.optimizer.clipper.params),
-                                              **({"ghost_fallback_layers": self.optimizer.clipper.fallback_layers()}
-                                                 if hasattr(self.optimizer.clipper, "fallback_layers") else {}),
-                                              "num_examples": self.plan.num_examples,
-                                              **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
-        return dataclasses.replace(r, diagnostics=diag)
+        clipper = self.optimizer.clipper
+        return self.plan.training_report(
+            self.steps_done, grad_sample_mode=getattr(clipper, "mode", "?"),
+            nonfinite_examples_skipped=clipper.skipped_nonfinite,
+            trainable_parameters=sum(p.numel() for p in clipper.params),
+            **({"ghost_fallback_layers": clipper.fallback_layers()} if hasattr(clipper, "fallback_layers") else {}))
 
     def save_report(self, path: str | os.PathLike) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (its folder must exist), and next to it, as
@@ -191,19 +183,7 @@ class Privacy:
         :meth:`load_checkpoint`."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
             raise InvalidParameterError("not a dpmf training checkpoint (missing format/plan)")
-        there, stored = state["plan"], state.get("plan_fingerprint")
-        recomputed = description_fingerprint(there) if isinstance(there, dict) else None
-        if recomputed is None or stored != recomputed:
-            raise InvalidParameterError(
-                f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
-                f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
-                "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
-            )
-        if stored != self.plan.fingerprint():
-            here, there = self.plan.describe(), state["plan"]
-            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
-            detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
-            raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+        self.plan.check_checkpoint(state)
         steps = state.get("steps_done")
         if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
             raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.plan.steps}")
