@@ -145,8 +145,8 @@ class DPOptimizer(torch.optim.Optimizer):
             skipped = src.steps_done - 1 - t
             raise InvalidParameterError(
                 f"the data loader is at step {src.steps_done - 1} but the optimizer at step {t}: {skipped} "
-                f"batch{'es were' if skipped > 1 else ' was'} taken from the loader without optimizer.step(), e.g. "
-                "a peek with next(iter(loader)) before the loop. The private data loader is one pass over all "
+                f"batch{'es were' if skipped > 1 else ' was'} skipped (taken from the loader without optimizer.step(), e.g. "
+                "a peek with next(iter(loader)) before the loop). The private data loader is one pass over all "
                 "the plan's steps (every epoch), not restarted by a new iter(): each batch it yields is a step "
                 "the accounting counts, so a peek consumes one. Step on every batch it yields; to look at the "
                 "data, index the dataset or use a plain DataLoader over it, then build the run again with "
