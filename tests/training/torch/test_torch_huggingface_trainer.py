@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity, bsr  # noqa: E402
-from dpmf.training.torch import make_private  # noqa: E402
+from dpmf.training.torch import make_private, per_example_causal_lm_loss  # noqa: E402
 from dpmf.training.torch.huggingface import DPTrainer  # noqa: E402
 
 V, T = 40, 8
@@ -91,7 +91,7 @@ def test_trainer_equals_the_make_private_loop_and_logs_the_privacy(tmp_path):
 def test_empty_poisson_batches_and_the_second_pass(tmp_path):
     model, ds = tiny_llama(), Padded(12)
     # q = 0.1 over 12 examples: P(empty batch) = 0.28 per step; seed 0 draws three
-    trainer = DPTrainer(model, targs(tmp_path), train_dataset=ds, strategy=Identity(8),
+    trainer = DPTrainer(model, targs(tmp_path), train_dataset=ds, eval_dataset=Padded(6, seed=1), strategy=Identity(8),
                         sampling=PoissonSampling(0.1, 8), noise_multiplier=2.0, delta=1e-5, max_grad_norm=1.0,
                         seed=0)
     sizes = [len(b) for b in trainer.privacy.sampler.scheme.batches(12, np.random.default_rng(trainer.privacy.sampler.seed))]
@@ -102,6 +102,13 @@ def test_empty_poisson_batches_and_the_second_pass(tmp_path):
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # noise reached every weight
     with pytest.raises(UnsupportedConfigurationError, match="covers no more"):
         trainer.train()
+    # evaluation (no gradients: nothing captured) reports the per-example loss of the held-out set
+    ev = Padded(6, seed=1)
+    with torch.no_grad():
+        out = model(input_ids=ev.ids, attention_mask=ev.mask)
+    want = float(per_example_causal_lm_loss(out.logits, ev.labels))
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(want, rel=1e-5)
+    assert trainer.privacy.steps_done == 8
 
 
 def test_refusals(tmp_path):

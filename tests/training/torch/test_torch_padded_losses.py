@@ -205,3 +205,14 @@ def test_positional_labels_and_tuple_outputs_are_handled():
                     return_dict=False)
     torch.testing.assert_close(pos.loss, want, rtol=0, atol=0)
     torch.testing.assert_close(tup[0], want, rtol=0, atol=0)
+
+
+def test_a_lora_wrapped_causal_lm_gets_the_per_example_loss():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    b = batch_of(Padded(6), range(6))
+    handles = guard_model_loss(model)
+    assert len(handles) == 2  # on the LlamaForCausalLM inside the PEFT wrappers
+    with torch.no_grad():
+        out = model(**b)
+    torch.testing.assert_close(out.loss, per_example_causal_lm_loss(out.logits, b["labels"]), rtol=0, atol=0)
