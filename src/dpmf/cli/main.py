@@ -44,6 +44,10 @@ app = typer_app(
 )
 
 
+#: ``dpmf plan --budget`` default (seconds): the plan answers within about half a minute.
+DEFAULT_PLAN_BUDGET = 25.0
+
+
 class MethodName(str, Enum):
     auto = "auto"
     pld = "pld"
@@ -436,6 +440,12 @@ def plan(
     workers: Optional[int] = typer.Option(
         None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."
     ),
+    budget: float = typer.Option(
+        DEFAULT_PLAN_BUDGET, "--budget", help="Seconds after which the costly candidates (MMCC, BandMF under "
+        "balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it certified so far "
+        "(a cut row, which can only move up), and the output names what was cut."
+    ),
+    thorough: bool = typer.Option(False, "--thorough", help="No time budget: calibrate every candidate fully."),
     force: bool = _FORCE,
     quiet: bool = _QUIET,
 ) -> None:
@@ -475,12 +485,31 @@ def plan(
             cache, note = default_plan_cache()
             if note:
                 err.print(f"note: {note}", highlight=False, markup=False)
+        from dpmf import validation as _v
+
+        limit = None if thorough else _v.positive("--budget", budget)
         est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+        if limit is not None:  # the costly wave stops at the budget
+            from dataclasses import replace as _replace
+
+            est = _replace(est, seconds=min(est.seconds, limit))
         check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
         _note_cost(est)
+
+        shown: list = []
+
+        def first(rows, pending: int) -> None:  # the certified ranking of the quick waves, at once
+            if as_json:
+                return
+            shown.append(list(rows))
+            out.print(plan_table(run, rows))
+            err.print(f"{pending} costly candidates still running (at most {limit:g} s in all; --thorough: no "
+                      "limit); the table above is certified and will be updated", highlight=False)
+
         try:
             with cli_progress(quiet):
-                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers)
+                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers, budget=limit,
+                             on_first=first if limit is not None else None)
         except KeyboardInterrupt:
             where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
             err.print(f"interrupted{where}", highlight=False)
@@ -496,12 +525,16 @@ def plan(
             "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
             "rows": [r.to_dict() for r in rows if not r.pruned],
             "pruned": [r.to_dict() for r in rows if r.pruned],
+            "budget": rows.budget,
+            "cut": [c.__dict__ for c in rows.cut],
+            "seconds": rows.seconds,
         }
         out.print_json(json.dumps(payload))
         if exported:
             err.print(exported, highlight=False, markup=False, soft_wrap=True)
         return
-    out.print(plan_table(run, rows))
+    if not shown or shown[0] != list(rows):  # (the first table again only when the costly wave changed it)
+        out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)
     out.print(
         "prefix RMSE: root-mean-square noise on the running sums of clipped gradients (clip norm 1); "
@@ -520,6 +553,7 @@ def plan(
         for r in rows:
             if r.pruned:
                 out.print(f"  {r.strategy} / {r.sampling}: {r.note}", highlight=False)
+    _print_cut(rows)
     hits = sum(r.cached for r in rows)
     if hits:
         out.print(f"{hits} of {len(rows)} rows from the cache ({cache.folder}; --no-cache recomputes)", highlight=False)
@@ -527,6 +561,22 @@ def plan(
         out.print(f"plot written to {plot}")
     if exported:
         out.print(exported, highlight=False, markup=False, soft_wrap=True)  # (one line: a path to copy)
+
+
+def _print_cut(rows) -> None:
+    """What the time budget cut: the rows it stopped early (certified, can only move up) and the
+    candidates it stopped before any certified noise."""
+    cut_rows = [r for r in rows if r.cut]
+    if not cut_rows and not rows.cut:
+        return
+    out.print(f"cut by the time budget ({rows.budget:g} s; dpmf plan --thorough calibrates everything, or raise "
+              "--budget):", highlight=False)
+    for r in cut_rows:
+        out.print(f"  {r.strategy} / {r.sampling}: noise {r.noise_multiplier:.4g} certified, not yet the smallest "
+                  "(a full calibration can only lower its RMSE and move it up)", highlight=False)
+    for c in rows.cut:
+        out.print(f"  {c.strategy} / {c.sampling} ({c.method}): not ranked, no noise certified within the budget "
+                  f"({c.evaluations} evaluations); it could rank anywhere", highlight=False)
 
 
 def _export_row(rows, path: Path, rank: Optional[int]) -> str:
@@ -582,7 +632,8 @@ class PlanTable:
                        f">{r.prefix_sum_rmse:.3g}", f">{r.rmse_per_example_in_batch:.3g}")
                 continue
             rank += 1
-            yield (str(rank), r.strategy, r.sampling, r.method, "" if r.certified else "ESTIMATE",
+            status = "ESTIMATE" if not r.certified else ("cut" if getattr(r, "cut", False) else "")
+            yield (str(rank), r.strategy, r.sampling, r.method, status,
                    f"{r.noise_multiplier:.4g}", f"{r.epsilon:.4g}", f"{r.prefix_sum_rmse:.4g}",
                    f"{r.rmse_per_example_in_batch:.4g}")
 
