@@ -65,3 +65,18 @@ def test_workers_report_every_evaluation_and_a_deadline_keeps_only_passing_noise
     row = finished[0]
     assert any(s == row.noise_multiplier and e <= RUN.epsilon for s, e in seen)  # the answer was one evaluation
     assert len(seen) >= 2
+
+
+def test_a_row_that_would_not_fit_in_memory_is_skipped_before_it_is_built(monkeypatch):
+    import dpmf.resources
+
+    run = TrainingRun(60, 20, 300, 4.0, 1e-5, mmcc=False)  # 900 steps, 300 epochs (issue 44)
+    optimal = next(c for c in candidates(run) if c.strategy_name == "optimal-mf")
+    assert optimal.memory_bytes() > 15 * 2**30  # the dual problem's k(k+1)/2 x (1 + k(k-1)/2) matrix
+    small = next(c for c in candidates(run) if c.strategy_name == "identity" and c.scheme.name == "fixed-order")
+    monkeypatch.setattr(dpmf.resources, "available_memory", lambda: 4.0 * 2**30)
+    res = plan(run, only=[small, optimal])
+    assert [(r.strategy, r.sampling) for r in res] == [("identity", "fixed-order")]
+    (skipped,) = res.cut
+    assert skipped.strategy == "optimal-mf" and "15.2 GiB" in skipped.reason and "--force" in skipped.reason
+    assert "strategy" not in optimal.__dict__  # never built

@@ -86,6 +86,7 @@ def plan(
     workers: int | None = None,
     budget: float | None = None,
     on_first: Callable[[list[PlanRow], int], None] | None = None,
+    force: bool = False,
 ) -> PlanResult:
     """Calibrate every candidate to ``(run.epsilon, run.delta)``; rows sorted best first (pruned
     rows, ``row.pruned``, last, with a lower bound on their prefix RMSE).
@@ -108,6 +109,10 @@ def plan(
     budget at most as large as the one it was cut by. ``on_first(rows, pending)``: called with the
     ranked rows of the earlier waves when ``pending`` last-wave candidates are still to run (the CLI
     prints them at once).
+
+    Memory: a candidate whose estimated peak (:meth:`~dpmf.planning.candidates.Candidate.memory_bytes`)
+    exceeds half the memory available now is skipped before anything is built -- an entry of
+    ``result.cut`` whose ``reason`` gives the estimate -- unless ``force``.
     """
     import time
 
@@ -136,6 +141,22 @@ def plan(
         # spawn: fresh processes (no copy of a live progress bar or of BLAS threads); never more
         # processes than candidates or CPUs
         pool = ProcessPoolExecutor(usable_workers(workers, len(cands)), mp_context=multiprocessing.get_context("spawn"))
+    if not force:  # (rows that would not fit in memory: skipped up front, saying so)
+        from dpmf.planning.budget import Cut
+        from dpmf.resources import available_memory, format_bytes
+
+        room = available_memory() / 2  # (one row of a plan never takes more than half of what is free)
+        keep = []
+        for c in cands:
+            need = c.memory_bytes()
+            if need > room:
+                cut_list.append(Cut(c.label, c.strategy_name, c.sampling_name, c.method, 0, 0.0, reason=(
+                    f"needs about {format_bytes(need)} of memory, more than half of the {format_bytes(2 * room)} "
+                    "available: skipped before it was built (plan fewer epochs or steps, or --force)")))
+            else:
+                keep.append(c)
+        cands = keep
+        rows = [None] * len(cands)
     waves = sorted({c.wave for c in cands})
     last = waves[-1] if deadline is not None and waves and waves[-1] > 0 else None
     try:
@@ -177,6 +198,7 @@ def plan(
                         _finish(futures[fut], fut.result(), cands, run, cache, threshold, done)
                 elif client is None:
                     for i in todo:
+                        bar.update(note=f"calibrating {cands[i].strategy_name} / {cands[i].sampling_name}")
                         _finish(i, evaluate(cands[i], run, threshold), cands, run, cache, threshold, done)
                 else:
                     from distributed import as_completed

@@ -509,7 +509,7 @@ def plan(
         try:
             with cli_progress(quiet):
                 rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers, budget=limit,
-                             on_first=first if limit is not None else None)
+                             on_first=first if limit is not None else None, force=force)
         except KeyboardInterrupt:
             where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
             err.print(f"interrupted{where}", highlight=False)
@@ -566,15 +566,18 @@ def plan(
 def _print_cut(rows) -> None:
     """What the time budget cut: the rows it stopped early (certified, can only move up) and the
     candidates it stopped before any certified noise."""
+    for c in rows.cut:
+        if c.reason:
+            out.print(f"{c.strategy} / {c.sampling} ({c.method}): {c.reason}", highlight=False)
     cut_rows = [r for r in rows if r.cut]
-    if not cut_rows and not rows.cut:
+    if not cut_rows and not any(not c.reason for c in rows.cut):
         return
     out.print(f"cut by the time budget ({rows.budget:g} s; dpmf plan --thorough calibrates everything, or raise "
               "--budget):", highlight=False)
     for r in cut_rows:
         out.print(f"  {r.strategy} / {r.sampling}: noise {r.noise_multiplier:.4g} certified, not yet the smallest "
                   "(a full calibration can only lower its RMSE and move it up)", highlight=False)
-    for c in rows.cut:
+    for c in (c for c in rows.cut if not c.reason):
         out.print(f"  {c.strategy} / {c.sampling} ({c.method}): not ranked, no noise certified within the budget "
                   f"({c.evaluations} evaluations); it could rank anywhere", highlight=False)
 

@@ -43,6 +43,8 @@ class Cut:
     method: str
     evaluations: int
     seconds: float
+    #: why it has no row when the budget is not the reason (e.g. it would not fit in memory)
+    reason: str = ""
 
 
 def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, queue) -> None:
