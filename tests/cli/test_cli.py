@@ -230,7 +230,7 @@ def test_installed_console_script():
         [exe, *FIXED_ORDER, "--json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # (a hang guard, far above the work)
         env={**os.environ, "COLUMNS": "80"},
     )
     assert proc.returncode == 0, proc.stderr
