@@ -53,6 +53,8 @@ class MethodName(str, Enum):
     pld = "pld"
     unamplified = "unamplified"
     mmcc = "mmcc"
+    allocation_pld = "allocation_pld"
+    truncated_pld = "truncated_pld"
     allocation = "allocation"
     montecarlo = "montecarlo"
 
@@ -199,7 +201,11 @@ _Q = typer.Option(
     "(cyclic-poisson) or per available example (b-min-sep).",
 )
 _EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in-bins sampling (must divide --steps).")
-_MIN_SEP = typer.Option(None, "--min-sep", help="b: steps between two participations (cyclic-poisson, b-min-sep).")
+_MIN_SEP = typer.Option(
+    None, "--min-sep", "--cycle-length", help="b: steps between two participations: the cycle length of "
+    "cyclic-poisson (--cycle-length, the library's cycle_length) or the min-sep of b-min-sep (min_sep); either "
+    "spelling is accepted for both."
+)
 _WARM = WARM_START
 _FORCE = typer.Option(
     False, "--force", help="Run even when the up-front estimate says it would take more than a few minutes "
@@ -216,9 +222,11 @@ _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (w
 _METHOD = typer.Option(
     MethodName.auto,
     "--method",
-    help="Accountant: auto = tightest valid proven bound; pld (DP-SGD, Poisson); unamplified (no credit for "
-    "sampling); mmcc (any non-negative C, Poisson or cyclic Poisson); allocation (balls-in-bins, Renyi + "
-    "conditional composition); montecarlo (an ESTIMATE unless calibrated with certification).",
+    help="Accountant: auto = tightest valid proven bound; pld (DP-SGD, Poisson); truncated_pld (DP-SGD, Poisson "
+    "with --max-batch-size); unamplified (no credit for sampling); mmcc (any non-negative C, Poisson or cyclic "
+    "Poisson); allocation_pld (balls-in-bins: the random-allocation PLD, with its correlated-C members); allocation "
+    "(balls-in-bins, Renyi + conditional composition); montecarlo (an ESTIMATE unless calibrated with "
+    "certification).",
 )
 _SAMPLES = typer.Option(None, "--samples", help="Monte Carlo: number of privacy-loss samples.")
 _SEED = typer.Option(None, "--seed", help="Monte Carlo: seed (default: drawn from the OS and reported).")

@@ -24,6 +24,7 @@ require_torch()
 
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, private_data_loader  # noqa: E402
 from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
+from dpmf.training.torch.ghost.clipper import GhostClipper  # noqa: E402
 from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
 from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
@@ -43,6 +44,7 @@ __all__ = [
     "private_data_loader",
     "EmptyBatchCollate",
     "PerExampleClipper",
+    "GhostClipper",
     "ClippedGradients",
     "correlated_noise",
     "TorchCorrelatedNoise",
