@@ -105,7 +105,7 @@ def plan(
     CPU, or ``workers``), and a candidate stopped after certifying a noise gives a *cut* row
     (``row.cut``: certified, not yet the smallest noise), one stopped before gives an entry of
     ``result.cut``. ``None`` (default): no limit, every candidate calibrated (``dpmf plan
-    --thorough``). The earlier waves always run to the end. A cached cut row is reused only for a
+    --thorough``). The earlier waves always run to the end (with a budget, their amplified candidates also in one process per CPU). A cached cut row is reused only for a
     budget at most as large as the one it was cut by. ``on_first(rows, pending)``: called with the
     ranked rows of the earlier waves when ``pending`` last-wave candidates are still to run (the CLI
     prints them at once).
@@ -196,6 +196,8 @@ def plan(
                     futures = {pool.submit(_evaluate_task, cands[i], run, threshold): i for i in todo}
                     for fut in completed(list(futures)):
                         _finish(futures[fut], fut.result(), cands, run, cache, threshold, done)
+                elif client is None and deadline is not None and wave > 0 and len(todo) > 1:
+                    _budgeted(todo, cands, run, cache, threshold, None, budget, workers, done, cut_list, bar)
                 elif client is None:
                     for i in todo:
                         bar.update(note=f"calibrating {cands[i].strategy_name} / {cands[i].sampling_name}")
@@ -218,7 +220,8 @@ def plan(
 
 
 def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, done, cut_list, bar) -> None:
-    """The last wave under the deadline (:func:`dpmf.planning.budget.run_until`)."""
+    """A wave's candidates in worker processes (one per CPU), the last one under the deadline
+    (:func:`dpmf.planning.budget.run_until`; ``deadline=None``: run them whole)."""
     import os
 
     from dpmf.planning.budget import run_until
