@@ -467,7 +467,7 @@ def plan(
     with cli_errors():
         from dpmf.accounting.cost import check_cost, plan_cost
         from dpmf.files import check_output_file
-        from dpmf.planner import TrainingRun, plan as _plan, plot_plan
+        from dpmf.planner import PlanResult, TrainingRun, plan as _plan, plot_plan
         from dpmf.planning.cache import PlanCache, default_plan_cache
 
         if plot:
@@ -518,6 +518,8 @@ def plan(
             with cli_progress(quiet):
                 rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers, budget=limit,
                              on_first=first if limit is not None else None, force=force)
+            if not isinstance(rows, PlanResult):  # (a plain list of rows: nothing was cut)
+                rows = PlanResult(rows, budget=limit)
         except KeyboardInterrupt:
             where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
             err.print(f"interrupted{where}", highlight=False)
