@@ -230,7 +230,13 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, don
         return
     processes = usable_workers(workers if workers is not None else (os.cpu_count() or 1), len(todo))
     sub = [cands[i] for i in todo]
-    finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes)
+    running: list[str] = []
+
+    def started(j: int) -> None:  # (the progress note names the rows being calibrated)
+        running.append(f"{sub[j].strategy_name} / {sub[j].sampling_name}")
+        bar.update(note="calibrating " + ", ".join(running[-processes:]))
+
+    finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes, on_start=started)
     for j, row in finished.items():
         _finish(todo[j], row, cands, run, cache, threshold, done)
     for j, row in partial.items():

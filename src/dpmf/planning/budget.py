@@ -69,13 +69,14 @@ def _context():
 
 
 def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadline: float | None, *,
-              processes: int, on_eval=None) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
+              processes: int, on_eval=None, on_start=None) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
     """Calibrate ``cands`` (indices into the list) against ``threshold`` in up to ``processes``
     worker processes until ``deadline`` (a :func:`time.monotonic` value; ``None``: no deadline).
 
     Returns ``(finished, partial, cut)``: the rows of the candidates that finished, the rows of those
     the deadline stopped after a passing evaluation (``cut=True``; module docstring), and the ones it
-    stopped before any (:class:`Cut`). ``on_eval(i, sigma, epsilon)`` after each evaluation."""
+    stopped before any (:class:`Cut`). ``on_eval(i, sigma, epsilon)`` after each evaluation,
+    ``on_start(i)`` when a worker starts on candidate ``i`` (the CLI's progress names it)."""
     import queue as _queue
 
     ctx = _context()
@@ -91,6 +92,8 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
                 p = ctx.Process(target=_child, args=(i, cands[i], run, threshold, q), daemon=True)
                 p.start()
                 active[i] = (p, time.perf_counter())
+                if on_start is not None:
+                    on_start(i)
             if not active:
                 break
             wait = None if deadline is None else deadline - time.monotonic()
