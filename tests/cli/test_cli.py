@@ -171,7 +171,7 @@ def test_long_error_message_stays_on_one_line():
 
 
 # -------------------------------------------------------------------------------- plan
-PLAN = "plan --dataset-size 2000 --batch-size 100 --epochs 2 --epsilon 1 --delta 1e-6 --json".split()
+PLAN = "plan --dataset-size 2000 --batch-size 100 --epochs 2 --epsilon 1 --delta 1e-6 --json --thorough".split()
 
 
 @pytest.fixture(scope="module")
