@@ -511,8 +511,9 @@ def plan(
                 return
             shown.append(list(rows))
             out.print(plan_table(run, rows))
-            err.print(f"{pending} costly candidates still running (at most {limit:g} s in all; --thorough: no "
-                      "limit); the table above is certified and will be updated", highlight=False)
+            err.print(f"{pending} costly candidates still running, until {limit:g} s after the start (--budget; "
+                      "--thorough: no limit); the table above is certified and is printed again if they change it",
+                      highlight=False)
 
         try:
             with cli_progress(quiet):
