@@ -47,3 +47,76 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     assert len(blocks) >= 2
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})
+
+
+# ------------------------------------------------------------------ the docs against the CLI
+DOCS = sorted((README.parent / "docs").rglob("*.md")) + [README]
+
+
+def _cli_commands() -> dict:
+    """``{"plan": {"--budget", ...}, "strategy build": {...}, ...}``: every command and its options."""
+    import typer
+
+    from dpmf.cli.main import app
+
+    out = {}
+
+    def walk(cmd, path):
+        sub = getattr(cmd, "commands", None)
+        if sub:
+            for name, c in sub.items():
+                walk(c, path + [name])
+            return
+        opts = {"--help"}
+        for p in cmd.params:
+            opts.update(o for o in list(p.opts) + list(p.secondary_opts) if o.startswith("--"))
+        out[" ".join(path)] = opts
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def _dpmf_commands(text: str):
+    """Every ``dpmf ...`` command line in code blocks and code spans (continuation lines joined)."""
+    chunks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) + re.findall(r"`(dpmf [^`\n]+)`", text)
+    for chunk in chunks:
+        chunk = chunk.replace("\\\n", " ")
+        for line in chunk.splitlines():
+            m = re.search(r"(?:^|[\s;&|(])(?:\$ )?dpmf ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)?)(.*)", line)
+            if m and not line.lstrip().startswith(("#", ">>>", "import", "from")):
+                yield m.group(1), m.group(2)
+
+
+def test_every_dpmf_command_in_the_docs_exists_with_its_options():
+    commands = _cli_commands()
+    checked, bad = 0, []
+    for path in DOCS:
+        for words, rest in _dpmf_commands(path.read_text(encoding="utf-8")):
+            name = words if words in commands else words.split()[0]
+            if name not in commands:
+                if name not in {c.split()[0] for c in commands}:
+                    bad.append(f"{path.name}: dpmf {words}: no such command")
+                continue  # (a group named without its subcommand, e.g. "dpmf strategy --help")
+            checked += 1
+            for opt in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", rest):
+                if opt not in commands[name]:
+                    bad.append(f"{path.name}: dpmf {name} {opt}")
+    assert checked >= 20, checked
+    assert not bad, bad
+
+
+def test_every_accountant_is_selectable_from_the_cli():
+    from dpmf.accounting.dispatch import METHODS
+    from dpmf.cli.main import MethodName
+
+    assert {m.value for m in MethodName} == {"auto", *METHODS}
+
+
+def test_the_names_the_readme_says_dpmf_training_torch_exports_exist():
+    pytest.importorskip("torch")
+    import dpmf.training.torch as t
+
+    text = README.read_text(encoding="utf-8")
+    names = set(re.findall(r"`([A-Z][A-Za-z]+|[a-z_]+)`", text)) & set(t.__all__)
+    assert "GhostClipper" in t.__all__ and hasattr(t, "GhostClipper")
+    assert all(hasattr(t, n) for n in names)

@@ -147,7 +147,7 @@ def test_cli_notes_an_ignored_cache_file(tmp_path, monkeypatch):
     run = TrainingRun(200, 20, 2, 1.0, 1e-6)
     monkeypatch.setattr(dpmf.planner, "candidates", lambda r: [c for c in cheap(r) if c.wave == 0])
     args = ["plan", "--dataset-size", "200", "--batch-size", "20", "--epochs", "2", "--epsilon", "1",
-            "--cache-dir", str(tmp_path), "--quiet"]
+            "--cache-dir", str(tmp_path), "--quiet", "--thorough"]
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     victim = sorted((tmp_path / "plan").iterdir())[0]
@@ -186,7 +186,7 @@ def test_plan_progress_lines_off_terminal(monkeypatch, tmp_path):
     monkeypatch.setenv("DPMF_PROGRESS_INTERVAL", "0")  # every line at once (this small plan is quick)
     res = CliRunner().invoke(
         app, ["plan", "--dataset-size", "200", "--batch-size", "20", "--epochs", "2", "--epsilon", "1",
-              "--no-cache", "--json"]
+              "--no-cache", "--json", "--thorough"]
     )
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()
@@ -197,7 +197,7 @@ def test_plan_progress_lines_off_terminal(monkeypatch, tmp_path):
     json.loads(res.stdout)  # stdout stays pure JSON
     quiet = CliRunner().invoke(
         app, ["plan", "--dataset-size", "200", "--batch-size", "20", "--epochs", "2", "--epsilon", "1",
-              "--no-cache", "--json", "--quiet"]
+              "--no-cache", "--json", "--quiet", "--thorough"]
     )
     assert quiet.exit_code == 0 and quiet.stderr == ""
 

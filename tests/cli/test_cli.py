@@ -171,7 +171,7 @@ def test_long_error_message_stays_on_one_line():
 
 
 # -------------------------------------------------------------------------------- plan
-PLAN = "plan --dataset-size 2000 --batch-size 100 --epochs 2 --epsilon 1 --delta 1e-6 --json".split()
+PLAN = "plan --dataset-size 2000 --batch-size 100 --epochs 2 --epsilon 1 --delta 1e-6 --json --thorough".split()
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_installed_console_script():
         [exe, *FIXED_ORDER, "--json"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,  # (a hang guard, far above the work)
         env={**os.environ, "COLUMNS": "80"},
     )
     assert proc.returncode == 0, proc.stderr

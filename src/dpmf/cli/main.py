@@ -44,11 +44,17 @@ app = typer_app(
 )
 
 
+#: ``dpmf plan --budget`` default (seconds): the plan answers within about half a minute.
+DEFAULT_PLAN_BUDGET = 25.0
+
+
 class MethodName(str, Enum):
     auto = "auto"
     pld = "pld"
     unamplified = "unamplified"
     mmcc = "mmcc"
+    allocation_pld = "allocation_pld"
+    truncated_pld = "truncated_pld"
     allocation = "allocation"
     montecarlo = "montecarlo"
 
@@ -207,7 +213,11 @@ _Q = typer.Option(
     "(cyclic-poisson) or per available example (b-min-sep).",
 )
 _EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in-bins sampling (must divide --steps).")
-_MIN_SEP = typer.Option(None, "--min-sep", help="b: steps between two participations (cyclic-poisson, b-min-sep).")
+_MIN_SEP = typer.Option(
+    None, "--min-sep", "--cycle-length", help="b: steps between two participations: the cycle length of "
+    "cyclic-poisson (--cycle-length, the library's cycle_length) or the min-sep of b-min-sep (min_sep); either "
+    "spelling is accepted for both."
+)
 _WARM = WARM_START
 _FORCE = typer.Option(
     False, "--force", help="Run even when the up-front estimate says it would take more than a few minutes "
@@ -224,9 +234,11 @@ _DELTA = typer.Option(..., "--delta", help="Target delta in (0, 1), e.g. 1e-6 (w
 _METHOD = typer.Option(
     MethodName.auto,
     "--method",
-    help="Accountant: auto = tightest valid proven bound; pld (DP-SGD, Poisson); unamplified (no credit for "
-    "sampling); mmcc (any non-negative C, Poisson or cyclic Poisson); allocation (balls-in-bins, Renyi + "
-    "conditional composition); montecarlo (an ESTIMATE unless calibrated with certification).",
+    help="Accountant: auto = tightest valid proven bound; pld (DP-SGD, Poisson); truncated_pld (DP-SGD, Poisson "
+    "with --max-batch-size); unamplified (no credit for sampling); mmcc (any non-negative C, Poisson or cyclic "
+    "Poisson); allocation_pld (balls-in-bins: the random-allocation PLD, with its correlated-C members); allocation "
+    "(balls-in-bins, Renyi + conditional composition); montecarlo (an ESTIMATE unless calibrated with "
+    "certification).",
 )
 _SAMPLES = typer.Option(None, "--samples", help="Monte Carlo: number of privacy-loss samples.")
 _SEED = typer.Option(None, "--seed", help="Monte Carlo: seed (default: drawn from the OS and reported).")
@@ -446,6 +458,12 @@ def plan(
     workers: Optional[int] = typer.Option(
         None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."
     ),
+    budget: float = typer.Option(
+        DEFAULT_PLAN_BUDGET, "--budget", help="Seconds after which the costly candidates (MMCC, BandMF under "
+        "balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it certified so far "
+        "(a cut row, which can only move up), and the output names what was cut."
+    ),
+    thorough: bool = typer.Option(False, "--thorough", help="No time budget: calibrate every candidate fully."),
     force: bool = _FORCE,
     quiet: bool = _QUIET,
 ) -> None:
@@ -459,7 +477,7 @@ def plan(
     with cli_errors():
         from dpmf.accounting.cost import check_cost, plan_cost
         from dpmf.files import check_output_file
-        from dpmf.planner import TrainingRun, plan as _plan, plot_plan
+        from dpmf.planner import PlanResult, TrainingRun, plan as _plan, plot_plan
         from dpmf.planning.cache import PlanCache, default_plan_cache
 
         if plot:
@@ -485,12 +503,34 @@ def plan(
             cache, note = default_plan_cache()
             if note:
                 err.print(f"note: {note}", highlight=False, markup=False)
+        from dpmf import validation as _v
+
+        limit = None if thorough else _v.positive("--budget", budget)
         est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+        if limit is not None:  # the costly wave stops at the budget
+            from dataclasses import replace as _replace
+
+            est = _replace(est, seconds=min(est.seconds, limit))
         check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
         _note_cost(est)
+
+        shown: list = []
+
+        def first(rows, pending: int) -> None:  # the certified ranking of the quick waves, at once
+            if as_json:
+                return
+            shown.append(list(rows))
+            out.print(plan_table(run, rows))
+            err.print(f"{pending} costly candidates still running, until {limit:g} s after the start (--budget; "
+                      "--thorough: no limit); the table above is certified and is printed again if they change it",
+                      highlight=False)
+
         try:
             with cli_progress(quiet):
-                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers)
+                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers, budget=limit,
+                             on_first=first if limit is not None else None, force=force)
+            if not isinstance(rows, PlanResult):  # (a plain list of rows: nothing was cut)
+                rows = PlanResult(rows, budget=limit)
         except KeyboardInterrupt:
             where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
             err.print(f"interrupted{where}", highlight=False)
@@ -506,12 +546,16 @@ def plan(
             "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
             "rows": [r.to_dict() for r in rows if not r.pruned],
             "pruned": [r.to_dict() for r in rows if r.pruned],
+            "budget": rows.budget,
+            "cut": [c.__dict__ for c in rows.cut],
+            "seconds": rows.seconds,
         }
         out.print_json(json.dumps(payload))
         if exported:
             err.print(exported, highlight=False, markup=False, soft_wrap=True)
         return
-    out.print(plan_table(run, rows))
+    if not shown or shown[0] != list(rows):  # (the first table again only when the costly wave changed it)
+        out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)
     out.print(
         "prefix RMSE: root-mean-square noise on the running sums of clipped gradients (clip norm 1); "
@@ -530,6 +574,7 @@ def plan(
         for r in rows:
             if r.pruned:
                 out.print(f"  {r.strategy} / {r.sampling}: {r.note}", highlight=False)
+    _print_cut(rows)
     hits = sum(r.cached for r in rows)
     if hits:
         out.print(f"{hits} of {len(rows)} rows from the cache ({cache.folder}; --no-cache recomputes)", highlight=False)
@@ -537,6 +582,25 @@ def plan(
         out.print(f"plot written to {plot}")
     if exported:
         out.print(exported, highlight=False, markup=False, soft_wrap=True)  # (one line: a path to copy)
+
+
+def _print_cut(rows) -> None:
+    """What the time budget cut: the rows it stopped early (certified, can only move up) and the
+    candidates it stopped before any certified noise."""
+    for c in rows.cut:
+        if c.reason:
+            out.print(f"{c.strategy} / {c.sampling} ({c.method}): {c.reason}", highlight=False)
+    cut_rows = [r for r in rows if r.cut]
+    if not cut_rows and not any(not c.reason for c in rows.cut):
+        return
+    out.print(f"cut by the time budget ({rows.budget:g} s; dpmf plan --thorough calibrates everything, or raise "
+              "--budget):", highlight=False)
+    for r in cut_rows:
+        out.print(f"  {r.strategy} / {r.sampling}: noise {r.noise_multiplier:.4g} certified, not yet the smallest "
+                  "(a full calibration can only lower its RMSE and move it up)", highlight=False)
+    for c in (c for c in rows.cut if not c.reason):
+        out.print(f"  {c.strategy} / {c.sampling} ({c.method}): not ranked, no noise certified within the budget "
+                  f"({c.evaluations} evaluations); it could rank anywhere", highlight=False)
 
 
 def _export_row(rows, path: Path, rank: Optional[int]) -> str:
@@ -592,7 +656,8 @@ class PlanTable:
                        f">{r.prefix_sum_rmse:.3g}", f">{r.rmse_per_example_in_batch:.3g}")
                 continue
             rank += 1
-            yield (str(rank), r.strategy, r.sampling, r.method, "" if r.certified else "ESTIMATE",
+            status = "ESTIMATE" if not r.certified else ("cut" if getattr(r, "cut", False) else "")
+            yield (str(rank), r.strategy, r.sampling, r.method, status,
                    f"{r.noise_multiplier:.4g}", f"{r.epsilon:.4g}", f"{r.prefix_sum_rmse:.4g}",
                    f"{r.rmse_per_example_in_batch:.4g}")
 

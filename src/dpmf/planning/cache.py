@@ -101,6 +101,10 @@ def code_fingerprint() -> dict:
     return out
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _row_from(data: object) -> PlanRow:
     """A :class:`PlanRow` from its stored dict; ``ValueError`` for anything malformed
     (:meth:`PlanRow.from_dict`)."""
@@ -124,9 +128,10 @@ class PlanCache:
         text = json.dumps(self.full_key(key), sort_keys=True, separators=(",", ":"))
         return self.folder / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
 
-    def get(self, key: dict, threshold: float = math.inf) -> PlanRow | None:
+    def get(self, key: dict, threshold: float = math.inf, *, budget: float | None = None) -> PlanRow | None:
         """The stored row for ``key`` (``cached=True``), or ``None``: not stored, ignored (see
-        :attr:`ignored`), or pruned against a smaller threshold than ``threshold``."""
+        :attr:`ignored`), pruned against a smaller threshold than ``threshold``, or cut by a time
+        budget smaller than ``budget`` (``None``: no budget, a cut row is never reused)."""
         from dpmf.files import read_json, reading
 
         path = self.path(key)
@@ -137,8 +142,13 @@ class PlanCache:
             with reading(path, "dpmf plan cache file"):
                 if not isinstance(data, dict) or data.get("key") != json.loads(json.dumps(self.full_key(key))):
                     raise ValueError("written for another configuration or another dpmf")
+                if "row" not in data and "cut" in data:
+                    return None  # (a candidate the budget stopped before any row: get_cut)
                 row = _row_from(data.get("row"))
                 pruned_at = data.get("threshold")
+                cut_at = data.get("budget")
+                if row.cut and not _is_number(cut_at):
+                    raise ValueError("a cut row without its budget")
                 if row.pruned and not (isinstance(pruned_at, (int, float)) and not isinstance(pruned_at, bool)):
                     raise ValueError("a pruned row without its threshold")
         except DPMFError as exc:
@@ -146,22 +156,58 @@ class PlanCache:
             return None
         if row.pruned and not threshold <= pruned_at:
             return None  # pruned against a smaller best row: not a proof for this threshold
+        if row.cut and not (budget is not None and budget <= cut_at):
+            return None  # cut by a smaller budget: this run may tighten it
         from dataclasses import replace
 
         return attach_matrices(replace(row, cached=True), self.folder / "matrices")
 
-    def put(self, key: dict, row: PlanRow, threshold: float = math.inf) -> None:
-        """Store ``row`` (atomically; an unwritable folder only costs the cache)."""
+    def get_cut(self, key: dict, budget: float | None):
+        """The stored :class:`~dpmf.planning.budget.Cut` for ``key`` (a candidate a budget at least
+        ``budget`` stopped before it certified any noise), or ``None``."""
+        from dpmf.files import read_json
+        from dpmf.planning.budget import Cut
+
+        path = self.path(key)
+        if budget is None or not path.exists():
+            return None
+        try:
+            data = read_json(path, "dpmf plan cache file")
+        except DPMFError:
+            return None
+        try:
+            if data.get("key") != json.loads(json.dumps(self.full_key(key))) or "row" in data:
+                return None
+            if not (_is_number(data.get("budget")) and budget <= data["budget"]):
+                return None
+            return Cut(**data["cut"])
+        except (AttributeError, TypeError):
+            return None
+
+    def put_cut(self, key: dict, cut, budget: float) -> None:
+        """Store a :class:`~dpmf.planning.budget.Cut` with the budget that stopped it."""
+        from dataclasses import asdict
+
+        self._write(key, {"key": self.full_key(key), "cut": asdict(cut), "budget": budget}, None)
+
+    def put(self, key: dict, row: PlanRow, threshold: float = math.inf, *, budget: float | None = None) -> None:
+        """Store ``row`` (atomically; an unwritable folder only costs the cache); a cut row with the
+        ``budget`` that cut it."""
         from dataclasses import replace
 
         payload = {"key": self.full_key(key), "row": replace(row, cached=False).to_dict()}
         if row.pruned:
             payload["threshold"] = threshold
+        if row.cut:
+            payload["budget"] = budget
+        self._write(key, payload, row)
+
+    def _write(self, key: dict, payload: dict, row) -> None:
         path = self.path(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            if row.matrices:  # a dense strategy named by hash: its matrix next to the rows
+            if row is not None and row.matrices:  # a dense strategy named by hash: its matrix next to the rows
                 (self.folder / "matrices").mkdir(exist_ok=True)
                 save_row_matrices(row, self.folder / "matrices")
             tmp.write_text(json.dumps(payload, sort_keys=True), encoding="utf-8")

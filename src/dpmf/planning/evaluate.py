@@ -98,9 +98,10 @@ def _estimate_montecarlo(cand: Candidate, run: TrainingRun):
     return Calibration(res.value, report(res.value), res.evaluations)
 
 
-def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf) -> PlanRow:
+def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, callback=None) -> PlanRow:
     """The row of ``cand``: calibrated, or pruned when it provably cannot beat ``threshold``
-    (a prefix RMSE; ``inf``: calibrate whatever it costs)."""
+    (a prefix RMSE; ``inf``: calibrate whatever it costs). ``callback(sigma, epsilon)`` after each
+    evaluation of the calibration (:func:`dpmf.calibrate`'s; the plan's time budget keeps them)."""
     from dpmf.accounting.dispatch import calibrate
     from dpmf.privacy.calibration import NoiseLimitExceeded
     from dpmf.privacy.gdp import gdp_mu
@@ -144,7 +145,7 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf) -> 
         try:
             cal = calibrate(
                 cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method, rel_tol=REL_TOL,
-                max_noise_multiplier=limit, **(cand.options or {}),
+                max_noise_multiplier=limit, callback=callback, **(cand.options or {}),
             )
         except NoiseLimitExceeded as exc:
             return _row(

@@ -70,7 +70,9 @@ class PlanRow:
     precisely: its accountant's epsilon at ``noise_multiplier`` (the noise at which it would tie
     the best row of an earlier wave) is already above the target, so it needs more noise and its
     prefix RMSE is larger than ``prefix_sum_rmse``, a lower bound; ``epsilon`` is the value at that
-    noise (above the target). ``note`` says how the row was obtained when that is not plain.
+    noise (above the target). ``note`` says how the row was obtained when that is not plain. A *cut*
+    row (``cut``) is one the plan's time budget stopped (:mod:`dpmf.planning.budget`): its noise is
+    certified (epsilon <= target there), but not yet the smallest its accountant certifies.
 
     The specs, ``options``, ``epsilon_by_direction`` and ``run`` make the row rebuildable (module
     docstring); ``strategy_spec`` is ``None`` only for a pruned row whose strategy was never built
@@ -89,6 +91,7 @@ class PlanRow:
     seconds: float
     pruned: bool = False
     cached: bool = False
+    cut: bool = False
     label: str = ""
     note: str = ""
     strategy_spec: dict | None = None
@@ -188,6 +191,8 @@ class PlanRow:
 
 
 _VALUE_FIELDS = tuple(f.name for f in fields(PlanRow) if f.compare)
+#: keys a row file may lack (rows written before they existed), with the value they then have
+_OPTIONAL = {"cut": False}
 
 
 def _jsonify(obj):
@@ -260,7 +265,7 @@ def _checked(data) -> dict:
     """The constructor arguments of the row ``data`` describes (every key and type checked)."""
     if not isinstance(data, dict):
         raise InvalidParameterError(f"a plan row must be a dict, got {type(data).__name__}")
-    missing = [k for k in _VALUE_FIELDS if k not in data]
+    missing = [k for k in _VALUE_FIELDS if k not in data and k not in _OPTIONAL]
     unknown = sorted(k for k in data if k not in _VALUE_FIELDS)
     if missing or unknown:
         old = " (a row written before plan rows carried their specs: plan again)" if "strategy_spec" in missing else ""
@@ -268,11 +273,13 @@ def _checked(data) -> dict:
             f"plan row: missing key(s) {missing} and unknown key(s) {unknown}{old}" if unknown else
             f"plan row: missing key(s) {missing}{old}"
         )
-    out = dict(data)
+    out = {k: v for k, v in _OPTIONAL.items() if k not in data}
+    out.update(data)
+    data = out
     for k in ("strategy", "sampling", "method", "label", "note"):
         if not isinstance(data[k], str):
             raise _fail(k, f"must be text, got {data[k]!r}")
-    for k in ("certified", "pruned", "cached"):
+    for k in ("certified", "pruned", "cached", "cut"):
         if not isinstance(data[k], bool):
             raise _fail(k, f"must be true or false, got {data[k]!r}")
     for k in ("prefix_sum_rmse", "rmse_per_example_in_batch", "seconds"):

@@ -150,7 +150,10 @@ def test_seed_none_draws_and_records_entropy():
 
 
 CHILD = """
-import sys, time
+import signal, sys, time
+# SIGINT raises KeyboardInterrupt even when the parent ignores it (a child inherits an ignored signal,
+# and Python then installs no handler of its own: the interrupt would be lost and the run finish)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {here!r})
 from _dpsgd_sampler import dpsgd_loss_samples
 from dpmf.accounting.montecarlo.run import MonteCarloRun
@@ -162,7 +165,7 @@ def park(done, total):
     # the run cannot finish before the parent interrupts it, however loaded the machine is
     if done >= 3000:
         open({ready!r}, "w").close()
-        time.sleep(120)
+        time.sleep(3600)
 
 run = MonteCarloRun(Identity(10), PoissonSampling(0.1, 10), 1.0, 20_000, seed=99, chunk_size=1000,
                     checkpoint={ck!r}, sampler=dpsgd_loss_samples)
@@ -176,13 +179,19 @@ def test_sigint_then_resume_gives_the_uninterrupted_counts(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD.format(here=str(HERE), ck=str(ck), ready=str(ready))))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
+    # no wall-clock limit near the work: the child announces each step (the ready file, then its exit
+    # on the signal), and the limits below are only there so that a lost signal cannot hang the suite
+    deadline = time.time() + 900
     while not ready.exists():
         assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "the child never reached its third chunk"
+        assert time.time() < deadline, "the child never reached its third chunk in 15 minutes"
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the child ignored SIGINT for 15 minutes") from None
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err, (out, err)
     partial = MonteCarloRun.load(ck, sampler=dpsgd_loss_samples)
     assert 0 < partial.samples_done < partial.samples_total  # really interrupted mid-run

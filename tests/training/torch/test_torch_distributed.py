@@ -106,7 +106,7 @@ def _train(config: str, *, distributed: bool, seed: int | None, noise_multiplier
 def _worker(rank: int, world: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)  # 2 ranks on a 2-core machine
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))
+                            timeout=datetime.timedelta(seconds=900))  # (a hang guard: ranks wait on each other)
     try:
         results = {name: _train(name, distributed=True, seed=SEED) for name in CONFIGS}
         results["secure"] = _train("bandmf-cyclic", distributed=True, seed=None)

@@ -279,7 +279,7 @@ def test_cli_plan_export_then_train_then_verify(tmp_path):
     make_private(plan=FILE), the report saved as JSON, dpmf verify (exit 0, says what was trained);
     an edited report does not pass. (Slow: a whole plan; the fast version above exports one row.)"""
     res = CliRunner().invoke(app, ["plan", "--dataset-size", "60", "--batch-size", "20", "--epochs", "2",
-                                   "--epsilon", "2", "--delta", "1e-5", "--no-mmcc", "--quiet", "--no-cache",
+                                   "--epsilon", "2", "--delta", "1e-5", "--no-mmcc", "--quiet", "--no-cache", "--thorough",
                                    "--export", str(tmp_path / "best.json")])
     assert res.exit_code == 0, res.output
     assert "row 1 (" in res.stdout and "written to" in res.stdout

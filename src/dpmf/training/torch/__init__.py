@@ -25,6 +25,7 @@ require_torch()
 
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, private_data_loader  # noqa: E402
 from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
+from dpmf.training.torch.ghost.clipper import GhostClipper  # noqa: E402
 from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
 from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
 from dpmf.training.torch.losses import per_example_causal_lm_loss  # noqa: E402
@@ -45,6 +46,7 @@ __all__ = [
     "private_data_loader",
     "EmptyBatchCollate",
     "PerExampleClipper",
+    "GhostClipper",
     "ClippedGradients",
     "correlated_noise",
     "TorchCorrelatedNoise",

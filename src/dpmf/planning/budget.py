@@ -1,0 +1,162 @@
+"""The time budget of ``dpmf plan``: the costly candidates calibrated in worker processes until a
+deadline, keeping every certificate they produce on the way.
+
+The plan's first waves (closed forms and the cheap amplified accountants, :mod:`.candidates`) take
+seconds and always run to the end. Its last wave -- MMCC under Poisson sampling, BandMF under
+balls-in-bins with the Markov members of ``allocation_pld``, the optimal factorization -- can take
+minutes (one evaluation of BandMF with a fresh slot each epoch costs 10-20 s at 1000 steps, and a
+calibration needs about ten). :func:`run_until` runs those candidates in worker processes (one per
+CPU, at most ``workers``) and stops them at the deadline.
+
+**What a cut row certifies.** A calibration evaluates its accountant at a sequence of noises; every
+evaluation whose epsilon is at most the target *certifies* that noise (the accountant's bound is
+proved at that very noise). The workers report each evaluation as it ends, so a candidate stopped at
+the deadline keeps the smallest noise certified so far: its row (``cut=True``) is as sound as any
+other -- its epsilon is the accountant's at its noise -- only not the *smallest* noise the accountant
+would certify (a full calibration gives at most that noise, hence at most that RMSE: tightening can
+only move the row up the ranking). A candidate stopped before any passing evaluation gives no row;
+:class:`Cut` names it. Evaluations above the target are lower bounds only for a single-method
+candidate, and are not used as certificates.
+
+Nothing else changes: a candidate that finishes before the deadline gives the same row as without a
+budget (same threshold, same calibration).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from dpmf.planning.candidates import Candidate, TrainingRun
+from dpmf.planning.rows import PlanRow
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A candidate the budget stopped before it certified any noise (no row): its label, names,
+    the evaluations it made (none passing) and the seconds it ran."""
+
+    label: str
+    strategy: str
+    sampling: str
+    method: str
+    evaluations: int
+    seconds: float
+    #: why it has no row when the budget is not the reason (e.g. it would not fit in memory)
+    reason: str = ""
+
+
+def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, queue) -> None:
+    """A worker: calibrate ``cand`` and report each evaluation, then the row (or the error)."""
+    from dpmf import progress
+    from dpmf.planning.evaluate import evaluate
+
+    try:
+        with progress.reporting("off"):
+            row = evaluate(cand, run, threshold, callback=lambda s, e: queue.put(("eval", i, float(s), float(e))))
+        queue.put(("row", i, row))
+    except BaseException as exc:  # (reported to the parent, which raises it there)
+        queue.put(("error", i, f"{type(exc).__name__}: {exc}"))
+
+
+def _context():
+    import multiprocessing
+    import sys
+
+    # fork where it exists (a worker starts in milliseconds, with dpmf already imported)
+    return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+
+
+def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadline: float | None, *,
+              processes: int, on_eval=None, on_start=None) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
+    """Calibrate ``cands`` (indices into the list) against ``threshold`` in up to ``processes``
+    worker processes until ``deadline`` (a :func:`time.monotonic` value; ``None``: no deadline).
+
+    Returns ``(finished, partial, cut)``: the rows of the candidates that finished, the rows of those
+    the deadline stopped after a passing evaluation (``cut=True``; module docstring), and the ones it
+    stopped before any (:class:`Cut`). ``on_eval(i, sigma, epsilon)`` after each evaluation,
+    ``on_start(i)`` when a worker starts on candidate ``i`` (the CLI's progress names it)."""
+    import queue as _queue
+
+    ctx = _context()
+    q = ctx.Queue()
+    pending = list(range(len(cands)))
+    active: dict[int, tuple] = {}  # i -> (process, start)
+    evals: dict[int, list[tuple[float, float]]] = {i: [] for i in pending}
+    finished: dict[int, PlanRow] = {}
+    try:
+        while pending or active:
+            while pending and len(active) < max(1, processes) and (deadline is None or time.monotonic() < deadline):
+                i = pending.pop(0)
+                p = ctx.Process(target=_child, args=(i, cands[i], run, threshold, q), daemon=True)
+                p.start()
+                active[i] = (p, time.perf_counter())
+                if on_start is not None:
+                    on_start(i)
+            if not active:
+                break
+            wait = None if deadline is None else deadline - time.monotonic()
+            if wait is not None and wait <= 0:
+                break
+            try:
+                msg = q.get(timeout=1.0 if wait is None else min(wait, 1.0))
+            except _queue.Empty:
+                for i, (p, _) in list(active.items()):  # a worker killed from outside (memory)
+                    if not p.is_alive() and p.exitcode not in (0, None):
+                        active.pop(i)
+                        raise RuntimeError(f"the worker calibrating {cands[i].label!r} died (exit code {p.exitcode})")
+                continue
+            kind, i = msg[0], msg[1]
+            if kind == "eval":
+                evals[i].append((msg[2], msg[3]))
+                if on_eval is not None:
+                    on_eval(i, msg[2], msg[3])
+            elif kind == "row":
+                finished[i] = msg[2]
+                p, _ = active.pop(i)
+                p.join()
+            else:
+                p, _ = active.pop(i)
+                p.join()
+                from dpmf.errors import DPMFError
+
+                raise DPMFError(f"calibrating {cands[i].label!r}: {msg[2]}")
+    finally:
+        now = time.perf_counter()
+        stopped = {i: now - start for i, (p, start) in active.items()}
+        for p, _ in active.values():
+            p.terminate()
+        for p, _ in active.values():
+            p.join()
+        q.close()
+    partial: dict[int, PlanRow] = {}
+    cut: dict[int, Cut] = {}
+    for i in list(stopped) + pending:
+        cand, seconds = cands[i], stopped.get(i, 0.0)
+        passing = [s for s, e in evals[i] if e <= run.epsilon]
+        if passing:
+            s = min(passing)
+            eps = max(e for t, e in evals[i] if t == s)
+            partial[i] = cut_row(cand, run, s, eps, len(evals[i]), seconds)
+        else:
+            cut[i] = Cut(cand.label, cand.strategy_name, cand.sampling_name, cand.method, len(evals[i]), seconds)
+    return finished, partial, cut
+
+
+def cut_row(cand: Candidate, run: TrainingRun, sigma: float, epsilon: float, evaluations: int,
+            seconds: float) -> PlanRow:
+    """The row of a candidate stopped by the budget after certifying ``sigma`` (epsilon
+    ``<= run.epsilon`` there, from its accountant): certified, ``cut=True``."""
+    from dpmf.planning.evaluate import _row
+
+    row = _row(cand, run, method=cand.method, sigma=sigma, epsilon=epsilon, certified=True,
+               rmse=sigma * cand.rmse_per_sigma(), start=time.perf_counter() - seconds,
+               note=f"cut by the time budget after {evaluations} evaluations in {seconds:.0f} s: noise {sigma:.4g} is "
+                    "certified, a full calibration (--thorough) finds at most that noise, so the row can only move up")
+    return replace(row, cut=True)
+
+
+def budget_left(deadline: float | None) -> float:
+    """Seconds until ``deadline`` (``inf`` without one)."""
+    return math.inf if deadline is None else max(0.0, deadline - time.monotonic())

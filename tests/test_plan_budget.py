@@ -1,0 +1,82 @@
+"""``dpmf plan``'s time budget (:mod:`dpmf.planning.budget`): the quick waves always run whole, the
+costly last wave stops at the deadline, a stopped candidate keeps only certified noises (a cut row
+is an accountant's bound at its noise, never below what a full calibration finds), the cache reuses
+cuts only for a budget at most as large, and a budget that suffices changes nothing."""
+
+from __future__ import annotations
+
+import math
+
+import dpmf
+from dpmf.planner import TrainingRun, candidates, plan
+from dpmf.planning.budget import cut_row, run_until
+from dpmf.planning.evaluate import evaluate
+
+RUN = TrainingRun(200, 20, 2, 1.0, 1e-6)  # 20 steps, 10 per epoch
+PICK = {("identity", "fixed-order"), ("identity", "poisson"), ("banded-toeplitz-4", "poisson")}  # the last: wave 2
+
+
+def picked():
+    out = [c for c in candidates(RUN) if (c.strategy_name, c.scheme.name) in PICK]
+    assert len(out) == 3 and max(c.wave for c in out) == 2
+    return out
+
+
+def values(row) -> tuple:
+    d = row.to_dict()
+    d.pop("seconds"), d.pop("cached")
+    return tuple(sorted(d.items()))
+
+
+def test_an_exhausted_budget_cuts_the_last_wave_only_and_the_cache_keeps_the_cut(tmp_path):
+    firsts = []
+    res = plan(RUN, only=picked(), budget=1e-9, cache=tmp_path, on_first=lambda rows, k: firsts.append((rows, k)))
+    assert [c.strategy for c in res.cut] == ["banded-toeplitz-4"] and not res.complete
+    assert {(r.strategy, r.sampling) for r in res} == {("identity", "fixed-order"), ("identity", "poisson")}
+    assert len(firsts) == 1 and firsts[0][1] == 1 and [r.rank for r in firsts[0][0]] == [1, 2]
+    again = plan(RUN, only=picked(), budget=1e-9, cache=tmp_path)  # the same budget: the cut is reused
+    assert [c.label for c in again.cut] == [c.label for c in res.cut] and all(r.cached for r in again)
+    full = plan(RUN, only=picked(), budget=None, cache=tmp_path)  # no budget: the cut is not reused
+    assert full.complete and len(full) == 3
+
+
+def test_a_sufficient_budget_gives_the_rows_of_the_thorough_plan():
+    thorough = plan(RUN, only=picked())
+    budgeted = plan(RUN, only=picked(), budget=3600)
+    assert budgeted.complete and [values(r) for r in budgeted] == [values(r) for r in thorough]
+
+
+def test_a_cut_row_is_certified_at_its_noise_and_never_below_the_calibrated_row():
+    cand = next(c for c in candidates(RUN) if c.strategy_name == "banded-toeplitz-4" and c.scheme.name == "poisson")
+    calibrated = evaluate(cand, RUN)
+    sigma = calibrated.noise_multiplier * 1.3  # a noise a calibration passes through on its way down
+    eps = dpmf.account(cand.strategy, cand.scheme, sigma, RUN.delta, method=cand.method).epsilon
+    row = cut_row(cand, RUN, sigma, eps, 3, 1.0)
+    assert row.cut and row.certified and not row.pruned and eps <= RUN.epsilon
+    assert row.prefix_sum_rmse >= calibrated.prefix_sum_rmse
+    assert math.isclose(row.prefix_sum_rmse / row.noise_multiplier, calibrated.prefix_sum_rmse / calibrated.noise_multiplier)
+
+
+def test_workers_report_every_evaluation_and_a_deadline_keeps_only_passing_noises():
+    cand = next(c for c in candidates(RUN) if c.strategy_name == "banded-toeplitz-4" and c.scheme.name == "poisson")
+    seen = []
+    finished, partial, cut = run_until([cand], RUN, math.inf, None, processes=1, on_eval=lambda i, s, e: seen.append((s, e)))
+    assert list(finished) == [0] and not partial and not cut
+    row = finished[0]
+    assert any(s == row.noise_multiplier and e <= RUN.epsilon for s, e in seen)  # the answer was one evaluation
+    assert len(seen) >= 2
+
+
+def test_a_row_that_would_not_fit_in_memory_is_skipped_before_it_is_built(monkeypatch):
+    import dpmf.resources
+
+    run = TrainingRun(60, 20, 300, 4.0, 1e-5, mmcc=False)  # 900 steps, 300 epochs (issue 44)
+    optimal = next(c for c in candidates(run) if c.strategy_name == "optimal-mf")
+    assert optimal.memory_bytes() > 15 * 2**30  # the dual problem's k(k+1)/2 x (1 + k(k-1)/2) matrix
+    small = next(c for c in candidates(run) if c.strategy_name == "identity" and c.scheme.name == "fixed-order")
+    monkeypatch.setattr(dpmf.resources, "available_memory", lambda: 4.0 * 2**30)
+    res = plan(run, only=[small, optimal])
+    assert [(r.strategy, r.sampling) for r in res] == [("identity", "fixed-order")]
+    (skipped,) = res.cut
+    assert skipped.strategy == "optimal-mf" and "15.2 GiB" in skipped.reason and "--force" in skipped.reason
+    assert "strategy" not in optimal.__dict__  # never built
