@@ -232,3 +232,20 @@ def test_dpmf_errors_only_for_huge_account_inputs():
             except DPMFError:
                 continue
             assert np.isfinite(r.epsilon)
+
+
+@pytest.mark.parametrize("kind", ["sqrt", "blt", "fft"])
+def test_torch_noise_buffers_go_through_the_same_guard(kind, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import dpmf.resources as resources
+    from dpmf.strategies import BLT, FFTMechanism, ToeplitzStrategy
+    from dpmf.training.torch.noise import correlated_noise
+
+    strategy = {"sqrt": lambda: ToeplitzStrategy.sqrt_prefix_sum(64),
+                "blt": lambda: BLT([0.9, 0.4], [0.3, 0.2]).to_toeplitz(64), "fft": lambda: FFTMechanism(64)}[kind]()
+    params = [torch.zeros(1000, 1000)]  # a million floats: the buffers (up to 64 x 4 MB) fit 1 GiB, not 1 MiB
+    monkeypatch.setattr(resources, "available_memory", lambda: 2.0**20)
+    with pytest.raises(InvalidParameterError, match=r"needs a dense .* more than the 1 MiB of memory available; use "):
+        correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    monkeypatch.setattr(resources, "available_memory", lambda: 2.0**30)
+    assert correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0).numel == 10**6
