@@ -187,6 +187,7 @@ def test_what_cannot_fit_is_one_line_naming_the_memory(name, monkeypatch):
 
 
 def test_the_guard_lets_what_fits_through(monkeypatch):
+    import dpmf.resources as resources
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import bsr
 
@@ -194,6 +195,10 @@ def test_the_guard_lets_what_fits_through(monkeypatch):
     assert next(noise).shape == (1000,)
     assert next(iter(PoissonSampling(0.5, 4).batches(100, 0))).ndim == 1
     check_allocation(1000, 1000, "x")  # 8 MB
+    monkeypatch.setattr(resources, "available_memory", lambda: 0.0)
+    check_allocation(1000, 1000, "x")  # small arrays are never refused (no look at /proc in inner loops)
+    with pytest.raises(InvalidParameterError):
+        check_allocation(10**4, 10**4, "x")
 
 
 def test_the_guard_message_names_the_estimate_and_the_way_down(monkeypatch):
@@ -243,9 +248,10 @@ def test_torch_noise_buffers_go_through_the_same_guard(kind, monkeypatch):
 
     strategy = {"sqrt": lambda: ToeplitzStrategy.sqrt_prefix_sum(64),
                 "blt": lambda: BLT([0.9, 0.4], [0.3, 0.2]).to_toeplitz(64), "fft": lambda: FFTMechanism(64)}[kind]()
-    params = [torch.zeros(1000, 1000)]  # a million floats: the buffers (up to 64 x 4 MB) fit 1 GiB, not 1 MiB
+    params = [torch.zeros(10**7)]  # 40 MB a row: the buffers (2 to 64 rows) are over the 64 MiB that always fit
     monkeypatch.setattr(resources, "available_memory", lambda: 2.0**20)
     with pytest.raises(InvalidParameterError, match=r"needs a dense .* more than the 1 MiB of memory available; use "):
         correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
-    monkeypatch.setattr(resources, "available_memory", lambda: 2.0**30)
-    assert correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0).numel == 10**6
+    if kind == "blt":  # (2 rows: 80 MB) what fits is let through
+        monkeypatch.setattr(resources, "available_memory", lambda: 2.0**30)
+        assert correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0).numel == 10**7
