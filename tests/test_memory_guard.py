@@ -255,3 +255,20 @@ def test_torch_noise_buffers_go_through_the_same_guard(kind, monkeypatch):
     if kind == "blt":  # (2 rows: 80 MB) what fits is let through
         monkeypatch.setattr(resources, "available_memory", lambda: 2.0**30)
         assert correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0).numel == 10**7
+
+
+@pytest.mark.parametrize("pair", ["tree-poisson", "tree-fixed", "bsr-fixed", "bsr-balls", "identity-cyclic"])
+def test_calibrate_at_2_to_the_40_steps_is_a_dpmf_error(pair):
+    """dpmf.calibrate has no up-front estimate of its own (the CLI's is _check_run_cost): the O(n)
+    arrays of the sensitivities, the tree's nodes and MMCC's structured rows refuse in dpmf words."""
+    from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, FixedOrderSampling, PoissonSampling
+    from dpmf.strategies import BinaryTree, Identity, bsr
+
+    n = 2**40
+    strategy = {"tree": BinaryTree(n), "bsr": bsr(n, 4), "identity": Identity(n)}[pair.split("-")[0]]
+    scheme = {"poisson": PoissonSampling(0.01, n), "fixed": FixedOrderSampling(1, n),
+              "balls": BallsInBinsSampling(2, n), "cyclic": CyclicPoissonSampling(0.01, n, 4)}[pair.split("-")[1]]
+    start = time.perf_counter()
+    with pytest.raises(DPMFError, match="memory"):
+        dpmf.calibrate(strategy, scheme, 2.0, 1e-6)
+    assert time.perf_counter() - start < 20
