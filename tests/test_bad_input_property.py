@@ -19,6 +19,8 @@ import json
 import math
 import signal
 import traceback
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -257,8 +259,20 @@ def cli_commands(corpus_dir: Path):
                        often("--noise-multiplier", sigma), often("--delta", numbers), opt("--samples", ints),
                        opt("--checkpoint", bad_paths(corpus_dir))).map(
         lambda t: ["montecarlo", "run", "--strategy", "bsr", "--bands", "2", *[x for p in t for x in p]])
-    verify = files(corpus_dir, "v").map(lambda f: ["verify", f])
-    return st.one_of(account, calibrate, plan, build, show, individual, mc_report, mc_run, verify)
+    verify = st.tuples(files(corpus_dir, "v"), opt("--matrices", st.sampled_from(
+        [corpus_dir / "nodir", corpus_dir / "regular-file", corpus_dir])), opt("--workers", ints)).map(
+        lambda t: ["verify", t[0], *t[1], *t[2]])
+    # issue 44: the commands the first battery left out
+    compose = st.tuples(st.lists(files(corpus_dir, "c"), min_size=1, max_size=2),
+                        opt("--times", st.sampled_from(["0", "-1", "2", "2.5", "abc", "1000000"])),
+                        opt("--delta", numbers)).map(lambda t: ["compose", *t[0], *t[1], *t[2]])
+    steps_cmd = st.tuples(often("--noise-multiplier", st.sampled_from([*NUMBERS, "100"])),
+                          often("--epsilon", numbers), often("--delta", numbers)).map(
+        lambda t: ["individual", "steps", *[x for p in t for x in p]])
+    mc_resume = st.tuples(files(corpus_dir, "res"), opt("--delta", numbers), opt("--workers", ints)).map(
+        lambda t: ["montecarlo", "resume", t[0], *t[1], *t[2]])
+    return st.one_of(account, calibrate, plan, build, show, individual, mc_report, mc_run, verify, compose,
+                     steps_cmd, mc_resume)
 
 
 def _cli_property(corpus, data):
@@ -281,8 +295,13 @@ def test_cli_bad_input_long(corpus, data):
 
 
 # ------------------------------------------------------------------------------------------- API
+#: numbers of every kind a caller may hand over (issue 44): Fractions, Decimals, numpy scalars, huge ints
+KINDS_OF_NUMBERS = [Fraction(1, 3), Fraction(8), Decimal("0.5"), Decimal("NaN"), Decimal("8"), np.float32(0.5),
+                    np.float64(math.nan), np.int64(8), np.int32(-2), np.bool_(True), 2**40, 10**30, -(10**30),
+                    complex(1, 1), b"8", "abc", "nan", ""]
 ANY = st.one_of(
     st.sampled_from([0, -1, 1, 2, 0.5, 1.0, math.nan, math.inf, -math.inf, 1e-300, 1e300, None, "1", [1], True]),
+    st.sampled_from(KINDS_OF_NUMBERS),
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(-5, 70),
 )
@@ -392,6 +411,90 @@ def test_api_bad_input_is_a_dpmf_error_never_another_exception(corpus, data):
 @given(data=st.data())
 def test_api_bad_input_long(corpus, data):
     _api_property(corpus, data)
+
+
+# ------------------------------------------------------------------ issue 44: more entry points, each kind of junk
+#: the new cases are cheap: each must end within this many seconds
+CHEAP = 20
+
+
+def _junk_entry(data):
+    """One public entry point sized or parametrized by user input, called with drawn junk."""
+    from dpmf import sampling as P
+    from dpmf import strategies as S
+    from dpmf.privacy import gdp_mu
+
+    junk = st.one_of(st.sampled_from(KINDS_OF_NUMBERS), ANY)
+    size = st.one_of(st.sampled_from([1, 8, 2**40, 10**13, 0, -1]), junk)
+    x, y, z = data.draw(size), data.draw(junk), data.draw(junk)
+    which = data.draw(st.sampled_from(["strategy", "noise", "batches", "account", "gdp", "compose", "blt"]))
+    if which == "strategy":
+        kind = data.draw(st.sampled_from(["Identity", "BinaryTree", "FFTMechanism", "sqrt", "bsr", "bisr"]))
+        make = {"sqrt": S.ToeplitzStrategy.sqrt_prefix_sum, "bsr": lambda n: S.bsr(n, 4),
+                "bisr": lambda n: S.bisr(n, 4)}.get(kind) or getattr(S, kind)
+        return make, (x,), {}
+    if which == "noise":
+        strategy = data.draw(st.sampled_from([S.Identity(8), S.bsr(16, 4), S.BinaryTree(8)]))
+        return strategy.streaming_noise, (x,), {"rng": data.draw(st.sampled_from([0, y])), "noise_multiplier": z}
+    if which == "batches":
+        scheme = data.draw(st.sampled_from([P.PoissonSampling(0.5, 4), P.FixedOrderSampling(1, 4),
+                                            P.BallsInBinsSampling(1, 4), P.MinSepSampling(0.5, 4, 2)]))
+        return (lambda n, rng: next(iter(scheme.batches(n, rng)))), (x, data.draw(st.sampled_from([0, y]))), {}
+    if which == "account":
+        return dpmf.account, (S.Identity(8), P.PoissonSampling(0.5, 8), y, z), {}
+    if which == "gdp":
+        return gdp_mu, (y, z), {}
+    if which == "blt":
+        return (lambda n: S.BLT([0.9, 0.4], [0.3, 0.2]).to_toeplitz(n)), (x,), {}
+    report = dpmf.account(S.Identity(8), P.PoissonSampling(0.5, 8), 2.0, 1e-5)
+    return dpmf.compose, ([report],), {"times": data.draw(st.one_of(st.sampled_from([2, 10**12]), junk)),
+                                       "delta": data.draw(st.sampled_from([1e-5, y]))}
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, phases=PHASES,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_kind_of_junk_is_an_answer_or_a_dpmf_error_quickly(data, monkeypatch):
+    """Fractions, Decimals, numpy scalars, huge sizes, strings: a result or a one-line DPMFError, each
+    within :data:`CHEAP` seconds, and never numpy's MemoryError (the memory guard refuses first)."""
+    import dpmf.resources as resources
+
+    monkeypatch.setattr(resources, "available_memory", lambda: 2.0 * 2**30)  # as the issue's 2 GiB bound
+    fn, args, kwargs = _junk_entry(data)
+    try:
+        with time_limit(CHEAP):
+            fn(*args, **kwargs)
+    except DPMFError as exc:
+        assert str(exc) and "\n" not in str(exc), repr(str(exc))
+        event(f"refused: {type(exc).__name__}")
+    else:
+        event("answered")
+
+
+#: junk in the environment variables dpmf reads
+JUNK_ENV = [("DPMF_PROGRESS_INTERVAL", "abc"), ("DPMF_PROGRESS_INTERVAL", "-1"), ("DPMF_PROGRESS_INTERVAL", "nan"),
+            ("DPMF_PROGRESS_INTERVAL", "inf"), ("DPMF_PROGRESS_INTERVAL", "1e999"), ("DPMF_PROGRESS", "of"),
+            ("DPMF_PROGRESS", ""), ("DPMF_PROGRESS", "LOG"), ("COLUMNS", "abc"), ("COLUMNS", "0"), ("COLUMNS", "-5"),
+            ("COLUMNS", "100000")]
+
+
+@pytest.mark.parametrize("var,value", JUNK_ENV, ids=[f"{k}={v}" for k, v in JUNK_ENV])
+def test_junk_environment_is_one_line_or_ignored(var, value):
+    from dpmf.cli.main import app
+
+    with time_limit(CHEAP):
+        res = runner.invoke(app, ["individual", "steps", "--noise-multiplier", "100", "--epsilon", "0.81563",
+                                  "--delta", "1e-5"], env={var: value}, standalone_mode=False)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    code = res.return_value if isinstance(res.return_value, int) else res.exit_code
+    assert code in (0, 2, None) and "Traceback" not in res.output, res.output
+    if code == 2:
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    else:
+        assert "420 full-gradient steps" in res.stdout
+    if var == "DPMF_PROGRESS_INTERVAL" and value in ("abc", "-1", "nan"):
+        assert "DPMF_PROGRESS_INTERVAL" in res.stderr  # refused, naming the variable
 
 
 def test_the_time_limit_fires():

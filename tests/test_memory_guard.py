@@ -187,6 +187,7 @@ def test_what_cannot_fit_is_one_line_naming_the_memory(name, monkeypatch):
 
 
 def test_the_guard_lets_what_fits_through(monkeypatch):
+    import dpmf.resources as resources
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import bsr
 
@@ -194,6 +195,10 @@ def test_the_guard_lets_what_fits_through(monkeypatch):
     assert next(noise).shape == (1000,)
     assert next(iter(PoissonSampling(0.5, 4).batches(100, 0))).ndim == 1
     check_allocation(1000, 1000, "x")  # 8 MB
+    monkeypatch.setattr(resources, "available_memory", lambda: 0.0)
+    check_allocation(1000, 1000, "x")  # small arrays are never refused (no look at /proc in inner loops)
+    with pytest.raises(InvalidParameterError):
+        check_allocation(10**4, 10**4, "x")
 
 
 def test_the_guard_message_names_the_estimate_and_the_way_down(monkeypatch):
@@ -232,3 +237,38 @@ def test_dpmf_errors_only_for_huge_account_inputs():
             except DPMFError:
                 continue
             assert np.isfinite(r.epsilon)
+
+
+@pytest.mark.parametrize("kind", ["sqrt", "blt", "fft"])
+def test_torch_noise_buffers_go_through_the_same_guard(kind, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import dpmf.resources as resources
+    from dpmf.strategies import BLT, FFTMechanism, ToeplitzStrategy
+    from dpmf.training.torch.noise import correlated_noise
+
+    strategy = {"sqrt": lambda: ToeplitzStrategy.sqrt_prefix_sum(64),
+                "blt": lambda: BLT([0.9, 0.4], [0.3, 0.2]).to_toeplitz(64), "fft": lambda: FFTMechanism(64)}[kind]()
+    params = [torch.zeros(10**7)]  # 40 MB a row: the buffers (2 to 64 rows) are over the 64 MiB that always fit
+    monkeypatch.setattr(resources, "available_memory", lambda: 2.0**20)
+    with pytest.raises(InvalidParameterError, match=r"needs a dense .* more than the 1 MiB of memory available; use "):
+        correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0)
+    if kind == "blt":  # (2 rows: 80 MB) what fits is let through
+        monkeypatch.setattr(resources, "available_memory", lambda: 2.0**30)
+        assert correlated_noise(strategy, params, noise_multiplier=1.0, max_grad_norm=1.0, seed=0).numel == 10**7
+
+
+@pytest.mark.parametrize("pair", ["tree-poisson", "tree-fixed", "bsr-fixed", "bsr-balls", "identity-cyclic"])
+def test_calibrate_at_2_to_the_40_steps_is_a_dpmf_error(pair):
+    """dpmf.calibrate has no up-front estimate of its own (the CLI's is _check_run_cost): the O(n)
+    arrays of the sensitivities, the tree's nodes and MMCC's structured rows refuse in dpmf words."""
+    from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, FixedOrderSampling, PoissonSampling
+    from dpmf.strategies import BinaryTree, Identity, bsr
+
+    n = 2**40
+    strategy = {"tree": BinaryTree(n), "bsr": bsr(n, 4), "identity": Identity(n)}[pair.split("-")[0]]
+    scheme = {"poisson": PoissonSampling(0.01, n), "fixed": FixedOrderSampling(1, n),
+              "balls": BallsInBinsSampling(2, n), "cyclic": CyclicPoissonSampling(0.01, n, 4)}[pair.split("-")[1]]
+    start = time.perf_counter()
+    with pytest.raises(DPMFError, match="memory"):
+        dpmf.calibrate(strategy, scheme, 2.0, 1e-6)
+    assert time.perf_counter() - start < 20

@@ -14,6 +14,8 @@ __all__ = ["available_memory", "available_cpus", "check_allocation", "format_byt
            "workers_note"]
 
 _GIB = 2.0**30
+#: Allocations up to this many bytes are never refused (and cost no look at the machine's memory).
+_ALWAYS_FITS = 64.0 * 2**20
 
 
 def available_memory() -> float:
@@ -106,7 +108,10 @@ def check_allocation(rows: int, cols: int, what: str, *, copies: float = 1.0, it
     samplers' per-example arrays, the accountants' dense rows): one line naming ``what`` needs the
     memory, the estimate, what is available and ``hint`` (how to go smaller), before numpy's
     ``MemoryError`` ("Unable to allocate 8.00 TiB") or the machine swapping to a halt."""
-    need, have = float(itemsize) * float(copies) * float(rows) * float(cols), available_memory()
+    need = float(itemsize) * float(copies) * float(rows) * float(cols)
+    if need <= _ALWAYS_FITS:
+        return  # (no /proc read for the small arrays of inner loops)
+    have = available_memory()
     if need > have:
         shape = f"a dense {rows:,} x {cols:,} array" if rows != 1 else f"an array of {cols:,} entries"
         times = "" if copies == 1 else f" ({copies:g} copies)"

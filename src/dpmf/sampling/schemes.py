@@ -56,7 +56,14 @@ def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
         raise InvalidParameterError(
             "rng must be a numpy.random.Generator or an integer seed (dpmf never draws hidden seeds)"
         )
-    return np.random.default_rng(rng)
+    if isinstance(rng, (np.random.SeedSequence, np.random.BitGenerator)):
+        return np.random.default_rng(rng)
+    if isinstance(rng, (bool, np.bool_)) or not isinstance(rng, (int, np.integer)) or rng < 0:
+        raise InvalidParameterError(
+            f"rng must be a numpy.random.Generator or an integer seed >= 0 (dpmf never draws hidden seeds), "
+            f"got {rng!r}"
+        )
+    return np.random.default_rng(int(rng))
 
 
 def _validate_truncation(spec) -> None:

@@ -92,6 +92,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.resources import check_allocation
 from dpmf.strategies.participation import Participation
 
 __all__ = [
@@ -511,6 +512,7 @@ def toeplitz_sensitivity_squared(coefs: object, participation: object, n: int | 
     n = len(c) if n is None else _v.positive_int("n", n)
     if len(c) > n:
         raise InvalidParameterError(f"coefs must have at most n={n} entries, got {len(c)}")
+    check_allocation(1, n, "the Toeplitz sensitivity's length-n columns", copies=4)
     k, b, _ = _check_participation(participation, n)
     kk = min(k, -(-n // b))
     if _nonneg_nonincreasing(c):

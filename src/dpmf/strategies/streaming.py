@@ -104,9 +104,9 @@ SMALLER_NOISE = (
 )
 
 
-def check_noise_buffer(rows: int, dim: int, dtype: object, what: str) -> None:
+def check_noise_buffer(rows: int, dim: int, dtype: object, what: str, hint: str = SMALLER_NOISE) -> None:
     """The memory guard of :mod:`dpmf.resources` for ``rows`` noise vectors of ``dim`` entries."""
-    check_allocation(rows, dim, what, itemsize=np.dtype(dtype).itemsize, hint=SMALLER_NOISE)
+    check_allocation(rows, dim, what, itemsize=np.dtype(dtype).itemsize, hint=hint)
 
 
 #: Up to this many history rows the recursion is applied chunk by chunk with element-wise numpy
@@ -206,7 +206,8 @@ class StreamingNoise:
         self._rng = resolve_rng(rng)
         self.dtype = _dtype(dtype)
         self._t = 0
-        check_noise_buffer(2, self.dim, self.dtype, "one step of streaming noise (its Gaussian draw and output)")
+        check_noise_buffer(2, self.dim, self.dtype, "one step of streaming noise (its Gaussian draw and output)",
+                           hint="use a smaller dim (fewer parameters, or one parameter group at a time) or dtype=float32")
 
     # ---- interface ---------------------------------------------------------------------------
     @property

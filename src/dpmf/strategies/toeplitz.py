@@ -307,6 +307,7 @@ class ToeplitzStrategy(ErrorMethods):
 
     def noising_matrix(self) -> np.ndarray:
         """Dense ``C^{-1}`` (lower-triangular Toeplitz with :meth:`noising_coefficients`)."""
+        check_allocation(self.n, self.n, "the Toeplitz strategy's dense noising matrix", copies=3)  # (before C^{-1})
         return materialize_lower_toeplitz(self.noising_coefficients(), self.n)
 
     def streaming_noise(

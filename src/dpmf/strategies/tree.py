@@ -69,6 +69,7 @@ def tree_nodes(n: int) -> np.ndarray:
     ``release = stop - 1``. Sorted by ``(release, level)``.
     """
     n = _v.positive_int("n", n)
+    check_allocation(2 * n, 5, "the binary tree's node table", copies=3)
     L = _levels(n)
     rows = []
     for h in range(L + 1):
@@ -132,6 +133,7 @@ def _fixed_epoch_tree_gram(n: int, k: int, b: int) -> float:
     leave, itself a valid pattern). Window sums by offset ``d``: ``2 sum_j X[x_j, x_{j+d}]`` over the
     window, from a cumulative sum. Windows starting after ``M - k`` are sub-windows (dominated,
     ``X >= 0``). O(n k) time, O(n) memory."""
+    check_allocation(1, n, "the tree's fixed-epoch sensitivity", copies=6)
     L = _levels(n)
     rows = min(b, n)
     M = -(-n // b)

@@ -29,6 +29,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
+from dpmf.resources import check_allocation
 
 __all__ = [
     "encoder_matrix",
@@ -76,6 +77,7 @@ def toeplitz_coefficients(strategy, n: int) -> np.ndarray | None:
     """The Toeplitz coefficients of ``strategy`` (length ``n``) if it is Toeplitz, else None."""
     coefs = getattr(strategy, "coefs", None)
     if coefs is not None and getattr(strategy, "name", None) == "toeplitz":
+        check_allocation(1, n, "the Toeplitz coefficients of all n steps")
         c = np.zeros(n)
         c_arr = np.asarray(coefs, dtype=np.float64)[:n]
         c[: c_arr.size] = c_arr

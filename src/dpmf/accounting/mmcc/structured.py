@@ -74,6 +74,7 @@ from dpmf.accounting.mmcc.tail_bounds import (
     posterior_bounds,
     union_bound,
 )
+from dpmf.resources import check_allocation
 
 __all__ = ["structured_analyses", "toeplitz_structure", "toeplitz_cyclic_structure", "tree_structure", "tree_cyclic_structures", "ToeplitzRows"]
 
@@ -98,6 +99,7 @@ def structured_analyses(strategy, scheme, delta1: float) -> tuple[list[tuple[str
         coefs = np.asarray(strategy.coefs, dtype=np.float64)
         if not (np.all(np.isfinite(coefs)) and np.all(coefs >= 0) and coefs.size and coefs[0] > 0):
             return None
+    check_allocation(1, n, "MMCC's structured rows (a few numbers per step)", copies=8)
     if isinstance(scheme, CyclicPoissonSampling) and scheme.cycle_length > 1:
         if coefs is None:
             if isinstance(strategy, BinaryTree):  # every phase (the tree is not Toeplitz)

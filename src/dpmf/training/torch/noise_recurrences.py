@@ -90,11 +90,24 @@ class TorchIdentityNoise(TorchCorrelatedNoise):
         return z
 
 
+def _check_buffer(rows: int, numel: int, device, dtype, what: str) -> None:
+    """The memory guard of :mod:`dpmf.resources` for a noise buffer in host memory (a GPU's own
+    memory is torch's to report): the same one-line refusal as the numpy generators."""
+    if torch.device(device).type != "cpu":
+        return
+    from dpmf.resources import check_allocation
+    from dpmf.strategies.streaming import SMALLER_NOISE
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    check_allocation(rows, numel, what, itemsize=itemsize, hint=SMALLER_NOISE)
+
+
 class _Ring:
     """The last ``h`` rows of a stream, row ``r`` at position ``r % h`` (``h x d`` floats)."""
 
     def __init__(self, h: int, numel: int, device, dtype) -> None:
         self.h = h
+        _check_buffer(h, numel, device, dtype, f"the correlated noise's history of {h:,} past steps")
         self.buf = torch.zeros((h, numel), device=device, dtype=dtype)
 
     def subtract(self, w, lagged: np.ndarray, t: int) -> None:
@@ -198,6 +211,7 @@ class TorchBLTNoise(TorchCorrelatedNoise):
         self.scale = float(strategy.scale)
         self._theta = [float(x) for x in strategy.blt.buf_decay]
         self._omega = [float(x) for x in strategy.blt.output_scale]
+        _check_buffer(len(self._theta), self.numel, self.device, self.dtype, "the BLT's noise buffers")
         self.buffers = torch.zeros((len(self._theta), self.numel), device=self.device, dtype=self.dtype)
 
     @property
@@ -499,6 +513,7 @@ class _TorchPregeneratedNoise(TorchCorrelatedNoise):
     _draws_per_step = False
 
     def _generate(self, m: int, apply, z: object) -> None:
+        _check_buffer(self.n, self.numel, self.device, self.dtype, "the noise of every step, generated up front")
         self._rows = torch.empty((self.n, self.numel), device=self.device, dtype=self.dtype)
         if z is None:
             if self._generator is None:
