@@ -12,7 +12,8 @@ loss over its own positions, from the logits; mean over the batch), ``backward``
 (SGD). Sides: ``plain`` (torch), ``dpmf`` (``make_private``, ``Identity`` strategy, fixed batches of
 16 from its loader, noise multiplier 1), ``opacus`` (``PrivacyEngine.make_private(...,
 grad_sample_mode="ghost")`` with its criterion wrapper and ``shape=``, the same per-sequence loss).
-Timing: one process, torch on one thread; after warm-up, ``rounds`` rounds in each of which every side
+Timing: one process, torch on one thread, CPU time of the process (``time.process_time``: wall time
+on a shared machine measures the other users); after warm-up, ``rounds`` rounds in each of which every side
 (rotated order) runs ``block`` timed steps; reported: the median step of each side and the ratio of
 medians to plain, with the range of per-round ratios. Peak memory: each (model, side) in a fresh
 subprocess with ``MALLOC_MMAP_THRESHOLD_=65536``: ``VmHWM`` over 3 steps minus ``VmRSS`` before the side
@@ -166,9 +167,9 @@ def time_kind(kind: str, rounds: int, block: int, warmup: int = 2) -> dict:
         for side in order:
             got = []
             for _ in range(block):
-                t0 = time.perf_counter()
+                t0 = time.process_time()  # CPU time: the machine is shared, torch runs on one thread
                 runners[side]()
-                got.append(time.perf_counter() - t0)
+                got.append(time.process_time() - t0)
             times[side] += got
             per_round[side].append(statistics.median(got))
     out = {"failed": failed, "median_s": {s: statistics.median(v) for s, v in times.items()}}

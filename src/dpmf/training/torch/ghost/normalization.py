@@ -86,3 +86,10 @@ if hasattr(torch.nn, "RMSNorm"):
         eps = module.eps if module.eps is not None else torch.finfo(call.input.dtype).eps
         xhat = xw / torch.sqrt((xw * xw).mean(dims, keepdim=True) + eps)
         return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+layer_norm_rule.detachable = True
+group_norm_rule.detachable = True
+if hasattr(torch.nn, 'RMSNorm'):
+    rms_norm_rule.detachable = True
