@@ -23,9 +23,26 @@ Two ways to use it: :meth:`GhostClipper.clipped_sum` (``inputs, targets``: it ru
 backward itself) and the loop users already have (``loss = criterion(model(x), y); loss.backward()``)
 followed by :meth:`GhostClipper.collect`, which returns what the backwards since the last call formed.
 
-Refused rather than computed wrong (clear errors): a layer called twice in one forward (shared
-weights), parameters tied between layers, a captured input modified in place before the backward,
-a second backward through the same forward, BatchNorm in training mode, non-finite gradients.
+Shared parameters: a layer called several times in one forward, or a parameter owned by several
+layers (tied input/output embeddings), gets the norm of the *sum* of its contributions, cross terms
+included (:mod:`~dpmf.training.torch.ghost.joint`): every call's contribution from its rule (the
+fallback's per-example gradients for rules that give none), joined per parameter.
+
+Inputs shared by the batch: inside the model's forward, a layer whose main input has a leading
+dimension of 1 while the model's batch is ``B`` (GPT-2's position ids), or an Embedding called on 1-D
+ids of another length than ``B``, runs on that input expanded to ``B`` rows (its output rows are then
+per example; the broadcast that followed is unchanged). 1-D ids as long as the batch are taken as
+per-example ids (a label embedding): pass position ids with a leading batch dimension.
+
+Loop speed: inside the model's forward (and only when this is the model's only clipper), layers with
+built-in rules run on detached copies of their parameters, so the loop's ``backward()`` does not form
+the batch weight gradients that the book-keeping sums replace; ``.grad`` of those parameters stays
+``None`` until ``optimizer.step()`` writes the noisy clipped sum. :meth:`GhostClipper.clipped_sum`
+does not detach (it differentiates with respect to the parameters).
+
+Refused rather than computed wrong (clear errors): a layer whose input has another number of rows
+than the model's batch (naming it), a captured input modified in place before the backward, a second
+backward through the same forward, BatchNorm in training mode, non-finite gradients.
 """
 
 from __future__ import annotations
