@@ -19,7 +19,7 @@ medians to plain, with the range of per-round ratios. Peak memory: each (model, 
 subprocess with ``MALLOC_MMAP_THRESHOLD_=65536``: ``VmHWM`` over 3 steps minus ``VmRSS`` before the side
 was built (the peak RSS reset through ``/proc/self/clear_refs``), and its ratio to plain's.
 
-Run: ``python benchmarks/bench_torch_hf.py [--only gpt2,llama,lora] [--rounds R] [--no-memory]``.
+Run: ``python benchmarks/bench_torch_hf.py [--only gpt2,llama,lora] [--seq T] [--rounds R] [--no-memory]``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ import warnings
 
 B, T, VOCAB = 16, 64, 4096
 SIDES = ["plain", "dpmf", "opacus"]
+
+
+def set_sequence_length(t: int) -> None:
+    global T
+    T = t
 
 
 def _torch():
@@ -205,7 +210,7 @@ def memory(kind: str) -> dict:
     out = {}
     for side in SIDES:
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        p = subprocess.run([sys.executable, __file__, "--memory-worker", kind, side], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, __file__, "--memory-worker", kind, side, str(T)], capture_output=True, text=True,
                            env=env, timeout=600)
         try:
             out[side] = json.loads(p.stdout.strip().splitlines()[-1])["peak"]
@@ -220,14 +225,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block", type=int, default=2)
     ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--memory-worker", nargs=2)
+    ap.add_argument("--memory-worker", nargs=3)
     ap.add_argument("--json")
+    ap.add_argument("--seq", type=int, default=T, help="tokens per sequence T (default 64; at most 128)")
     args = ap.parse_args()
+    set_sequence_length(args.seq)
     if args.memory_worker:
-        memory_worker(*args.memory_worker)
+        set_sequence_length(int(args.memory_worker[2]))
+        memory_worker(*args.memory_worker[:2])
         return
     results = {}
-    print(f"| model | side | median step (s) | / plain | per-round range | peak memory (MiB) | / plain |")
+    print(f"B = {B}, T = {T}")
+    print("| model | side | median step (s) | / plain | per-round range | peak memory (MiB) | / plain |")
     print("|---|---|---|---|---|---|---|")
     for kind in args.only.split(","):
         try:
