@@ -60,7 +60,7 @@ from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization
 from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients, rule_for
-from dpmf.training.torch.ghost.sequence import F64
+from dpmf.training.torch.ghost.sequence import F64, gram_cache
 
 torch = require_torch()
 
@@ -480,7 +480,7 @@ class GhostClipper:
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
         joint: dict[int, list] = {}
-        with self.suspended():
+        with self.suspended(), gram_cache():
             for u, cs in calls:
                 together = len(cs) > 1 or any(k in self._shared for k in u.index.values())
                 for c in cs:

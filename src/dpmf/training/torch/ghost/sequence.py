@@ -42,6 +42,8 @@ cancellation is exactly what makes the computed Gram value untrustworthy).
 
 from __future__ import annotations
 
+import contextlib
+
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import toward_zero
 
@@ -99,12 +101,45 @@ def row_norm_sums(U, V, work, d: int):
     return ((un * vn).sum(1).to(F64) * up, un.sum(1).to(F64) * up, vn.sum(1).to(F64) * up)
 
 
+_GRAMS: dict | None = None  # inside gram_cache(): input Grams by the input's memory
+
+
+@contextlib.contextmanager
+def gram_cache():
+    """Within the block, the Gram ``A Aᵀ`` of an input is formed once for all layers that read the
+    same tensor (a Llama block's q/k/v projections, its gate/up projections). The key is the memory
+    (storage, offset, shape, strides, dtype) and the version counter of the recorded input: every
+    recorded tensor stays alive during the block, so equal keys mean equal values."""
+    global _GRAMS
+    old, _GRAMS = _GRAMS, {}
+    try:
+        yield
+    finally:
+        _GRAMS = old
+
+
+def _input_gram(A, work):
+    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`gram_cache`)."""
+    key = None
+    if _GRAMS is not None and A.device.type != "meta":
+        key = (A.untyped_storage().data_ptr(), A.storage_offset(), tuple(A.shape), tuple(A.stride()), A.dtype,
+               A._version, work)
+        got = _GRAMS.get(key)
+        if got is not None:
+            return got
+    Aw = A.to(work)
+    gram = torch.bmm(Aw, Aw.transpose(1, 2))
+    if key is not None:
+        _GRAMS[key] = gram
+    return gram
+
+
 def _gram_sq_norms(A, G, work):
     """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound."""
     T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
-    Aw, Gw = A.to(work), G.to(work)
-    s, sg, sa = row_norm_sums(Gw, Aw, work, max(d_in, d_out))
-    n2, abs_ab, abs_g, abs_a = contract(torch.bmm(Gw, Gw.transpose(1, 2)), torch.bmm(Aw, Aw.transpose(1, 2)))
+    Gw = G.to(work)
+    s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
+    n2, abs_ab, abs_g, abs_a = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
     return gram_bound(n2, abs_ab, abs_g, abs_a, s, sg, sa, d_out, d_in, T, work)
 
 
