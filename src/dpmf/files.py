@@ -38,6 +38,7 @@ __all__ = [
     "writing",
     "check_output_file",
     "check_output_dir",
+    "check_input_dir",
     "plot_formats",
     "label",
 ]
@@ -352,6 +353,20 @@ def check_output_dir(path, name: str = "directory", *, create: bool = True) -> P
         why = _cannot_create_in(p)
         if why is not None:
             raise InvalidParameterError(f"{name} {str(p)!r}: cannot write in it ({why})")
+    return p
+
+
+def check_input_dir(path, name: str = "directory") -> Path:
+    """A folder dpmf will read from (e.g. the dense matrices ``dpmf verify --matrices`` searches):
+    it must exist and be a folder. A mistyped path would otherwise be searched as an empty folder
+    and look like "nothing needed from it"."""
+    p = Path(path)
+    if str(path) == "":
+        raise InvalidParameterError(f"{name} must be a folder path, got an empty string")
+    if not p.exists():
+        raise InvalidParameterError(f"{name} {str(p)!r} does not exist (give an existing folder)")
+    if not p.is_dir():
+        raise InvalidParameterError(f"{name} {str(p)!r} is not a folder")
     return p
 
 

@@ -96,12 +96,21 @@ def format_seconds(s: float) -> str:
     return f"{s / (365 * 86400):.2g} years"
 
 
-def check_allocation(rows: int, cols: int, what: str, *, copies: float = 1.0) -> None:
-    """Raise :class:`InvalidParameterError` when ``copies`` float64 ``rows x cols`` arrays would
-    not fit in the memory available (``what`` names who needs them: "MMCC", "the tree's encoder")."""
-    need, have = 8.0 * copies * rows * cols, available_memory()
+def check_allocation(rows: int, cols: int, what: str, *, copies: float = 1.0, itemsize: int = 8,
+                     hint: str = "use fewer steps") -> None:
+    """Raise :class:`InvalidParameterError` when ``copies`` dense ``rows x cols`` arrays of
+    ``itemsize``-byte entries (float64 / int64 by default) would not fit in the memory available.
+
+    The one memory guard every dense form and buffer sized by user input goes through (the
+    strategies' dense encoders, decoders and coefficient vectors, the streaming noise buffers, the
+    samplers' per-example arrays, the accountants' dense rows): one line naming ``what`` needs the
+    memory, the estimate, what is available and ``hint`` (how to go smaller), before numpy's
+    ``MemoryError`` ("Unable to allocate 8.00 TiB") or the machine swapping to a halt."""
+    need, have = float(itemsize) * float(copies) * float(rows) * float(cols), available_memory()
     if need > have:
+        shape = f"a dense {rows:,} x {cols:,} array" if rows != 1 else f"an array of {cols:,} entries"
+        times = "" if copies == 1 else f" ({copies:g} copies)"
         raise InvalidParameterError(
-            f"{what} needs a dense {rows} x {cols} matrix ({format_bytes(need)}), more than the "
-            f"{format_bytes(have)} of memory available; use fewer steps"
+            f"{what} needs {shape}{times} ({format_bytes(need)}), more than the "
+            f"{format_bytes(have)} of memory available; {hint}"
         )

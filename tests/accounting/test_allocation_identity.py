@@ -233,3 +233,23 @@ def test_groups_take_each_groups_largest_lambda():
     idx = np.repeat(np.arange(values.size), counts)
     assert np.all(values[idx] >= lam)  # every step's pair is dominated by its group's
     assert np.all(values[idx] <= lam * (1 + 1e-3) * (1 + 1e-12))
+
+
+def test_one_step_per_epoch_has_no_divide_by_zero_warning():
+    """Issue 44: with one step per epoch every example is in every step (w = 1) and log(1 - w) = -inf
+    was computed as log1p(-1) ("divide by zero encountered in log1p")."""
+    import warnings
+
+    import dpmf
+    from dpmf.sampling import BallsInBinsSampling
+    from dpmf.strategies import Identity
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = dpmf.account(Identity(3), BallsInBinsSampling(3, 3), 1.0, 1e-5)
+        single = dpmf.account(Identity(1), BallsInBinsSampling(1, 1), 1.0, 1e-5)
+    # one step per epoch: each epoch is one unamplified Gaussian step (k epochs: sigma / sqrt(k))
+    assert single.epsilon == pytest.approx(dpmf.account(Identity(1), BallsInBinsSampling(1, 1), 1.0, 1e-5,
+                                                        method="unamplified").epsilon, rel=1e-3)
+    assert r.epsilon == pytest.approx(dpmf.account(Identity(3), BallsInBinsSampling(3, 3), 1.0, 1e-5,
+                                                   method="unamplified").epsilon, rel=2e-3)

@@ -306,8 +306,12 @@ def test_auto_dpsgd_at_100k_steps_skips_mmcc_and_says_why():
     assert r.epsilon == dpmf.account(Identity(100_000), PoissonSampling(0.001, 100_000), 1.0, 1e-6, "pld").epsilon
     cal = dpmf.calibrate(Identity(1000), PoissonSampling(0.01, 1000), 2.0, 1e-6)
     assert cal.report.method == "pld" and "mmcc" in cal.report.diagnostics["skipped_methods"]
-    # an option of the skipped method is not an error under auto
-    dpmf.account(Identity(100), PoissonSampling(0.01, 100), 1.0, 1e-6, workers=2)
+    # an option only the skipped method takes would be unused: refused as with method="pld" (issue 44),
+    # saying which method auto skipped and why
+    with pytest.raises(InvalidParameterError, match=r"'workers' is not used .* auto runs pld.* mmcc is skipped: MMCC on"):
+        dpmf.account(Identity(100), PoissonSampling(0.01, 100), 1.0, 1e-6, workers=2)
+    with pytest.raises(InvalidParameterError, match="'workers' is not used when accounting with pld"):
+        dpmf.account(Identity(100), PoissonSampling(0.01, 100), 1.0, 1e-6, "pld", workers=2)
 
 
 def test_skipping_mmcc_on_the_identity_loses_nothing():

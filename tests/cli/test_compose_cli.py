@@ -130,3 +130,26 @@ def test_compose_plot(files, tmp_path):
     res = invoke(["compose", files["run"], "--times", "2", "--plot", png])
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:4] == b"\x89PNG" and "written to" in res.stdout
+
+
+def _out_of_memory_hint(res):
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    line = res.stderr.strip()
+    assert "\n" not in line and "out of memory" in line, res.stderr
+    assert "--times" in line and "--steps" not in line  # compose has no --steps (issue 44)
+    return line
+
+
+def test_out_of_memory_names_the_option_compose_has(files, monkeypatch):
+    import dpmf.accounting.composition as composition
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 610. TiB")
+
+    monkeypatch.setattr(composition, "compose", exhausted)
+    _out_of_memory_hint(invoke(["compose", files["run"], "--times", "5", "--delta", "1e-5"]))
+
+
+@pytest.mark.slow
+def test_a_trillion_runs_is_refused_naming_times(files):
+    _out_of_memory_hint(invoke(["compose", files["run"], "--times", str(10**12), "--delta", "1e-5"]))

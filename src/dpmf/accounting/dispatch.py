@@ -260,10 +260,31 @@ def selected_methods(strategy, scheme, method: str = "auto", options: dict | Non
 
 
 def _checked_options(methods, skipped, options, calibrating) -> list[dict]:
-    """Options per method to run; an option is checked against the skipped methods too (an option
-    of a method ``auto`` decided not to run is not a user error)."""
-    everyone = methods + [METHODS[name] for name in skipped]
-    return _options_for(everyone, options, calibrating)[: len(methods)]
+    """Options per method to run. An option none of them takes is refused, also when a method
+    ``auto`` skipped for this pair takes it (issue 44: ``workers=2`` or ``cache_dir`` for DP-SGD
+    under ``auto`` were silently unused, so a user believed a run could resume, while
+    ``method="pld"`` refused them); the message then says which method was skipped and why."""
+    try:
+        return _options_for(methods, options, calibrating)
+    except InvalidParameterError as exc:
+        if not skipped:
+            raise
+        why = "; ".join(f"{name} is skipped: {reason}" for name, reason in skipped.items())
+        raise InvalidParameterError(
+            f"{exc} (method auto runs {'/'.join(m.name for m in methods)} here; {why})"
+        ) from None
+
+
+def check_options(strategy, scheme, method: str = "auto", options: dict | None = None, *,
+                  calibrating: bool = False) -> list[str]:
+    """Refuse, before any work, what :func:`account` (or :func:`calibrate`) would refuse about
+    ``method`` and ``options`` (an option no method to run takes); return the names of the methods
+    that would run. The CLI calls it before creating ``--cache-dir``, so no folder is made for an
+    option that is then refused."""
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    methods, skipped = _select(strategy, scheme, method, options)
+    _checked_options(methods, skipped, options, calibrating)
+    return [m.name for m in methods]
 
 
 #: Noise multipliers above this are accounted at this value (``report.diagnostics`` says so).

@@ -330,6 +330,10 @@ def verify_report(
     from dpmf.sampling.serialization import scheme_from_dict
     from dpmf.strategies.serialization import strategy_from_dict
 
+    if search_dir is not None:
+        from dpmf.files import check_input_dir
+
+        check_input_dir(search_dir, "search_dir")
     d = _load(report)
     _check_report(d)
     edited, edit_message = _edited(d)

@@ -53,7 +53,7 @@ def compose(
     from dpmf import validation as _v
     from dpmf.cli.console import note_workers
 
-    with cli_errors():
+    with cli_errors(hint="use a smaller --times or compose fewer reports"):
         _v.positive_int("--times", times)  # (named as typed: "times" is no library argument the console maps)
         if delta is not None:
             _v.open_unit("delta", delta)

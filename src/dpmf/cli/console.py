@@ -25,6 +25,68 @@ try:  # typer >= 0.16 vendors click and has its own command classes
 except ImportError:  # pragma: no cover
     TyperCommand = TyperGroup = None
 
+#: characters dpmf's output may contain, and the ASCII each degrades to where the output encoding
+#: cannot take it (accented letters lose their accent through Unicode decomposition instead)
+_ASCII_FALLBACK = {
+    "\u2014": "--", "\u2013": "-", "\u2212": "-", "\u2010": "-", "\u2011": "-", "\u2026": "...",
+    "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00ab": '"', "\u00bb": '"',
+    "\u2264": "<=", "\u2265": ">=", "\u2260": "!=", "\u2248": "~", "\u00b1": "+/-", "\u00d7": "x",
+    "\u00b7": ".", "\u2022": "*", "\u2192": "->", "\u2190": "<-", "\u21d2": "=>", "\u221e": "inf",
+    "\u221a": "sqrt", "\u2229": "&", "\u222a": "|", "\u2016": "||", "\u00a7": "Sec.", "\u00b0": "deg",
+    "\u03b5": "eps", "\u03b4": "delta", "\u03c3": "sigma", "\u03bc": "mu", "\u00b5": "mu",
+    "\u03b1": "alpha", "\u03bb": "lambda", "\u00a0": " ", "\u2713": "ok", "\u2717": "x",
+    "\u2501": "-", "\u2500": "-", "\u2578": "-", "\u257a": "-", "\u2588": "#", "\u2502": "|",
+}
+
+
+def _ascii_degrade(exc: UnicodeError):
+    """Codec error handler ``"dpmf-ascii"``: each character the output encoding cannot take
+    becomes ASCII (:data:`_ASCII_FALLBACK`, else its decomposition without accents: "Rényi" ->
+    "Renyi", else ``?``), so dpmf writes in a C/ASCII locale instead of failing mid-line."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    import unicodedata
+
+    pieces = []
+    for ch in exc.object[exc.start:exc.end]:
+        sub = _ASCII_FALLBACK.get(ch)
+        if sub is None:
+            sub = unicodedata.normalize("NFKD", ch).encode("ascii", "ignore").decode("ascii") or "?"
+        pieces.append(sub)
+    return "".join(pieces), exc.end
+
+
+#: Python's own error handlers of stdout/stderr (``strict``; ``backslashreplace`` on stderr;
+#: ``surrogateescape`` in the POSIX locale): these are replaced, a handler the user chose is kept
+_DEFAULT_ERRORS = ("strict", "backslashreplace", "surrogateescape")
+
+
+def degrade_unencodable_output(*streams) -> None:
+    """Make ``streams`` (default: ``sys.stdout`` and ``sys.stderr``) degrade characters their
+    encoding cannot take to ASCII (:func:`_ascii_degrade`) instead of raising
+    ``UnicodeEncodeError``: ``PYTHONIOENCODING=ascii`` or a minimal container's locale. Streams
+    whose encoding takes every character (UTF-8), or that cannot be reconfigured, are left alone."""
+    import codecs
+
+    try:
+        codecs.lookup_error("dpmf-ascii")
+    except LookupError:
+        codecs.register_error("dpmf-ascii", _ascii_degrade)
+    for stream in streams or (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if not encoding or reconfigure is None:
+            continue
+        try:
+            if codecs.lookup(encoding).name == "utf-8" or getattr(stream, "errors", "strict") not in _DEFAULT_ERRORS:
+                continue  # UTF-8 takes every character; a chosen handler (replace, ...) is the user's
+            reconfigure(errors="dpmf-ascii")
+        except (LookupError, ValueError, OSError, AttributeError):  # pragma: no cover - odd streams
+            continue
+
+
+degrade_unencodable_output()
+
 #: stdout: the terminal's width (or $COLUMNS when set); 120 columns into a pipe or file
 out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit() else 120)
 err = Console(stderr=True, soft_wrap=True)

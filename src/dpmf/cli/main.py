@@ -151,6 +151,18 @@ def _check_montecarlo_samples(samples, delta) -> None:
         )
 
 
+def _check_options(strat, scheme, method: MethodName, opts: dict, cache_dir, *, calibrating: bool) -> None:
+    """Before the work: an option that the method(s) this run uses would ignore is refused
+    (:func:`dpmf.accounting.dispatch.check_options`; under ``auto`` decided by the methods auto
+    actually runs for this pair, as ``--method pld`` would), and only then is ``--cache-dir``
+    created, so a refused run leaves no empty folder behind."""
+    from dpmf.accounting.dispatch import check_options
+
+    check_options(strat, scheme, method.value, opts, calibrating=calibrating)
+    if cache_dir is not None:
+        check_output_dir(cache_dir, "--cache-dir")  # before the work
+
+
 def _interrupted(cache_dir, strat=None, scheme=None, method: str = "auto") -> None:
     """Ctrl-C during account/calibrate: say how to resume where a run can resume (MMCC saves its
     finished rows in --cache-dir); for the other accountants, just that it was interrupted."""
@@ -285,8 +297,6 @@ def account(
         if workers is not None:
             _v.positive_int("workers", workers)  # before any progress line
             _note_workers(method, workers, calibrating=False)
-        if cache_dir is not None:
-            check_output_dir(cache_dir, "--cache-dir")  # before the work
         if method is MethodName.montecarlo:
             _check_montecarlo_samples(samples, delta)
         if plot is not None:
@@ -294,6 +304,7 @@ def account(
 
             check_output_file(plot, "--plot", plot=True)  # before the work
         _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
+        _check_options(strat, scheme, method, opts, cache_dir, calibrating=False)
         try:
             with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
                 report = _account(strat, scheme, noise_multiplier, delta, method=method.value, force=force, **opts)
@@ -368,9 +379,8 @@ def calibrate(
         if workers is not None:
             _v.positive_int("workers", workers)  # before any progress line
             _note_workers(method, workers, calibrating=True)
-        if cache_dir is not None:
-            check_output_dir(cache_dir, "--cache-dir")  # before the work
         _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon, delta=delta)
+        _check_options(strat, scheme, method, opts, cache_dir, calibrating=True)
         try:
             with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
                 cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, **opts)

@@ -210,7 +210,7 @@ def resume(
 
     from dpmf.files import check_output_file
 
-    with cli_errors():
+    with cli_errors(hint="resume with fewer --workers, or on a machine with more memory"):
         check_output_file(checkpoint, "checkpoint")  # every chunk is saved to it: writable before the work
         mc = MonteCarloRun.load(checkpoint)
         delta, confidence = _report_settings(mc, delta, confidence)

@@ -82,6 +82,10 @@ def verify(
 
     note_workers(workers)  # (the recomputation starts at most one process per CPU)
     try:
+        if matrices is not None:
+            from dpmf.files import check_input_dir
+
+            check_input_dir(matrices, "--matrices")  # (a mistyped folder must not look like an empty one)
         with err.status(f"recomputing {report} ..."):
             result = verify_report(report, search_dir=matrices, workers=workers)
     except DPMFError as exc:

@@ -37,6 +37,18 @@ def _separation_within_run(name: str, value: int, steps: int) -> None:
         )
 
 
+def _num_examples(num_examples: object, copies: int = 4) -> int:
+    """``num_examples`` validated, and the samplers' per-example arrays (a permutation, the chain
+    state, the slots: a few int64 vectors of that length) checked to fit in memory first
+    (:func:`dpmf.resources.check_allocation`), before numpy's ``MemoryError``."""
+    from dpmf.resources import check_allocation
+
+    n = _v.positive_int("num_examples", num_examples)
+    check_allocation(1, n, "drawing batches", copies=copies,
+                     hint="use fewer num_examples (the dataset's size: the samplers keep a few int64 per example)")
+    return n
+
+
 def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
@@ -110,7 +122,7 @@ class PoissonSampling:
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield the sorted example indices of each step (size ~ Binomial(num_examples, q), then
         truncated to ``max_batch_size`` by a uniform subset when it is set)."""
-        n = _v.positive_int("num_examples", num_examples)
+        n = _num_examples(num_examples)
         _check_dataset_size(self, n)
         gen = _rng(rng)
         for _ in range(self.steps):
@@ -170,7 +182,7 @@ class FixedOrderSampling(_EpochScheme):
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield each step's indices: one shuffle, split into ``steps_per_epoch`` near-equal batches."""
-        n = _v.positive_int("num_examples", num_examples)
+        n = _num_examples(num_examples)
         if n < self.steps_per_epoch:
             raise InvalidParameterError(
                 f"num_examples must be >= steps per epoch ({self.steps_per_epoch}), got {n}"
@@ -239,7 +251,7 @@ class CyclicPoissonSampling:
 
     def groups(self, num_examples: int, rng: np.random.Generator | int | None) -> np.ndarray:
         """Group (phase) of every example, in ``0..cycle_length-1``."""
-        n = _v.positive_int("num_examples", num_examples)
+        n = _num_examples(num_examples)
         gen = _rng(rng)
         b = self.cycle_length
         if self.partition == "independent":
@@ -253,7 +265,7 @@ class CyclicPoissonSampling:
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield the sorted example indices of each step (truncated to ``max_batch_size`` by a
         uniform subset when it is set)."""
-        _check_dataset_size(self, _v.positive_int("num_examples", num_examples))
+        _check_dataset_size(self, _num_examples(num_examples))
         gen = _rng(rng)
         group = self.groups(num_examples, gen)
         members = [np.flatnonzero(group == g) for g in range(self.cycle_length)]
@@ -338,7 +350,7 @@ class MinSepSampling:
 
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield each step's sorted indices; O(num_examples) state (steps each example stays barred)."""
-        n = _v.positive_int("num_examples", num_examples)
+        n = _num_examples(num_examples)
         gen = _rng(rng)
         b, p = self.min_sep, self.sampling_prob
         barred = np.zeros(n, dtype=np.int64)  # steps until available again (chain state)
@@ -435,7 +447,7 @@ class BallsInBinsSampling(_EpochScheme):
     def slots(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield, for each epoch, the ``(num_examples, num_selected)`` array of every example's steps
         within the epoch (distinct, in ``0..b-1``; reused arrays are the same object every epoch)."""
-        n = _v.positive_int("num_examples", num_examples)
+        n = _num_examples(num_examples, copies=4 * self.num_selected)
         gen = _rng(rng)
         current = None
         for _ in range(self.epochs):

@@ -29,6 +29,7 @@ import scipy.optimize as _opt
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
+from dpmf.resources import check_allocation
 from dpmf.strategies.toeplitz import (
     ToeplitzStrategy,
     sqrt_prefix_coefficients,
@@ -193,6 +194,7 @@ def optimize_banded_toeplitz(
     values.
     """
     n, bands = _check_bands(n, bands)
+    check_allocation(1, n, "the banded Toeplitz optimization", copies=8)
     _check_epochs(n, epochs)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)

@@ -73,6 +73,7 @@ import scipy.signal as _signal
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
+from dpmf.resources import check_allocation
 from dpmf.strategies.banded import _check_bands, _check_epochs, _check_series, inverse_sqrt_coefficients
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import (
@@ -388,6 +389,7 @@ def optimize_banded_inverse_toeplitz(
     given* (``C`` has unit diagonal, not normalized).
     """
     n, bands = _check_bands(n, bands)
+    check_allocation(1, n, "the banded-inverse optimization", copies=8)
     epochs = _check_epochs(n, epochs)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)

@@ -25,6 +25,7 @@ import scipy.optimize as _opt
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
+from dpmf.resources import check_allocation
 from dpmf.strategies.banded import _check_bands, optimize_banded_toeplitz
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.toeplitz import materialize_lower_toeplitz
@@ -107,6 +108,7 @@ def optimize_bandmf(
     participations at least ``bands`` apart is exactly ``k``.
     """
     n, bands = _check_bands(n, bands)
+    check_allocation(n, n, "BandMF's dense matrices", copies=6)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)
     rows, cols = _band_index(n, bands)

@@ -45,7 +45,8 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
-from dpmf.strategies.streaming import CHUNK, StreamingNoise
+from dpmf.resources import check_allocation
+from dpmf.strategies.streaming import CHUNK, StreamingNoise, check_noise_buffer
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 
 __all__ = ["BLT", "BLTStrategy", "BLTNoise", "optimize_blt"]
@@ -106,6 +107,7 @@ class BLT:
     def toeplitz_coefs(self, n: int) -> np.ndarray:
         """The first ``n`` coefficients ``c_0 = 1, c_t = sum_i omega_i theta_i^(t-1)``."""
         n = _v.positive_int("n", n)
+        check_allocation(n, self.num_buffers + 2, "computing the BLT's Toeplitz coefficients")
         t = np.arange(n - 1, dtype=np.float64)
         powers = np.power(self.buf_decay[None, :], t[:, None])  # 0**0 == 1
         return np.concatenate(([1.0], powers @ self.output_scale))
@@ -302,6 +304,7 @@ class BLTNoise(StreamingNoise):
         self.scale = _v.positive("scale", scale)
         self._theta = [float(x) for x in blt.buf_decay]
         self._omega = [float(x) for x in blt.output_scale]
+        check_noise_buffer(blt.num_buffers, self.dim, self.dtype, "the BLT's noise buffers")
         self.buffers = np.zeros((blt.num_buffers, self.dim), dtype=self.dtype)
         self._tmp = np.empty(min(self.dim, CHUNK), dtype=self.dtype)
 

@@ -49,6 +49,8 @@ def workload_spec(steps: int, momentum: float = 0.0, learning_rates: object = No
     """A validated JSON-able description of the SGD-with-momentum workload, or ``None`` for the
     plain prefix sum (``momentum = 0`` and all learning rates 1)."""
     n = _v.positive_int("steps", steps)
+    if learning_rates is None and isinstance(momentum, (int, float)) and momentum == 0:
+        return None  # the plain prefix sum (no n x n matrix to build for validation)
     A = momentum_sgd(n, momentum, learning_rates)  # validates momentum and learning_rates
     del A
     beta = float(momentum)

@@ -166,6 +166,7 @@ class FFTMechanism(ErrorMethods):
 
     def decoder(self) -> np.ndarray:
         """Dense ``B_F`` (``n x 2n``), the FFT decoder with ``B_F C_F = A``."""
+        check_allocation(2 * self.n, 2 * self.n, "the FFT mechanism's dense decoder")
         return self._circulant()[: self.n, :]
 
     def column_norms(self) -> np.ndarray:
@@ -257,6 +258,8 @@ class FFTMechanism(ErrorMethods):
         gen = _rng(rng)
         dim = _v.positive_int("dim", dim)
         sigma = _v.non_negative("noise_multiplier", noise_multiplier)
+        check_allocation(2 * self.n, dim, "the FFT mechanism's noise (drawn up front)", copies=3,
+                         hint="use a smaller dim or fewer steps")
         z = sigma * gen.standard_normal((2 * self.n, dim))
         if decoder == "fft":
             return self._circ(z)[: self.n]
@@ -328,6 +331,8 @@ class FFTMechanism(ErrorMethods):
         if decoder not in ("fft", "optimal"):
             raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
         base = StreamingNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
+        check_allocation(2 * self.n, base.dim, "the FFT mechanism's noise (drawn up front)", copies=3,
+                         hint="use a smaller dim or fewer steps (the FFT mechanism is not streaming)")
         if z is None:
             if base._rng is None:
                 raise InvalidParameterError(

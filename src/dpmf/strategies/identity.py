@@ -70,6 +70,7 @@ class Identity(ErrorMethods):
 
     def noising_matrix(self) -> np.ndarray:
         """``C^{-1} = I`` (dense)."""
+        check_allocation(self.n, self.n, "the identity's dense noising matrix")
         return np.eye(self.n)
 
     def streaming_noise(

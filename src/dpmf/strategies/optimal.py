@@ -126,6 +126,7 @@ import scipy.linalg as sla
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
+from dpmf.resources import check_allocation
 
 __all__ = [
     "OptimizationResult",
@@ -228,6 +229,7 @@ def _workload(A: object) -> np.ndarray:
     """An int n means the n x n prefix-sum workload; otherwise a finite square float64 matrix."""
     if isinstance(A, (Integral, np.integer)) and not isinstance(A, bool):
         n = _v.positive_int("A (as the number of steps n)", A)
+        check_allocation(n, n, "the optimal strategy's dense matrices", copies=12)
         return np.tri(n)
     try:
         arr = np.asarray(A, dtype=np.float64)

@@ -49,6 +49,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.resources import check_allocation
 
 __all__ = [
     "StreamingNoise",
@@ -96,6 +97,18 @@ def _dtype(dtype: object) -> np.dtype:
     return dt
 
 
+#: How to go smaller when a noise buffer cannot fit (:func:`dpmf.resources.check_allocation`).
+SMALLER_NOISE = (
+    "use a smaller dim (fewer parameters, or one parameter group at a time), dtype=float32, or a strategy "
+    "whose noise keeps fewer past steps (banded, BLT, tree)"
+)
+
+
+def check_noise_buffer(rows: int, dim: int, dtype: object, what: str) -> None:
+    """The memory guard of :mod:`dpmf.resources` for ``rows`` noise vectors of ``dim`` entries."""
+    check_allocation(rows, dim, what, itemsize=np.dtype(dtype).itemsize, hint=SMALLER_NOISE)
+
+
 #: Up to this many history rows the recursion is applied chunk by chunk with element-wise numpy
 #: operations (cache-friendly, no BLAS threading); beyond it one matrix-vector product is used.
 FUSED_MAX_ROWS = 32
@@ -110,6 +123,7 @@ class Ring:
 
     def __init__(self, h: int, dim: int, dtype: np.dtype) -> None:
         self.h = h
+        check_noise_buffer(h, dim, dtype, f"the streaming noise's history of {h:,} past steps")
         self.buf = np.zeros((h, dim), dtype=dtype)
 
     def weights(self, lagged: np.ndarray, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,6 +206,7 @@ class StreamingNoise:
         self._rng = resolve_rng(rng)
         self.dtype = _dtype(dtype)
         self._t = 0
+        check_noise_buffer(2, self.dim, self.dtype, "one step of streaming noise (its Gaussian draw and output)")
 
     # ---- interface ---------------------------------------------------------------------------
     @property
@@ -365,6 +380,7 @@ class TreeNoise(StreamingNoise):
         super().__init__(n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
         self.scale = _v.positive("scale", scale)  # C = scale * C_tree
         self.levels = (self.n - 1).bit_length()
+        check_noise_buffer(self.levels + 2, self.dim, self.dtype, "the tree's streaming noise (one estimate per level)")
         h = np.arange(self.levels + 2, dtype=np.float64)
         self._V = 1.0 / (2.0 - 2.0**-h)
         self._pending: list[tuple[int, np.ndarray]] = []

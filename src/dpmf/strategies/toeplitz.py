@@ -70,6 +70,7 @@ def sqrt_prefix_coefficients(n: int) -> np.ndarray:
     Fichtenberger et al. 2023; Henzinger et al. 2023). ``f(k) = binom(2k, k) / 4^k ~ 1/sqrt(pi k)``.
     """
     n = _v.positive_int("n", n)
+    check_allocation(1, n, "building the square-root Toeplitz coefficients", copies=3)
     k = np.arange(1, n, dtype=np.float64)
     return np.cumprod(np.concatenate(([1.0], 1.0 - 1.0 / (2.0 * k))))
 
@@ -82,6 +83,7 @@ def materialize_lower_toeplitz(coefs: object, n: int | None = None) -> np.ndarra
     """
     c = _coefficients("coefs", coefs)
     n = c.size if n is None else _v.positive_int("n", n)
+    check_allocation(n, n, "the dense lower-triangular Toeplitz matrix", copies=3)  # (index differences, result)
     col = np.zeros(n)
     m = min(n, c.size)
     col[:m] = c[:m]
@@ -136,6 +138,7 @@ def toeplitz_inverse_coefficients(
     if c[0] == 0:
         raise InvalidParameterError("coefs[0] must be nonzero for C to be invertible, got 0.0")
     c = c[:n]
+    check_allocation(1, n, "computing the inverse Toeplitz coefficients", copies=6)  # (Newton: padded, FFT buffers)
     band = max(_band(c), 1)
     if method == "auto":
         method = "recursion" if n * band <= _RECURSION_MAX_WORK else "newton"

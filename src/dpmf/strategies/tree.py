@@ -209,6 +209,7 @@ class BinaryTree(ErrorMethods):
 
     def online_decoder(self) -> np.ndarray:
         """The dense ``n x m`` online Honaker decoder (prefix-sum workload only)."""
+        check_allocation(self.n, 2 * self.n, "the binary tree's dense decoder", copies=2)
         B = online_honaker_decoder(self.n)
         return B / self.scale if self.scale != 1.0 else B
 

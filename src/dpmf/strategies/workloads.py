@@ -26,6 +26,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
+from dpmf.resources import check_allocation
 
 __all__ = ["prefix_sum", "momentum_sgd", "linear_cooldown", "lower_triangular", "square_matrix"]
 
@@ -33,6 +34,7 @@ __all__ = ["prefix_sum", "momentum_sgd", "linear_cooldown", "lower_triangular", 
 def prefix_sum(n: int) -> np.ndarray:
     """The ``n x n`` prefix-sum workload ``S`` (lower-triangular ones, float64)."""
     n = _v.positive_int("n", n)
+    check_allocation(n, n, "the dense prefix-sum workload")
     return np.tri(n, dtype=np.float64)
 
 
@@ -65,6 +67,7 @@ def momentum_sgd(n: int, momentum: float = 0.0, learning_rates: object = None) -
             raise InvalidParameterError(
                 f"learning_rates must all be > 0 (a zero rate makes A singular), got min {float(lr.min())!r}"
             )
+    check_allocation(n, n, "the dense momentum workload", copies=4)  # (lags, powers, product, sums)
     lag = np.subtract.outer(np.arange(n), np.arange(n))  # i - j
     with np.errstate(under="ignore"):
         m_beta = np.where(lag >= 0, beta ** np.maximum(lag, 0).astype(np.float64), 0.0)

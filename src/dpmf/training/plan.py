@@ -47,7 +47,7 @@ from dpmf.sampling.schemes import (
 )
 
 __all__ = ["ExecutionPlan", "build_plan", "plan_from_row", "as_plan_row", "training_summary", "expected_batch_size",
-           "StepOutOfPlanError", "description_fingerprint"]
+           "StepOutOfPlanError", "description_fingerprint", "resolve_plan"]
 
 
 class StepOutOfPlanError(UnsupportedConfigurationError):
@@ -322,6 +322,83 @@ def plan_from_row(
     norm = expected_batch_size(scheme, m) if normalizer is None else _v.positive("normalizer", normalizer)
     return ExecutionPlan(strategy, scheme, float(sigma), clip, float(norm), m, d, report,
                          plan_row=row.describe_source())
+
+
+def resolve_plan(
+    plan,
+    *,
+    strategy,
+    sampling,
+    num_examples: int,
+    delta,
+    max_grad_norm,
+    noise_multiplier,
+    target_epsilon,
+    accountant: str,
+    normalizer,
+    accountant_options: dict | None,
+) -> ExecutionPlan:
+    """The execution plan of a framework adapter's ``make_private`` (PyTorch, JAX): built and
+    certified from ``strategy``, ``sampling`` and the guarantee (:func:`build_plan`), or taken from
+    ``plan`` (a ``dpmf plan`` row, re-checked and never recalibrated, or an :class:`ExecutionPlan`
+    used as it is); the same refusals, with the same messages, for every framework."""
+    if plan is None:
+        missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
+                                  ("max_grad_norm", max_grad_norm)) if v is None]
+        if missing:
+            raise InvalidParameterError(
+                f"make_private needs {', '.join(missing)} (with noise_multiplier or target_epsilon), or plan=<a dpmf "
+                "plan row, its exported file, or an ExecutionPlan>"
+            )
+        return build_plan(
+            strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
+            noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
+            normalizer=normalizer, **(accountant_options or {}),
+        )
+    return _plan_from(plan, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
+                      normalizer=normalizer, conflicts={"strategy": strategy, "sampling": sampling,
+                                                        "noise_multiplier": noise_multiplier,
+                                                        "target_epsilon": target_epsilon,
+                                                        "accountant": None if accountant == "auto" else accountant},
+                      accountant_options=accountant_options)
+
+
+def _plan_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conflicts, accountant_options) -> ExecutionPlan:
+    """``make_private(plan=...)``: the execution plan of a plan row (re-checked, never recalibrated) or
+    an :class:`ExecutionPlan` used as it is; options that would contradict it are refused."""
+    given = [k for k, v in conflicts.items() if v is not None]
+    if given:
+        raise InvalidParameterError(
+            f"plan= fixes the strategy, the sampling scheme and the noise (hence epsilon); do not also pass "
+            f"{', '.join(f'{k}={conflicts[k]!r}' for k in given)}: drop {'it' if len(given) == 1 else 'them'}, or "
+            "drop plan= to choose them yourself"
+        )
+    if isinstance(plan, ExecutionPlan):
+        if accountant_options:
+            raise InvalidParameterError(
+                f"accountant_options={accountant_options!r} have nothing to do with an ExecutionPlan: it is already "
+                "certified (its report was computed when it was built); drop them"
+            )
+        for name, value, planned in (("delta", delta, plan.delta), ("max_grad_norm", max_grad_norm, plan.max_grad_norm),
+                                     ("normalizer", normalizer, plan.normalizer)):
+            if value is not None and value != planned:
+                raise InvalidParameterError(
+                    f"{name}={value!r} but the ExecutionPlan has {name}={planned!r}: leave {name} out (the plan's is "
+                    "used) or build a new plan"
+                )
+        if num_examples != plan.num_examples:
+            raise InvalidParameterError(
+                f"the dataset has {num_examples} examples but the ExecutionPlan was built for num_examples="
+                f"{plan.num_examples}: build a plan for this dataset"
+            )
+        return plan
+    if max_grad_norm is None:
+        raise InvalidParameterError(
+            "max_grad_norm is needed with a plan row (a row fixes the mechanism, not the clip norm): pass "
+            "max_grad_norm=<per-example clip norm>"
+        )
+    return plan_from_row(plan, num_examples=num_examples, max_grad_norm=max_grad_norm, delta=delta,
+                         normalizer=normalizer, **(accountant_options or {}))
 
 
 def training_summary(report) -> str | None:

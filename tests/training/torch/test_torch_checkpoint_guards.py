@@ -173,3 +173,38 @@ def test_the_noise_state_digest_is_checked_by_the_noise_generator_itself():
         assert fresh.steps_done == 0
     with pytest.raises(InvalidParameterError, match="missing"):
         _run().optimizer.noise.load_state_dict({k: v for k, v in state.items() if k != "digest"})
+
+
+# ----------------------------------------------------------------------- issue 44: another optimizer
+def _run_with(make_optimizer, steps=0):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(D, 8), torch.nn.Tanh(), torch.nn.Linear(8, K))
+    run = make_private(model, make_optimizer(model.parameters()), _data(), strategy=bsr(N, 2),
+                       sampling=BallsInBinsSampling(2, N), noise_multiplier=1.0, delta=1e-5, max_grad_norm=0.5,
+                       loss_fn=F.cross_entropy, accountant="unamplified", seed=3)
+    _train(run, steps)
+    return run
+
+
+def test_a_checkpoint_of_sgd_resumed_with_adam_is_refused_naming_both(saved, tmp_path):
+    state = _load(saved / "at2.pt")
+    assert state["optimizer_class"] == "torch.optim.sgd.SGD" and "momentum" in state["optimizer_hyperparameters"]
+    adam = _run_with(lambda p: torch.optim.Adam(p, lr=0.01))
+    with pytest.raises(InvalidParameterError, match=r"saved with the optimizer SGD .* this run uses Adam .*betas"):
+        adam.privacy.load_checkpoint(saved / "at2.pt")
+    assert adam.privacy.steps_done == 0 and adam.optimizer.noise.steps_done == 0  # nothing was loaded
+    _train(adam, 1)  # and the run still trains from its own start
+    # a checkpoint from before the class was recorded: told by the hyper-parameter names
+    del state["optimizer_class"], state["optimizer_hyperparameters"]
+    fresh = _run_with(lambda p: torch.optim.Adam(p, lr=0.01))
+    with pytest.raises(InvalidParameterError, match=r"has no hyper-parameters? .*betas.* that this run's Adam reads"):
+        fresh.privacy.load_state_dict(state)
+    # the other way round: Adam's checkpoint into SGD
+    adam_ckpt = _run_with(lambda p: torch.optim.Adam(p, lr=0.01), steps=1)
+    adam_ckpt.privacy.save_checkpoint(tmp_path / "adam.pt")
+    with pytest.raises(InvalidParameterError, match=r"saved with the optimizer Adam .* this run uses SGD"):
+        _run().privacy.load_checkpoint(tmp_path / "adam.pt")
+    # the same optimizer class resumes, with other hyper-parameter values (they are the checkpoint's)
+    same = _run_with(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.5))
+    same.privacy.load_checkpoint(saved / "at2.pt")
+    assert same.privacy.steps_done == 2 and same.optimizer.param_groups[0]["momentum"] == 0.9

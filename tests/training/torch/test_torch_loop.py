@@ -383,3 +383,23 @@ def test_no_step_leaves_its_tensors_alive():
         del out
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+@pytest.mark.parametrize("loop", [True, False], ids=["loop", "step(x, y)"])
+def test_a_peek_at_the_loader_is_refused_saying_why_and_what_to_do(loop):
+    """Issue 44: ``next(iter(loader))`` before the loop consumed step 0's batch; the first step then
+    refuses (before any noise or update) and says the loader is one pass over every epoch."""
+    run = _run(loop, scheme=PoissonSampling(0.3, 6), strategy=bsr(6, 2))
+    next(iter(run.data_loader))  # the peek
+    before = [p.detach().clone() for p in run.module.parameters()]
+    x, y = next(iter(run.data_loader))
+    run.optimizer.zero_grad()
+    with pytest.raises(InvalidParameterError, match=r"at step 1 but the optimizer at step 0: 1 batch was skipped \(taken .*"
+                       r"next\(iter\(loader\)\).* one pass over all the plan's steps \(every epoch\).*make_private"):
+        if loop:
+            F.cross_entropy(run.module(x), y).backward()
+            run.optimizer.step()
+        else:
+            run.optimizer.step(x, y)
+    assert run.privacy.steps_done == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, run.module.parameters()))  # nothing was stepped

@@ -135,13 +135,14 @@ def conditional_cost(
         nnz = float(np.count_nonzero(G))
         if nnz > bb * bb / 8:
             nnz = float(bb * bb)  # dense products
-    else:
+        total_rows = float(rows.sum())
+    else:  # every step but the first has b - 1 rows (no array: steps may be huge)
         bb, N = int(b), int(steps)
-        rows = np.full(N, max(bb - 1, 0), dtype=np.float64)
+        total_rows = float(max(bb - 1, 0)) * N
         nnz = float(bb) ** 2
     per_row = 2e-10 * nnz + 2e-7 * bb
-    bounds = float(n_psi) * per_row * rows.sum()
-    builds = 2.0 * (1e-3 * N + 3.5e-5 * (rows.sum() + N))
+    bounds = float(n_psi) * per_row * total_rows
+    builds = 2.0 * (1e-3 * N + 3.5e-5 * (total_rows + N))
     return float(bounds + builds + N * (1e-3 + 1e-6 * bb))
 
 

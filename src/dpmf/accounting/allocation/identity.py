@@ -498,7 +498,10 @@ def _auto_discretization(lam: dict, sigma: float, support_size: int) -> float:
     u = np.array([-10.0, s + 10.0])
     span = 0.0
     for w in lam.values():
-        la0 = np.log1p(-np.minimum(w, 1.0))[:, None] + 0.0 * u[None, :]
+        w = np.asarray(w, dtype=np.float64)
+        # log(1 - w), -inf where w = 1 (one step per epoch: the example is always in it), without
+        # evaluating log1p(-1) (numpy's "divide by zero" warning); logaddexp below takes -inf exactly
+        la0 = np.log1p(-w, out=np.full(w.shape, -np.inf), where=w < 1.0)[:, None] + 0.0 * u[None, :]
         la1 = np.log(w)[:, None] - 0.5 * s * s + u[None, :] * s
         lse = np.logaddexp(la0, la1)
         span = max(span, float(np.max(lse[:, 1] - np.maximum(lse[:, 0], -50.0))))

@@ -79,6 +79,7 @@ from dpmf.accounting.montecarlo._loss_kernels import (
     logsumexp_rows,
 )
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.resources import check_allocation
 
 __all__ = [
     "loss_sampler_support",
@@ -110,8 +111,11 @@ def _bands(strategy) -> Bands:
             raise UnsupportedConfigurationError(
                 f"amplification by sampling needs a non-negative encoder C; strategy.coefs[{i}] = {c[i]!r} < 0"
             )
+        nz = np.flatnonzero(c[: int(n)])
+        check_allocation(int(n), int(nz[-1]) + 1 if nz.size else 1, "Monte Carlo accounting's band of C")
         return Bands.from_coefs(c, int(n))
     if getattr(strategy, "name", None) == "identity" and n is not None:
+        check_allocation(int(n), 1, "Monte Carlo accounting's band of C")
         return Bands(np.ones((int(n), 1)), toeplitz=np.ones(1))
     encoder = getattr(strategy, "encoder", None)
     if encoder is None:

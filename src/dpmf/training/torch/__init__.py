@@ -14,7 +14,8 @@ privacy``), and the pieces for your own loop:
 * :func:`correlated_noise` - the strategy's ``sigma * clip * (C^{-1} z)_t`` streamed in torch;
 * :class:`DPOptimizer` - any optimizer, stepped with clipped sum + noise over a public normalizer;
 * :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit;
-* :class:`IndividualAccounting` - DP-SGD with per-example GDP budgets (Gaussian-DP filter).
+* :class:`IndividualAccounting` - DP-SGD with per-example GDP budgets (Gaussian-DP filter);
+* :func:`per_example_causal_lm_loss` - each padded sequence's own token mean, then the batch.
 """
 
 from dpmf.training.plan import ExecutionPlan, StepOutOfPlanError, build_plan, expected_batch_size
@@ -26,6 +27,7 @@ from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, priv
 from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
 from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
 from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
+from dpmf.training.torch.losses import per_example_causal_lm_loss  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
 from dpmf.training.torch.optimizer import DPOptimizer  # noqa: E402
 
@@ -48,4 +50,5 @@ __all__ = [
     "TorchCorrelatedNoise",
     "NoiseExhaustedError",
     "IndividualAccounting",
+    "per_example_causal_lm_loss",
 ]

@@ -37,11 +37,12 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, build_plan, description_fingerprint
+from dpmf.training.plan import ExecutionPlan, description_fingerprint, resolve_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
 from dpmf.training.torch.grad_sample import PerExampleClipper
+from dpmf.training.torch.losses import guard_model_loss
 from dpmf.training.torch.noise import correlated_noise
 from dpmf.training.torch.optimizer import DPOptimizer
 
@@ -171,6 +172,8 @@ class Privacy:
             "steps_done": self.steps_done,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_class": _optimizer_class(self.optimizer),
+            "optimizer_hyperparameters": _hyperparameter_names(self.optimizer.param_groups),
             "sampler": self.sampler.state_dict(steps_done=self.steps_done),
             "noise": self.noise_state(),
             "torch_rng": torch.get_rng_state(),
@@ -212,6 +215,7 @@ class Privacy:
                 "file is damaged; resume from an unedited checkpoint"
             )
         _check_model_state(state.get("model"), self.module)
+        _check_optimizer_state(state, self.optimizer)
         # the noise first: it checks everything (its digest too) before changing anything
         self.optimizer.noise.load_state_dict(state["noise"])
         self.sampler.load_state_dict(state["sampler"])
@@ -273,6 +277,56 @@ class Privacy:
         self.load_state_dict(state)
 
 
+def _optimizer_class(optimizer) -> str:
+    """``"torch.optim.sgd.SGD"``: the class of the optimizer a :class:`DPOptimizer` wraps."""
+    inner = getattr(optimizer, "original_optimizer", optimizer)
+    cls = type(inner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _hyperparameter_names(param_groups) -> list[str]:
+    """The sorted hyper-parameter names of an optimizer's parameter groups (``lr``, ``momentum``,
+    ``betas`` ...): what its ``step`` reads from every group."""
+    names = set()
+    for group in param_groups if isinstance(param_groups, (list, tuple)) else ():
+        if isinstance(group, dict):
+            names |= {str(k) for k in group if k != "params"}
+    return sorted(names)
+
+
+def _check_optimizer_state(state: dict, optimizer) -> None:
+    """Refuse, before anything is loaded, a checkpoint saved from another optimizer class, or whose
+    parameter groups lack hyper-parameters this optimizer reads: torch's ``load_state_dict`` would
+    take the other optimizer's groups as they are and the first ``step()`` fail deep inside torch
+    (``KeyError: 'betas'`` for an SGD checkpoint resumed with Adam). Checkpoints from before the
+    class was recorded are checked by their groups' hyper-parameter names alone (for the same class,
+    torch itself fills in hyper-parameters a newer version added)."""
+    here_cls = _optimizer_class(optimizer)
+    there_cls = state.get("optimizer_class")
+    saved = state.get("optimizer")
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, (list, tuple)):
+        raise InvalidParameterError("the checkpoint's optimizer state has no param_groups: not a torch optimizer state")
+    there = set(_hyperparameter_names(groups))
+    here = set(_hyperparameter_names(optimizer.param_groups))
+    name = lambda c: str(c).rsplit(".", 1)[-1]  # noqa: E731 - "SGD", "Adam"
+    if there_cls is not None and there_cls != here_cls:
+        raise InvalidParameterError(
+            f"the checkpoint was saved with the optimizer {name(there_cls)} ({there_cls}; hyper-parameters "
+            f"{', '.join(sorted(there)) or 'none'}) but this run uses {name(here_cls)} ({here_cls}; hyper-parameters "
+            f"{', '.join(sorted(here)) or 'none'}): build the run with {name(there_cls)} to resume it, or start "
+            "a new run"
+        )
+    missing = sorted(here - there)
+    if there_cls is None and missing:  # (same class: torch fills hyper-parameters newer versions added)
+        saved_as = f" {name(there_cls)}" if there_cls is not None else ""
+        raise InvalidParameterError(
+            f"the checkpoint's optimizer{saved_as} has no hyper-parameter{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} that this run's {name(here_cls)} reads (it has {', '.join(sorted(there)) or 'none'}): "
+            "it was saved with another optimizer; build the run with that optimizer to resume it"
+        )
+
+
 def _saved_steps(state: dict, key: str):
     """``state[key]["steps_done"]`` (None when absent)."""
     part = state.get(key)
@@ -330,46 +384,6 @@ def _check_model_state(saved, module) -> None:
                                         "another architecture")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise InvalidParameterError(f"the checkpoint's {k!r} holds NaN or inf: it cannot resume a run")
-
-
-def _plan_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conflicts, accountant_options) -> ExecutionPlan:
-    """``make_private(plan=...)``: the execution plan of a plan row (re-checked, never recalibrated) or
-    an :class:`ExecutionPlan` used as it is; options that would contradict it are refused."""
-    from dpmf.training.plan import plan_from_row
-
-    given = [k for k, v in conflicts.items() if v is not None]
-    if given:
-        raise InvalidParameterError(
-            f"plan= fixes the strategy, the sampling scheme and the noise (hence epsilon); do not also pass "
-            f"{', '.join(f'{k}={conflicts[k]!r}' for k in given)}: drop {'it' if len(given) == 1 else 'them'}, or "
-            "drop plan= to choose them yourself"
-        )
-    if isinstance(plan, ExecutionPlan):
-        if accountant_options:
-            raise InvalidParameterError(
-                f"accountant_options={accountant_options!r} have nothing to do with an ExecutionPlan: it is already "
-                "certified (its report was computed when it was built); drop them"
-            )
-        for name, value, planned in (("delta", delta, plan.delta), ("max_grad_norm", max_grad_norm, plan.max_grad_norm),
-                                     ("normalizer", normalizer, plan.normalizer)):
-            if value is not None and value != planned:
-                raise InvalidParameterError(
-                    f"{name}={value!r} but the ExecutionPlan has {name}={planned!r}: leave {name} out (the plan's is "
-                    "used) or build a new plan"
-                )
-        if num_examples != plan.num_examples:
-            raise InvalidParameterError(
-                f"the dataset has {num_examples} examples but the ExecutionPlan was built for num_examples="
-                f"{plan.num_examples}: build a plan for this dataset"
-            )
-        return plan
-    if max_grad_norm is None:
-        raise InvalidParameterError(
-            "max_grad_norm is needed with a plan row (a row fixes the mechanism, not the clip norm): pass "
-            "max_grad_norm=<per-example clip norm>"
-        )
-    return plan_from_row(plan, num_examples=num_examples, max_grad_norm=max_grad_norm, delta=delta,
-                         normalizer=normalizer, **(accountant_options or {}))
 
 
 class PrivateRun(NamedTuple):
@@ -448,7 +462,11 @@ def make_private(
             in memory at once (functorch).
         loss_reduction: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses
             (ghost and opacus modes; Opacus' convention). It must be one of the two: a loss averaged
-            over all tokens of the batch couples examples (average per sequence first).
+            over all tokens of the batch couples examples (average per sequence first). A
+            ``transformers`` causal LM called with ``labels`` (ghost and opacus modes) has its ``.loss``
+            recomputed per example (:func:`~dpmf.training.torch.losses.per_example_causal_lm_loss`);
+            other ``transformers`` heads called with ``-100`` labels are refused
+            (:mod:`dpmf.training.torch.losses`).
         nonfinite: ``"raise"`` (default): an example whose gradient is NaN/inf stops training with an
             error; ``"skip"``: it contributes nothing and is counted in the report's diagnostics.
         noise_dtype: ``torch.float32`` (default for float32 models) or ``torch.float64``.
@@ -489,26 +507,9 @@ def make_private(
         # the sampler's checks (attribution given for, and only for, multi-attribution; its size; k_u) before
         # the accounting, which can take minutes
         SchemeBatchSampler(sampling, num_examples, seed=0, attribution=attribution)
-    if plan is None:
-        missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
-                                  ("max_grad_norm", max_grad_norm)) if v is None]
-        if missing:
-            raise InvalidParameterError(
-                f"make_private needs {', '.join(missing)} (with noise_multiplier or target_epsilon), or plan=<a dpmf "
-                "plan row, its exported file, or an ExecutionPlan>"
-            )
-        plan = build_plan(
-            strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
-            noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
-            normalizer=normalizer, **(accountant_options or {}),
-        )
-    else:
-        plan = _plan_from(plan, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
-                          normalizer=normalizer, conflicts={"strategy": strategy, "sampling": sampling,
-                                                            "noise_multiplier": noise_multiplier,
-                                                            "target_epsilon": target_epsilon,
-                                                            "accountant": None if accountant == "auto" else accountant},
-                          accountant_options=accountant_options)
+    plan = resolve_plan(plan, strategy=strategy, sampling=sampling, num_examples=num_examples, delta=delta,
+                        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+                        accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
     strategy, sampling, max_grad_norm = plan.strategy, plan.scheme, plan.max_grad_norm
     if seed is None and not secure:
         raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
@@ -537,6 +538,8 @@ def make_private(
     else:
         clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
                                     loss_reduction=loss_reduction, nonfinite=nonfinite)
+    if grad_sample_mode in ("ghost", "opacus"):  # the model's own loss sees the whole batch: keep it per example
+        clipper.loss_guard = guard_model_loss(module, loss_reduction)
     noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
                              max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
     if distributed and secure:  # the same secure noise stream on every rank: rank 0's state

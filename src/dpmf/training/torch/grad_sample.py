@@ -54,6 +54,7 @@ from dpmf.training.torch.clipping import (
     setup_clipper,
     toward_zero,
 )
+from dpmf.training.torch.recurrent import is_plain_recurrent, plain_recurrent
 
 torch = require_torch()
 
@@ -75,6 +76,37 @@ class ClippedGradients(NamedTuple):
 
 def _as_args(inputs) -> tuple:
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+def _vmap_failure(module, run, exc) -> UnsupportedConfigurationError:
+    """A clear error for a model ``torch.func.vmap`` could not differentiate per example, naming the
+    layer: the innermost module whose forward was running when a second run (with hooks) failed."""
+    stack: list = []
+    handles = []
+    for name, m in module.named_modules():
+        handles.append(m.register_forward_pre_hook(lambda m_, a, name=name: stack.append(name)))
+        handles.append(m.register_forward_hook(lambda m_, a, o: stack.pop()))
+    try:
+        run()
+        where = "in the model"  # the failure did not repeat
+    except Exception:  # noqa: BLE001 -- only to locate the first failure
+        if stack:
+            layer = module.get_submodule(stack[-1]) if stack[-1] else module
+            where = f"in the forward of layer {stack[-1] or '(the model)'!r} ({type(layer).__name__})"
+        else:
+            where = "in the backward (a layer whose backward torch.func cannot batch)"
+    finally:
+        for h in handles:
+            h.remove()
+    text = str(exc).strip()
+    first = text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+    return UnsupportedConfigurationError(
+        f"per-example gradients with torch.func (grad_sample_mode='functorch') failed {where}: "
+        f"{type(exc).__name__}: {first}. Each example runs as a batch of 1 under torch.func.vmap, so every "
+        "layer must be written in operations vmap supports (no .item(), no data-dependent Python control "
+        "flow, no in-place writes into a tensor created outside); use grad_sample_mode='ghost' (per-layer "
+        "rules) or 'opacus', or replace the layer"
+    )
 
 
 class PerExampleClipper:
@@ -241,7 +273,14 @@ class PerExampleClipper:
 
         params = {n: p.detach() for n, p in zip(names, self.params)}
         in_dims = (None, 0, None if targets is None else 0)
-        grads = func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
+        def run():
+            return func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
+
+        with plain_recurrent(module):  # fused RNN kernels do not vmap: the same layers in plain operations
+            try:
+                grads = run()
+            except (RuntimeError, NotImplementedError) as exc:
+                raise _vmap_failure(module, run, exc) from exc
         return [grads[n] for n in names]
 
     def _attach_opacus(self):
@@ -251,6 +290,13 @@ class PerExampleClipper:
             raise UnsupportedConfigurationError(
                 "mode='opacus' needs opacus (pip install opacus==1.6.0); mode='functorch' needs nothing more"
             ) from exc
+        rnn = [n for n, m in self.module.named_modules() if is_plain_recurrent(m)]
+        if rnn:
+            raise UnsupportedConfigurationError(
+                f"mode='opacus' cannot take torch.nn recurrent layers ({', '.join(repr(n) for n in rnn)}): Opacus' hooks "
+                "need its own opacus.layers.DPLSTM/DPGRU/DPRNN; grad_sample_mode='ghost' or 'functorch' take "
+                "nn.RNN/GRU/LSTM as they are"
+            )
         gsm = GradSampleModule(self.module, batch_first=True, loss_reduction=self.loss_reduction, strict=True)
         gsm.disable_hooks()  # only inside our calls: the user's own forward/backward stay untouched
         return gsm

@@ -142,10 +142,15 @@ class DPOptimizer(torch.optim.Optimizer):
         src, t = self.batch_source, self.steps_done
         expected = None if src is None else src.batch_size_at(t)
         if expected is not None and self.exact_position and src.steps_done > t + 1:
+            skipped = src.steps_done - 1 - t
             raise InvalidParameterError(
-                f"the data loader is at step {src.steps_done - 1} but the optimizer at step {t}: a batch was "
-                "skipped without optimizer.step(); every batch the loader yields must be stepped on (the "
-                "accounting counts it)"
+                f"the data loader is at step {src.steps_done - 1} but the optimizer at step {t}: {skipped} "
+                f"batch{'es were' if skipped > 1 else ' was'} skipped (taken from the loader without optimizer.step(), e.g. "
+                "a peek with next(iter(loader)) before the loop). The private data loader is one pass over all "
+                "the plan's steps (every epoch), not restarted by a new iter(): each batch it yields is a step "
+                "the accounting counts, so a peek consumes one. Step on every batch it yields; to look at the "
+                "data, index the dataset or use a plain DataLoader over it, then build the run again with "
+                "make_private (or resume from a checkpoint)"
             )
         seen = self._examples
         if expected is not None and seen != expected:

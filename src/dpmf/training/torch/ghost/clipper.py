@@ -56,10 +56,10 @@ from typing import Any, Callable
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
-from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
-from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients, rule_for
+from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerCall, LayerGradients, call_batch, rule_for
 from dpmf.training.torch.ghost.sequence import F64, gram_cache
 
 torch = require_torch()
@@ -328,8 +328,8 @@ class GhostClipper:
         example, which the broadcast that followed uses exactly as before, and its gradient arrives per
         example. Without this, the gradient of the shared output would be the sum over the batch."""
         B = self._model_batch
-        if not B:
-            return None
+        if not B or type(module) in CALL_BATCH:
+            return None  # (a layer with its own batch convention, e.g. time-first recurrent input)
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or x.ndim == 0 or _wrapped(x):
             return None
@@ -364,7 +364,7 @@ class GhostClipper:
         first = flat_tensors((args, kwargs))
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
-        batch = first[0].shape[0] if first and first[0].ndim >= 1 else 0
+        batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0)
         outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
                          versions=[(t, t._version) for t in first])

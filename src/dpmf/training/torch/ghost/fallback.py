@@ -98,13 +98,19 @@ def fallback_gradients(module, call, trainable: dict, name: str):
         chunk_kw = tuple(v[sl] if d == 0 else v for v, d in zip(kw_vals, kw_dims))
         try:
             grads = mapped(chunk_args, chunk_kw, tuple(c[sl] for c in cot))
-        except RuntimeError as exc:
-            if "randomness" not in str(exc):
-                raise
+        except (RuntimeError, NotImplementedError) as exc:
+            if "randomness" in str(exc):
+                raise UnsupportedConfigurationError(
+                    f"layer {name!r} ({type(module).__name__}) has no ghost rule and draws random numbers in its "
+                    "forward (dropout inside it), so re-running it per example would not reproduce the forward; "
+                    "move the dropout out of the layer or use grad_sample_mode='functorch'"
+                ) from exc
+            first = str(exc).strip().splitlines()[0].rstrip(".") if str(exc).strip() else type(exc).__name__
             raise UnsupportedConfigurationError(
-                f"layer {name!r} ({type(module).__name__}) has no ghost rule and draws random numbers in its "
-                "forward (dropout inside it), so re-running it per example would not reproduce the forward; "
-                "move the dropout out of the layer or use grad_sample_mode='functorch'"
+                f"layer {name!r} ({type(module).__name__}) has no ghost rule, and its per-example gradients could "
+                f"not be computed by re-running it per example under torch.func.vmap ({type(exc).__name__}: "
+                f"{first}); give it a rule with dpmf.training.torch.ghost.register_ghost_rule, replace it by "
+                "layers that have one, or use grad_sample_mode='functorch'"
             ) from exc
         for n in names:
             pieces[n].append(grads[n])

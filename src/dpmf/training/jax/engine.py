@@ -1,0 +1,349 @@
+"""``make_private`` for JAX: a loss, parameters and a dataset size in; the optax transformation, the
+clipped-gradient function, the batches and the privacy report out.
+
+The JAX twin of :func:`dpmf.training.torch.make_private`, built on the same framework-free
+:class:`~dpmf.training.plan.ExecutionPlan` (:func:`~dpmf.training.plan.resolve_plan`: the same
+certification before step 0 and the same refusals, with the same messages) and on jax_privacy for
+the per-example work. The update of step ``t`` is the plan's
+
+    ``g_t = ( sum_{i in B_t} clip(grad_i, max_grad_norm) + noise_multiplier * max_grad_norm * (C^{-1} z)_t ) / normalizer``
+
+followed by the user's optimizer:
+
+* the clipped sum: ``jax_privacy.clipped_grad(loss_fn, l2_clip_norm=max_grad_norm,
+  keep_batch_dim=False)`` (``vmap`` over the examples, padding examples zeroed);
+* the noise: :func:`~dpmf.training.jax.noise.correlated_privatizer` (jax_privacy's
+  matrix-factorization privatizer with the strategy's noising matrix), then
+  ``optax.scale(1 / normalizer)`` (the public normalizer), then the user's optimizer, chained in
+  one ``optax.GradientTransformation`` whose state holds the noise key and buffers;
+* the batches: :class:`~dpmf.training.jax.data.SchemeBatches` (the scheme's batches, padded).
+
+Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
+
+>>> import jax, jax.numpy as jnp, numpy as np, optax
+>>> from dpmf.sampling import BallsInBinsSampling
+>>> from dpmf.strategies import bsr
+>>> from dpmf.training.jax import make_private
+>>> X, Y = np.random.default_rng(0).normal(size=(256, 8)), np.arange(256) % 2
+>>> def loss(params, example):
+...     x, y = example
+...     logits = x @ params["w"] + params["b"]
+...     return -jax.nn.log_softmax(logits)[y]
+>>> params = {"w": jnp.zeros((8, 2)), "b": jnp.zeros(2)}
+>>> run = make_private(loss, params, 256, optimizer=optax.sgd(0.5), strategy=bsr(16, 4),
+...                    sampling=BallsInBinsSampling(epochs=2, steps=16), target_epsilon=4.0, delta=1e-5,
+...                    max_grad_norm=1.0, seed=0)
+>>> opt_state = run.tx.init(params)
+>>> for batch in run.batches:
+...     params, opt_state = run.step(params, opt_state, (X[batch.indices], Y[batch.indices]), batch.is_padding)
+>>> run.privacy.steps_done, run.privacy.report(opt_state).epsilon <= 4.0, run.privacy.report().method
+(16, True, 'allocation')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from dpmf.errors import InvalidParameterError
+from dpmf.training.jax._deps import require_jax
+from dpmf.training.jax.data import SchemeBatches
+from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
+from dpmf.training.plan import ExecutionPlan, description_fingerprint, resolve_plan
+
+jax, optax, jax_privacy = require_jax()
+import jax.numpy as jnp  # noqa: E402
+
+__all__ = ["make_private", "PrivateRun", "Privacy", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = 1
+GRAD_SAMPLE_MODE = "jax_privacy.clipped_grad (vmap)"
+
+
+def _derived_seed(seed: int, stream: int) -> int:
+    """Independent seeds for the batches (stream 0) and the noise key (stream 1) from one seed."""
+    return int(np.random.SeedSequence([int(seed), stream]).generate_state(1, np.uint32)[0])
+
+
+def _noise_state(opt_state) -> GuardedNoiseState:
+    """The noise part of the chained optax state (its first element)."""
+    first = opt_state[0] if isinstance(opt_state, tuple) and opt_state else None
+    if not isinstance(first, GuardedNoiseState):
+        raise InvalidParameterError("opt_state must be the state of run.tx (tx.init(params)), whose first part is "
+                                    "the noise state")
+    return first
+
+
+def _to_numpy_leaves(tree) -> tuple[list[np.ndarray], list[bool]]:
+    """The leaves of a pytree as numpy arrays; JAX PRNG keys as their raw key data (flagged)."""
+    leaves = jax.tree.leaves(tree)
+    out, is_key = [], []
+    for leaf in leaves:
+        key = hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        out.append(np.asarray(jax.random.key_data(leaf) if key else leaf))
+        is_key.append(bool(key))
+    return out, is_key
+
+
+def _from_numpy_leaves(template, leaves: list, what: str):
+    """``template``'s pytree with ``leaves`` (same count and shapes; keys re-wrapped)."""
+    ref, treedef = jax.tree.flatten(template)
+    if len(ref) != len(leaves):
+        raise InvalidParameterError(f"the checkpoint's {what} has {len(leaves)} arrays, this run's {len(ref)}: it was "
+                                    "saved from another model or optimizer")
+    out = []
+    for i, (r, v) in enumerate(zip(ref, leaves)):
+        v = np.asarray(v)
+        if jnp.issubdtype(r.dtype, jax.dtypes.prng_key):
+            if v.shape != jax.random.key_data(r).shape:
+                raise InvalidParameterError(f"the checkpoint's {what} key {i} has shape {v.shape}")
+            out.append(jax.random.wrap_key_data(v, impl=jax.random.key_impl(r)))
+            continue
+        if tuple(v.shape) != tuple(np.shape(r)):
+            raise InvalidParameterError(f"the checkpoint's {what} array {i} has shape {v.shape}, this run's "
+                                        f"{tuple(np.shape(r))}: another architecture or optimizer")
+        if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
+            raise InvalidParameterError(f"the checkpoint's {what} array {i} holds NaN or inf: it cannot resume a run")
+        out.append(jnp.asarray(v, dtype=r.dtype))
+    return jax.tree.unflatten(treedef, out)
+
+
+@dataclasses.dataclass
+class Privacy:
+    """The privacy side of a JAX run: its plan, reports and checkpoints (:func:`make_private`)."""
+
+    plan: ExecutionPlan
+    batches: SchemeBatches
+
+    @property
+    def steps_done(self) -> int:
+        """Batches handed out so far."""
+        return self.batches.steps_done
+
+    @property
+    def noise_multiplier(self) -> float:
+        return self.plan.noise_multiplier
+
+    def noise_steps(self, opt_state) -> int:
+        """The noise steps taken by ``opt_state`` (the counter in its noise state)."""
+        return int(_noise_state(opt_state).count)
+
+    def report(self, opt_state=None):
+        """The certified report of the planned run (``PrivacyReport``), with the steps done in its
+        diagnostics (releasing the first ``t`` steps' models is post-processing of the whole run).
+        With ``opt_state``, its noise counter must equal the batches handed out (the batch contract)."""
+        if opt_state is not None and self.noise_steps(opt_state) != self.steps_done:
+            raise InvalidParameterError(
+                f"the optimizer state has taken {self.noise_steps(opt_state)} noise steps but {self.steps_done} batches "
+                "were handed out: every batch must be used for exactly one update (run.step)"
+            )
+        r = self.plan.report
+        diag = {**r.diagnostics, "training": {"steps_done": self.steps_done, "steps_planned": self.plan.steps,
+                                              "max_grad_norm": self.plan.max_grad_norm,
+                                              "normalizer": self.plan.normalizer,
+                                              "grad_sample_mode": GRAD_SAMPLE_MODE, "framework": "jax",
+                                              "num_examples": self.plan.num_examples,
+                                              **({"plan_row": self.plan.plan_row} if self.plan.plan_row else {})}}
+        return dataclasses.replace(r, diagnostics=diag)
+
+    def save_report(self, path: str | os.PathLike, opt_state=None) -> list[Path]:
+        """Write :meth:`report` as JSON to ``path`` (and, beside it, the matrix a large dense strategy's
+        description names by hash), so ``dpmf verify path`` re-checks it. Returns the paths written."""
+        from dpmf.files import check_output_file, writing
+        from dpmf.strategies.serialization import save_matrices
+
+        path = check_output_file(path, "path")
+        written = [path]
+        with writing(path, "privacy report"):
+            path.write_text(self.report(opt_state).to_json(indent=1) + "\n", encoding="utf-8")
+        desc = self.plan.strategy.describe()
+        if "matrix" not in desc and "sha256" in desc:
+            written += save_matrices(self.plan.strategy, path.parent)
+        return written
+
+    def get_epsilon(self, delta: float | None = None) -> float:
+        """Epsilon of the planned run (at the plan's delta)."""
+        if delta is not None and delta != self.plan.delta:
+            from dpmf.accounting import account
+
+            r = self.plan.report
+            return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
+                           **r.options).epsilon
+        return self.plan.epsilon
+
+    # --- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self, params, opt_state) -> dict:
+        """Parameters, optax state (noise key and buffers included), batch position and the plan, as
+        numpy arrays and JSON-ready values."""
+        p, _ = _to_numpy_leaves(params)
+        o, _ = _to_numpy_leaves(opt_state)
+        return {"format": CHECKPOINT_FORMAT, "plan": self.plan.describe(), "plan_fingerprint": self.plan.fingerprint(),
+                "steps_done": self.steps_done, "batches": self.batches.state_dict(),
+                "noise_steps": self.noise_steps(opt_state), "params": p, "opt_state": o}
+
+    def load_state_dict(self, state, params, opt_state):
+        """Restore a :meth:`state_dict` onto templates ``params`` and ``opt_state`` (this run's
+        ``tx.init(params)``); returns ``(params, opt_state)`` and moves the batches to the saved step.
+        Refuses, before anything changes: another plan (naming what differs), a description edited
+        after saving, counters that disagree, arrays of another model or optimizer, NaN/inf."""
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
+            raise InvalidParameterError("not a dpmf JAX training checkpoint (missing format/plan)")
+        there, stored = state["plan"], state.get("plan_fingerprint")
+        recomputed = description_fingerprint(there) if isinstance(there, dict) else None
+        if recomputed is None or stored != recomputed:
+            raise InvalidParameterError(
+                f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
+                f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
+                "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
+            )
+        if stored != self.plan.fingerprint():
+            here = self.plan.describe()
+            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+            detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
+            raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+        steps = state.get("steps_done")
+        saved_batches = state.get("batches") if isinstance(state.get("batches"), dict) else {}
+        counters = (state.get("noise_steps"), saved_batches.get("steps_done"))
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= self.plan.steps \
+                or any(c != steps for c in counters):
+            raise InvalidParameterError(
+                f"inconsistent checkpoint: steps_done={steps!r}, noise state at step {counters[0]!r}, batches at step "
+                f"{counters[1]!r} (they are saved equal, within 0..{self.plan.steps}): resume from an unedited checkpoint"
+            )
+        new_params = _from_numpy_leaves(params, state.get("params", []), "params")
+        new_opt = _from_numpy_leaves(opt_state, state.get("opt_state", []), "optimizer state")
+        if int(_noise_state(new_opt).count) != steps:
+            raise InvalidParameterError(f"inconsistent checkpoint: the optimizer state's noise counter is "
+                                        f"{int(_noise_state(new_opt).count)}, steps_done {steps}")
+        self.batches.load_state_dict(saved_batches)
+        return new_params, new_opt
+
+    def save_checkpoint(self, path: str | os.PathLike, params, opt_state) -> None:
+        """Write :meth:`state_dict` to ``path`` (``.npz``: the arrays, and the rest as JSON; no pickle)."""
+        from dpmf.files import check_output_file
+
+        path = check_output_file(path, "checkpoint path")
+        state = self.state_dict(params, opt_state)
+        arrays = {f"params_{i}": a for i, a in enumerate(state.pop("params"))}
+        arrays.update({f"opt_{i}": a for i, a in enumerate(state.pop("opt_state"))})
+        meta = {**state, "kind": "dpmf-jax-checkpoint", "num_params": sum(k.startswith("params_") for k in arrays),
+                "num_opt": sum(k.startswith("opt_") for k in arrays)}
+        tmp = path.with_name(path.name + ".tmp.npz")
+        try:
+            np.savez(tmp, metadata=np.array(json.dumps(meta)), **arrays)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot write the checkpoint {path}: {exc.strerror or exc} "
+                                        "(choose a writable folder)") from exc
+
+    def load_checkpoint(self, path: str | os.PathLike, params, opt_state):
+        """Load a checkpoint written by :meth:`save_checkpoint` onto templates; ``(params, opt_state)``.
+        The checks of :meth:`load_state_dict` (plain hashes, not signatures: they catch mistakes and
+        damage, not a deliberate edit; keep a run's checkpoints as private as its noise)."""
+        from dpmf.files import read_npz
+
+        data = read_npz(path, "dpmf JAX checkpoint", kind="dpmf-jax-checkpoint")
+        try:
+            meta = data.metadata
+            state = {k: v for k, v in meta.items() if k not in ("num_params", "num_opt", "kind")}
+            state["params"] = [data.arrays[f"params_{i}"] for i in range(int(meta["num_params"]))]
+            state["opt_state"] = [data.arrays[f"opt_{i}"] for i in range(int(meta["num_opt"]))]
+        except (KeyError, ValueError, TypeError) as exc:
+            raise InvalidParameterError(f"checkpoint {path} is not a dpmf JAX checkpoint ({exc})") from None
+        return self.load_state_dict(state, params, opt_state)
+
+
+class PrivateRun(NamedTuple):
+    """What :func:`make_private` returns.
+
+    * ``tx``: the ``optax.GradientTransformation`` (correlated noise, ``1 / normalizer``, your
+      optimizer) to apply to the clipped gradient **sum**;
+    * ``grad_fn``: ``grad_fn(params, batch, is_padding_example=mask)``, the sum of per-example
+      gradients clipped to ``max_grad_norm`` (``batch`` a pytree of arrays with a leading example axis);
+    * ``step``: ``step(params, opt_state, batch, is_padding) -> (params, opt_state)``, both jitted;
+    * ``batches``: the :class:`~dpmf.training.jax.data.SchemeBatches` of the plan;
+    * ``privacy``: :class:`Privacy` (plan, report, checkpoints).
+    """
+
+    tx: Any
+    grad_fn: Callable
+    step: Callable
+    batches: SchemeBatches
+    privacy: Privacy
+
+
+def make_private(
+    loss_fn: Callable,
+    params,
+    num_examples: int,
+    *,
+    optimizer=None,
+    strategy=None,
+    sampling=None,
+    delta: float | None = None,
+    max_grad_norm: float | None = None,
+    plan=None,
+    noise_multiplier: float | None = None,
+    target_epsilon: float | None = None,
+    accountant: str = "auto",
+    seed: int | None = None,
+    normalizer: float | None = None,
+    pad_multiple: int | None = 32,
+    microbatch_size: int | None = None,
+    accountant_options: dict | None = None,
+) -> PrivateRun:
+    """Private training of a JAX model with correlated noise: :class:`PrivateRun`.
+
+    Args:
+        loss_fn: ``loss_fn(params, example) -> scalar`` for **one** example (``example`` a pytree of
+            arrays without the batch axis, e.g. ``(x, y)``).
+        params: the parameter pytree (its structure and shapes set the noise's).
+        num_examples: the dataset size (public under zero-out adjacency).
+        optimizer: any ``optax.GradientTransformation`` (``optax.sgd(0.1, momentum=0.9)``, ``adam``...).
+        strategy, sampling, delta, max_grad_norm, target_epsilon | noise_multiplier, accountant,
+            normalizer, plan, accountant_options: as for :func:`dpmf.training.torch.make_private`
+            (the same :func:`~dpmf.training.plan.resolve_plan`).
+        seed: one integer seed for the batches and the noise key (independent streams). JAX's
+            keys are reproducible, not a secure source: there is no ``secure`` mode here.
+        pad_multiple: batches are padded to a multiple of this (:class:`SchemeBatches`).
+        microbatch_size: passed to ``jax_privacy.clipped_grad`` (examples per ``vmap`` at once).
+
+    Raises :class:`~dpmf.errors.UnsupportedConfigurationError` before any step for a (strategy,
+    sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError`
+    for missing or conflicting arguments (the messages of the PyTorch side).
+    """
+    if not callable(loss_fn):
+        raise InvalidParameterError(f"loss_fn must be callable (loss_fn(params, example) -> scalar), got {loss_fn!r}")
+    if optimizer is None or not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
+        raise InvalidParameterError(f"optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.1)), "
+                                    f"got {optimizer!r}")
+    if not jax.tree.leaves(params):
+        raise InvalidParameterError("params must be a non-empty pytree of arrays")
+    if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
+        raise InvalidParameterError(f"num_examples must be a positive integer (the dataset size), got {num_examples!r}")
+    plan = resolve_plan(plan, strategy=strategy, sampling=sampling, num_examples=int(num_examples), delta=delta,
+                        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
+                        accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
+    if seed is None:
+        raise InvalidParameterError("pass seed=<int> (reproducible; dpmf never draws hidden seeds)")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
+    batches = SchemeBatches(plan.scheme, plan.num_examples, seed=_derived_seed(seed, 0), pad_multiple=pad_multiple)
+    noise = correlated_privatizer(plan.strategy, noise_multiplier=plan.noise_multiplier,
+                                  max_grad_norm=plan.max_grad_norm, seed=_derived_seed(seed, 1))
+    tx = optax.chain(noise, optax.scale(1.0 / plan.normalizer), optimizer)
+    grad_fn = jax_privacy.clipped_grad(loss_fn, l2_clip_norm=plan.max_grad_norm, batch_argnums=1,
+                                       keep_batch_dim=False, microbatch_size=microbatch_size)
+
+    @jax.jit
+    def _step(params, opt_state, batch, is_padding):
+        g = grad_fn(params, batch, is_padding_example=is_padding)
+        updates, opt_state = tx.update(g, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return PrivateRun(tx, grad_fn, _step, batches, Privacy(plan, batches))

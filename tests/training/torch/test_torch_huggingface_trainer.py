@@ -1,0 +1,119 @@
+"""``DPTrainer``: the ``transformers.Trainer`` API trains with dpmf's batches, noise and accountant.
+
+The oracle is dpmf's own Opacus-style loop: the same model, optimizer (SGD, constant lr), data and
+seed through ``make_private`` and ``for batch in loader: ...`` must give the same parameters, bit
+for bit, as ``DPTrainer(...).train()`` -- so the Trainer stepped on exactly the scheme's batches, with
+the same per-example loss, clipping and noise. A tiny Llama-style config (no download), CPU only,
+``report_to="none"``, nothing saved outside a temporary folder.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
+from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
+from dpmf.strategies import Identity, bsr  # noqa: E402
+from dpmf.training.torch import make_private  # noqa: E402
+from dpmf.training.torch.huggingface import DPTrainer  # noqa: E402
+
+V, T = 40, 8
+
+
+def tiny_llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                   pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class Padded(torch.utils.data.Dataset):
+    def __init__(self, n=30, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, V, (n, T), generator=g)
+        lengths = torch.randint(2, T + 1, (n,), generator=g)
+        self.mask = (torch.arange(T)[None] < lengths[:, None]).long()
+        self.ids[self.mask == 0] = 0
+        self.labels = self.ids.masked_fill(self.mask == 0, -100)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+def targs(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, learning_rate=0.05, optim="sgd",
+                lr_scheduler_type="constant", weight_decay=0.0, logging_steps=1, save_strategy="no",
+                disable_tqdm=True, seed=0)
+    return transformers.TrainingArguments(**{**base, **kw})
+
+
+DP = dict(strategy=bsr(6, 2), sampling=BallsInBinsSampling(2, 6), noise_multiplier=1.0, delta=1e-5,
+          max_grad_norm=0.5, seed=3)
+
+
+def test_trainer_equals_the_make_private_loop_and_logs_the_privacy(tmp_path):
+    model, ds = tiny_llama(), Padded()
+    twin = copy.deepcopy(model)
+    trainer = DPTrainer(model, targs(tmp_path), train_dataset=ds, **DP)
+    assert trainer.args.max_steps == 6 and trainer.args.max_grad_norm == 0.0
+    out = trainer.train()
+    assert trainer.state.global_step == 6 and trainer.privacy.steps_done == 6
+    report = trainer.privacy.report()
+    assert report.certified and report.method.startswith("allocation")
+    assert out.metrics["epsilon"] == report.epsilon and out.metrics["delta"] == 1e-5
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 6 and all(h["epsilon"] == report.epsilon for h in logged)
+    assert [h["dp_steps"] for h in logged] == [1, 2, 3, 4, 5, 6]
+    assert not any("grad_norm" in h for h in trainer.state.log_history)
+
+    # the same run through dpmf's own loop
+    twin.train()
+    m, opt, loader, privacy = make_private(twin, torch.optim.SGD(twin.parameters(), lr=0.05), ds, **DP)
+    for batch in loader:
+        opt.zero_grad()
+        m(**batch).loss.backward()
+        opt.step()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), name
+    assert privacy.report().epsilon == report.epsilon
+
+
+def test_empty_poisson_batches_and_the_second_pass(tmp_path):
+    model, ds = tiny_llama(), Padded(12)
+    # q = 0.1 over 12 examples: P(empty batch) = 0.28 per step; seed 0 draws three
+    trainer = DPTrainer(model, targs(tmp_path), train_dataset=ds, strategy=Identity(8),
+                        sampling=PoissonSampling(0.1, 8), noise_multiplier=2.0, delta=1e-5, max_grad_norm=1.0,
+                        seed=0)
+    sizes = [len(b) for b in trainer.privacy.sampler.scheme.batches(12, np.random.default_rng(trainer.privacy.sampler.seed))]
+    assert sizes.count(0) == 3  # the run below meets empty batches
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    assert trainer.privacy.steps_done == 8 and trainer.state.global_step == 8
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # noise reached every weight
+    with pytest.raises(UnsupportedConfigurationError, match="covers no more"):
+        trainer.train()
+
+
+def test_refusals(tmp_path):
+    ds = Padded(12)
+    with pytest.raises(UnsupportedConfigurationError, match="gradient_accumulation_steps=2.*chunk_size"):
+        DPTrainer(tiny_llama(), targs(tmp_path, gradient_accumulation_steps=2), train_dataset=ds, **DP)
+    with pytest.raises(UnsupportedConfigurationError, match="label_smoothing_factor"):
+        DPTrainer(tiny_llama(), targs(tmp_path, label_smoothing_factor=0.1), train_dataset=ds, **DP)
+    with pytest.raises(InvalidParameterError, match="max_steps=5 but the privacy plan covers 6 steps"):
+        DPTrainer(tiny_llama(), targs(tmp_path, max_steps=5), train_dataset=ds, **DP)
+    with pytest.raises(InvalidParameterError, match="train_dataset"):
+        DPTrainer(tiny_llama(), targs(tmp_path), **DP)
+    trainer = DPTrainer(tiny_llama(), targs(tmp_path), train_dataset=ds, **DP)
+    with pytest.raises(UnsupportedConfigurationError, match="save_checkpoint"):
+        trainer.train(resume_from_checkpoint=True)
