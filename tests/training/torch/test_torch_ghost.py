@@ -488,3 +488,35 @@ def test_sparse_embedding_ghost_rule_and_clear_refusal_elsewhere():
     check_equal(model, ce, ids, y, clip=0.3)
     with pytest.raises(UnsupportedConfigurationError, match="sparse=False"):
         PerExampleClipper(model, ce, 1.0)
+
+
+@pytest.mark.parametrize("case", ["tied", "inplace_relu", "positions", "conv"])
+def test_loop_backward_with_detached_parameters_exact(case):
+    """The loop form (``loss.backward()``) runs layers with built-in rules on detached parameters, so
+    autograd forms no batch gradient for them; the clipped sums still equal the definition, and the
+    parameters are whole again after the forward."""
+    if case == "tied":
+        model, loss_fn = TiedLM(40, 16, 0, True), lm_sum
+        x, y = torch.randint(0, 40, (5, 6)), torch.randint(0, 40, (5, 6))
+    elif case == "inplace_relu":
+        model, loss_fn = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(inplace=True),
+                                             torch.nn.Linear(4, 2)), ce
+        x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    elif case == "positions":
+        model, loss_fn = SharedPositions(), lm_sum
+        x, y = torch.randint(0, 7, (4, 5)), torch.randint(0, 7, (4, 5))
+    else:
+        model = torch.nn.Sequential(torch.nn.Conv1d(3, 4, 3), torch.nn.GroupNorm(2, 4), torch.nn.Flatten(),
+                                    torch.nn.Linear(24, 2))
+        loss_fn, x, y = ce, torch.randn(5, 3, 8), torch.randint(0, 2, (5,))
+    g = GhostClipper(model, None, 0.5)
+    loss_fn(model(x), y).backward()
+    sums, norms, backwards = g.collect()
+    assert backwards == 1
+    assert all(p is None or isinstance(p, torch.nn.Parameter) for m in model.modules() for p in m._parameters.values())
+    assert all(p.grad is None for p in model.parameters())  # no batch gradient was formed
+    g.close()
+    want_sums, want_norms = naive(model, loss_fn, x, y, 0.5, g.margin)
+    assert torch.allclose(norms, want_norms, rtol=1e-9) and (norms >= want_norms * (1 - 1e-12)).all()
+    for name, a, b in zip(g.param_names, sums, want_sums):
+        assert torch.allclose(a.double(), b, rtol=1e-8, atol=1e-10), name

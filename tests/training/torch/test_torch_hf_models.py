@@ -197,3 +197,50 @@ def test_make_private_trains_in_the_opacus_loop(kind):
     assert training["ghost_fallback_layers"] == []
     if kind == "lora":
         assert trainable < sum(p.numel() for p in model.parameters()) / 10
+
+
+class OddRMSNorm(torch.nn.Module):
+    """Named like an RMSNorm, computes something else (a mean-centred norm): must go to the fallback."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+
+@pytest.mark.parametrize("family", ["gemma", "qwen2", "odd"])
+def test_rms_norm_like_layers_recognized_by_what_they_compute(family):
+    from tests.training.torch.test_torch_ghost import naive  # noqa: PLC0415
+
+    d = 6
+    if family == "gemma":
+        from transformers.models.gemma.modeling_gemma import GemmaRMSNorm as Norm
+    elif family == "qwen2":
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm as Norm
+    else:
+        Norm = OddRMSNorm
+    torch.manual_seed(0)
+    norm = Norm(d).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(-0.5, 1.5, d))
+    model = torch.nn.Sequential(torch.nn.Linear(3, d).double(), norm, torch.nn.Linear(d, 2).double())
+    x, y = torch.randn(5, 4, 3, dtype=torch.float64), torch.randn(5, 4, 2, dtype=torch.float64)
+
+    def loss(out, target):
+        return ((out - target) ** 2).sum((1, 2)).mean()
+
+    clipper = GhostClipper(model, None, 0.5)
+    loss(model(x), y).backward()
+    sums, norms, _ = clipper.collect()
+    clipper.close()
+    assert clipper.fallback_layers() == (["1"] if family == "odd" else [])
+    want_sums, want_norms = naive(model, loss, x, y, 0.5, clipper.margin)
+    # these classes compute in float32 inside a float64 model, so the gradients reaching the first Linear
+    # carry float32 rounding that differs between the batch and one example (kernel paths): 1e-6, not 1e-12
+    assert torch.allclose(norms, want_norms, rtol=1e-6) and (norms >= want_norms * (1 - 1e-6)).all()
+    for name, s, w in zip(clipper.param_names, sums, want_sums):
+        assert torch.allclose(s.double(), w, rtol=1e-5, atol=1e-9), name

@@ -6,11 +6,17 @@ and output gradients, and the clipped sum by book-keeping, from one forward and 
   (:mod:`~dpmf.training.torch.ghost.registry`), with rules for Linear
   (:mod:`~dpmf.training.torch.ghost.linear`), Conv1d/Conv2d (:mod:`~dpmf.training.torch.ghost.conv`),
   Embedding (:mod:`~dpmf.training.torch.ghost.embedding`), LayerNorm, GroupNorm and RMSNorm
-  (:mod:`~dpmf.training.torch.ghost.normalization`); other layers fall back to per-example gradients of
-  that layer alone (:mod:`~dpmf.training.torch.ghost.fallback`).
+  (:mod:`~dpmf.training.torch.ghost.normalization`), Hugging Face ``Conv1D`` and RMSNorm-like layers
+  (:mod:`~dpmf.training.torch.ghost.hf`); other layers fall back to per-example gradients of
+  that layer alone (:mod:`~dpmf.training.torch.ghost.fallback`);
+* :class:`Factored` / :class:`PerExample` / :func:`from_contributions` -- what a rule returns so that
+  a parameter used by several calls (tied weights, a layer called twice) gets exact cross terms
+  (:mod:`~dpmf.training.torch.ghost.joint`).
 """
 
 from dpmf.training.torch.ghost.clipper import GhostClipper, model_loss
+from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
 from dpmf.training.torch.ghost.registry import GHOST_RULES, LayerCall, LayerGradients, register_ghost_rule, rule_for
 
-__all__ = ["GhostClipper", "GHOST_RULES", "register_ghost_rule", "rule_for", "LayerCall", "LayerGradients", "model_loss"]
+__all__ = ["GhostClipper", "GHOST_RULES", "register_ghost_rule", "rule_for", "LayerCall", "LayerGradients", "model_loss",
+           "Factored", "PerExample", "from_contributions"]

@@ -23,15 +23,33 @@ Two ways to use it: :meth:`GhostClipper.clipped_sum` (``inputs, targets``: it ru
 backward itself) and the loop users already have (``loss = criterion(model(x), y); loss.backward()``)
 followed by :meth:`GhostClipper.collect`, which returns what the backwards since the last call formed.
 
-Refused rather than computed wrong (clear errors): a layer called twice in one forward (shared
-weights), parameters tied between layers, a captured input modified in place before the backward,
-a second backward through the same forward, BatchNorm in training mode, non-finite gradients.
+Shared parameters: a layer called several times in one forward, or a parameter owned by several
+layers (tied input/output embeddings), gets the norm of the *sum* of its contributions, cross terms
+included (:mod:`~dpmf.training.torch.ghost.joint`): every call's contribution from its rule (the
+fallback's per-example gradients for rules that give none), joined per parameter.
+
+Inputs shared by the batch: inside the model's forward, a layer whose main input has a leading
+dimension of 1 while the model's batch is ``B`` (GPT-2's position ids), or an Embedding called on 1-D
+ids of another length than ``B``, runs on that input expanded to ``B`` rows (its output rows are then
+per example; the broadcast that followed is unchanged). 1-D ids as long as the batch are taken as
+per-example ids (a label embedding): pass position ids with a leading batch dimension.
+
+Loop speed: inside the model's forward (and only when this is the model's only clipper), layers with
+built-in rules run on detached copies of their parameters, so the loop's ``backward()`` does not form
+the batch weight gradients that the book-keeping sums replace; ``.grad`` of those parameters stays
+``None`` until ``optimizer.step()`` writes the noisy clipped sum. :meth:`GhostClipper.clipped_sum`
+does not detach (it differentiates with respect to the parameters).
+
+Refused rather than computed wrong (clear errors): a layer whose input has another number of rows
+than the model's batch (naming it), a captured input modified in place before the backward, a second
+backward through the same forward, BatchNorm in training mode, non-finite gradients.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,12 +60,16 @@ from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization
 from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerCall, LayerGradients, call_batch, rule_for
-from dpmf.training.torch.ghost.sequence import F64
+from dpmf.training.torch.ghost.sequence import F64, gram_cache
 
 torch = require_torch()
 
 __all__ = ["GhostClipper", "BatchResult", "model_loss", "split_batch", "batch_size_of"]
 
+
+#: model -> the GhostClippers attached to it: parameters are detached (GhostClipper._detach) only by a
+#: model's only clipper (another one, or an autograd.grad over the parameters, would not see them)
+_ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 #: layers whose forward uses their sub-layers' parameters without calling them (MultiheadAttention
 #: reads ``out_proj.weight`` directly): one unit with all their parameters, through the fallback
@@ -65,6 +87,8 @@ class _Unit:
     index: dict  # local name -> position in GhostClipper.params
     calls: list = field(default_factory=list)  # this forward's calls (several: a layer reused)
     fell_back: bool = False  # a call went to the fallback (the rule declined it)
+    detachable: bool = False  # a built-in rule: the forward may use detached parameters (see _unit_pre_hook)
+    swapped: dict | None = None  # name -> the parameter, while its detached copy is in the module
 
 
 @dataclass
@@ -76,7 +100,7 @@ class BatchResult:
     batch: int
 
 
-def _without_rows(call: LayerCall, bad) -> LayerCall:  # noqa: D103
+def _without_rows(call: LayerCall, bad) -> LayerCall:
     """A copy of ``call`` whose float tensors have the ``bad`` examples' rows set to 0."""
     B = call.batch
 
@@ -152,8 +176,10 @@ class GhostClipper:
 
     Args:
         module: the model. Every sub-module owning trainable parameters is a *layer*: Linear,
-            Conv1d/2d, Embedding, LayerNorm, GroupNorm, RMSNorm have ghost rules; any other uses
-            per-example gradients of that layer only. Inputs must be batch-first.
+            Conv1d/2d, Embedding (also ``sparse=True``), LayerNorm, GroupNorm, RMSNorm, Hugging Face
+            ``Conv1D`` and RMSNorm-like classes have ghost rules; any other uses per-example gradients
+            of that layer only. Layers may share parameters (tied weights) and be called several
+            times. Inputs must be batch-first (inputs shared by the batch are expanded to it).
         loss_fn: ``loss_fn(output, targets) -> scalar`` over the batch (reduced as ``loss_reduction``
             says), ``loss_fn(output)`` when there are no targets, or ``None`` when the model returns
             its loss (used by :meth:`clipped_sum`; the loop mode never calls it).
@@ -183,11 +209,16 @@ class GhostClipper:
         self._error: Exception | None = None
         self._handles = [u.module.register_forward_hook(functools.partial(self._forward_hook, u), with_kwargs=True)
                          for u in self.units]
-        self._handles += [u.module.register_forward_pre_hook(functools.partial(self._expand_pre_hook, u),
+        self._handles += [u.module.register_forward_pre_hook(functools.partial(self._unit_pre_hook, u),
                                                              with_kwargs=True)
                           for u in self.units if not isinstance(u.module, WHOLE_LAYERS)]
+        self._grad_root = None  # a 0-dim leaf that makes a detached layer's output require grad
         self._model_batch: int | None = None
         self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True))
+        self._handles.append(module.register_forward_hook(self._model_post_hook, always_call=True))
+        self._in_model = 0  # inside the model's own forward (nesting depth)
+        self._detach_ok = True
+        _ATTACHED.setdefault(module, weakref.WeakSet()).add(self)
         self._touched: set[int] = set()
         self._units_of: dict[int, list] = {}
         for u in self.units:
@@ -213,7 +244,10 @@ class GhostClipper:
             if any(u.module is m for u in units):
                 continue
             rule = None if whole else rule_for(m)
-            units.append(_Unit(name or type(m).__name__, m, rule, own, {n: position[id(p)] for n, p in own.items()}))
+            unit = _Unit(name or type(m).__name__, m, rule, own, {n: position[id(p)] for n, p in own.items()})
+            unit.detachable = (rule is not None and getattr(rule, "detachable", False)
+                               and all(m._parameters.get(n) is p for n, p in own.items()))
+            units.append(unit)
         return units
 
     def covered_layers(self) -> dict:
@@ -242,6 +276,9 @@ class GhostClipper:
         """A new forward of the whole model: captures that never saw a backward are stale (e.g. an
         evaluation forward with gradients enabled); drop them. Records the batch size of the model's
         input (dim 0 of its first tensor), which every layer's call must share."""
+        for u in self.units:  # a forward that raised inside a layer left its parameters detached
+            self._restore(u)
+        self._in_model += 1
         if not self._capturing():
             return
         tensors = [t for t in flat_tensors((args, kwargs)) if t.ndim >= 1]
@@ -253,14 +290,45 @@ class GhostClipper:
                     _release(c)
                 u.calls = []
 
-    def _expand_pre_hook(self, unit: _Unit, module, args, kwargs):
+    def _model_post_hook(self, module, args, output):
+        self._in_model = max(0, self._in_model - 1)
+
+    def _unit_pre_hook(self, unit: _Unit, module, args, kwargs):
+        """Before a layer's forward inside the model's forward: detach its parameters (:meth:`_detach`),
+        expand an input shared by the batch (:meth:`_expand`)."""
+        if not self._capturing() or not self._in_model:
+            return None
+        if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
+            self._detach(unit)
+        return self._expand(unit, module, args, kwargs)
+
+    def _detach(self, unit: _Unit) -> None:
+        """A layer with a built-in rule runs on *detached* copies of its parameters (same storage), so
+        autograd does not form their (batch) gradients -- one GEMM per layer that ghost mode would
+        discard: the book-keeping sums replace it. The forward hook puts the parameters back; where the
+        layer's input needs no gradient (the first layers), its output is made to require one through
+        a 0-dim zero leaf, so that the backward still reaches it. ``.grad`` of such parameters stays
+        ``None`` after ``backward()``; ``optimizer.step()`` writes the noisy clipped sum there."""
+        unit.swapped = {}
+        for n, p in unit.trainable.items():
+            unit.module._parameters[n] = p.detach()
+            unit.swapped[n] = p
+
+    @staticmethod
+    def _restore(unit: _Unit) -> None:
+        if unit.swapped is not None:
+            for n, p in unit.swapped.items():
+                unit.module._parameters[n] = p
+            unit.swapped = None
+
+    def _expand(self, unit: _Unit, module, args, kwargs):
         """A layer whose main input is shared by the batch (dim 0 of size 1 while the model's batch is
         ``B > 1``, e.g. GPT-2's position ids; or, for an Embedding, 1-D ids of another length than
         ``B``) runs on that input expanded to ``B`` rows: its output then holds one (identical) row per
         example, which the broadcast that followed uses exactly as before, and its gradient arrives per
         example. Without this, the gradient of the shared output would be the sum over the batch."""
         B = self._model_batch
-        if not B or not self._capturing() or type(module) in CALL_BATCH:
+        if not B or type(module) in CALL_BATCH:
             return None  # (a layer with its own batch convention, e.g. time-first recurrent input)
         x = args[0] if args else kwargs.get("input")
         if not isinstance(x, torch.Tensor) or x.ndim == 0 or _wrapped(x):
@@ -277,8 +345,14 @@ class GhostClipper:
         return args, {**kwargs, "input": new}
 
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
+        detached = unit.swapped is not None
+        self._restore(unit)
         if not self._capturing():
             return
+        if detached and isinstance(output, torch.Tensor) and output.is_floating_point() and not output.requires_grad:
+            if self._grad_root is None:
+                self._grad_root = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
+            output = output.detach() + self._grad_root.to(device=output.device)
         if any(m.training for m in self._batchnorms):
             raise UnsupportedConfigurationError(
                 "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
@@ -299,6 +373,7 @@ class GhostClipper:
             if t.requires_grad:
                 t.register_hook(functools.partial(self._grad_hook, unit, call, k))
         unit.calls.append(call)
+        return output if detached else None
 
     def _grad_hook(self, unit, call, k, grad):
         if call.done or call.stale:
@@ -405,7 +480,7 @@ class GhostClipper:
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
         joint: dict[int, list] = {}
-        with self.suspended():
+        with self.suspended(), gram_cache():
             for u, cs in calls:
                 together = len(cs) > 1 or any(k in self._shared for k in u.index.values())
                 for c in cs:
@@ -433,6 +508,14 @@ class GhostClipper:
                 param = self.params[k]
                 layer_grads.append(({"p": k}, LayerGradients(None, functools.partial(_joint_sum, contributions, param))))
         return layer_grads, sq
+
+    @contextlib.contextmanager
+    def _no_detach(self):
+        old, self._detach_ok = self._detach_ok, False
+        try:
+            yield
+        finally:
+            self._detach_ok = old
 
     @contextlib.contextmanager
     def suspended(self):
@@ -483,7 +566,9 @@ class GhostClipper:
 
     def _forward_backward(self, inputs, targets, batch: int) -> BatchResult:
         module = self.module
-        with torch.enable_grad():
+        # autograd.grad(loss, params) runs only the part of the graph that leads to the parameters: no
+        # detached parameters here (the loop's backward() runs all of it)
+        with torch.enable_grad(), self._no_detach():
             out = module(**inputs) if isinstance(inputs, dict) else (
                 module(*inputs) if isinstance(inputs, (tuple, list)) else module(inputs))
             if self.loss_fn is None:
@@ -539,4 +624,7 @@ class GhostClipper:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for u in self.units:
+            self._restore(u)
+        _ATTACHED.get(self.module, weakref.WeakSet()).discard(self)
         self.discard()

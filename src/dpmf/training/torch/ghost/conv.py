@@ -85,3 +85,7 @@ def combine_groups(parts, trainable, module) -> LayerGradients:
         return out
 
     return LayerGradients(sq, weighted_sum)
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+conv_rule.detachable = True

@@ -37,3 +37,7 @@ def embedding_rule(module, call, trainable) -> LayerGradients | None:
     work = torch.promote_types(trainable["weight"].dtype, torch.float32)
     return from_contributions({"weight": Factored(idx, G, rows=module.num_embeddings, keep=keep, work=work)},
                               trainable)
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+embedding_rule.detachable = True

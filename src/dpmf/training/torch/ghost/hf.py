@@ -91,3 +91,8 @@ def rms_norm_like_rule(module, call, trainable):
 
 
 GHOST_MATCHERS.append((is_rms_norm_like, rms_norm_like_rule))
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+hf_conv1d_rule.detachable = True
+rms_norm_like_rule.detachable = True

@@ -28,12 +28,11 @@ Two forms:
   at position ``s`` for the token looked up at ``t``, times the hidden state at ``s`` against the
   embedding's output gradient at ``t``.
 
-Rounding (the norms are upper bounds of the exact norms of the computed ``U``, ``V``): the Gram form is
-taken in the working precision with the error term of
-:mod:`~dpmf.training.torch.ghost.sequence`, for the stacked sequence: ``gamma_m (sum_k s_k)^2`` with
-``s_k = sum_t ||u_t|| ||v_t||`` and ``m = max(R, C) + T^2 + K^2 + 2`` (``T`` all stacked positions, ``K``
-contributions; every block's inner products and sums are among those operations, and the ``K^2`` block
-totals are added in float64), plus an underflow term; float64 if the working precision overflows.
+Rounding (the norms are upper bounds of the exact norms of the computed ``U``, ``V``): the Gram blocks
+are taken in the working precision and contracted in float64, with the error bound of
+:func:`~dpmf.training.torch.ghost.sequence.gram_bound` for the stacked sequence (its ``s``, ``sum ||u||``,
+``sum ||v||`` summed over the contributions; ``T + K`` positions in the float64 term, which also covers
+adding the ``K^2`` block totals); float64 if the working precision overflows.
 When materializing is cheaper (``2 T^2 > R C``) or a contribution is materialized anyway, the summed
 per-example gradient is formed in float64 (products of float32 numbers are exact there; the sums over
 ``T`` err by at most ``gamma_{T+K+2} s``, added to the norm).
@@ -47,7 +46,10 @@ from dpmf.training.torch.ghost.registry import LayerGradients
 from dpmf.training.torch.ghost.sequence import (
     CHUNK_FLOATS,
     F64,
+    contract,
     gamma,
+    gram_bound,
+    row_norm_sums,
     rows_sq_norms,
     sequence_sq_norms,
     sequence_weighted_sum,
@@ -105,13 +107,17 @@ class Factored:
     def T(self) -> int:
         return self.V.shape[1]
 
-    def s(self, work):
-        """``sum_t ||u_t|| ||v_t||`` in ``work``, rounded up (``1 + 2 gamma``): float64 ``(B,)``."""
-        d = max(self.R, self.C) + self.T + 2
-        vn = torch.linalg.vector_norm(self.V.to(work), dim=2)
+    def row_norm_sums(self, work):
+        """``(sum_t ||u_t|| ||v_t||, sum_t ||u_t||, sum_t ||v_t||)`` in ``work``, rounded up: float64 ``(B,)``."""
         if not self.index:
-            vn = vn * torch.linalg.vector_norm(self.U.to(work), dim=2)
-        return vn.sum(1).to(F64) * (1 + 2 * gamma(d, work))
+            return row_norm_sums(self.U, self.V, work, max(self.R, self.C))
+        vn = torch.linalg.vector_norm(self.V.to(work), dim=2).sum(1).to(F64) * (1 + 2 * gamma(self.C + self.T + 2, work))
+        ones = torch.full_like(vn, float(self.T))  # ||e_x|| = 1
+        return vn, ones, vn
+
+    def s(self, work):
+        """``sum_t ||u_t|| ||v_t||`` in ``work``, rounded up: float64 ``(B,)``."""
+        return self.row_norm_sums(work)[0]
 
     def sq_alone(self):
         if not self.index:
@@ -172,17 +178,19 @@ def _gram_joint(fac: list, work):
     B = fac[0].batch
     T = sum(c.T for c in fac)
     K = len(fac)
-    d = max(max(c.R, c.C) for c in fac)
-    n2 = torch.zeros(B, dtype=F64, device=fac[0].V.device)
-    s = torch.zeros(B, dtype=F64, device=fac[0].V.device)
+    R, C = fac[0].R, fac[0].C
+    device = fac[0].V.device
+    z = lambda: torch.zeros(B, dtype=F64, device=device)  # noqa: E731
+    n2, abs_ab, abs_a, abs_b, s, su, sv = z(), z(), z(), z(), z(), z(), z()
     for k, a in enumerate(fac):
-        s += a.s(work)
+        s_k, su_k, sv_k = a.row_norm_sums(work)
+        s, su, sv = s + s_k, su + su_k, sv + sv_k
         for b in fac[k:]:
-            vv = torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2))
-            val = (_u_gram(a, b, work) * vv).sum((1, 2)).to(F64)
-            n2 += val if b is a else 2 * val
-    underflow = (d + T * T + 2) * T * T * torch.finfo(work).smallest_normal
-    return n2.clamp_min(0.0) + gamma(d + T * T + K * K + 2, work) * s * s + underflow
+            twice = 1 if b is a else 2  # the (l, k) block is the transpose of (k, l)
+            parts = contract(_u_gram(a, b, work), torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2)))
+            for total, x in zip((n2, abs_ab, abs_a, abs_b), parts):
+                total += twice * x
+    return gram_bound(n2, abs_ab, abs_a, abs_b, s, su, sv, R, C, T + K, work)
 
 
 def joint_sq_norms(contribs: list):

@@ -52,3 +52,7 @@ def linear_rule(module, call, trainable):
     if "bias" in trainable:
         contributions["bias"] = PerExample(G.to(torch.promote_types(trainable["bias"].dtype, torch.float32)).sum(1))
     return from_contributions(contributions, trainable)
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+linear_rule.detachable = True

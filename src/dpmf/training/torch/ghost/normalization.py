@@ -55,9 +55,8 @@ def layer_norm_rule(module, call, trainable):
     if got is None:
         return None
     xw, gw, dims, summed = got
-    mean = xw.mean(dims, keepdim=True)
-    var = xw.var(dims, unbiased=False, keepdim=True)
-    xhat = (xw - mean) / torch.sqrt(var + module.eps)
+    # the normalized input, as the layer forms it (one fused pass; no affine parameters)
+    xhat = torch.nn.functional.layer_norm(xw, tuple(module.normalized_shape), eps=module.eps)
     return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
 
 
@@ -86,3 +85,10 @@ if hasattr(torch.nn, "RMSNorm"):
         eps = module.eps if module.eps is not None else torch.finfo(call.input.dtype).eps
         xhat = xw / torch.sqrt((xw * xw).mean(dims, keepdim=True) + eps)
         return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
+
+
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+layer_norm_rule.detachable = True
+group_norm_rule.detachable = True
+if hasattr(torch.nn, 'RMSNorm'):
+    rms_norm_rule.detachable = True

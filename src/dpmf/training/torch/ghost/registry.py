@@ -14,6 +14,42 @@ A rule may also return ``None`` for a configuration it does not cover (an ``Embe
 ``max_norm``); the fallback takes that call. It must never return a wrong norm: the norm it reports
 is an upper bound of the exact one for the computed ``A`` and ``G`` (see
 :mod:`~dpmf.training.torch.ghost.sequence` for the rounding argument).
+
+A rule for your own layer: ``y = x * w`` (a learned per-feature scale, ``w`` of shape ``(d,)``) has
+per-example gradient ``sum_t x_{i,t} * g_{i,t}`` over the positions; a small materialized
+:class:`~dpmf.training.torch.ghost.joint.PerExample` contribution is normed in float64 and summed from
+the same tensor (use :class:`~dpmf.training.torch.ghost.joint.Factored` for a matrix-shaped weight whose
+gradient is a sum of outer products, as Linear does). Giving the rule as contributions also lets the
+layer be called twice or share its weight with another layer:
+
+>>> import torch
+>>> from dpmf.training.torch.ghost import GHOST_RULES, GhostClipper, PerExample, from_contributions, register_ghost_rule
+>>> class Scale(torch.nn.Module):
+...     def __init__(self, d):
+...         super().__init__()
+...         self.w = torch.nn.Parameter(torch.linspace(0.5, 2.0, d))
+...     def forward(self, x):
+...         return x * self.w
+>>> @register_ghost_rule(Scale)
+... def scale_rule(module, call, trainable):
+...     x, g = call.input, call.grad_output                       # (B, ..., d) each
+...     per = (x * g).reshape(x.shape[0], -1, x.shape[-1]).sum(1)  # example i's gradient of w: (B, d)
+...     return from_contributions({"w": PerExample(per)}, trainable)
+>>> torch.manual_seed(0) and None
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), Scale(4), torch.nn.Linear(4, 2))
+>>> x, y = torch.randn(6, 5, 3), torch.randn(6, 5, 2)
+>>> loss = lambda out, y: ((out - y) ** 2).sum((1, 2)).mean()
+>>> ghost = GhostClipper(model, loss, max_grad_norm=1.0)
+>>> ghost.covered_layers()
+{'0': 'ghost', '1': 'ghost', '2': 'ghost'}
+>>> with_rule = ghost.clipped_sum(x, y)
+>>> ghost.close()
+>>> del GHOST_RULES[Scale]                                       # the per-example fallback instead
+>>> fallback = GhostClipper(model, loss, max_grad_norm=1.0)
+>>> fallback.covered_layers()["1"]
+'fallback'
+>>> bool(torch.allclose(with_rule.norms, fallback.clipped_sum(x, y).norms, rtol=1e-5))
+True
 """
 
 from __future__ import annotations

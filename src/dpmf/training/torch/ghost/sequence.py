@@ -16,14 +16,19 @@ Rounding (why the returned squares are upper bounds). Let ``s_i = sum_t ||a_{i,t
 bounds ``||G_i^T A_i||_F`` and, entrywise, ``|| |G_i|^T |A_i| ||_F``. With ``gamma_m = m u / (1 - m u)``
 (Higham, Accuracy and Stability, Lemma 3.1; ``u`` the unit roundoff of the arithmetic):
 
-* Gram form, computed in the working precision (float32 for float32 models; float64 if it
-  overflows): every inner product and the ``T^2``-term sum together err by at most
-  ``gamma_{d + T^2 + 2} S_i`` with ``S_i = sum_{s,t} |a_s.a_t| |g_s.g_t| <= s_i^2`` (``d = max(d_in, d_out)``;
-  the bound holds for any summation order, blocked or with FMA); we return
-  ``max(fl(N^2), 0) + gamma s_i^2`` plus ``(d + T^2 + 2) T^2`` times the smallest normal number for
-  underflow. In float32 ``gamma`` is about ``6e-8 (d + T^2)``: for typical sequences the bound exceeds the
-  exact squared norm by well under 1%, so examples near the clip norm are clipped a little harder;
-  where the Gram value cancels it is the (safe) bound that clips.
+* Gram form: the two Gram matrices ``a_{st} = g_s . g_t`` (length ``R = d_out``) and ``b_{st} = a_s . a_t``
+  (length ``C = d_in``) in the working precision (float32 for float32 models; float64 if it overflows),
+  each entry with error ``|e| <= gamma_R ||g_s|| ||g_t|| + R eta`` (resp. ``C``; ``eta`` the smallest normal
+  number, for underflow; any summation order, blocked or with FMA); the ``T^2``-term contraction
+  ``sum a b`` in float64 (products of float32 numbers are exact there), erring by at most
+  ``gamma^{(64)}_{T^2+2} sum |a b|``. Expanding ``a b - a* b*`` with ``sum_{st} ||g_s|| ||g_t|| ||a_s|| ||a_t|| = s_i^2``
+  gives (:func:`gram_bound`) ``N^2 <= max(fl(N^2), 0) + (gamma_R + gamma_C + 3 gamma_R gamma_C) s_i^2 +
+  gamma^{(64)}_{T^2+2} sum|a b| + eta (R sum|b| + C sum|a| + 2 (gamma_R + gamma_C)(R + C)((sum ||g||)^2 +
+  (sum ||a||)^2)) + T^2 R C eta^2``. The ``T^2`` enters only through float64 (an earlier version summed
+  in float32 with ``gamma_{d + T^2 + 2}``: at ``T = 64`` that inflated float32 norms by about 0.5%); in
+  float32 the bound now exceeds the exact squared norm by about ``1.2e-7 max(d_in, d_out) s_i^2``, so
+  examples near the clip norm are clipped a little harder; where the Gram value cancels it is the
+  (safe) bound that clips.
 * Materialized form, ``P_i = fl(G_i^T A_i)`` in the working precision ``u_w`` (float32): each entry errs
   by ``gamma_T (|G_i|^T |A_i|)_{jk}``, so ``||G_i^T A_i|| <= ||P_i|| + gamma_T s_i``; ``||P_i||`` is taken in
   float64. We return ``(||P_i|| + gamma_T s_i)^2``. Here ``s_i`` enters only the error term, so it is
@@ -36,6 +41,8 @@ cancellation is exactly what makes the computed Gram value untrustworthy).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import toward_zero
@@ -65,15 +72,75 @@ def _row_norm_products(A, G):
     return (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)
 
 
+def gram_bound(n2, abs_ab, abs_a, abs_b, s, su, sv, R: int, C: int, T: int, work):
+    """Upper bound of the exact ``sum_{s,t} (u_s . u_t)(v_s . v_t)`` from its computed value (module
+    docstring, "Gram form"): ``n2`` the float64 contraction of the working-precision Grams ``a = (u_s . u_t)``
+    and ``b = (v_s . v_t)``; ``abs_ab``, ``abs_a``, ``abs_b`` the sums of ``|a b|``, ``|a|``, ``|b|``; ``s``,
+    ``su``, ``sv`` upper bounds of ``sum_t ||u_t|| ||v_t||``, ``sum_t ||u_t||``, ``sum_t ||v_t||``; all float64
+    ``(B,)``. ``R``, ``C``: the lengths of the ``u`` and ``v`` rows; ``T``: the positions."""
+    g_r, g_c = gamma(R + 2, work), gamma(C + 2, work)
+    eta = torch.finfo(work).smallest_normal
+    err = (g_r + g_c + 3 * g_r * g_c) * s * s + gamma(T * T + 2, F64) * abs_ab
+    err = err + eta * (R * abs_b + C * abs_a + 2 * (g_r + g_c) * (R + C) * (su * su + sv * sv)) + T * T * R * C * eta * eta
+    return n2.clamp_min(0.0) + err * (1 + 1e-10)  # (1 + 1e-10): the float64 rounding of this bound itself
+
+
+def contract(a, b):
+    """``(sum a b, sum |a b|, sum |a|, sum |b|)`` per example, float64, of two ``(B, T_1, T_2)`` Grams."""
+    a64, b64 = a.to(F64), b.to(F64)
+    ab = a64 * b64
+    return ab.sum((1, 2)), ab.abs().sum((1, 2)), a64.abs().sum((1, 2)), b64.abs().sum((1, 2))
+
+
+def row_norm_sums(U, V, work, d: int):
+    """``(sum_t ||u_t|| ||v_t||, sum_t ||u_t||, sum_t ||v_t||)`` in ``work``, rounded up: float64 ``(B,)``."""
+    T = V.shape[1]
+    un = torch.linalg.vector_norm(U.to(work), dim=2)
+    vn = torch.linalg.vector_norm(V.to(work), dim=2)
+    up = 1 + 2 * gamma(d + T + 2, work)
+    return ((un * vn).sum(1).to(F64) * up, un.sum(1).to(F64) * up, vn.sum(1).to(F64) * up)
+
+
+_GRAMS: dict | None = None  # inside gram_cache(): input Grams by the input's memory
+
+
+@contextlib.contextmanager
+def gram_cache():
+    """Within the block, the Gram ``A Aᵀ`` of an input is formed once for all layers that read the
+    same tensor (a Llama block's q/k/v projections, its gate/up projections). The key is the memory
+    (storage, offset, shape, strides, dtype) and the version counter of the recorded input: every
+    recorded tensor stays alive during the block, so equal keys mean equal values."""
+    global _GRAMS
+    old, _GRAMS = _GRAMS, {}
+    try:
+        yield
+    finally:
+        _GRAMS = old
+
+
+def _input_gram(A, work):
+    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`gram_cache`)."""
+    key = None
+    if _GRAMS is not None and A.device.type != "meta":
+        key = (A.untyped_storage().data_ptr(), A.storage_offset(), tuple(A.shape), tuple(A.stride()), A.dtype,
+               A._version, work)
+        got = _GRAMS.get(key)
+        if got is not None:
+            return got
+    Aw = A.to(work)
+    gram = torch.bmm(Aw, Aw.transpose(1, 2))
+    if key is not None:
+        _GRAMS[key] = gram
+    return gram
+
+
 def _gram_sq_norms(A, G, work):
-    """Gram form in precision ``work`` plus its rounding bound (module docstring)."""
-    T, d = A.shape[1], max(A.shape[2], G.shape[2])
-    Aw, Gw = A.to(work), G.to(work)
-    s = _row_norm_products(Aw, Gw).to(F64) * (1 + 2 * gamma(d + T + 2, work))
-    n2 = (torch.bmm(Aw, Aw.transpose(1, 2)) * torch.bmm(Gw, Gw.transpose(1, 2))).sum((1, 2)).to(F64)
-    # gamma bound for normal numbers, plus every operation's possible underflow (absolute, tiny)
-    underflow = (d + T * T + 2) * T * T * torch.finfo(work).smallest_normal
-    return n2.clamp_min(0.0) + gamma(d + T * T + 2, work) * s * s + underflow
+    """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound."""
+    T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
+    Gw = G.to(work)
+    s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
+    n2, abs_ab, abs_g, abs_a = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
+    return gram_bound(n2, abs_ab, abs_g, abs_a, s, sg, sa, d_out, d_in, T, work)
 
 
 def sequence_sq_norms(A, G, work_dtype=torch.float32):
