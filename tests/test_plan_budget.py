@@ -80,3 +80,20 @@ def test_a_row_that_would_not_fit_in_memory_is_skipped_before_it_is_built(monkey
     (skipped,) = res.cut
     assert skipped.strategy == "optimal-mf" and "15.2 GiB" in skipped.reason and "--force" in skipped.reason
     assert "strategy" not in optimal.__dict__  # never built
+
+
+def test_a_worker_that_dies_is_named_as_cut_not_a_crash_and_not_cached(tmp_path, monkeypatch):
+    """A worker killed from outside (the kernel for memory, a signal) leaves its candidate cut with
+    the reason, no row from it, and nothing cached for it (the next run tries again)."""
+    import os
+    import signal
+
+    from dpmf.planning import budget
+
+    monkeypatch.setattr(budget, "_child", lambda *a: os.kill(os.getpid(), signal.SIGTERM))  # forked: inherited
+    res = plan(RUN, only=picked(), budget=3600, cache=tmp_path)
+    assert [c.strategy for c in res.cut] == ["banded-toeplitz-4"] and "died (exit code -15" in res.cut[0].reason
+    assert {(r.strategy, r.sampling) for r in res} == {("identity", "fixed-order"), ("identity", "poisson")}
+    monkeypatch.undo()
+    again = plan(RUN, only=picked(), budget=3600, cache=tmp_path)
+    assert again.complete and len(again) == 3

@@ -244,7 +244,7 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, don
             cache.put(cands[todo[j]].key(run), row, threshold, budget=budget)
         done(todo[j], row)
     for j, c in cut.items():
-        if cache is not None:
+        if cache is not None and not c.reason:  # a worker that died is not a property of the budget
             cache.put_cut(cands[todo[j]].key(run), c, budget)
         cut_list.append(c)
         bar.update(completed=bar.completed + 1, note=f"{c.strategy} / {c.sampling} (cut by the budget)")

@@ -85,6 +85,7 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
     active: dict[int, tuple] = {}  # i -> (process, start)
     evals: dict[int, list[tuple[float, float]]] = {i: [] for i in pending}
     finished: dict[int, PlanRow] = {}
+    died: dict[int, tuple[int, float]] = {}  # i -> (exit code, seconds) of a worker that died
     try:
         while pending or active:
             while pending and len(active) < max(1, processes) and (deadline is None or time.monotonic() < deadline):
@@ -102,10 +103,10 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
             try:
                 msg = q.get(timeout=1.0 if wait is None else min(wait, 1.0))
             except _queue.Empty:
-                for i, (p, _) in list(active.items()):  # a worker killed from outside (memory)
+                for i, (p, start) in list(active.items()):  # a worker killed from outside (e.g. memory)
                     if not p.is_alive() and p.exitcode not in (0, None):
-                        active.pop(i)
-                        raise RuntimeError(f"the worker calibrating {cands[i].label!r} died (exit code {p.exitcode})")
+                        active.pop(i)  # treated as stopped: only its certified evaluations count
+                        died[i] = (p.exitcode, time.perf_counter() - start)
                 continue
             kind, i = msg[0], msg[1]
             if kind == "eval":
@@ -125,6 +126,7 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
     finally:
         now = time.perf_counter()
         stopped = {i: now - start for i, (p, start) in active.items()}
+        stopped.update({i: seconds for i, (_, seconds) in died.items()})
         for p, _ in active.values():
             p.terminate()
         for p, _ in active.values():
@@ -140,7 +142,10 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
             eps = max(e for t, e in evals[i] if t == s)
             partial[i] = cut_row(cand, run, s, eps, len(evals[i]), seconds)
         else:
-            cut[i] = Cut(cand.label, cand.strategy_name, cand.sampling_name, cand.method, len(evals[i]), seconds)
+            reason = (f"its worker process died (exit code {died[i][0]}, e.g. killed for memory) before it "
+                      "certified a noise" if i in died else "")
+            cut[i] = Cut(cand.label, cand.strategy_name, cand.sampling_name, cand.method, len(evals[i]), seconds,
+                         reason)
     return finished, partial, cut
 
 
