@@ -175,8 +175,9 @@ def test_force_skips_the_estimate(monkeypatch):
 
 
 def _readme_commands() -> list[list[str]]:
-    text = README.read_text()
-    section = text[text.index("## Command line"):]
+    """The ``dpmf`` commands of the README's and the overview page's bash blocks (the README's long
+    command list moved to docs/overview.md)."""
+    section = README.read_text() + (README.parent / "docs" / "overview.md").read_text()
     out = []
     for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():

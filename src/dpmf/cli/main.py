@@ -214,9 +214,8 @@ _Q = typer.Option(
 )
 _EPOCHS = typer.Option(None, "--epochs", help="Epochs for fixed-order / balls-in-bins sampling (must divide --steps).")
 _MIN_SEP = typer.Option(
-    None, "--min-sep", "--cycle-length", help="b: steps between two participations: the cycle length of "
-    "cyclic-poisson (--cycle-length, the library's cycle_length) or the min-sep of b-min-sep (min_sep); either "
-    "spelling is accepted for both."
+    None, "--min-sep", help="b: steps between two participations: the cycle length of cyclic-poisson (the "
+    "library's cycle_length) or the min-sep of b-min-sep (min_sep)."
 )
 _WARM = WARM_START
 _FORCE = typer.Option(

@@ -105,7 +105,7 @@ def build_scheme(
             f"--max-batch-size with --sampling {sampling.value} needs --dataset-size (the number of examples: "
             "the truncation analysis depends on it)")
     if sampling is SamplingName.cyclic_poisson:
-        return CyclicPoissonSampling(q, steps, _need(min_sep, "--cycle-length", sampling), partition=partition, **trunc)
+        return CyclicPoissonSampling(q, steps, _need(min_sep, "--min-sep", sampling), partition=partition, **trunc)
     return PoissonSampling(q, steps, **trunc)
 
 
