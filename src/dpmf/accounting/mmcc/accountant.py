@@ -107,6 +107,7 @@ from dpmf.accounting.report import PrivacyReport
 from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.gaussian_plds import discretization_diagnostics
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
@@ -271,7 +272,7 @@ _KEY_BYTES_BUDGET = 8 * 2**20
 
 def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
     """Reuse keys (units with equal keys have identical PLDs at every sigma) and the total
-    sensitivity of every unit (sigma-free, for :func:`_check_row_grid`).
+    sensitivity of every unit (sigma-free, for :func:`_row_discretization`).
 
     A key is ``(tag, size, SHA-256 of the unit's sorted (value, a, a^2, s) rows)``, about 40 bytes
     whatever the unit's size, so the keys of a dense Toeplitz ``C`` take ``O(n)`` memory, not
@@ -346,34 +347,51 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
     return tuple((first[k], counts[k]) for k in first)
 
 
-#: Bytes per loss-grid point counted by :func:`_check_row_grid` (a low count: one float64 array
+#: Bytes per loss-grid point counted by :func:`_row_discretization` (a low count: one float64 array
 #: and a half; building a row PLD takes several, so only clear cases are refused).
 _GRID_BYTES = 16.0
 
 
-def _check_row_grid(row_sum: float, sigma: float, discretization: float) -> None:
-    """Refuse, before numpy's ``MemoryError``, a row whose PLD loss grid cannot fit in memory.
+def _row_discretization(row_sum: float, sigma: float, discretization: float) -> float:
+    """The loss grid of every row PLD at this noise: ``discretization`` while the widest row's grid
+    fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
+    the rule every PLD accountant follows), never a refusal short of float64's range.
 
-    A row of total sensitivity ``S`` (sum of its entries) spans at least ``20 S / sigma`` in
-    privacy loss when its sensitivity is nearly deterministic (posterior bounds near 1: the loss
-    is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e. ``20 S / (sigma * discretization)`` grid points.
+    Fit test (unchanged from the refusal it replaces): a row of total sensitivity ``S`` (sum of its
+    entries) spans at least ``20 S / sigma`` in privacy loss when its sensitivity is nearly
+    deterministic (posterior bounds near 1: the loss is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e.
+    ``20 S / (sigma * discretization)`` grid points of :data:`_GRID_BYTES` each, against the memory
+    available; and the widest row's grid (both directions' loss levels, about ``2 (u^2 / 2 + 10 u)``
+    for ``u = S / sigma``) must have at most :data:`_MAX_ROW_POINTS` points. When either fails, the
+    coarser grid is sized from that width.
     """
-    from dpmf.resources import available_memory, format_bytes
-
     from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.gaussian_plds import grid_discretization, step_width
+    from dpmf.resources import available_memory
 
-    points = 20.0 * row_sum / (sigma * discretization)
-    need = _GRID_BYTES * points
-    avail = available_memory()
-    if need > avail:
-        smallest = 20.0 * row_sum * _GRID_BYTES / (discretization * avail)  # (where the grid fits)
+    points_budget = available_memory() / _GRID_BYTES
+    fit = 20.0 * row_sum / sigma
+    u = row_sum / sigma
+    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
+    rough = 2.0 * (0.5 * u * u + 10.0 * u)
+    if math.isfinite(fit) and fit / discretization + 1 <= points_budget and rough / discretization + 1 <= _MAX_ROW_POINTS:
+        return discretization
+    width = max(step_width(sigma, 1.0, row_sum), rough)
+    if not math.isfinite(width):
         raise NoiseTooSmallError(
-            f"MMCC needs a dense loss grid of about {points:.3g} points ({format_bytes(need)}) for a row of "
-            f"total sensitivity {row_sum:.6g} at noise multiplier {sigma!r}, more than the "
-            f"{format_bytes(avail)} of memory available; use a larger noise multiplier (>= {smallest:.4g} "
-            f"fits now), fewer steps or a coarser discretization",
-            smallest * (1 + 1e-9),
+            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: the privacy loss of an MMCC row "
+            f"of total sensitivity {row_sum:.6g} leaves float64's range; use a larger noise multiplier",
+            min(1e300, row_sum * 1e-150),
         )
+    if fit / discretization + 1 <= points_budget and width / discretization + 1 <= _MAX_ROW_POINTS:
+        return discretization
+    return grid_discretization(discretization, width, max_points=min(points_budget, _MAX_ROW_POINTS), fit_width=math.inf)
+
+
+#: Most loss-grid points of the widest MMCC row (estimated as the Gaussian of sensitivity its row
+#: sum) at the requested discretization; beyond it the rows are built on a coarser grid. A row of
+#: this many points takes tens of seconds (bsr(32, 4) at sigma 0.1 took over 5 minutes at 1e-4).
+_MAX_ROW_POINTS = 2**22
 
 
 def _structured_row_sum(strategy) -> float | None:
@@ -545,8 +563,7 @@ class MMCCAccountant:
         known = {} if known is None else known
         todo = [k for k in (range(len(groups)) if only is None else sorted(only)) if k not in known]
         reps = [groups[k][0] for k in todo]
-        if reps:
-            _check_row_grid(max(float(analysis.row_sums[u]) for u in reps), sigma, self.discretization)
+        disc = self.discretization_at(sigma)
         ratio = [1.0]
 
         def tasks():
@@ -572,7 +589,7 @@ class MMCCAccountant:
             len(todo),
             sigma,
             self.grid_step,
-            self.discretization,
+            disc,
             merge_budget=self.merge_budget,
             workers=self.workers,
             scheduler=self.scheduler,
@@ -592,7 +609,7 @@ class MMCCAccountant:
             part = pld.self_compose(count)
             total = part if total is None else total.compose(part)
         if total is None and only is None:
-            total = PrivacyLossDistribution.identity(self.discretization)
+            total = PrivacyLossDistribution.identity(disc)
         return total, info, ratio[0]
 
     def _evaluate(
@@ -636,6 +653,14 @@ class MMCCAccountant:
             out["independent_rows_heuristic_epsilon"] = hpld.epsilon(self.delta)
         return out
 
+    def discretization_at(self, noise_multiplier: float) -> float:
+        """The loss grid of the rows at this noise (:func:`_row_discretization` for the widest row of
+        every phase): the requested :attr:`discretization` unless that cannot fit in memory."""
+        widest = max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
+        if widest <= 0:
+            return self.discretization
+        return _row_discretization(widest, noise_multiplier, self.discretization)
+
     def epsilon(self, noise_multiplier: float) -> float:
         """MMCC epsilon at ``noise_multiplier`` (worst phase), without the heuristic."""
         sigma = _v.positive("noise_multiplier", noise_multiplier)
@@ -666,7 +691,8 @@ class MMCCAccountant:
             "delta1": worst["delta1"],
             "delta2": worst["delta2"],
             "grid_step": self.grid_step,
-            "discretization": self.discretization,
+            **discretization_diagnostics(self.discretization, self.discretization_at(sigma),
+                                         "a loss grid per row that fits in the memory available"),
             "merge_budget": self.merge_budget,
             "max_probability_ratio": worst["max_probability_ratio"],
             "rows": self.num_rows,
@@ -859,8 +885,9 @@ def account_mmcc(
     (0.8064, 0.0)
     """
     row_sum = _structured_row_sum(strategy)
-    if row_sum is not None:  # refuse a hopeless run before the sigma-free setup
-        _check_row_grid(row_sum, _v.positive("noise_multiplier", noise_multiplier), _v.positive("discretization", discretization))
+    if row_sum is not None:  # refuse a hopeless run (loss beyond float64) before the sigma-free setup
+        _row_discretization(row_sum, _v.positive("noise_multiplier", noise_multiplier),
+                            _v.positive("discretization", discretization))
     acc = MMCCAccountant(
         strategy,
         scheme,
