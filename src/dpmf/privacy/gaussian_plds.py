@@ -164,7 +164,17 @@ def grid_discretization(discretization: float, width: float, *, max_points: floa
     d = discretization * 2.0**k
     while width / d + 1 > coarse:
         d *= 2.0
+    if d > MAX_DISCRETIZATION:
+        raise ArithmeticError(
+            f"a privacy-loss range of width {width:.3g} needs a grid step of {d:.3g}, above {MAX_DISCRETIZATION:g} "
+            "(dp_accounting's PMFs need exp(discretization) in float64)"
+        )
     return d
+
+
+#: The coarsest loss grid a PLD can have: dp_accounting's connect-the-dots PMFs divide by
+#: ``expm1(discretization)``, which leaves float64's range above 709.
+MAX_DISCRETIZATION = 700.0
 
 
 def step_discretization(discretization: float, components, *, max_points: float | None = None) -> float:
@@ -182,17 +192,50 @@ def step_discretization(discretization: float, components, *, max_points: float 
         u = sens / sigma
         if math.isfinite(u) and _rough_step_width(u) / disc <= limit / 2:
             continue  # (clearly fits at the requested grid: no need for the exact bounds)
-        width = step_width(sigma, q, sens)
-        if not math.isfinite(width):
-            smallest = _smallest_fitting_noise(q, sens, 1.0, 1e300)
+        try:
+            used = max(used, grid_discretization(disc, step_width(sigma, q, sens), max_points=limit))
+        except ArithmeticError:
+            smallest = _smallest_representable_noise(q, sens, disc, limit)
             raise NoiseTooSmallError(
-                f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: the privacy loss of a "
-                f"subsampled Gaussian step (sensitivity {sens:g}, sampling probability {q:g}) leaves float64's "
-                f"range (it grows like (sensitivity / noise)^2 / 2); use noise_multiplier >= {smallest:.4g}",
+                f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: one subsampled Gaussian step "
+                f"(sensitivity {sens:g}, sampling probability {q:g}) spans a privacy-loss range of about "
+                f"(sensitivity / noise)^2 = {u * u:.3g}, which needs a grid step above {MAX_DISCRETIZATION:g} (the "
+                f"coarsest float64 PLDs allow, at {COARSE_STEP_GRID_POINTS:,} points); use noise_multiplier >= "
+                f"{smallest:.4g}",
                 smallest,
-            )
-        used = max(used, grid_discretization(disc, width, max_points=limit))
+            ) from None
     return used
+
+
+def _smallest_representable_noise(q: float, sens: float, disc: float, limit: float) -> float:
+    """The smallest noise multiplier (rounded up to 4 significant digits) for which
+    :func:`step_discretization` finds a grid (bisection in ``log sigma``: the loss range shrinks
+    as the noise grows)."""
+
+    def ok(sigma: float) -> bool:
+        try:
+            grid_discretization(disc, step_width(sigma, q, sens), max_points=limit)
+        except ArithmeticError:
+            return False
+        return True
+
+    hi = sens
+    while not ok(hi):
+        hi *= 2.0
+    lo = hi / 2.0
+    while ok(lo) and lo > 1e-300:
+        hi, lo = lo, lo / 2.0
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    digits = 10 ** (math.floor(math.log10(hi)) - 3)
+    up = math.ceil(hi / digits) * digits
+    return up if ok(up) else hi
 
 
 def discretization_diagnostics(requested: float, used: float, budget: str | None = None) -> dict:

@@ -366,7 +366,8 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float) -> 
     coarser grid is sized from that width.
     """
     from dpmf.errors import NoiseTooSmallError
-    from dpmf.privacy.gaussian_plds import grid_discretization, step_width
+    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, grid_discretization,
+                                            step_width)
     from dpmf.resources import available_memory
 
     points_budget = available_memory() / _GRID_BYTES
@@ -377,15 +378,21 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float) -> 
     if math.isfinite(fit) and fit / discretization + 1 <= points_budget and rough / discretization + 1 <= _MAX_ROW_POINTS:
         return discretization
     width = max(step_width(sigma, 1.0, row_sum), rough)
-    if not math.isfinite(width):
-        raise NoiseTooSmallError(
-            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: the privacy loss of an MMCC row "
-            f"of total sensitivity {row_sum:.6g} leaves float64's range; use a larger noise multiplier",
-            min(1e300, row_sum * 1e-150),
-        )
-    if fit / discretization + 1 <= points_budget and width / discretization + 1 <= _MAX_ROW_POINTS:
+    if math.isfinite(width) and fit / discretization + 1 <= points_budget and width / discretization + 1 <= _MAX_ROW_POINTS:
         return discretization
-    return grid_discretization(discretization, width, max_points=min(points_budget, _MAX_ROW_POINTS), fit_width=math.inf)
+    try:
+        return grid_discretization(discretization, width, max_points=min(points_budget, _MAX_ROW_POINTS),
+                                   fit_width=math.inf)
+    except ArithmeticError:
+        # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
+        smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
+        raise NoiseTooSmallError(
+            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: an MMCC row of total sensitivity "
+            f"{row_sum:.6g} spans a privacy-loss range of about (S / noise)^2 = {u * u:.3g}, which needs a grid step "
+            f"above {MAX_DISCRETIZATION:g} (the coarsest float64 PLDs allow); use a noise multiplier >= "
+            f"{smallest:.4g}",
+            smallest,
+        ) from None
 
 
 #: Most loss-grid points of the widest MMCC row (estimated as the Gaussian of sensitivity its row
