@@ -34,7 +34,12 @@ def _check_landing(name: str, target: float, delta: float) -> float:
     strategy, scheme = _cases()[name]
     cal = dpmf.calibrate(strategy, scheme, target, delta)
     eps = cal.report.epsilon
-    assert (1 - LANDING_TOLERANCE) * target <= eps <= target, (name, target, delta, cal.noise_multiplier, eps)
+    assert eps <= target
+    if eps < (1 - LANDING_TOLERANCE) * target:
+        # allowed only where the accountant itself jumps over the target (allocation_pld at 30, delta
+        # 1e-2: 32.005 at sigma 0.2316, 29.195 at 0.23177): just below the answer it fails
+        below = dpmf.account(strategy, scheme, cal.noise_multiplier * (1 - 1e-3), delta, method=cal.report.method)
+        assert below.epsilon > target, (name, target, delta, cal.noise_multiplier, eps, below.epsilon)
     again = dpmf.account(strategy, scheme, cal.noise_multiplier, delta, method=cal.report.method)
     assert again.epsilon == pytest.approx(eps, rel=1e-9)
     return cal.noise_multiplier

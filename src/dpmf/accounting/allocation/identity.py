@@ -498,7 +498,8 @@ def _auto_discretization(lam: dict, sigma: float, support_size: int) -> float:
     u = np.array([-10.0, s + 10.0])
     span = 0.0
     for w in lam.values():
-        la0 = np.log1p(-np.minimum(w, 1.0))[:, None] + 0.0 * u[None, :]
+        with np.errstate(divide="ignore"):  # (w = 1: log(0) = -inf on purpose; logaddexp takes it)
+            la0 = np.log1p(-np.minimum(w, 1.0))[:, None] + 0.0 * u[None, :]
         la1 = np.log(w)[:, None] - 0.5 * s * s + u[None, :] * s
         lse = np.logaddexp(la0, la1)
         span = max(span, float(np.max(lse[:, 1] - np.maximum(lse[:, 0], -50.0))))
