@@ -94,3 +94,17 @@ def test_paper_001_section_7_4_lands_on_epsilon_10():
     assert 9.9 <= cal.report.epsilon <= 10
     assert 0.5733 <= cal.noise_multiplier / norm <= 0.5760
     assert cal.report.diagnostics["discretization"] > 1e-4 and "discretization_note" in cal.report.diagnostics
+
+
+@pytest.mark.parametrize("target", [1e3, 1e5])
+def test_explicit_mmcc_at_a_huge_target_lands_fast(target):
+    """Issue 40 item 5: ``method="mmcc"`` at a huge target starts from the unamplified bracket (a tiny
+    noise), where each MMCC evaluation took minutes on the 1e-4 grid; its rows now take a coarser grid
+    there (``MMCCAccountant.discretization_at``) and the search lands on the target in seconds."""
+    from dpmf.strategies import BinaryTree
+
+    start = time.process_time()
+    cal = dpmf.calibrate(BinaryTree(16), PoissonSampling(0.05, 16), target, 1e-6, method="mmcc")
+    assert time.process_time() - start < 60
+    assert (1 - LANDING_TOLERANCE) * target <= cal.report.epsilon <= target
+    assert cal.report.diagnostics["discretization"] > 1e-4 and "a finer grid" in cal.report.diagnostics["discretization_note"]
