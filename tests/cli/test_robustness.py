@@ -237,7 +237,7 @@ def test_dense_encoder_too_large_for_memory_is_a_dpmf_error():
     # the API's up-front memory guard (issue 24) refuses first; past it (force=True), MMCC's own
     with pytest.raises(DPMFError, match="refusing to start: .* memory .* force=True"):
         dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc")
-    with pytest.raises(DPMFError, match="MMCC needs a dense"):
+    with pytest.raises(DPMFError, match="MMCC row .* needs a grid step above 700"):
         dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc", force=True)
 
 
