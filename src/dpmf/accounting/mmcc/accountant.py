@@ -249,6 +249,7 @@ class _Analysis:
     heuristic_groups: tuple[tuple[int, int], ...]
     num_units: int
     row_sums: np.ndarray  # total sensitivity of every unit
+    largest_entry: float = 0.0  # largest entry of any unit
 
 
 def _key_bytes(c: np.ndarray, a: np.ndarray, a2: np.ndarray, s: np.ndarray, grid_step: float) -> tuple[str, bytes, bytes]:
@@ -270,7 +271,7 @@ def _key_bytes(c: np.ndarray, a: np.ndarray, a2: np.ndarray, s: np.ndarray, grid
 _KEY_BYTES_BUDGET = 8 * 2**20
 
 
-def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
+def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray, float]:
     """Reuse keys (units with equal keys have identical PLDs at every sigma) and the total
     sensitivity of every unit (sigma-free, for :func:`_row_discretization`).
 
@@ -283,6 +284,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
     keys: list = []
     hkeys: list = []
     row_sums = np.zeros(struct.num_units)
+    largest = [0.0]
     kept: tuple[dict, dict] = ({}, {})
     budget = _KEY_BYTES_BUDGET
     unconfirmed = [False, False]
@@ -292,6 +294,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
             hkeys.append(None)
             continue
         row_sums[u] = float(np.sum(c))
+        largest[0] = max(largest[0], float(np.max(c)))
         tag, full, vals = _key_bytes(c, a, a2, s, grid_step)
         for which, (out, data) in enumerate(((keys, full), (hkeys, vals))):
             k = (tag, c.size, hashlib.sha256(data).digest())
@@ -308,7 +311,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
     for which, ks in ((1, keys), (2, hkeys)):
         if unconfirmed[which - 1]:
             _confirm_groups(struct, ks, which, grid_step)
-    return keys, hkeys, row_sums
+    return keys, hkeys, row_sums, largest[0]
 
 
 def _confirm_groups(struct, ks: list, which: int, grid_step: float) -> None:
@@ -352,7 +355,8 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
 _GRID_BYTES = 16.0
 
 
-def _row_discretization(row_sum: float, sigma: float, discretization: float) -> float:
+def _row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
+                        sampling_prob: float = 1.0) -> float:
     """The loss grid of every row PLD at this noise: ``discretization`` while the widest row's grid
     fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
     the rule every PLD accountant follows), never a refusal short of float64's range.
@@ -361,28 +365,30 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float) -> 
     entries) spans at least ``20 S / sigma`` in privacy loss when its sensitivity is nearly
     deterministic (posterior bounds near 1: the loss is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e.
     ``20 S / (sigma * discretization)`` grid points of :data:`_GRID_BYTES` each, against the memory
-    available; and the widest row's grid (both directions' loss levels, about ``2 (u^2 / 2 + 10 u)``
-    for ``u = S / sigma``) must have at most :data:`_MAX_ROW_POINTS` points. When either fails, the
-    coarser grid is sized from that width.
+    available; and a one-entry row of the largest entry ``entry`` at probability ``sampling_prob``
+    (the subsampled Gaussian) must fit its own point limit (the refusal this replaces). When either
+    fails, the coarser grid is sized from the widest row (both directions' loss levels, about
+    ``2 (u^2 / 2 + 10 u)`` for ``u = S / sigma``).
     """
     from dpmf.errors import NoiseTooSmallError
-    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, grid_discretization,
-                                            step_width)
+    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, MAX_STEP_GRID_POINTS,
+                                            grid_discretization, step_width)
     from dpmf.resources import available_memory
+
+    from dpmf.privacy.gaussian_plds import step_grid_points
 
     points_budget = available_memory() / _GRID_BYTES
     fit = 20.0 * row_sum / sigma
     u = row_sum / sigma
+    # the step rule of a one-entry row (largest entry, probability q): the subsampled Gaussian's limit
+    step_fits = entry is None or step_grid_points(sigma, sampling_prob, entry, discretization=discretization) <= (
+        MAX_STEP_GRID_POINTS)
+    if math.isfinite(fit) and fit / discretization + 1 <= points_budget and step_fits:
+        return discretization
     # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
-    rough = 2.0 * (0.5 * u * u + 10.0 * u)
-    if math.isfinite(fit) and fit / discretization + 1 <= points_budget and rough / discretization + 1 <= _MAX_ROW_POINTS:
-        return discretization
-    width = max(step_width(sigma, 1.0, row_sum), rough)
-    if math.isfinite(width) and fit / discretization + 1 <= points_budget and width / discretization + 1 <= _MAX_ROW_POINTS:
-        return discretization
+    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
     try:
-        return grid_discretization(discretization, width, max_points=min(points_budget, _MAX_ROW_POINTS),
-                                   fit_width=math.inf)
+        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf)
     except ArithmeticError:
         # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
         smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
@@ -395,10 +401,6 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float) -> 
         ) from None
 
 
-#: Most loss-grid points of the widest MMCC row (estimated as the Gaussian of sensitivity its row
-#: sum) at the requested discretization; beyond it the rows are built on a coarser grid. A row of
-#: this many points takes tens of seconds (bsr(32, 4) at sigma 0.1 took over 5 minutes at 1e-4).
-_MAX_ROW_POINTS = 2**22
 
 
 def _structured_row_sum(strategy) -> float | None:
@@ -541,8 +543,8 @@ class MMCCAccountant:
         self.setup_seconds = time.perf_counter() - start
 
     def _analysis(self, label: str, struct: TailBoundStructure) -> _Analysis:
-        keys, hkeys, row_sums = _unit_keys(struct, self.grid_step)
-        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums)
+        keys, hkeys, row_sums, largest = _unit_keys(struct, self.grid_step)
+        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums, largest)
 
     # ------------------------------------------------------------------ evaluation
     def _compose(
@@ -666,7 +668,8 @@ class MMCCAccountant:
         widest = max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
         if widest <= 0:
             return self.discretization
-        return _row_discretization(widest, noise_multiplier, self.discretization)
+        entry = max(a.largest_entry for a in self.analyses)
+        return _row_discretization(widest, noise_multiplier, self.discretization, entry, self.scheme.sampling_prob)
 
     def epsilon(self, noise_multiplier: float) -> float:
         """MMCC epsilon at ``noise_multiplier`` (worst phase), without the heuristic."""
