@@ -93,3 +93,27 @@ def test_bad_options_are_one_line_errors(extra, needles):
         assert res.exit_code == 2 and "Traceback" not in res.output
         return
     _one_line_error(res, *needles)
+
+
+def _audit_lower_bound(sigma: float, extra: list[str]) -> tuple[float, float]:
+    res = invoke(["audit", "--strategy", "identity", "--sampling", "poisson", "--sampling-prob", "0.05", "--steps",
+                  "100", "--noise-multiplier", sigma, "--delta", "1e-5", "--quiet", "--json", *extra])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    return d["epsilon_lower"], d["epsilon_certified"]
+
+
+@pytest.mark.parametrize("sigma", [pytest.param(0.1, marks=pytest.mark.slow), 0.03])
+def test_audit_at_tiny_noise_answers_and_catches_the_run(sigma):
+    """Issue 40 item 3: at sigma 0.1 / 0.03 the account step was refused (the PLD grid floor), so
+    such a run could not be audited; now it is accounted on a coarser grid and the audit's lower
+    bound exceeds what sigma 1 would certify for the same configuration (the run is caught as far
+    less private than a sigma-1 run). A small audit (300 canaries, no reference simulations)."""
+    import dpmf
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    lower, certified = _audit_lower_bound(sigma, ["--canaries", "300", "--reference-trials", "0"])
+    at_one = dpmf.account(Identity(100), PoissonSampling(0.05, 100), 1.0, 1e-5).epsilon  # 3.502
+    assert lower > at_one
+    assert certified > lower

@@ -238,7 +238,7 @@ def test_dense_encoder_too_large_for_memory_is_a_dpmf_error():
     # the API's up-front memory guard (issue 24) refuses first; past it (force=True), MMCC's own
     with pytest.raises(DPMFError, match="refusing to start: .* memory .* force=True"):
         dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc")
-    with pytest.raises(DPMFError, match="MMCC needs a dense"):
+    with pytest.raises(DPMFError, match="MMCC row .* needs a grid step above 700"):
         dpmf.account(BinaryTree(10**6), PoissonSampling(0.01, 10**6), 1.0, 1e-6, method="mmcc", force=True)
 
 
@@ -665,20 +665,23 @@ def test_calibrate_a_huge_epsilon_answers_fast_and_soundly():
     from dpmf.strategies import Identity
 
     res = timed_invoke(["calibrate", "--steps", "1000", "--sampling-prob", "0.01", "--epsilon", "1e6", "--delta",
-                        "1e-6", "--json"], limit=30)
+                        "1e-6", "--json"], limit=60)
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["target_epsilon"] == 1e6 and d["epsilon"] <= 1e6
     # sound: recomputed from scratch at the noise it released, its own method gives epsilon <= target
     again = dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), d["noise_multiplier"], 1e-6, method=d["method"])
     assert again.epsilon <= 1e6
-    assert "pld" in d["diagnostics"]["not_calibrated"]  # (pld cannot evaluate a noise that small)
+    # issue 40 item 2: it lands on the target (was: stopped at the pld grid's floor, far below it), on a
+    # coarser grid that the report names
+    assert d["epsilon"] >= 0.99e6 and d["method"] == "pld"
+    assert d["diagnostics"]["discretization"] > d["diagnostics"]["discretization_requested"] == 1e-4
 
 
 @pytest.fixture
 def small_pld_grid(monkeypatch):
-    """A 4x smaller one-step PLD grid limit (so a search down to it takes seconds); returns the
-    smallest noise the pld accountant then evaluates at q = 0.01."""
+    """A 4x smaller one-step PLD grid limit; returns the smallest noise the pld accountant then
+    evaluates on the requested grid (1e-4) at q = 0.01 (below it, a coarser grid)."""
     from dpmf.privacy import gaussian_plds
 
     monkeypatch.setattr(gaussian_plds, "MAX_STEP_GRID_POINTS", 2**18)
@@ -712,24 +715,24 @@ def test_calibrate_at_a_delta_every_noise_meets_is_refused_at_once(args):
 
 
 @pytest.mark.parametrize("epsilon,delta", [(1e6, 1e-6), (1e3, 0.05)])
-def test_calibration_to_a_huge_target_ends_at_the_smallest_noise_the_accountant_evaluates(small_pld_grid, epsilon,
-                                                                                          delta):
-    from dpmf.errors import NoiseTooSmallError
+def test_calibration_to_a_huge_target_lands_on_it_on_a_coarser_grid(small_pld_grid, epsilon, delta):
+    """Issue 40 items 1-2: below the requested grid's limit the pld accountant accounts on a coarser
+    grid (was: NoiseTooSmallError, and calibration stopped there, far below the target)."""
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import Identity
 
     start = time.perf_counter()
     cal = dpmf.calibrate(Identity(10), PoissonSampling(0.01, 10), epsilon, delta, method="pld")
     assert time.perf_counter() - start < 60
-    assert cal.noise_multiplier == small_pld_grid and cal.evaluations <= 4
-    assert cal.report.epsilon <= epsilon and "smaller noises may meet it too" in cal.report.diagnostics["at_smallest_noise"]
-    with pytest.raises(NoiseTooSmallError):  # it is the edge: just below is not evaluated
-        dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * small_pld_grid, delta, method="pld")
+    assert cal.noise_multiplier < small_pld_grid
+    assert (1 - 1e-3) * epsilon <= cal.report.epsilon <= epsilon
+    assert "at_smallest_noise" not in cal.report.diagnostics
+    assert "a finer grid" in cal.report.diagnostics["discretization_note"]
     res = timed_invoke(["calibrate", "--steps", "10", "--sampling-prob", "0.01", "--epsilon", str(epsilon), "--delta",
                         str(delta), "--method", "pld"])
     assert res.exit_code == 0, res.output
-    assert f"noise multiplier {small_pld_grid:.6g} gives epsilon" in res.stdout
-    assert "note: the pld accountant evaluates no noise below" in res.stdout
+    assert f"noise multiplier {cal.noise_multiplier:.6g} gives epsilon" in res.stdout
+    assert "note: accounted on a coarser privacy-loss grid" in res.stdout
 
 
 def test_calibration_cost_estimate_follows_the_search_and_refuses_over_ten_minutes():
@@ -794,18 +797,19 @@ def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):
     assert dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), 1.0, 1e-6).epsilon == pytest.approx(2.125, abs=1e-3)
 
 
-@pytest.mark.parametrize("sigma", ["1e-300", "1e-10", "1e-2"])
-def test_account_noise_too_small_names_the_valid_range(sigma):
-    """Issue 24 item 3: 1e-300 was a ZeroDivisionError, 1e-2 ran for more than 5 minutes."""
+@pytest.mark.parametrize("sigma", ["1e-300", "1e-10"])
+def test_account_noise_no_grid_represents_names_the_valid_range(sigma):
+    """Issue 24 item 3 (1e-300 was a ZeroDivisionError, 1e-2 ran for more than 5 minutes); issue 40
+    item 1: only a noise no grid can represent (a grid step above 700 at 65,536 points) is refused."""
     from dpmf.errors import NoiseTooSmallError
-    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS, _smallest_fitting_noise
+    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS, _smallest_representable_noise
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import Identity
 
-    edge = _smallest_fitting_noise(0.01, 1.0, 1e-4, MAX_STEP_GRID_POINTS)
+    edge = _smallest_representable_noise(0.01, 1.0, 1e-4, MAX_STEP_GRID_POINTS)
     line = one_line_error(timed_invoke(["account", "--steps", "10", "--sampling-prob", "0.01", "--noise-multiplier",
                                         sigma, "--delta", "1e-6"], limit=30),
-                          f"--noise-multiplier {float(sigma)!r} is too small", "grid",
+                          f"--noise-multiplier {float(sigma)!r} is too small for any privacy-loss grid",
                           f"use --noise-multiplier >= {edge:.4g}")
     assert "Traceback" not in line
     start = time.perf_counter()
@@ -813,21 +817,46 @@ def test_account_noise_too_small_names_the_valid_range(sigma):
         dpmf.account(Identity(10), PoissonSampling(0.01, 10), float(sigma), 1e-6)
     assert time.perf_counter() - start < 30
     assert exc.value.smallest == edge and "\n" not in str(exc.value)
+    at_edge = dpmf.account(Identity(10), PoissonSampling(0.01, 10), edge, 1e-6)  # the edge itself answers
+    assert math.isfinite(at_edge.epsilon) and at_edge.diagnostics["discretization"] <= 700
+    with pytest.raises(NoiseTooSmallError):
+        dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * edge, 1e-6)
 
 
-def test_the_valid_noise_range_is_the_grid_limit_itself(small_pld_grid):
-    """The edge named in the message is evaluated (fast, finite); just below it is refused."""
-    from dpmf.errors import NoiseTooSmallError
+def test_account_at_small_noise_answers_on_a_coarser_grid_and_says_so():
+    """Issue 40 item 1: sigma 0.1 (q = 0.05, 100 steps) was refused ("use >= 0.127"); dp_accounting
+    gives 793.65 (PLD, discretization 1e-2, computed here from dp_accounting alone)."""
+    from dp_accounting import dp_event, pld as dpa_pld
+
+    acc = dpa_pld.PLDAccountant(value_discretization_interval=1e-2)
+    acc.compose(dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(0.1)), 100)
+    peer = acc.get_epsilon(1e-5)
+    res = timed_invoke(["account", "--sampling-prob", "0.05", "--steps", "100", "--noise-multiplier", "0.1",
+                        "--delta", "1e-5", "--json"], limit=60)
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["method"] == "pld" and d["diagnostics"]["discretization"] > 1e-4
+    assert peer * (1 - 1e-3) <= d["epsilon"] <= peer * (1 + 1e-4)  # (a finer grid than the peer's: at most as large)
+    text = timed_invoke(["account", "--sampling-prob", "0.05", "--steps", "100", "--noise-multiplier", "0.1",
+                         "--delta", "1e-5"], limit=60).stdout
+    assert "note: accounted on a coarser privacy-loss grid" in text.replace("\n", " ")
+
+
+def test_the_requested_grid_is_used_up_to_its_limit_and_a_coarser_one_below(small_pld_grid):
+    """The edge of the requested grid is evaluated on it (unchanged numbers); just below, on a
+    power-of-two multiple of it, and the bound there is at least the edge's (monotone, pessimistic)."""
     from dpmf.privacy.gaussian_plds import step_grid_points
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import Identity
 
     assert step_grid_points(small_pld_grid, 0.01) <= 2**18 < step_grid_points(0.99 * small_pld_grid, 0.01)
     at_edge = dpmf.account(Identity(10), PoissonSampling(0.01, 10), small_pld_grid, 1e-6)
-    assert math.isfinite(at_edge.epsilon)
+    assert at_edge.diagnostics["discretization"] == 1e-4 and "discretization_note" not in at_edge.diagnostics
     assert at_edge.epsilon >= dpmf.account(Identity(10), PoissonSampling(0.01, 10), 2 * small_pld_grid, 1e-6).epsilon
-    with pytest.raises(NoiseTooSmallError, match=f"use noise_multiplier >= {small_pld_grid:.4g}"):
-        dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * small_pld_grid, 1e-6)
+    below = dpmf.account(Identity(10), PoissonSampling(0.01, 10), 0.99 * small_pld_grid, 1e-6)
+    ratio = below.diagnostics["discretization"] / 1e-4
+    assert ratio > 1 and ratio == 2 ** round(math.log2(ratio))
+    assert below.epsilon >= at_edge.epsilon
 
 
 def _extreme_cases():

@@ -389,6 +389,13 @@ class Calibration:
     evaluations: int
 
 
+#: A calibration's certified epsilon is within this relative distance below its target, or the
+#: calibration fails (:class:`~dpmf.errors.CalibrationError`): it never returns, as a success, a
+#: noise whose epsilon is far below the target (the searches bracket the noise to ``rel_tol``; only
+#: a search stopped at the smallest noise an accountant represents could end further below).
+LANDING_TOLERANCE = 0.01
+
+
 def calibrate(
     strategy,
     scheme,
@@ -572,10 +579,18 @@ def calibrate(
     if not_calibrated:
         extra["not_calibrated"] = not_calibrated
     if best.report.method in at_floor and best.noise_multiplier == at_floor[best.report.method]:
+        if best.report.epsilon < (1 - LANDING_TOLERANCE) * target:
+            from dpmf.errors import CalibrationError
+
+            raise CalibrationError(
+                f"no accountant can reach target_epsilon={target:g}: the smallest noise any privacy-loss grid "
+                f"represents, noise_multiplier={best.noise_multiplier:.6g}, already gives epsilon "
+                f"{best.report.epsilon:.6g} ({best.report.method}); a target that large needs less noise than "
+                f"dpmf can account for: use target_epsilon <= {best.report.epsilon:.6g} (this noise) or a larger delta"
+            )
         extra["at_smallest_noise"] = (
-            f"the {best.report.method} accountant evaluates no noise below {best.noise_multiplier:.6g} (its "
-            f"privacy-loss grid would not fit), and epsilon there already meets the target: smaller noises may "
-            f"meet it too"
+            f"the {best.report.method} accountant evaluates no noise below {best.noise_multiplier:.6g} (no "
+            f"privacy-loss grid represents a smaller one), and epsilon there meets the target"
         )
     if extra:
         diag = {**best.report.diagnostics, **extra}

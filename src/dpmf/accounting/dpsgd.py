@@ -20,7 +20,7 @@ from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.accounting.truncated import truncation_refusal
-from dpmf.privacy.gaussian_plds import subsampled_gaussian
+from dpmf.privacy.gaussian_plds import discretization_diagnostics, step_discretization, subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
 from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import PoissonSampling
@@ -46,9 +46,13 @@ def dpsgd_epsilon_by_direction(
     *,
     discretization: float = DEFAULT_DISCRETIZATION,
 ) -> dict[str, float]:
-    """Per-direction epsilon of ``steps`` Poisson-subsampled Gaussian steps."""
+    """Per-direction epsilon of ``steps`` Poisson-subsampled Gaussian steps (on the grid
+    :func:`~dpmf.privacy.gaussian_plds.step_discretization` chooses: ``discretization`` where it
+    fits, a coarser one at small noise)."""
     steps = _v.positive_int("steps", steps)
-    pld = subsampled_gaussian(noise_multiplier, sampling_prob, discretization=discretization)
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    disc = step_discretization(discretization, [(sigma, sampling_prob, 1.0)])
+    pld = subsampled_gaussian(sigma, sampling_prob, discretization=disc)
     return pld.self_compose(steps).epsilon_by_direction(delta)
 
 
@@ -61,10 +65,15 @@ def account_dpsgd(
     *,
     discretization: float = DEFAULT_DISCRETIZATION,
 ) -> PrivacyReport:
-    """Report for DP-SGD with Poisson sampling (see module docstring)."""
+    """Report for DP-SGD with Poisson sampling (see module docstring). At a noise whose one-step
+    grid would not fit at ``discretization``, a coarser grid is used
+    (:func:`~dpmf.privacy.gaussian_plds.step_discretization`; ``diagnostics["discretization_note"]``
+    says so)."""
     start = time.perf_counter()
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     steps = _v.positive_int("steps", scheme.steps)
+    requested = _v.positive("discretization", discretization)
+    discretization = step_discretization(requested, [(sigma, scheme.sampling_prob, 1.0)])
     pld = subsampled_gaussian(sigma, scheme.sampling_prob, discretization=discretization).self_compose(steps)
     by_dir = pld.epsilon_by_direction(delta)
     curve = PrivacyCurve.from_pld(
@@ -80,6 +89,6 @@ def account_dpsgd(
         epsilon_by_direction=by_dir,
         strategy=strategy.describe(),
         scheme=scheme.describe(),
-        diagnostics={"discretization": discretization, "seconds": time.perf_counter() - start},
+        diagnostics={**discretization_diagnostics(requested, discretization), "seconds": time.perf_counter() - start},
         curve=curve,
     )

@@ -50,7 +50,7 @@ from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy.gaussian_plds import gaussian, subsampled_gaussian
+from dpmf.privacy.gaussian_plds import discretization_diagnostics, gaussian, step_discretization, subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
 from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
@@ -264,6 +264,16 @@ def truncated_round_pld(
     return _mixture(parts)
 
 
+def round_discretization(noise_multiplier: float, analysis: TruncationAnalysis, discretization: float) -> float:
+    """The grid of :func:`truncated_round_pld` at this noise: ``discretization`` where both of its
+    Gaussian parts fit, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.step_discretization`,
+    the rule every PLD accountant follows)."""
+    parts = [(noise_multiplier, analysis.sampling_prob, analysis.sensitivity)]
+    if analysis.truncation_bound > 0:
+        parts.append((noise_multiplier, 1.0, 3.0 * analysis.sensitivity))
+    return step_discretization(discretization, parts)
+
+
 @guarded(NAME, supports)
 def account_truncated(
     strategy,
@@ -279,6 +289,8 @@ def account_truncated(
     start = time.perf_counter()
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     a = truncation_analysis(strategy, scheme)
+    requested = _v.positive("discretization", discretization)
+    discretization = round_discretization(sigma, a, requested)
     pld = truncated_round_pld(
         sigma, a.sampling_prob, a.truncation_bound, a.sensitivity, discretization=discretization
     ).self_compose(a.rounds)
@@ -298,6 +310,7 @@ def account_truncated(
         epsilon_by_direction=by_dir,
         strategy=strategy.describe(),
         scheme=scheme.describe(),
-        diagnostics={**a.describe(), "discretization": discretization, "seconds": time.perf_counter() - start},
+        diagnostics={**a.describe(), **discretization_diagnostics(requested, discretization),
+                     "seconds": time.perf_counter() - start},
         curve=curve,
     )

@@ -339,6 +339,8 @@ def account(
         out.print(f"  warning: {report.diagnostics['warning']}", highlight=False)
     if report.diagnostics.get("noise_ceiling"):
         out.print(f"  note: {report.diagnostics['noise_ceiling']}", highlight=False)
+    if report.diagnostics.get("discretization_note"):
+        out.print(f"  note: {report.diagnostics['discretization_note']}", highlight=False)
     if plot is not None:
         out.print(plotted, highlight=False, markup=False)
 
@@ -414,6 +416,8 @@ def calibrate(
     out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)
     if cal.report.diagnostics.get("at_smallest_noise"):
         out.print(f"  note: {cal.report.diagnostics['at_smallest_noise']}", highlight=False)
+    if cal.report.diagnostics.get("discretization_note"):
+        out.print(f"  note: {cal.report.diagnostics['discretization_note']}", highlight=False)
 
 
 @app.command()

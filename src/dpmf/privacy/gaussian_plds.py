@@ -37,6 +37,7 @@ def subsampled_gaussian(
     sensitivity: float = 1.0,
     *,
     discretization: float = DEFAULT_DISCRETIZATION,
+    max_points: float | None = None,
 ) -> PrivacyLossDistribution:
     """PLD of one Poisson-subsampled Gaussian step (one DP-SGD step); ``sampling_prob = 1`` is
     the plain Gaussian mechanism.
@@ -46,8 +47,10 @@ def subsampled_gaussian(
     with dp_accounting's closed-form inverse privacy loss.
 
     Valid noise range: a noise multiplier whose one-step loss grid would have more than
-    :data:`MAX_STEP_GRID_POINTS` points raises :class:`~dpmf.errors.NoiseTooSmallError` naming the
-    smallest one that fits (:func:`check_step_grid`); above :func:`saturation_noise` the PLD is
+    ``max_points`` (default :data:`MAX_STEP_GRID_POINTS`) points raises
+    :class:`~dpmf.errors.NoiseTooSmallError` naming the smallest one that fits and the coarser
+    discretization that would (:func:`check_step_grid`; the accountants pick that grid themselves,
+    :func:`step_discretization`); above :func:`saturation_noise` the PLD is
     computed at that noise (more noise is post-processing, so it is still a pessimistic PLD, and
     the whole loss is then far inside one grid step).
     """
@@ -55,7 +58,7 @@ def subsampled_gaussian(
     q = _v.probability("sampling_prob", sampling_prob)
     sens = _v.positive("sensitivity", sensitivity)
     disc = _v.positive("discretization", discretization)
-    check_step_grid(sigma, q, sens, disc)
+    check_step_grid(sigma, q, sens, disc, max_points=max_points)
     sigma = min(sigma, saturation_noise(sens, disc))
     remove = _connect_the_dots_pmf(sigma, q, sens, disc, "remove")
     if q == 1.0:
@@ -95,6 +98,12 @@ def step_grid_points(noise_multiplier: float, sampling_prob: float, sensitivity:
     """Points on the loss grid of one direction of :func:`subsampled_gaussian` (the larger one):
     ``(upper - lower) / discretization + 1`` between dp_accounting's connect-the-dots truncation
     bounds; ``inf`` when the loss leaves float64's range (noise near 1e-154 and below)."""
+    return step_width(noise_multiplier, sampling_prob, sensitivity) / discretization + 1
+
+
+def step_width(noise_multiplier: float, sampling_prob: float, sensitivity: float = 1.0) -> float:
+    """Width of one step's privacy-loss range (the larger direction) between dp_accounting's
+    connect-the-dots truncation bounds; ``inf`` when the loss leaves float64's range."""
     import warnings
 
     import numpy as np
@@ -116,7 +125,133 @@ def step_grid_points(noise_multiplier: float, sampling_prob: float, sensitivity:
             if not math.isfinite(w):
                 return math.inf
             width = max(width, w)
-    return width / discretization + 1
+    return width
+
+
+#: When the requested grid does not fit :data:`MAX_STEP_GRID_POINTS` (or an accountant's own
+#: budget), the coarser grid is chosen so that one step's loss range has at most this many
+#: points: the loss there spans tens to thousands, so a step of 1/65536 of it moves epsilon by a
+#: relative ~1e-5 per composed step at most (measured: paper 001 Sec. 7.4's truncated run, 29
+#: rounds, epsilon 10.0837 at 2e-4 and 8e-4 alike; DP-SGD at sigma 0.1, q 0.05, 100 steps 793.651
+#: at 1e-3 and 1e-2), while one evaluation takes about a second instead of half a minute.
+COARSE_STEP_GRID_POINTS = 2**16
+
+
+def grid_discretization(discretization: float, width: float, *, max_points: float | None = None,
+                        coarse_points: float | None = None, fit_width: float | None = None) -> float:
+    """THE rule every accountant built on the PLD grid follows to choose its discretization.
+
+    ``width`` is the widest loss range one of its PLDs spans before composition (one step, one
+    round, one MMCC row). When ``width / discretization + 1 <= max_points`` (default
+    :data:`MAX_STEP_GRID_POINTS`) the requested ``discretization`` is used (so nothing changes
+    where the finest grid fits); otherwise the smallest ``discretization * 2^k`` with at most
+    ``coarse_points`` (default :data:`COARSE_STEP_GRID_POINTS`, never above ``max_points``)
+    points. Power-of-two multiples keep PLDs on different grids composable exactly
+    (:meth:`~dpmf.privacy.pld.PrivacyLossDistribution.regrid`). A coarser grid is still
+    pessimistic (every loss rounded up): only the tightness changes. A ``width`` that is not
+    finite (the loss leaves float64's range) fits no grid: the caller refuses it
+    (:func:`step_discretization` raises :class:`~dpmf.errors.NoiseTooSmallError`).
+    ``fit_width`` (default ``width``): the width the ``max_points`` test uses, when an accountant's
+    budget was stated for another estimate of it (MMCC's memory rule).
+    """
+    limit = float(MAX_STEP_GRID_POINTS if max_points is None else max_points)
+    coarse = min(float(COARSE_STEP_GRID_POINTS if coarse_points is None else coarse_points), limit)
+    if not math.isfinite(width):
+        raise ArithmeticError(f"a privacy-loss range of width {width!r} fits no grid")
+    if (width if fit_width is None else fit_width) / discretization + 1 <= limit:
+        return discretization
+    k = max(0, math.ceil(math.log2(width / ((coarse - 1) * discretization))))
+    d = discretization * 2.0**k
+    while width / d + 1 > coarse:
+        d *= 2.0
+    if d > MAX_DISCRETIZATION:
+        raise ArithmeticError(
+            f"a privacy-loss range of width {width:.3g} needs a grid step of {d:.3g}, above {MAX_DISCRETIZATION:g} "
+            "(dp_accounting's PMFs need exp(discretization) in float64)"
+        )
+    return d
+
+
+#: The coarsest loss grid a PLD can have: dp_accounting's connect-the-dots PMFs divide by
+#: ``expm1(discretization)``, which leaves float64's range above 709.
+MAX_DISCRETIZATION = 700.0
+
+
+def step_discretization(discretization: float, components, *, max_points: float | None = None) -> float:
+    """:func:`grid_discretization` for PLDs built from subsampled Gaussian steps: ``components`` are
+    ``(noise_multiplier, sampling_prob, sensitivity)`` of every kind of step that will be composed
+    (each must be representable on the grid returned). Raises
+    :class:`~dpmf.errors.NoiseTooSmallError` only for a noise whose loss leaves float64's range
+    (no grid represents it), naming the smallest noise that any grid does."""
+    from dpmf.errors import NoiseTooSmallError
+
+    disc = _v.positive("discretization", discretization)
+    limit = float(MAX_STEP_GRID_POINTS if max_points is None else max_points)
+    used = disc
+    for sigma, q, sens in components:
+        u = sens / sigma
+        if math.isfinite(u) and _rough_step_width(u) / disc <= limit / 2:
+            continue  # (clearly fits at the requested grid: no need for the exact bounds)
+        try:
+            used = max(used, grid_discretization(disc, step_width(sigma, q, sens), max_points=limit))
+        except ArithmeticError:
+            smallest = _smallest_representable_noise(q, sens, disc, limit)
+            raise NoiseTooSmallError(
+                f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: one subsampled Gaussian step "
+                f"(sensitivity {sens:g}, sampling probability {q:g}) spans a privacy-loss range of about "
+                f"(sensitivity / noise)^2 = {u * u:.3g}, which needs a grid step above {MAX_DISCRETIZATION:g} (the "
+                f"coarsest float64 PLDs allow, at {COARSE_STEP_GRID_POINTS:,} points); use noise_multiplier >= "
+                f"{smallest:.4g}",
+                smallest,
+            ) from None
+    return used
+
+
+def _smallest_representable_noise(q: float, sens: float, disc: float, limit: float) -> float:
+    """The smallest noise multiplier (rounded up to 4 significant digits) for which
+    :func:`step_discretization` finds a grid (bisection in ``log sigma``: the loss range shrinks
+    as the noise grows)."""
+
+    def ok(sigma: float) -> bool:
+        try:
+            grid_discretization(disc, step_width(sigma, q, sens), max_points=limit)
+        except ArithmeticError:
+            return False
+        return True
+
+    hi = sens
+    while not ok(hi):
+        hi *= 2.0
+    lo = hi / 2.0
+    while ok(lo) and lo > 1e-300:
+        hi, lo = lo, lo / 2.0
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    digits = 10 ** (math.floor(math.log10(hi)) - 3)
+    up = math.ceil(hi / digits) * digits
+    return up if ok(up) else hi
+
+
+def discretization_diagnostics(requested: float, used: float, budget: str | None = None) -> dict:
+    """The report fields that say which grid was used: ``{"discretization": used}``, plus, when it is
+    coarser than ``requested``, ``discretization_requested`` and a ``discretization_note`` (printed
+    by the CLI) saying that a finer grid could tighten the bound."""
+    out: dict = {"discretization": used}
+    if used != requested:
+        why = budget or f"{MAX_STEP_GRID_POINTS:,} points per step, about half a minute"
+        out["discretization_requested"] = requested
+        out["discretization_note"] = (
+            f"accounted on a coarser privacy-loss grid (discretization {used:g}, not {requested:g}): at this noise "
+            f"the finer grid would not fit the time/memory budget ({why}); every rounding is still upward, so "
+            f"the bound is sound, and a finer grid (more time and memory) could tighten it slightly"
+        )
+    return out
 
 
 def _rough_step_width(u: float) -> float:
@@ -144,12 +279,17 @@ def check_step_grid(noise_multiplier: float, sampling_prob: float, sensitivity: 
         return
     smallest = _smallest_fitting_noise(sampling_prob, sensitivity, discretization, limit)
     need = f"{points:.3g} points" if math.isfinite(points) else "more points than float64 can hold (the loss overflows)"
+    coarser = ""
+    if math.isfinite(points):
+        width = (points - 1) * discretization
+        coarser = f", or discretization={grid_discretization(discretization, width, max_points=limit):g}"
     raise NoiseTooSmallError(
         f"noise_multiplier {noise_multiplier!r} is too small for the PLD of a subsampled Gaussian step "
         f"(sensitivity {sensitivity:g}, sampling probability {sampling_prob:g}): its privacy-loss grid would "
         f"need {need} at discretization {discretization:g} (it grows like (sensitivity / noise)^2 / "
         f"(2 discretization)), more than the {int(limit):,} that can be built and composed in about half a "
-        f"minute; use noise_multiplier >= {smallest:.4g} (or a coarser discretization)",
+        f"minute; use noise_multiplier >= {smallest:.4g}{coarser} (the accountants choose such a coarser "
+        "grid themselves: dpmf.account)",
         smallest,
     )
 

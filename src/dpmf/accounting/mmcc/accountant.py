@@ -107,6 +107,7 @@ from dpmf.accounting.report import PrivacyReport
 from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
+from dpmf.privacy.gaussian_plds import discretization_diagnostics
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
 from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
@@ -248,6 +249,7 @@ class _Analysis:
     heuristic_groups: tuple[tuple[int, int], ...]
     num_units: int
     row_sums: np.ndarray  # total sensitivity of every unit
+    largest_entry: float = 0.0  # largest entry of any unit
 
 
 def _key_bytes(c: np.ndarray, a: np.ndarray, a2: np.ndarray, s: np.ndarray, grid_step: float) -> tuple[str, bytes, bytes]:
@@ -269,9 +271,9 @@ def _key_bytes(c: np.ndarray, a: np.ndarray, a2: np.ndarray, s: np.ndarray, grid
 _KEY_BYTES_BUDGET = 8 * 2**20
 
 
-def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
+def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray, float]:
     """Reuse keys (units with equal keys have identical PLDs at every sigma) and the total
-    sensitivity of every unit (sigma-free, for :func:`_check_row_grid`).
+    sensitivity of every unit (sigma-free, for :func:`_row_discretization`).
 
     A key is ``(tag, size, SHA-256 of the unit's sorted (value, a, a^2, s) rows)``, about 40 bytes
     whatever the unit's size, so the keys of a dense Toeplitz ``C`` take ``O(n)`` memory, not
@@ -282,6 +284,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
     keys: list = []
     hkeys: list = []
     row_sums = np.zeros(struct.num_units)
+    largest = [0.0]
     kept: tuple[dict, dict] = ({}, {})
     budget = _KEY_BYTES_BUDGET
     unconfirmed = [False, False]
@@ -291,6 +294,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
             hkeys.append(None)
             continue
         row_sums[u] = float(np.sum(c))
+        largest[0] = max(largest[0], float(np.max(c)))
         tag, full, vals = _key_bytes(c, a, a2, s, grid_step)
         for which, (out, data) in enumerate(((keys, full), (hkeys, vals))):
             k = (tag, c.size, hashlib.sha256(data).digest())
@@ -307,7 +311,7 @@ def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray]:
     for which, ks in ((1, keys), (2, hkeys)):
         if unconfirmed[which - 1]:
             _confirm_groups(struct, ks, which, grid_step)
-    return keys, hkeys, row_sums
+    return keys, hkeys, row_sums, largest[0]
 
 
 def _confirm_groups(struct, ks: list, which: int, grid_step: float) -> None:
@@ -346,34 +350,57 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
     return tuple((first[k], counts[k]) for k in first)
 
 
-#: Bytes per loss-grid point counted by :func:`_check_row_grid` (a low count: one float64 array
+#: Bytes per loss-grid point counted by :func:`_row_discretization` (a low count: one float64 array
 #: and a half; building a row PLD takes several, so only clear cases are refused).
 _GRID_BYTES = 16.0
 
 
-def _check_row_grid(row_sum: float, sigma: float, discretization: float) -> None:
-    """Refuse, before numpy's ``MemoryError``, a row whose PLD loss grid cannot fit in memory.
+def _row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
+                        sampling_prob: float = 1.0) -> float:
+    """The loss grid of every row PLD at this noise: ``discretization`` while the widest row's grid
+    fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
+    the rule every PLD accountant follows), never a refusal short of float64's range.
 
-    A row of total sensitivity ``S`` (sum of its entries) spans at least ``20 S / sigma`` in
-    privacy loss when its sensitivity is nearly deterministic (posterior bounds near 1: the loss
-    is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e. ``20 S / (sigma * discretization)`` grid points.
+    Fit test (unchanged from the refusal it replaces): a row of total sensitivity ``S`` (sum of its
+    entries) spans at least ``20 S / sigma`` in privacy loss when its sensitivity is nearly
+    deterministic (posterior bounds near 1: the loss is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e.
+    ``20 S / (sigma * discretization)`` grid points of :data:`_GRID_BYTES` each, against the memory
+    available; and a one-entry row of the largest entry ``entry`` at probability ``sampling_prob``
+    (the subsampled Gaussian) must fit its own point limit (the refusal this replaces). When either
+    fails, the coarser grid is sized from the widest row (both directions' loss levels, about
+    ``2 (u^2 / 2 + 10 u)`` for ``u = S / sigma``).
     """
-    from dpmf.resources import available_memory, format_bytes
-
     from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, MAX_STEP_GRID_POINTS,
+                                            grid_discretization, step_width)
+    from dpmf.resources import available_memory
 
-    points = 20.0 * row_sum / (sigma * discretization)
-    need = _GRID_BYTES * points
-    avail = available_memory()
-    if need > avail:
-        smallest = 20.0 * row_sum * _GRID_BYTES / (discretization * avail)  # (where the grid fits)
+    from dpmf.privacy.gaussian_plds import step_grid_points
+
+    points_budget = available_memory() / _GRID_BYTES
+    fit = 20.0 * row_sum / sigma
+    u = row_sum / sigma
+    # the step rule of a one-entry row (largest entry, probability q): the subsampled Gaussian's limit
+    step_fits = entry is None or step_grid_points(sigma, sampling_prob, entry, discretization=discretization) <= (
+        MAX_STEP_GRID_POINTS)
+    if math.isfinite(fit) and fit / discretization + 1 <= points_budget and step_fits:
+        return discretization
+    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
+    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
+    try:
+        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf)
+    except ArithmeticError:
+        # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
+        smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
         raise NoiseTooSmallError(
-            f"MMCC needs a dense loss grid of about {points:.3g} points ({format_bytes(need)}) for a row of "
-            f"total sensitivity {row_sum:.6g} at noise multiplier {sigma!r}, more than the "
-            f"{format_bytes(avail)} of memory available; use a larger noise multiplier (>= {smallest:.4g} "
-            f"fits now), fewer steps or a coarser discretization",
-            smallest * (1 + 1e-9),
-        )
+            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: an MMCC row of total sensitivity "
+            f"{row_sum:.6g} spans a privacy-loss range of about (S / noise)^2 = {u * u:.3g}, which needs a grid step "
+            f"above {MAX_DISCRETIZATION:g} (the coarsest float64 PLDs allow); use a noise multiplier >= "
+            f"{smallest:.4g}",
+            smallest,
+        ) from None
+
+
 
 
 def _structured_row_sum(strategy) -> float | None:
@@ -516,8 +543,8 @@ class MMCCAccountant:
         self.setup_seconds = time.perf_counter() - start
 
     def _analysis(self, label: str, struct: TailBoundStructure) -> _Analysis:
-        keys, hkeys, row_sums = _unit_keys(struct, self.grid_step)
-        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums)
+        keys, hkeys, row_sums, largest = _unit_keys(struct, self.grid_step)
+        return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums, largest)
 
     # ------------------------------------------------------------------ evaluation
     def _compose(
@@ -545,8 +572,7 @@ class MMCCAccountant:
         known = {} if known is None else known
         todo = [k for k in (range(len(groups)) if only is None else sorted(only)) if k not in known]
         reps = [groups[k][0] for k in todo]
-        if reps:
-            _check_row_grid(max(float(analysis.row_sums[u]) for u in reps), sigma, self.discretization)
+        disc = self.discretization_at(sigma)
         ratio = [1.0]
 
         def tasks():
@@ -572,7 +598,7 @@ class MMCCAccountant:
             len(todo),
             sigma,
             self.grid_step,
-            self.discretization,
+            disc,
             merge_budget=self.merge_budget,
             workers=self.workers,
             scheduler=self.scheduler,
@@ -592,7 +618,7 @@ class MMCCAccountant:
             part = pld.self_compose(count)
             total = part if total is None else total.compose(part)
         if total is None and only is None:
-            total = PrivacyLossDistribution.identity(self.discretization)
+            total = PrivacyLossDistribution.identity(disc)
         return total, info, ratio[0]
 
     def _evaluate(
@@ -636,6 +662,15 @@ class MMCCAccountant:
             out["independent_rows_heuristic_epsilon"] = hpld.epsilon(self.delta)
         return out
 
+    def discretization_at(self, noise_multiplier: float) -> float:
+        """The loss grid of the rows at this noise (:func:`_row_discretization` for the widest row of
+        every phase): the requested :attr:`discretization` unless that cannot fit in memory."""
+        widest = max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
+        if widest <= 0:
+            return self.discretization
+        entry = max(a.largest_entry for a in self.analyses)
+        return _row_discretization(widest, noise_multiplier, self.discretization, entry, self.scheme.sampling_prob)
+
     def epsilon(self, noise_multiplier: float) -> float:
         """MMCC epsilon at ``noise_multiplier`` (worst phase), without the heuristic."""
         sigma = _v.positive("noise_multiplier", noise_multiplier)
@@ -666,7 +701,8 @@ class MMCCAccountant:
             "delta1": worst["delta1"],
             "delta2": worst["delta2"],
             "grid_step": self.grid_step,
-            "discretization": self.discretization,
+            **discretization_diagnostics(self.discretization, self.discretization_at(sigma),
+                                         "a loss grid per row that fits in the memory available"),
             "merge_budget": self.merge_budget,
             "max_probability_ratio": worst["max_probability_ratio"],
             "rows": self.num_rows,
@@ -859,8 +895,9 @@ def account_mmcc(
     (0.8064, 0.0)
     """
     row_sum = _structured_row_sum(strategy)
-    if row_sum is not None:  # refuse a hopeless run before the sigma-free setup
-        _check_row_grid(row_sum, _v.positive("noise_multiplier", noise_multiplier), _v.positive("discretization", discretization))
+    if row_sum is not None:  # refuse a hopeless run (loss beyond float64) before the sigma-free setup
+        _row_discretization(row_sum, _v.positive("noise_multiplier", noise_multiplier),
+                            _v.positive("discretization", discretization))
     acc = MMCCAccountant(
         strategy,
         scheme,

@@ -52,7 +52,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from dpmf import progress
-from dpmf.errors import InvalidParameterError
+from dpmf.errors import InvalidParameterError, NoiseTooSmallError
 from dpmf.files import check_output_dir, read_npz, reading, writing
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.mixture import mixture_of_gaussians
@@ -134,7 +134,16 @@ def row_pld(
     if c.size == 0:
         return None
     if c.size == 1:
-        return subsampled_gaussian(noise_multiplier, float(p[0]), float(c[0]), discretization=discretization)
+        try:
+            return subsampled_gaussian(noise_multiplier, float(p[0]), float(c[0]), discretization=discretization)
+        except NoiseTooSmallError:
+            # its one-step grid exceeds the subsampled Gaussian's point limit at this grid (which the
+            # MMCC accountant chose for all rows from memory, ``_row_discretization``): the same pair
+            # as a two-point mixture, whose PLD has no point limit (equally pessimistic)
+            if float(p[0]) >= 1.0:
+                return mixture_of_gaussians(c, np.ones(1), noise_multiplier, discretization=discretization)
+            return mixture_of_gaussians(np.array([0.0, float(c[0])]), np.array([1.0 - float(p[0]), float(p[0])]),
+                                        noise_multiplier, discretization=discretization)
     dist = product_mixture(p, c, grid_step)
     if merge_budget > 0:
         idx, probs = merge_upward(dist.probs, merge_budget)
