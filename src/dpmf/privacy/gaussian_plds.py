@@ -207,6 +207,23 @@ def step_discretization(discretization: float, components, *, max_points: float 
     return used
 
 
+def _bisect_smallest(ok, lo: float, hi: float) -> float:
+    """The smallest ``sigma`` in ``(lo, hi]`` with ``ok(sigma)`` (``ok`` monotone, ``ok(hi)`` true):
+    bisection in ``log sigma`` to 1e-6 relative, then rounded up to 4 significant digits where that
+    still passes (``hi`` otherwise)."""
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    digits = 10 ** (math.floor(math.log10(hi)) - 3)
+    up = math.ceil(hi / digits) * digits
+    return up if ok(up) else hi
+
+
 def _smallest_representable_noise(q: float, sens: float, disc: float, limit: float) -> float:
     """The smallest noise multiplier (rounded up to 4 significant digits) for which
     :func:`step_discretization` finds a grid (bisection in ``log sigma``: the loss range shrinks
@@ -225,17 +242,7 @@ def _smallest_representable_noise(q: float, sens: float, disc: float, limit: flo
     lo = hi / 2.0
     while ok(lo) and lo > 1e-300:
         hi, lo = lo, lo / 2.0
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-6 * hi:
-            break
-    digits = 10 ** (math.floor(math.log10(hi)) - 3)
-    up = math.ceil(hi / digits) * digits
-    return up if ok(up) else hi
+    return _bisect_smallest(ok, lo, hi)
 
 
 def discretization_diagnostics(requested: float, used: float, budget: str | None = None) -> dict:
@@ -308,17 +315,7 @@ def _smallest_fitting_noise(q: float, sens: float, disc: float, limit: float) ->
     lo = hi
     while fits(lo) and lo > 1e-300:
         lo /= 2.0
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-6 * hi:
-            break
-    digits = 10 ** (math.floor(math.log10(hi)) - 3)
-    up = math.ceil(hi / digits) * digits
-    return up if fits(up) else hi
+    return _bisect_smallest(fits, lo, hi)
 
 
 def _connect_the_dots_pmf(sigma: float, q: float, sens: float, disc: float, direction: str):
