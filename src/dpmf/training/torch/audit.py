@@ -2,7 +2,7 @@
 
 :func:`audit_training` trains once (or ``runs`` times) with ``m`` canaries whose coins decide, each
 with probability 1/2, whether the canary is *included*; the attacker scores the canaries without
-the coins, and :mod:`dpmf.privacy.auditing` turns its guesses into an **empirical lower bound** on
+the coins, and :mod:`dpmf.auditing.bounds` turns its guesses into an **empirical lower bound** on
 epsilon (never a certificate), printed next to the run's certified upper bound
 (:class:`~dpmf.auditing.report.AuditReport`).
 
@@ -59,7 +59,7 @@ from dpmf import progress
 from dpmf import validation as _v
 from dpmf.auditing.report import THREAT_MODELS, AuditReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy import auditing as _stats
+from dpmf.auditing import bounds as _stats
 from dpmf.training.plan import ExecutionPlan, build_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.engine import make_private
@@ -363,7 +363,7 @@ def audit_training(
         not a certificate), ``epsilon_certified`` (the plan's report), the gap, the references,
         the statistics and a plot of the attack against the report's trade-off curve.
     """
-    from dpmf.auditing.game import mechanism_audit, preregister, simulate_released
+    from dpmf.auditing.game import ideal_gaussian_reference, mechanism_audit, preregister, simulate_released
     from dpmf.auditing.whitebox import WhiteBoxScorer
 
     start = time.perf_counter()
@@ -516,7 +516,7 @@ def audit_training(
 
     reference = None
     if trials and R == 1:
-        ref = _stats.ideal_gaussian_reference(certified.epsilon, d, m, conf, trials=trials, seed=seed)
+        ref = ideal_gaussian_reference(certified.epsilon, d, m, conf, trials=trials, seed=seed)
         reference = {**ref.to_dict(), "what": "ideal attacker on the Gaussian mechanism with the claimed (epsilon, "
                      "delta), same canaries and confidence (simulated)"}
 
