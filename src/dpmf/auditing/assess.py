@@ -28,7 +28,13 @@ import numpy as np
 
 from dpmf.auditing import bounds
 from dpmf.auditing.config import AuditConfig
-from dpmf.auditing.game import ideal_gaussian_reference, mechanism_audit, preregister, simulate_released
+from dpmf.auditing.game import (
+    ideal_gaussian_reference,
+    mechanism_audit,
+    preregister,
+    simulate_released,
+    substream_seed,
+)
 from dpmf.auditing.report import AuditReport
 from dpmf.auditing.whitebox import WhiteBoxScorer
 
@@ -111,7 +117,7 @@ def many_run_bound(config: AuditConfig, plan, scores: Scores, coins: np.ndarray,
         k = min(num_examples, 400)  # (canaries of one simulated run: only their scores' marginal law matters here)
         sims = [simulate_released(plan.strategy, plan.scheme, plan.noise_multiplier, canaries=k,
                                   num_examples=num_examples,
-                                  seed=int(np.random.SeedSequence([seed, 5, t]).generate_state(1)[0]))
+                                  seed=substream_seed(seed, 5, t))
                 for t in range(max(5, 2000 // k))]
         s_in = np.concatenate([scores.scorer.score(r)[c] for r, c in sims])
         s_out = np.concatenate([scores.scorer.score(r)[~c] for r, c in sims])

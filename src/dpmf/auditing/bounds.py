@@ -117,6 +117,14 @@ def _confidence(confidence) -> float:
     return _v.open_unit("confidence", confidence)
 
 
+def _delta(delta) -> float:
+    """A delta in ``[0, 1)`` (0: the pure-DP claim)."""
+    d = _v.non_negative("delta", delta)
+    if d >= 1:
+        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    return d
+
+
 def _tail(k, r: int, p: float):
     """``P[Binomial(r, p) >= k]`` (1 for ``k <= 0``), vectorized over ``k``."""
     return special.bdtrc(np.asarray(k) - 1, r, p)
@@ -134,9 +142,7 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
     """
     m, r, v = _counts(canaries, guesses, correct)
     eps = _v.non_negative("epsilon", epsilon)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     return _p_value(m, r, v, eps, d)
 
 
@@ -162,9 +168,7 @@ def one_run_epsilon(canaries: int, guesses: int, correct: int, delta: float, con
     3.493
     """
     m, r, v = _counts(canaries, guesses, correct)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     return _epsilon(m, r, v, d, 1.0 - _confidence(confidence))
 
 
@@ -256,8 +260,7 @@ def correct_guesses(scores, included, guesses: Guesses) -> int:
     permutation, never by the coins)."""
     s, c = _scores_and_coins(scores, included)
     g = guesses.check(s.size)
-    sc = c[_ranked(s)]
-    return int(sc[s.size - g.k_in:].sum()) + int((~sc[: g.k_out]).sum())
+    return _right(c[_ranked(s)], g)
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,13 @@ def _ranked(scores: np.ndarray) -> np.ndarray:
     return np.lexsort((tie, scores))
 
 
+def _right(ranked_coins: np.ndarray, g: Guesses) -> int:
+    """Right guesses of ``g`` given the coins ordered from the lowest score to the highest: the
+    ``k_in`` highest included, the ``k_out`` lowest left out."""
+    m = ranked_coins.size
+    return int(ranked_coins[m - g.k_in:].sum()) + int((~ranked_coins[: g.k_out]).sum())
+
+
 def audit_one_run(scores, included, delta: float, confidence: float = 0.95, *,
                   guesses=None, weights=None, grid=None) -> OneRunResult:
     """The one-run theorem's empirical lower bound from canary scores and their coins.
@@ -369,9 +379,7 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
     if not tests:
         raise InvalidParameterError("tests must not be empty")
     c = np.asarray(included)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     conf = _confidence(confidence)
     w = np.asarray([t[2] for t in tests], dtype=np.float64)
     if not np.all(np.isfinite(w)) or np.any(w <= 0) or w.sum() > 1 + 1e-12:
@@ -385,8 +393,7 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
         if not isinstance(g, Guesses):
             raise InvalidParameterError(f"each test needs a Guesses, got {type(g).__name__}")
         g.check(m)
-        sc = coins[_ranked(s)]
-        v = int(sc[m - g.k_in:].sum()) + int((~sc[: g.k_out]).sum())
+        v = _right(coins[_ranked(s)], g)
         e = _epsilon(m, g.total, v, d, beta * float(wi))
         details.append((label, g.k_in, g.k_out, v, float(wi), e))
         if best is None or e > best[0]:

@@ -45,7 +45,7 @@ from dpmf.errors import InvalidParameterError
 from dpmf.privacy.gdp import gdp_mu
 
 __all__ = ["simulate_released", "WhiteBoxTests", "preregister", "mechanism_audit", "TEST_WEIGHTS", "GaussianReference",
-           "gaussian_game", "ideal_gaussian_reference"]
+           "gaussian_game", "ideal_gaussian_reference", "substream_seed"]
 
 #: Shares of the level ``1 - confidence``: the claim-optimal test, then each gross-fault test.
 TEST_WEIGHTS = (0.8, 0.05)
@@ -95,7 +95,9 @@ class WhiteBoxTests:
                 f"level on the claim-optimal one, {TEST_WEIGHTS[1]:.0%} on each gross-fault one)")
 
 
-def _seed(*parts) -> int:
+def substream_seed(*parts) -> int:
+    """An integer seed of its own for the stream ``parts`` (e.g. ``(seed, 5, trial)``) of an audit's
+    seed: the coins, the sampler, the noise and every simulation draw from independent streams."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
@@ -108,7 +110,7 @@ def preregister(scorer: WhiteBoxScorer, *, canaries: int, delta: float, confiden
 
     def simulate(t: int):
         rel, c = simulate_released(scorer.strategy, scorer.scheme, scorer.sigma, canaries=m,
-                                   num_examples=scorer.num_examples, seed=_seed(seed, 5, t))
+                                   num_examples=scorer.num_examples, seed=substream_seed(seed, 5, t))
         return scorer.score(rel), c
 
     g = bounds.choose_guesses(simulate, m, delta, confidence, trials=trials)
@@ -127,7 +129,7 @@ def mechanism_audit(strategy, scheme, noise_multiplier: float, delta: float, *, 
     tests = tests or preregister(scorer, canaries=canaries, delta=delta, confidence=confidence, seed=seed)
     sigma = noise_multiplier if released_noise_multiplier is None else released_noise_multiplier
     released, coins = simulate_released(strategy, scheme, sigma, canaries=canaries, num_examples=num_examples,
-                                        seed=_seed(seed, 6))
+                                        seed=substream_seed(seed, 6))
     return tests.audit(scorer.scores(released), coins, delta, confidence)
 
 

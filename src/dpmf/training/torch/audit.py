@@ -61,6 +61,7 @@ from dpmf import progress
 from dpmf import validation as _v
 from dpmf.auditing.assess import Released, assess
 from dpmf.auditing.config import DEFAULT_REAL_EXAMPLES, AuditConfig
+from dpmf.auditing.game import substream_seed
 from dpmf.auditing.report import AuditReport
 from dpmf.errors import InvalidParameterError
 from dpmf.training.plan import ExecutionPlan, build_plan
@@ -368,8 +369,7 @@ def _train(config: AuditConfig, task: _Task, plan: ExecutionPlan | None, steps: 
         for r in range(config.runs):
             coins = coin_rng.random(config.per_run) < 0.5
             module, opt = task.make(r)
-            seed = int(np.random.SeedSequence([config.seed, 2, r]).generate_state(1)[0])
-            run = _train_once(config, task, plan, module, opt, coins, seed, step_done)
+            run = _train_once(config, task, plan, module, opt, coins, substream_seed(config.seed, 2, r), step_done)
             runs.append(run)
             plan = run.plan
     return runs
