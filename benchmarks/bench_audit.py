@@ -152,7 +152,7 @@ def _jax_case():
         from jax_privacy import auditing as jpa  # noqa: F401
     except ImportError:
         return []
-    from dpmf.privacy.auditing import one_run_epsilon
+    from dpmf.auditing.bounds import one_run_epsilon
 
     counts = [(1000, 100, 90), (1000, 200, 150), (10000, 1000, 700), (500, 60, 60)]
 

@@ -6,7 +6,7 @@ training code, the accountant, or the configuration), and it can say how much of
 attacker could actually demonstrate. It can never say **yes**: a small lower bound means this
 attack found little, not that the run is private -- the certified upper bound (``dpmf.account``)
 is the only guarantee. Every number a user sees is labelled accordingly
-(:data:`~dpmf.privacy.auditing.LOWER_BOUND_LABEL`).
+(:data:`~dpmf.auditing.bounds.LOWER_BOUND_LABEL`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from dpmf.privacy.auditing import LOWER_BOUND_LABEL
+from dpmf.auditing.bounds import LOWER_BOUND_LABEL
 
 __all__ = ["AuditReport", "THREAT_MODELS"]
 

@@ -139,6 +139,27 @@ def _log1p_mix(q: float, ell: np.ndarray) -> np.ndarray:
     return np.logaddexp(math.log1p(-q), math.log(q) + ell)
 
 
+def _log_mixture(log_terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``log sum_k weights[k] exp(log_terms[k])`` over the first axis (a weight 0 drops its term)."""
+    with np.errstate(divide="ignore"):
+        return special.logsumexp(log_terms + np.log(weights)[:, None], axis=0)
+
+
+def _availability_start(scheme) -> np.ndarray:
+    """The law of b-min-sep's availability chain at the first step (state ``k``: steps until the
+    example is available again): all mass on "available" for a cold start, the chain's
+    stationary law for a warm start (``1 / (1 + (b - 1) p)`` available, ``p / (1 + (b - 1) p)``
+    in each barred state)."""
+    b, p = scheme.min_sep, scheme.sampling_prob
+    out = np.zeros(b)
+    if scheme.warm_start and b > 1:
+        out[:] = p / (1 + (b - 1) * p)
+        out[0] = 1.0 / (1 + (b - 1) * p)
+    else:
+        out[0] = 1.0
+    return out
+
+
 class WhiteBoxScorer:
     """Log-likelihood-ratio scores of canaries from their released noisy gradient sums (module
     docstring): ``score(released)`` for ``released`` of shape ``(n, m)`` in clip-norm units;
@@ -291,8 +312,7 @@ class WhiteBoxScorer:
             w = np.diff(bounds) / self.num_examples
         else:
             w = np.full(b, 1.0 / b)
-        with np.errstate(divide="ignore"):
-            return special.logsumexp(a + np.log(w)[:, None], axis=0)
+        return _log_mixture(a, w)
 
     def _poisson(self, ell: np.ndarray) -> np.ndarray:
         return _log1p_mix(self.scheme.sampling_prob, ell).sum(axis=0)
@@ -307,8 +327,7 @@ class WhiteBoxScorer:
             w = sizes / self.num_examples
         else:
             w = np.full(b, 1.0 / b)
-        with np.errstate(divide="ignore"):
-            return special.logsumexp(groups + np.log(w)[:, None], axis=0)
+        return _log_mixture(groups, w)
 
     def _min_sep(self, ell: np.ndarray) -> np.ndarray:
         s = self.scheme
@@ -318,14 +337,8 @@ class WhiteBoxScorer:
             return _log1p_mix(p, ell).sum(axis=0)
         # alpha[k]: log P(observations so far, chain in state k) relative to "zeroed out";
         # state k = steps until the example is available again (the sampler's `barred`)
-        if s.warm_start:
-            init = np.full(b, p / (1 + (b - 1) * p))
-            init[0] = 1.0 / (1 + (b - 1) * p)
-        else:
-            init = np.zeros(b)
-            init[0] = 1.0
         with np.errstate(divide="ignore"):
-            alpha = np.repeat(np.log(init)[:, None], m, axis=1)
+            alpha = np.repeat(np.log(_availability_start(s))[:, None], m, axis=1)
             log_p, log_q = math.log(p), (math.log1p(-p) if p < 1 else -math.inf)
             for t in range(self.n):
                 new = np.empty_like(alpha)
@@ -357,12 +370,7 @@ class WhiteBoxScorer:
             return np.full(n, 1.0 / s.steps_per_epoch)
         if isinstance(s, MinSepSampling):
             b, p = s.min_sep, s.sampling_prob
-            state = np.zeros(b)
-            if s.warm_start and b > 1:
-                state[:] = p / (1 + (b - 1) * p)
-                state[0] = 1.0 / (1 + (b - 1) * p)
-            else:
-                state[0] = 1.0
+            state = _availability_start(s)
             out = np.empty(n)
             for t in range(n):
                 out[t] = state[0] * p

@@ -4,7 +4,8 @@ The command takes ``dpmf account``'s options (the same option objects and the sa
 sampler parsing: :func:`register` receives them from :mod:`dpmf.cli.main`, which registers the
 command) plus the audit's own: ``--canaries``, ``--threat``, ``--runs``, ``--seed``,
 ``--confidence``, ``--examples``, ``--reference-trials``, ``--plot``. The library does the work
-(:func:`dpmf.training.torch.audit.audit_training`, on the built-in model; needs torch).
+(:func:`dpmf.training.torch.audit.audit_training`, on the built-in model; needs torch): the options
+are parsed into one :class:`~dpmf.auditing.config.AuditConfig`.
 
 Everything printed labels the audit's number as an **empirical lower bound** (not a certificate);
 the certified upper bound of the same configuration is printed next to it.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import typer
@@ -40,7 +42,11 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
     missing = [k for k in SHARED if k not in options]
     if missing:
         raise TypeError(f"register needs the options {missing}")
-    o = options
+    app.command("audit")(_command(options, build))
+
+
+def _command(o: dict, build: Callable) -> Callable:
+    """The ``dpmf audit`` command, its options' defaults taken from ``o`` (``dpmf account``'s)."""
 
     def audit(
         strategy: str = o["strategy"],
@@ -96,70 +102,104 @@ def register(app: typer.Typer, *, options: dict, build: Callable) -> None:
         Example: dpmf audit --strategy identity --sampling poisson --sampling-prob 0.1 --steps 64
         --epsilon 2 --delta 1e-5 --canaries 1000
         """
-        from dpmf import validation as _v
-        from dpmf.errors import InvalidParameterError
-
+        a = SimpleNamespace(**locals())
         with cli_errors():
-            _v.open_unit("delta", delta)
-            if (noise_multiplier is None) == (epsilon is None):
-                raise InvalidParameterError("give exactly one of --noise-multiplier and --epsilon")
-            if noise_multiplier is not None:
-                _v.positive("noise_multiplier", noise_multiplier)
-            else:
-                _v.positive("target_epsilon", epsilon)
-            if canaries is None:
-                canaries = runs if runs > 1 else 1000
-            # (the audit's own options are checked here, under the names the user typed)
-            _v.positive("--clip-norm", clip_norm)
-            for flag, value in (("--canaries", canaries), ("--runs", runs)) + ((("--examples", examples),) if
-                                                                               examples is not None else ()):
-                _v.positive_int(flag, value)
-            _v.open_unit("--confidence", confidence)
-            if seed < 0:
-                raise InvalidParameterError(f"--seed must be an integer >= 0, got {seed}")
-            if reference_trials < 0:
-                raise InvalidParameterError(f"--reference-trials must be an integer >= 0, got {reference_trials}")
-            if plot:
-                from dpmf.files import check_output_file
-
-                check_output_file(plot, "--plot", plot=True)  # before the training
-            strat, scheme = build(
-                strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
-                warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
-                num_selected=num_selected, fresh_slots=fresh_slots,
-            )
-            real = examples
-            if dataset_size is not None:
-                if examples is not None and examples + (1 if runs > 1 else canaries) != dataset_size:
-                    raise InvalidParameterError("--dataset-size must equal --examples plus the canaries")
-                real = dataset_size - (1 if runs > 1 else canaries)
-                if real < 1:
-                    raise InvalidParameterError("--dataset-size must exceed the number of canaries (it counts both)")
-            try:
-                from dpmf.training.torch.audit import audit_training
-            except ImportError as exc:
-                raise InvalidParameterError(f"dpmf audit trains a model and needs torch: {exc}") from None
-            try:
-                with cli_progress(quiet):
-                    report = audit_training(
-                        strategy=strat, sampling=scheme, delta=delta, noise_multiplier=noise_multiplier,
-                        target_epsilon=epsilon, max_grad_norm=clip_norm, accountant=method.value, canaries=canaries,
-                        threat=threat.value, seed=seed, confidence=confidence, runs=runs, num_examples=real,
-                        reference_trials=reference_trials,
-                    )
-            except KeyboardInterrupt:
-                err.print("interrupted", highlight=False)
-                raise typer.Exit(code=130)
+            config = _config(a, build)
+            report = _run(config, quiet)
             if plot:
                 report.plot(plot)
-        if as_json:
-            payload = report.to_dict()
-            if plot:
-                payload["plot"] = str(plot)
-            out.print_json(json.dumps(payload))
-            return
-        out.print(report.summary(), highlight=False, markup=False)
-        if plot:
-            out.print(f"plot written to {plot}", highlight=False, markup=False)
+        _show(report, as_json, plot)
 
-    app.command("audit")(audit)
+    return audit
+
+
+def _check(a: SimpleNamespace) -> int:
+    """The audit's own options, checked under the names the user typed; the number of canaries
+    (default: one per run with ``--runs R > 1``, else 1000)."""
+    from dpmf import validation as _v
+    from dpmf.errors import InvalidParameterError
+
+    _v.open_unit("delta", a.delta)
+    if (a.noise_multiplier is None) == (a.epsilon is None):
+        raise InvalidParameterError("give exactly one of --noise-multiplier and --epsilon")
+    if a.noise_multiplier is not None:
+        _v.positive("noise_multiplier", a.noise_multiplier)
+    else:
+        _v.positive("target_epsilon", a.epsilon)
+    canaries = a.canaries if a.canaries is not None else (a.runs if a.runs > 1 else 1000)
+    _v.positive("--clip-norm", a.clip_norm)
+    for flag, value in (("--canaries", canaries), ("--runs", a.runs)) + ((("--examples", a.examples),) if
+                                                                       a.examples is not None else ()):
+        _v.positive_int(flag, value)
+    _v.open_unit("--confidence", a.confidence)
+    if a.seed < 0:
+        raise InvalidParameterError(f"--seed must be an integer >= 0, got {a.seed}")
+    if a.reference_trials < 0:
+        raise InvalidParameterError(f"--reference-trials must be an integer >= 0, got {a.reference_trials}")
+    if a.plot:
+        from dpmf.files import check_output_file
+
+        check_output_file(a.plot, "--plot", plot=True)  # before the training
+    return canaries
+
+
+def _real_examples(a: SimpleNamespace, canaries: int) -> int | None:
+    """Real examples of the built-in task: ``--examples``, or ``--dataset-size`` less the canaries."""
+    from dpmf.errors import InvalidParameterError
+
+    if a.dataset_size is None:
+        return a.examples
+    per_run = 1 if a.runs > 1 else canaries
+    if a.examples is not None and a.examples + per_run != a.dataset_size:
+        raise InvalidParameterError("--dataset-size must equal --examples plus the canaries")
+    real = a.dataset_size - per_run
+    if real < 1:
+        raise InvalidParameterError("--dataset-size must exceed the number of canaries (it counts both)")
+    return real
+
+
+def _config(a: SimpleNamespace, build: Callable):
+    """The parsed options as one :class:`~dpmf.auditing.config.AuditConfig` (strategy and scheme by
+    ``dpmf account``'s builder)."""
+    from dpmf.auditing.config import AuditConfig
+
+    canaries = _check(a)
+    strategy, scheme = build(
+        a.strategy, a.sampling, a.steps, a.bands, a.force, sampling_prob=a.sampling_prob, epochs=a.epochs,
+        min_sep=a.min_sep, warm_start=a.warm_start, max_batch_size=a.max_batch_size, dataset_size=a.dataset_size,
+        num_selected=a.num_selected, fresh_slots=a.fresh_slots,
+    )
+    return AuditConfig(
+        strategy=strategy, sampling=scheme, delta=a.delta, noise_multiplier=a.noise_multiplier,
+        target_epsilon=a.epsilon, max_grad_norm=a.clip_norm, accountant=a.method.value, canaries=canaries,
+        threat=a.threat.value, seed=a.seed, confidence=a.confidence, runs=a.runs,
+        num_examples=_real_examples(a, canaries), reference_trials=a.reference_trials,
+    )
+
+
+def _run(config, quiet: bool):
+    """The audit (needs torch), with progress on stderr; Ctrl-C exits 130."""
+    from dpmf.errors import InvalidParameterError
+
+    try:
+        from dpmf.training.torch.audit import audit_training
+    except ImportError as exc:
+        raise InvalidParameterError(f"dpmf audit trains a model and needs torch: {exc}") from None
+    try:
+        with cli_progress(quiet):
+            return audit_training(config)
+    except KeyboardInterrupt:
+        err.print("interrupted", highlight=False)
+        raise typer.Exit(code=130)
+
+
+def _show(report, as_json: bool, plot: Optional[str]) -> None:
+    if as_json:
+        payload = report.to_dict()
+        if plot:
+            payload["plot"] = str(plot)
+        out.print_json(json.dumps(payload))
+        return
+    out.print(report.summary(), highlight=False, markup=False)
+    if plot:
+        out.print(f"plot written to {plot}", highlight=False, markup=False)

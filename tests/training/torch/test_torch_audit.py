@@ -30,7 +30,7 @@ from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, FixedOrder
 from dpmf.strategies import Identity, catalog  # noqa: E402
 from dpmf.training.plan import build_plan, expected_batch_size  # noqa: E402
 from dpmf.training.torch import engine, grad_sample  # noqa: E402
-from dpmf.training.torch.audit import audit_training, builtin_task  # noqa: E402
+from dpmf.training.torch.audit import AuditConfig, audit_training, builtin_task  # noqa: E402
 
 REAL, M = 100, 300
 
@@ -154,6 +154,10 @@ def test_the_audit_is_reproducible_and_does_not_depend_on_the_clip_norm():
 
     a, b = (_audit(plan(1.0), seed=3, m=60, real=30) for _ in range(2))
     assert a.epsilon_lower == b.epsilon_lower and a.statistics == b.statistics and a.roc == b.roc
+    # the same audit from its configuration object, with a field replaced by a keyword
+    config = AuditConfig(plan=plan(1.0), canaries=60, seed=0, num_examples=30, reference_trials=0)
+    c = audit_training(config, seed=3)
+    assert c.epsilon_lower == a.epsilon_lower and c.statistics == a.statistics and c.roc == a.roc
     for clip in (0.01, 300.0):
         c = _audit(plan(clip), seed=3, m=60, real=30)
         assert c.statistics["correct"] == a.statistics["correct"] and c.epsilon_lower == pytest.approx(a.epsilon_lower)
@@ -235,6 +239,8 @@ def test_many_run_mode_on_a_tiny_model():
     dict(num_examples=REAL + 1),             # the plan was built for REAL + M examples
     dict(noise_multiplier=1.0),              # conflicts with plan=
     dict(dataset=[(torch.zeros(2), 0)]),     # a dataset without the model
+    dict(model=torch.nn.Linear(2, 2), dataset=[(torch.zeros(2), 0)], loss_fn=torch.nn.functional.cross_entropy),
+                                             # a model without its optimizer
 ])
 def test_bad_input_is_a_dpmf_error(fast_plans, kwargs):
     kw = dict(plan=fast_plans["DP-SGD"], canaries=M, num_examples=REAL, reference_trials=0)

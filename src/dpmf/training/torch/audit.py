@@ -2,7 +2,7 @@
 
 :func:`audit_training` trains once (or ``runs`` times) with ``m`` canaries whose coins decide, each
 with probability 1/2, whether the canary is *included*; the attacker scores the canaries without
-the coins, and :mod:`dpmf.privacy.auditing` turns its guesses into an **empirical lower bound** on
+the coins, and :mod:`dpmf.auditing.bounds` turns its guesses into an **empirical lower bound** on
 epsilon (never a certificate), printed next to the run's certified upper bound
 (:class:`~dpmf.auditing.report.AuditReport`).
 
@@ -49,31 +49,32 @@ Example (DP-SGD, Poisson sampling, the built-in model; a few seconds)::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from dpmf import progress
 from dpmf import validation as _v
-from dpmf.auditing.report import THREAT_MODELS, AuditReport
-from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
-from dpmf.privacy import auditing as _stats
+from dpmf.auditing.assess import Released, assess
+from dpmf.auditing.config import DEFAULT_REAL_EXAMPLES, AuditConfig
+from dpmf.auditing.game import substream_seed
+from dpmf.auditing.report import AuditReport
+from dpmf.errors import InvalidParameterError
 from dpmf.training.plan import ExecutionPlan, build_plan
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.engine import make_private
 
 torch = require_torch()
 
-__all__ = ["audit_training", "builtin_task", "AuditedModule", "DIRAC_GAIN", "DEFAULT_REAL_EXAMPLES"]
+__all__ = ["audit_training", "AuditConfig", "builtin_task", "AuditedModule", "DIRAC_GAIN", "DEFAULT_REAL_EXAMPLES"]
 
 #: Norm of a white-box canary's gradient, in clip norms: far above 1, so clipping decides what the
 #: canary contributes (exactly the clip norm), and a run that does not clip shows it.
 DIRAC_GAIN = 100.0
-
-#: Real examples of the built-in task when ``num_examples`` is not given.
-DEFAULT_REAL_EXAMPLES = 1000
 
 
 # ---------------------------------------------------------------------------- the built-in task
@@ -222,30 +223,25 @@ def _losses(model, x, y, loss_fn) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-class _Run:
-    """What one audited training run released to the attacker."""
-
-    def __init__(self, plan, released, scores_bb, coins):
-        self.plan, self.released, self.scores_bb, self.coins = plan, released, scores_bb, coins
-
-
-def _train_once(*, plan_args: dict, plan: ExecutionPlan | None, dataset, model, optimizer, loss_fn, m: int,
-                white_box: bool, coins: np.ndarray, seed: int, canary_data, step_done: Callable[[], None]) -> _Run:
+def _train_once(config: AuditConfig, task: "_Task", plan: ExecutionPlan | None, model, optimizer, coins: np.ndarray,
+                seed: int, step_done: Callable[[], None]) -> Released:
+    """One training run with ``config.per_run`` canaries, included by ``coins``; what it released."""
+    m, white_box = config.per_run, config.white_box
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3]))
-    cx, cy = _canary_examples(dataset, m, white_box, rng, canary_data)
-    clip = plan.max_grad_norm if plan is not None else plan_args["max_grad_norm"]
+    cx, cy = _canary_examples(task.dataset, m, white_box, rng, task.canary_data)
+    clip = plan.max_grad_norm if plan is not None else config.max_grad_norm
     audited = AuditedModule(model, m, white_box=white_box, gain=DIRAC_GAIN * clip)
     if white_box:
         optimizer.add_param_group({"params": [audited.audit_block], "lr": 0.0, "weight_decay": 0.0})
-    data = _AuditData(dataset, cx, cy)
+    data = _AuditData(task.dataset, cx, cy)
     initial = None
     if not white_box:
-        initial = _losses(model, cx, cy, loss_fn)
-    kwargs = dict(loss_fn=_AuditLoss(loss_fn, white_box), grad_sample_mode="functorch", seed=int(seed))
+        initial = _losses(model, cx, cy, task.loss_fn)
+    kwargs = dict(loss_fn=_AuditLoss(task.loss_fn, white_box), grad_sample_mode="functorch", seed=int(seed))
     if plan is not None:
         run = make_private(audited, optimizer, data, plan=plan, **kwargs)
     else:
-        run = make_private(audited, optimizer, data, **plan_args, **kwargs)
+        run = make_private(audited, optimizer, data, **config.privacy_options(), **kwargs)
     opt, loader, privacy = run.optimizer, run.data_loader, run.privacy
     p = privacy.plan
     coin_t = torch.as_tensor(coins, dtype=torch.float64)
@@ -258,19 +254,12 @@ def _train_once(*, plan_args: dict, plan: ExecutionPlan | None, dataset, model, 
         if white_box:
             released[t] = audited.audit_block.grad.detach().to(torch.float64).cpu().numpy() * unit
         step_done()
-    scores_bb = None
-    if not white_box:
-        scores_bb = initial - _losses(model, cx, cy, loss_fn)
-    return _Run(p, released, scores_bb, coins)
+    if white_box:
+        return Released(p, coins, sums=released)
+    return Released(p, coins, loss_decrease=initial - _losses(model, cx, cy, task.loss_fn))
 
 
-# ---------------------------------------------------------------------------- the audit
-
-
-def _check_threat(threat: str) -> str:
-    if threat not in THREAT_MODELS:
-        raise InvalidParameterError(f"threat must be one of {tuple(THREAT_MODELS)}, got {threat!r}")
-    return threat
+# ---------------------------------------------------------------------------- the audit's stages
 
 
 def _model_factory(model, optimizer, learning_rate: float, builtin_make):
@@ -280,7 +269,7 @@ def _model_factory(model, optimizer, learning_rate: float, builtin_make):
         def make(run: int):
             net = builtin_make(10_000 + run)
             return net, torch.optim.SGD(net.parameters(), lr=learning_rate)
-        return make, False
+        return make
     if isinstance(model, torch.nn.Module):
         if optimizer is None:
             raise InvalidParameterError("pass optimizer= (over model.parameters()) with your model")
@@ -293,7 +282,7 @@ def _model_factory(model, optimizer, learning_rate: float, builtin_make):
                 )
             used.append(run)
             return model, optimizer
-        return make, True
+        return make
     if callable(model):
         if optimizer is not None:
             raise InvalidParameterError("with model=<factory> the factory returns the optimizer; drop optimizer=")
@@ -303,115 +292,41 @@ def _model_factory(model, optimizer, learning_rate: float, builtin_make):
             if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.nn.Module)):
                 raise InvalidParameterError("model(run) must return (module, optimizer)")
             return out
-        return make, True
+        return make
     raise InvalidParameterError(f"model must be a torch.nn.Module or a factory, got {type(model).__name__}")
 
 
-def audit_training(
-    *,
-    strategy=None,
-    sampling=None,
-    delta: float | None = None,
-    noise_multiplier: float | None = None,
-    target_epsilon: float | None = None,
-    max_grad_norm: float = 1.0,
-    plan: ExecutionPlan | None = None,
-    accountant: str = "auto",
-    accountant_options: dict | None = None,
-    canaries: int = 1000,
-    threat: str = "white-box",
-    seed: int = 0,
-    confidence: float = 0.95,
-    runs: int = 1,
-    model=None,
-    optimizer=None,
-    dataset=None,
-    loss_fn: Callable | None = None,
-    canary_data=None,
-    num_examples: int | None = None,
-    learning_rate: float = 2.0,
-    reference_trials: int = 25,
-    callback: Callable[[int, int], None] | None = None,
-) -> AuditReport:
-    """Audit a private training configuration empirically (module docstring).
+@dataclass(frozen=True)
+class _Task:
+    """What is trained: the real examples, ``make(run) -> (module, optimizer)``, the loss, the
+    black-box canaries (or None) and ``name`` (``"built-in"`` or ``"user"``)."""
 
-    Args:
-        strategy, sampling, delta, noise_multiplier | target_epsilon, max_grad_norm, accountant,
-            accountant_options: the configuration, exactly as for
-            :func:`~dpmf.training.torch.engine.make_private`; or ``plan``: an
-            :class:`~dpmf.training.plan.ExecutionPlan` built for ``len(dataset) + canaries`` examples
-            (reused as it is: no second accounting).
-        canaries: ``m``, the number of canaries (one run); in many-run mode the number of runs.
-        threat: ``"white-box"`` (every noisy update) or ``"black-box"`` (the final model only).
-        seed: the audit's seed: coins, canaries, sampler, noise and simulations use independent
-            streams of it (the scorer never sees the coins).
-        confidence: of the lower bound (default 0.95).
-        runs: 1 for a one-run audit; ``> 1``: that many independent runs with one canary each
-            (tiny models; Clopper-Pearson).
-        model, optimizer, dataset, loss_fn: your model, its optimizer, your dataset of ``(input,
-            target)`` pairs and ``loss_fn(output, target)`` (a scalar, as in ``make_private``). All
-            ``None``: the built-in task (:func:`builtin_task` with ``num_examples`` real examples,
-            SGD at ``learning_rate``). For ``runs > 1`` pass ``model`` as a function
-            ``run -> (module, optimizer)``.
-        canary_data: black-box only: ``(inputs, targets)`` of your own canaries (default: far-away
-            inputs with random labels; needs integer class labels).
-        reference_trials: simulations of the ideal attacker (0: no references).
-        callback: ``callback(steps_done, steps_total)`` after every training step.
+    dataset: Any
+    make: Callable
+    loss_fn: Callable
+    canary_data: Any
+    name: str
 
-    Returns:
-        an :class:`~dpmf.auditing.report.AuditReport`: ``epsilon_lower`` (**empirical lower bound**,
-        not a certificate), ``epsilon_certified`` (the plan's report), the gap, the references,
-        the statistics and a plot of the attack against the report's trade-off curve.
-    """
-    from dpmf.auditing.game import mechanism_audit, preregister, simulate_released
-    from dpmf.auditing.whitebox import WhiteBoxScorer
 
-    start = time.perf_counter()
-    threat = _check_threat(threat)
-    white_box = threat == "white-box"
-    m_total = _v.positive_int("canaries", canaries)
-    R = _v.positive_int("runs", runs)
-    conf = _v.open_unit("confidence", confidence)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
-    seed = int(seed)
-    _v.positive("learning_rate", learning_rate)
-    trials = 0 if reference_trials == 0 else _v.positive_int("reference_trials", reference_trials)
-    if R == 1 and m_total < 2:
-        raise InvalidParameterError(f"a one-run audit needs at least 2 canaries, got {m_total}")
-    if R > 1 and m_total != R:
-        raise InvalidParameterError(
-            f"many-run mode trains one canary per run: canaries must equal runs ({R}), got {m_total}"
-        )
-    m = 1 if R > 1 else m_total
-    if not white_box and canary_data is not None and R > 1:
-        raise InvalidParameterError("canary_data is for one-run audits (m canaries in one run)")
-
-    builtin_make = None
-    if model is None:
-        if dataset is not None or loss_fn is not None or optimizer is not None:
-            raise InvalidParameterError("dataset, loss_fn and optimizer go with model=; leave all four out for "
-                                        "the built-in task")
-        if canary_data is not None:
-            raise InvalidParameterError("canary_data goes with your own model; the built-in task makes its own")
+def _task(config: AuditConfig) -> _Task:
+    """Stage 1: the built-in task (:func:`builtin_task`) or the user's model, dataset and loss."""
+    if config.builtin:
         dataset, builtin_make, canary_data = builtin_task(
-            num_examples or DEFAULT_REAL_EXAMPLES, seed=seed, canary_features=0 if white_box else m)
-        loss_fn = torch.nn.functional.cross_entropy
-        model_name = "built-in"
-    else:
-        if dataset is None or loss_fn is None:
-            raise InvalidParameterError("auditing your own model needs dataset= and loss_fn= too")
-        if num_examples is not None:
-            raise InvalidParameterError("num_examples is for the built-in task; your dataset's size is len(dataset)")
-        model_name = "user"
-    make, _ = _model_factory(model, optimizer, learning_rate, builtin_make)
-    N = len(dataset) + m
+            config.num_examples or DEFAULT_REAL_EXAMPLES, seed=config.seed,
+            canary_features=0 if config.white_box else config.per_run)
+        make = _model_factory(None, None, config.learning_rate, builtin_make)
+        return _Task(dataset, make, torch.nn.functional.cross_entropy, canary_data, "built-in")
+    make = _model_factory(config.model, config.optimizer, config.learning_rate, None)
+    return _Task(config.dataset, make, config.loss_fn, config.canary_data, "user")
 
-    plan_args = dict(strategy=strategy, sampling=sampling, delta=delta, max_grad_norm=max_grad_norm,
-                     noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
-                     accountant_options=accountant_options)
+
+def _plan(config: AuditConfig, num_examples: int) -> tuple[ExecutionPlan | None, int]:
+    """Stage 2: ``(plan, steps)``: the given plan (checked against the audited dataset), one built
+    here for many runs (certify once, train many times), or None (``make_private`` builds it)."""
+    plan, N, m = config.plan, num_examples, config.per_run
     if plan is not None:
-        given = [k for k in ("strategy", "sampling", "noise_multiplier", "target_epsilon") if plan_args[k] is not None]
+        given = [k for k in ("strategy", "sampling", "noise_multiplier", "target_epsilon")
+                 if getattr(config, k) is not None]
         if given:
             raise InvalidParameterError(f"plan= fixes the configuration: do not also pass {', '.join(given)}")
         if not isinstance(plan, ExecutionPlan):
@@ -421,115 +336,73 @@ def audit_training(
                 f"the plan is for {plan.num_examples} examples but the audited dataset has {N} "
                 f"({N - m} real + {m} canaries): build it with num_examples={N}"
             )
-    elif R > 1:  # certify once, train many times
-        if strategy is None or sampling is None or delta is None:
+        return plan, plan.steps
+    if config.runs > 1:
+        if config.strategy is None or config.sampling is None or config.delta is None:
             raise InvalidParameterError("pass strategy, sampling and delta (with noise_multiplier or target_epsilon), "
                                         "or plan=")
-        plan = build_plan(strategy, sampling, num_examples=N, delta=delta, max_grad_norm=max_grad_norm,
-                          noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant,
-                          **(accountant_options or {}))
-    if plan is not None:
-        steps = plan.steps
-    else:
-        if sampling is None:
-            raise InvalidParameterError("pass sampling= (with strategy, delta and noise_multiplier or target_epsilon)")
-        steps = sampling.steps
+        plan = build_plan(config.strategy, config.sampling, num_examples=N, delta=config.delta,
+                          max_grad_norm=config.max_grad_norm, noise_multiplier=config.noise_multiplier,
+                          target_epsilon=config.target_epsilon, accountant=config.accountant,
+                          **(config.accountant_options or {}))
+        return plan, plan.steps
+    if config.sampling is None:
+        raise InvalidParameterError("pass sampling= (with strategy, delta and noise_multiplier or target_epsilon)")
+    return None, config.sampling.steps
 
-    coin_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
-    total = steps * R
-    runs_out = []
-    with progress.task(f"audit ({threat}): training with canaries", total=total, unit="steps") as bar:
+
+def _train(config: AuditConfig, task: _Task, plan: ExecutionPlan | None, steps: int) -> list[Released]:
+    """Stage 3: ``config.runs`` trainings, the coins of each drawn before it; the first run's plan
+    serves the others (certified once)."""
+    coin_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 1]))
+    total = steps * config.runs
+    runs = []
+    with progress.task(f"audit ({config.threat}): training with canaries", total=total, unit="steps") as bar:
         done = [0]
 
         def step_done() -> None:
             done[0] += 1
             bar.advance()
-            if callback is not None:
-                callback(done[0], total)
+            if config.callback is not None:
+                config.callback(done[0], total)
 
-        for r in range(R):
-            coins = coin_rng.random(m) < 0.5
-            module, opt = make(r)
-            run = _train_once(plan_args=plan_args, plan=plan, dataset=dataset, model=module, optimizer=opt,
-                              loss_fn=loss_fn, m=m, white_box=white_box, coins=coins,
-                              seed=int(np.random.SeedSequence([seed, 2, r]).generate_state(1)[0]),
-                              canary_data=canary_data, step_done=step_done)
-            runs_out.append(run)
-            plan = run.plan  # the plan of the first run serves the others (certified once)
-    coins = np.concatenate([r.coins for r in runs_out])
-    p = plan
-    certified = p.report
-    d = p.delta
-    sim_seed = np.random.SeedSequence([seed, 4])
+        for r in range(config.runs):
+            coins = coin_rng.random(config.per_run) < 0.5
+            module, opt = task.make(r)
+            run = _train_once(config, task, plan, module, opt, coins, substream_seed(config.seed, 2, r), step_done)
+            runs.append(run)
+            plan = run.plan
+    return runs
 
-    score_info: dict = {}
-    scorer = None
-    variants = None
-    if white_box:
-        scorer = WhiteBoxScorer(p.strategy, p.scheme, p.noise_multiplier, N)
-        released = np.concatenate([r.released for r in runs_out], axis=1)
-        variants = scorer.scores(released)
-        scores = variants["claimed"]
-        score_info = {
-            **scorer.describe(),
-            "noise_check": {**variants["check"], "steps_below": variants["steps_below"]},
-            "description": (f"log-likelihood ratio over the {p.scheme.describe()['name']} sampler's law after whitening "
-                            f"with {scorer.whitening}" + ("" if scorer.exact else " (an approximation: valid, less powerful)")
-                            + f"; method {scorer.method}"),
-        }
-    else:
-        scores = np.concatenate([r.scores_bb for r in runs_out])
-        score_info = {"method": "loss decrease", "description": "loss of the initial model minus loss of the final "
-                      "model on each canary (higher: more likely included)"}
 
-    mech_ref = None
-    if R == 1:
-        if white_box:
-            tests = preregister(scorer, canaries=m, delta=d, confidence=conf, seed=seed)
-            res = tests.audit(variants, coins, d, conf)
-            selection = f"{tests.describe()}; the bound is from {res.selection}"
-            if trials:
-                vals = [mechanism_audit(p.strategy, p.scheme, p.noise_multiplier, d, canaries=m, num_examples=N,
-                                        seed=seed * 1000 + t, confidence=conf, tests=tests, scorer=scorer).epsilon_lower
-                        for t in range(min(trials, 10))]
-                mech_ref = {"median": float(np.median(vals)), "trials": len(vals),
-                            "what": "the same audit on the mechanism alone (numpy simulation, no training code)"}
-        else:
-            res = _stats.audit_one_run(scores, coins, d, conf)
-            selection = res.selection
-        stats_d = {**res.to_dict(), "selection": selection}
-        lower, bound = res.epsilon_lower, res.bound
-    else:
-        if white_box:
-            k = min(N, 400)  # (canaries of one simulated run: only their scores' marginal law matters here)
-            sims = [simulate_released(p.strategy, p.scheme, p.noise_multiplier, canaries=k, num_examples=N,
-                                      seed=int(np.random.SeedSequence([seed, 5, t]).generate_state(1)[0]))
-                    for t in range(max(5, 2000 // k))]
-            s_in = np.concatenate([scorer.score(r)[c] for r, c in sims])
-            s_out = np.concatenate([scorer.score(r)[~c] for r, c in sims])
-            thr = _stats.choose_threshold(s_in, s_out, R, d, conf)
-            res = _stats.audit_many_runs(scores, coins, d, conf, threshold=thr)
-        else:
-            res = _stats.audit_many_runs(scores, coins, d, conf, seed=seed)
-        stats_d = res.to_dict()
-        lower, bound = res.epsilon_lower, res.bound
+def audit_training(config: AuditConfig | None = None, /, **options) -> AuditReport:
+    """Audit a private training configuration empirically (module docstring).
 
-    reference = None
-    if trials and R == 1:
-        ref = _stats.ideal_gaussian_reference(certified.epsilon, d, m, conf, trials=trials, seed=seed)
-        reference = {**ref.to_dict(), "what": "ideal attacker on the Gaussian mechanism with the claimed (epsilon, "
-                     "delta), same canaries and confidence (simulated)"}
+    Args:
+        config: an :class:`~dpmf.auditing.config.AuditConfig`; or its fields as keywords
+            (``options``; with ``config`` too, they replace its fields): the configuration as for
+            :func:`~dpmf.training.torch.engine.make_private` (``strategy``, ``sampling``, ``delta``,
+            ``noise_multiplier`` | ``target_epsilon``, ``max_grad_norm``, ``accountant``,
+            ``accountant_options``) or a ``plan`` built for ``len(dataset) + canaries`` examples;
+            the audit (``canaries``, ``threat``, ``seed``, ``confidence``, ``runs``,
+            ``reference_trials``); the model (``model``, ``optimizer``, ``dataset``, ``loss_fn``,
+            ``canary_data``; all ``None``: the built-in task with ``num_examples`` real examples and
+            SGD at ``learning_rate``); ``callback(steps_done, steps_total)`` after every step.
 
-    configuration = {
-        "strategy": p.strategy.describe(), "scheme": p.scheme.describe(), "noise_multiplier": p.noise_multiplier,
-        "max_grad_norm": p.max_grad_norm, "normalizer": p.normalizer, "num_examples": N,
-        "real_examples": N - m, "canary_examples": m, "steps": p.steps, "method": certified.method,
-    }
-    return AuditReport(
-        epsilon_lower=float(lower), epsilon_certified=float(certified.epsilon), delta=d, confidence=conf,
-        threat_model=threat, canaries=m_total, mode="one-run" if R == 1 else "many-run", bound=bound, runs=R,
-        statistics=stats_d, configuration=configuration, score=score_info, reference=reference,
-        mechanism_reference=mech_ref, roc=_stats.empirical_roc(scores, coins, points=8, confidence=conf),
-        roc_estimates=_stats.empirical_roc(scores, coins, points=24), seed=seed,
-        seconds=time.perf_counter() - start, model=model_name, certified=certified,
-    )
+    Returns:
+        an :class:`~dpmf.auditing.report.AuditReport`: ``epsilon_lower`` (**empirical lower bound**,
+        not a certificate), ``epsilon_certified`` (the plan's report), the gap, the references,
+        the statistics and a plot of the attack against the report's trade-off curve.
+    """
+    start = time.perf_counter()
+    if config is None:
+        config = AuditConfig(**options)
+    elif not isinstance(config, AuditConfig):
+        raise InvalidParameterError(f"config must be an AuditConfig, got {type(config).__name__}")
+    elif options:
+        config = dataclasses.replace(config, **options)
+    task = _task(config)
+    num_examples = len(task.dataset) + config.per_run
+    plan, steps = _plan(config, num_examples)
+    runs = _train(config, task, plan, steps)
+    return assess(config, runs, num_examples=num_examples, model=task.name, start=start)

@@ -1,4 +1,4 @@
-"""The statistics of empirical audits (dpmf.privacy.auditing): the one-run theorem's p-value against
+"""The statistics of empirical audits (dpmf.auditing.bounds): the one-run theorem's p-value against
 its formula and a brute-force computation on tiny m, its inversion, ceilings, Clopper-Pearson
 against scipy, and the validity of the bounds on mechanisms whose privacy is known exactly."""
 
@@ -12,7 +12,8 @@ import pytest
 from scipy import stats
 
 from dpmf.errors import DPMFError, InvalidParameterError
-from dpmf.privacy import auditing as A
+from dpmf.auditing import bounds as A
+from dpmf.auditing.game import gaussian_game, ideal_gaussian_reference
 
 
 def _p_value_by_formula(m, r, v, eps, delta):
@@ -156,21 +157,21 @@ def test_weighted_bonferroni_levels():
 
 
 def test_choose_guesses_is_deterministic_and_uses_only_simulations():
-    g1 = A.choose_guesses(lambda t: A.gaussian_game(0.9, 1000, np.random.default_rng(t)), 1000, 1e-5, trials=10)
-    g2 = A.choose_guesses(lambda t: A.gaussian_game(0.9, 1000, np.random.default_rng(t)), 1000, 1e-5, trials=10)
+    g1 = A.choose_guesses(lambda t: gaussian_game(0.9, 1000, np.random.default_rng(t)), 1000, 1e-5, trials=10)
+    g2 = A.choose_guesses(lambda t: gaussian_game(0.9, 1000, np.random.default_rng(t)), 1000, 1e-5, trials=10)
     assert g1 == g2 and 10 <= g1.total <= 600
     with pytest.raises(InvalidParameterError):
-        A.choose_guesses(lambda t: A.gaussian_game(0.9, 999, np.random.default_rng(t)), 1000, 1e-5, trials=2)
+        A.choose_guesses(lambda t: gaussian_game(0.9, 999, np.random.default_rng(t)), 1000, 1e-5, trials=2)
 
 
 def test_ideal_gaussian_reference_grows_with_epsilon_and_stays_below_the_claim():
-    refs = [A.ideal_gaussian_reference(e, 1e-5, 1000, trials=5, seed=0) for e in (2.0, 4.0, 8.0)]
+    refs = [ideal_gaussian_reference(e, 1e-5, 1000, trials=5, seed=0) for e in (2.0, 4.0, 8.0)]
     meds = [r.median for r in refs]
     assert meds[0] < meds[1] < meds[2]
     assert all(r.median < r.epsilon_claimed for r in refs)
     assert refs[1].mu == pytest.approx(0.92, abs=0.01)  # notes Sec. 7: eps 4 <-> mu 0.92
     assert 0.9 < refs[1].median < 1.9  # notes Sec. 7 (Steinke, m = 1e3, eps 4): 1.2-1.5, with our guesses
-    again = A.ideal_gaussian_reference(4.0, 1e-5, 1000, trials=5, seed=0)
+    again = ideal_gaussian_reference(4.0, 1e-5, 1000, trials=5, seed=0)
     assert again == refs[1]
 
 
@@ -239,7 +240,7 @@ def test_choose_threshold_and_roc():
     lambda: A.audit_one_run([0.0, 1.0, 2.0], [1, 0, 1], 1e-5, guesses=A.Guesses(3, 1)),
     lambda: A.clopper_pearson_upper(5, 4, 0.95),
     lambda: A.guess_grid(1),
-    lambda: A.ideal_gaussian_reference(0.0, 1e-5, 100),
+    lambda: ideal_gaussian_reference(0.0, 1e-5, 100),
 ])
 def test_bad_input_is_a_dpmf_error(call):
     with pytest.raises(DPMFError):

@@ -1,4 +1,4 @@
-"""Empirical privacy auditing: epsilon *lower* bounds from a membership game with canaries (pure math).
+"""The bounds of an audit: epsilon *lower* bounds from a membership game with canaries (pure math).
 
 An audit plants ``m`` canaries, includes each with an independent fair coin, runs the mechanism,
 scores every canary (higher = "looks included"), turns the scores into guesses and counts how many
@@ -34,10 +34,8 @@ Two bounds, each a theorem, each with its own validity conditions:
   ``FPR + e^eps FNR >= 1 - delta``, so ``eps_LB = ln((1 - delta - FNR_ub) / FPR_ub)``. Valid only
   when the trials are independent (one canary per run).
 
-Plus the *reference* a white-box audit is measured against (:func:`ideal_gaussian_reference`): the
-Gaussian mechanism that is exactly as private as claimed (``mu = gdp_mu(eps, delta)``) attacked by
-the optimal test with the same canaries, guesses and confidence -- simulated, so an audit can say
-what fraction of the ideal attacker's bound it reached.
+The *reference* a white-box audit is measured against (the ideal attacker on the Gaussian
+mechanism with the claimed privacy, simulated) is a game, in :mod:`dpmf.auditing.game`.
 
 Everything here is an exact function of counts (binomial and beta quantiles from scipy); every
 inversion rounds the epsilon *down* (a lower bound must never be overstated).
@@ -47,14 +45,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import optimize, special, stats
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
-from dpmf.privacy.gdp import gdp_mu
 
 __all__ = [
     "LOWER_BOUND_LABEL",
@@ -78,9 +75,6 @@ __all__ = [
     "audit_many_runs",
     "choose_threshold",
     "empirical_roc",
-    "GaussianReference",
-    "gaussian_game",
-    "ideal_gaussian_reference",
 ]
 
 #: How every lower bound is named to users: it is evidence of leakage, never a privacy guarantee.
@@ -123,6 +117,14 @@ def _confidence(confidence) -> float:
     return _v.open_unit("confidence", confidence)
 
 
+def _delta(delta) -> float:
+    """A delta in ``[0, 1)`` (0: the pure-DP claim)."""
+    d = _v.non_negative("delta", delta)
+    if d >= 1:
+        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    return d
+
+
 def _tail(k, r: int, p: float):
     """``P[Binomial(r, p) >= k]`` (1 for ``k <= 0``), vectorized over ``k``."""
     return special.bdtrc(np.asarray(k) - 1, r, p)
@@ -140,9 +142,7 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
     """
     m, r, v = _counts(canaries, guesses, correct)
     eps = _v.non_negative("epsilon", epsilon)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     return _p_value(m, r, v, eps, d)
 
 
@@ -168,9 +168,7 @@ def one_run_epsilon(canaries: int, guesses: int, correct: int, delta: float, con
     3.493
     """
     m, r, v = _counts(canaries, guesses, correct)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     return _epsilon(m, r, v, d, 1.0 - _confidence(confidence))
 
 
@@ -262,8 +260,7 @@ def correct_guesses(scores, included, guesses: Guesses) -> int:
     permutation, never by the coins)."""
     s, c = _scores_and_coins(scores, included)
     g = guesses.check(s.size)
-    sc = c[_ranked(s)]
-    return int(sc[s.size - g.k_in:].sum()) + int((~sc[: g.k_out]).sum())
+    return _right(c[_ranked(s)], g)
 
 
 @dataclass(frozen=True)
@@ -329,6 +326,13 @@ def _ranked(scores: np.ndarray) -> np.ndarray:
     return np.lexsort((tie, scores))
 
 
+def _right(ranked_coins: np.ndarray, g: Guesses) -> int:
+    """Right guesses of ``g`` given the coins ordered from the lowest score to the highest: the
+    ``k_in`` highest included, the ``k_out`` lowest left out."""
+    m = ranked_coins.size
+    return int(ranked_coins[m - g.k_in:].sum()) + int((~ranked_coins[: g.k_out]).sum())
+
+
 def audit_one_run(scores, included, delta: float, confidence: float = 0.95, *,
                   guesses=None, weights=None, grid=None) -> OneRunResult:
     """The one-run theorem's empirical lower bound from canary scores and their coins.
@@ -375,9 +379,7 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
     if not tests:
         raise InvalidParameterError("tests must not be empty")
     c = np.asarray(included)
-    d = _v.non_negative("delta", delta)
-    if d >= 1:
-        raise InvalidParameterError(f"delta must be in [0, 1), got {delta!r}")
+    d = _delta(delta)
     conf = _confidence(confidence)
     w = np.asarray([t[2] for t in tests], dtype=np.float64)
     if not np.all(np.isfinite(w)) or np.any(w <= 0) or w.sum() > 1 + 1e-12:
@@ -391,8 +393,7 @@ def audit_one_run_tests(included, delta: float, confidence: float, tests) -> One
         if not isinstance(g, Guesses):
             raise InvalidParameterError(f"each test needs a Guesses, got {type(g).__name__}")
         g.check(m)
-        sc = coins[_ranked(s)]
-        v = int(sc[m - g.k_in:].sum()) + int((~sc[: g.k_out]).sum())
+        v = _right(coins[_ranked(s)], g)
         e = _epsilon(m, g.total, v, d, beta * float(wi))
         details.append((label, g.k_in, g.k_out, v, float(wi), e))
         if best is None or e > best[0]:
@@ -599,66 +600,3 @@ def empirical_roc(scores, included, points: int = 16, confidence: float | None =
         tpr_lb = 1.0 - clopper_pearson_upper(pos - int(tp[k - 1]), pos, level)
         out.append((float(fpr_ub), float(tpr_lb)))
     return tuple(out)
-
-
-# ---------------------------------------------------------------------------- the ideal reference
-
-
-@dataclass(frozen=True)
-class GaussianReference:
-    """What the ideal attacker proves against the Gaussian mechanism that is exactly as private as
-    claimed (:func:`ideal_gaussian_reference`): the median of ``trials`` simulated audits and their
-    spread (10% and 90% quantiles), with the same canaries and confidence, and guess counts
-    pre-registered the same way (:func:`choose_guesses` on separate simulations)."""
-
-    epsilon_claimed: float
-    delta: float
-    mu: float
-    canaries: int
-    confidence: float
-    trials: int
-    seed: int
-    median: float
-    low: float
-    high: float
-    k_in: int
-    k_out: int
-
-    def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("epsilon_claimed", "delta", "mu", "canaries", "confidence", "trials",
-                                              "seed", "median", "low", "high", "k_in", "k_out")}
-
-
-def gaussian_game(mu: float, canaries: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One ideal Gaussian canary game: ``(scores, coins)`` with fair coins and scores ``N(mu coin, 1)``
-    (each score is the optimal statistic of its canary)."""
-    coins = rng.random(canaries) < 0.5
-    return rng.normal(size=canaries) + mu * coins, coins
-
-
-def ideal_gaussian_reference(epsilon: float, delta: float, canaries: int, confidence: float = 0.95, *,
-                             trials: int = 25, seed: int = 0) -> GaussianReference:
-    """Simulate the ideal white-box attacker on the Gaussian mechanism with the claimed privacy.
-
-    The mechanism that is exactly ``(epsilon, delta)``-DP and Gaussian is the shift ``N(mu, 1)`` vs
-    ``N(0, 1)`` with ``mu = gdp_mu(epsilon, delta)``; the optimal score of each canary is its own
-    observation (:func:`gaussian_game`). Guess counts are pre-registered by :func:`choose_guesses`
-    on 8 games, then ``trials`` fresh games are audited by :func:`audit_one_run` exactly as a real
-    audit is. A seeded simulation: the reference an audit's power is measured against, not a bound.
-
-    >>> ref = ideal_gaussian_reference(4.0, 1e-5, 1000, trials=5, seed=0)
-    >>> round(ref.mu, 2), 0.8 < ref.median < 2.5
-    (0.92, True)
-    """
-    eps = _v.positive("epsilon", epsilon)
-    d = _v.open_unit("delta", delta)
-    m = _v.positive_int("canaries", canaries)
-    n = _v.positive_int("trials", trials)
-    conf = _confidence(confidence)
-    mu = float(gdp_mu(eps, d))
-    pick, test = np.random.SeedSequence([int(seed), 1]).spawn(2)
-    pick_rng, test_rng = np.random.default_rng(pick), np.random.default_rng(test)
-    g = choose_guesses(lambda t: gaussian_game(mu, m, pick_rng), m, d, conf)
-    vals = [audit_one_run(*gaussian_game(mu, m, test_rng), d, conf, guesses=g).epsilon_lower for _ in range(n)]
-    lo, med, hi = np.quantile(vals, [0.1, 0.5, 0.9])
-    return GaussianReference(eps, d, mu, m, conf, n, int(seed), float(med), float(lo), float(hi), g.k_in, g.k_out)
