@@ -10,7 +10,8 @@ privacy``), and the pieces for your own loop:
 * :class:`~dpmf.training.plan.ExecutionPlan` / :func:`~dpmf.training.plan.build_plan` - the frozen,
   certified description of the run (strategy, sampler, sigma, clip norm, normalizer, report);
 * :class:`SchemeBatchSampler` / :func:`private_data_loader` - the scheme's batches as a data loader;
-* :class:`PerExampleClipper` - per-example gradients (``torch.func``) clipped jointly;
+* :class:`Clipper` - what every clipper provides; :class:`PerExampleClipper` (per-example
+  gradients, ``torch.func`` or Opacus' hooks) and :class:`GhostClipper` (ghost norms) implement it;
 * :func:`correlated_noise` - the strategy's ``sigma * clip * (C^{-1} z)_t`` streamed in torch;
 * :class:`DPOptimizer` - any optimizer, stepped with clipped sum + noise over a public normalizer;
 * :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit;
@@ -26,7 +27,8 @@ require_torch()
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler, private_data_loader  # noqa: E402
 from dpmf.training.torch.engine import Privacy, PrivateRun, ShardedBatchSampler, make_private  # noqa: E402
 from dpmf.training.torch.ghost.clipper import GhostClipper  # noqa: E402
-from dpmf.training.torch.grad_sample import ClippedGradients, PerExampleClipper  # noqa: E402
+from dpmf.training.torch.clipping import ClippedGradients, Clipper  # noqa: E402
+from dpmf.training.torch.grad_sample import PerExampleClipper  # noqa: E402
 from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
 from dpmf.training.torch.losses import per_example_causal_lm_loss  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
@@ -48,6 +50,7 @@ __all__ = [
     "PerExampleClipper",
     "GhostClipper",
     "ClippedGradients",
+    "Clipper",
     "correlated_noise",
     "TorchCorrelatedNoise",
     "NoiseExhaustedError",
