@@ -7,7 +7,7 @@ install it.
 One entry point in Opacus' vocabulary, :func:`make_private` (``module, optimizer, data_loader,
 privacy``), and the pieces for your own loop:
 
-* :class:`~dpmf.training.plan.ExecutionPlan` / :func:`~dpmf.training.plan.build_plan` - the frozen,
+* :class:`~dpmf.training.run_spec.RunSpec` / :func:`~dpmf.training.run_spec.build_run_spec` - the frozen,
   certified description of the run (strategy, sampler, sigma, clip norm, normalizer, report);
 * :class:`SchemeBatchSampler` / :func:`private_data_loader` - the scheme's batches as a data loader;
 * :class:`Clipper` - what every clipper provides; :class:`PerExampleClipper` (per-example
@@ -19,7 +19,7 @@ privacy``), and the pieces for your own loop:
 * :func:`per_example_causal_lm_loss` - each padded sequence's own token mean, then the batch.
 """
 
-from dpmf.training.plan import ExecutionPlan, StepOutOfPlanError, build_plan, expected_batch_size
+from dpmf.training.run_spec import RunSpec, StepOutOfPlanError, build_run_spec, expected_batch_size
 from dpmf.training.torch._deps import require_torch
 
 require_torch()
@@ -39,8 +39,8 @@ __all__ = [
     "PrivateRun",
     "Privacy",
     "DPOptimizer",
-    "ExecutionPlan",
-    "build_plan",
+    "RunSpec",
+    "build_run_spec",
     "expected_batch_size",
     "StepOutOfPlanError",
     "SchemeBatchSampler",
@@ -57,3 +57,17 @@ __all__ = [
     "IndividualAccounting",
     "per_example_causal_lm_loss",
 ]
+
+#: names before the run description became :class:`RunSpec` (documented; each warns on use)
+_DEPRECATED = {"ExecutionPlan": RunSpec, "build_plan": build_run_spec}
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        import warnings
+
+        new = _DEPRECATED[name].__name__
+        warnings.warn(f"dpmf.training.torch.{name} is deprecated: use dpmf.training.torch.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return _DEPRECATED[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,9 +3,9 @@ into a private training run with correlated noise and a sound amplified epsilon.
 
 The batches (:class:`~dpmf.training.torch.data.SchemeBatchSampler`), the noise
 (:func:`~dpmf.training.torch.noise.correlated_noise`) and the epsilon (the plan's report,
-:func:`~dpmf.training.plan.build_plan`) come from the same ``strategy`` and ``sampling`` objects, so
+:func:`~dpmf.training.run_spec.build_run_spec`) come from the same ``strategy`` and ``sampling`` objects, so
 they cannot disagree; or all three from one ``dpmf plan`` row (``plan=row``: exactly what the row
-certified, re-checked, not calibrated again; :func:`~dpmf.training.plan.plan_from_row`). Example
+certified, re-checked, not calibrated again; :func:`~dpmf.training.run_spec.run_spec_from_row`). Example
 (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
 
 >>> import torch
@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, resolve_plan
+from dpmf.training.run_spec import RunSpec, resolve_run_spec
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import Clipper
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
@@ -99,7 +99,7 @@ class ShardedBatchSampler(torch.utils.data.Sampler):
 class Privacy:
     """The privacy side of a run: its plan, reports, checkpoints (returned by :func:`make_private`)."""
 
-    plan: ExecutionPlan
+    plan: RunSpec
     module: Any
     optimizer: DPOptimizer
     sampler: SchemeBatchSampler
@@ -128,39 +128,26 @@ class Privacy:
         ``<sha256>.npz``, the dense matrix a large dense strategy's description names by hash only
         (the optimal factorization above 64 steps), so that ``dpmf verify path --matrices <its folder>``
         can re-check the report from the files alone. Returns the paths written."""
-        from dpmf.files import check_output_file, writing
-        from dpmf.strategies.serialization import save_matrices
-
-        path = check_output_file(path, "path")
-        written = [path]
-        with writing(path, "privacy report"):
-            path.write_text(self.report().to_json(indent=1) + "\n", encoding="utf-8")
-        if "matrix" not in self.plan.strategy.describe() and "sha256" in self.plan.strategy.describe():
-            written += save_matrices(self.plan.strategy, path.parent)
-        return written
+        return self.plan.save_report(self.report, path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run at ``delta`` (default the plan's), Opacus' name. Another delta is
         recomputed with the same accountant and options."""
         if delta is None or delta == self.plan.delta:
             return self.plan.epsilon
-        from dpmf.accounting import account
-
         r = self.plan.report
         if r.method not in ("pld", "unamplified", "mmcc", "allocation", "allocation_pld", "truncated_pld"):
             # (Monte Carlo is an estimate from its own samples at its delta; composition reports carry
             # their parts, not one accountant to rerun)
             raise InvalidParameterError(f"epsilon at another delta is not available for method {r.method!r}")
-        return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
-                       **r.options).epsilon
+        return self.plan.epsilon_at(delta)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Model, optimizer, sampler position, noise state and RNG, and the plan they belong to."""
         return {
             "format": CHECKPOINT_FORMAT,
-            "plan": self.plan.describe(),
-            "plan_fingerprint": self.plan.fingerprint(),
+            **self.plan.checkpoint_entries(),
             "steps_done": self.steps_done,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -421,8 +408,8 @@ def make_private(
             file ``dpmf plan --export`` wrote. The row is re-checked by one evaluation of its accountant
             at its noise multiplier -- no second calibration -- and refused when it is pruned, an
             uncertified estimate, or planned for another dataset size or ``delta``
-            (:func:`~dpmf.training.plan.plan_from_row`). Or an
-            :class:`~dpmf.training.plan.ExecutionPlan` (``build_plan``), used as it is (its dataset
+            (:func:`~dpmf.training.run_spec.run_spec_from_row`). Or an
+            :class:`~dpmf.training.run_spec.RunSpec` (``build_run_spec``), used as it is (its dataset
             size, and ``delta`` / ``max_grad_norm`` / ``normalizer`` when given, must match it).
             ``strategy``, ``sampling``, ``noise_multiplier``, ``target_epsilon``, ``accountant`` and
             value-changing ``accountant_options`` conflict with ``plan`` and are refused with it.
@@ -571,15 +558,15 @@ def _grad_sample_mode(config: PrivateConfig) -> str:
     return mode
 
 
-def _resolve_run(config: PrivateConfig, num_examples: int) -> ExecutionPlan:
-    """The frozen run description (:func:`~dpmf.training.plan.resolve_plan`)."""
+def _resolve_run(config: PrivateConfig, num_examples: int) -> RunSpec:
+    """The frozen run description (:func:`~dpmf.training.run_spec.resolve_run_spec`)."""
     sampling = config.sampling
     if config.plan is None and sampling is not None and (config.attribution is not None
                                                          or hasattr(sampling, "max_user_examples")):
         # the sampler's checks (attribution given for, and only for, multi-attribution; its size; k_u) before
         # the accounting, which can take minutes
         SchemeBatchSampler(sampling, num_examples, seed=0, attribution=config.attribution)
-    return resolve_plan(config.plan, strategy=config.strategy, sampling=sampling, num_examples=num_examples,
+    return resolve_run_spec(config.plan, strategy=config.strategy, sampling=sampling, num_examples=num_examples,
                         delta=config.delta, max_grad_norm=config.max_grad_norm,
                         noise_multiplier=config.noise_multiplier, target_epsilon=config.target_epsilon,
                         accountant=config.accountant, normalizer=config.normalizer,
@@ -625,7 +612,7 @@ def _make_clipper(module, config: PrivateConfig, mode: str, max_grad_norm: float
     return clipper
 
 
-def _make_noise(plan: ExecutionPlan, clipper: Clipper, config: PrivateConfig, seeds: _Seeds):
+def _make_noise(plan: RunSpec, clipper: Clipper, config: PrivateConfig, seeds: _Seeds):
     """The correlated-noise generator over the clipper's parameters; under ``distributed`` with
     ``secure``, every rank gets rank 0's state (the same secret stream)."""
     noise = correlated_noise(plan.strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,

@@ -1,6 +1,6 @@
 """``DPOptimizer``: wraps any torch optimizer so that each step applies the plan's noisy gradient.
 
-Step ``t`` (:mod:`dpmf.training.plan`): the clipped per-example gradient sums of the step's batch
+Step ``t`` (:mod:`dpmf.training.run_spec`): the clipped per-example gradient sums of the step's batch
 (:class:`~dpmf.training.torch.grad_sample.PerExampleClipper`, possibly accumulated over several
 micro-batches with :meth:`DPOptimizer.accumulate`), plus the correlated noise of row ``t``
 (:func:`~dpmf.training.torch.noise.correlated_noise`), divided by the plan's public normalizer, are
@@ -165,7 +165,7 @@ class DPOptimizer(torch.optim.Optimizer):
         """One private step: accumulate ``inputs`` (if given, with optional per-example ``weights``),
         add noise once, normalize, step.
 
-        Raises :class:`~dpmf.training.plan.StepOutOfPlanError` past the plan's last step.
+        Raises :class:`~dpmf.training.run_spec.StepOutOfPlanError` past the plan's last step.
         """
         if closure is not None:
             raise InvalidParameterError("DPOptimizer.step does not take a closure; pass the batch (inputs, targets)")

@@ -495,21 +495,22 @@ class GhostClipper(Clipper):
         return layer_grads, sq
 
     @contextlib.contextmanager
-    def _no_detach(self):
-        old, self._detach_ok = self._detach_ok, False
+    def _switched(self, name: str, value: bool):
+        """``self.<name>`` set to ``value`` inside, restored after (one of this clipper's own flags)."""
+        old = self.__dict__[name]
+        self.__dict__[name] = value
         try:
             yield
         finally:
-            self._detach_ok = old
+            self.__dict__[name] = old
 
-    @contextlib.contextmanager
+    def _no_detach(self):
+        """No detached parameters inside (:meth:`clipped_sum` differentiates with respect to them)."""
+        return self._switched("_detach_ok", False)
+
     def suspended(self):
         """No capture inside (re-running a layer for its per-example gradients, evaluation)."""
-        old, self._suspended = self._suspended, True
-        try:
-            yield
-        finally:
-            self._suspended = old
+        return self._switched("_suspended", True)
 
     # ------------------------------------------------------------------ public
     def clipped_sum(self, inputs, targets=None, weights=None):
