@@ -161,7 +161,7 @@ def _row_summary(r) -> dict:
 
 # ------------------------------------------------------------------------------------- training
 def train_one(data, cfg: Config, lr: float, seed: int, *, plan=None):
-    """One run. Private (``plan``: a plan row or an RunSpec): ``(accuracy, privacy, seconds,
+    """One run. Private (``plan``: a plan row or a RunSpec): ``(accuracy, privacy, seconds,
     seconds in make_private)``; ``plan=None``: plain SGD on shuffled batches of the same size,
     ``(accuracy, None, seconds, 0)``."""
     import torch

@@ -305,7 +305,7 @@ def as_plan_row(plan):
         return load_row(plan)
     raise InvalidParameterError(
         "plan must be a dpmf plan row (dpmf.planner.plan(...)[k]), its dict or the path of a file written by "
-        f"dpmf plan --export, or an RunSpec; got {type(plan).__name__}"
+        f"dpmf plan --export, or a RunSpec; got {type(plan).__name__}"
     )
 
 
@@ -409,7 +409,7 @@ def resolve_run_spec(
 ) -> RunSpec:
     """The run spec of a framework adapter's ``make_private`` (PyTorch, JAX): built and
     certified from ``strategy``, ``sampling`` and the guarantee (:func:`build_run_spec`), or taken from
-    ``plan`` (a ``dpmf plan`` row, re-checked and never recalibrated, or an :class:`RunSpec`
+    ``plan`` (a ``dpmf plan`` row, re-checked and never recalibrated, or a :class:`RunSpec`
     used as it is); the same refusals, with the same messages, for every framework."""
     if plan is None:
         missing = [k for k, v in (("strategy", strategy), ("sampling", sampling), ("delta", delta),
@@ -417,7 +417,7 @@ def resolve_run_spec(
         if missing:
             raise InvalidParameterError(
                 f"make_private needs {', '.join(missing)} (with noise_multiplier or target_epsilon), or plan=<a dpmf "
-                "plan row, its exported file, or an RunSpec>"
+                "plan row, its exported file, or a RunSpec>"
             )
         return build_run_spec(
             strategy, sampling, num_examples=num_examples, delta=delta, max_grad_norm=max_grad_norm,
@@ -434,7 +434,7 @@ def resolve_run_spec(
 
 def _run_spec_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conflicts, accountant_options) -> RunSpec:
     """``make_private(plan=...)``: the run spec of a plan row (re-checked, never recalibrated) or
-    an :class:`RunSpec` used as it is; options that would contradict it are refused."""
+    a :class:`RunSpec` used as it is; options that would contradict it are refused."""
     given = [k for k, v in conflicts.items() if v is not None]
     if given:
         raise InvalidParameterError(
@@ -445,7 +445,7 @@ def _run_spec_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conf
     if isinstance(plan, RunSpec):
         if accountant_options:
             raise InvalidParameterError(
-                f"accountant_options={accountant_options!r} have nothing to do with an RunSpec: it is already "
+                f"accountant_options={accountant_options!r} have nothing to do with a RunSpec: it is already "
                 "certified (its report was computed when it was built); drop them"
             )
         for name, value, planned in (("delta", delta, plan.delta), ("max_grad_norm", max_grad_norm, plan.max_grad_norm),

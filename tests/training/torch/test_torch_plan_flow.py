@@ -212,7 +212,7 @@ def test_an_execution_plan_is_used_as_it_is(rows, count_evaluations):
         _make(first, max_grad_norm=2.0)
     with pytest.raises(InvalidParameterError, match="dataset has 100 examples but the RunSpec"):
         _make(first, data=_data(100))
-    with pytest.raises(InvalidParameterError, match="nothing to do with an RunSpec"):
+    with pytest.raises(InvalidParameterError, match="nothing to do with a RunSpec"):
         _make(first, accountant_options={"workers": 2})
     assert isinstance(first, RunSpec) and first.describe()["plan_row"]["strategy"] == "identity"
 

@@ -408,7 +408,7 @@ def make_private(
             file ``dpmf plan --export`` wrote. The row is re-checked by one evaluation of its accountant
             at its noise multiplier -- no second calibration -- and refused when it is pruned, an
             uncertified estimate, or planned for another dataset size or ``delta``
-            (:func:`~dpmf.training.run_spec.run_spec_from_row`). Or an
+            (:func:`~dpmf.training.run_spec.run_spec_from_row`). Or a
             :class:`~dpmf.training.run_spec.RunSpec` (``build_run_spec``), used as it is (its dataset
             size, and ``delta`` / ``max_grad_norm`` / ``normalizer`` when given, must match it).
             ``strategy``, ``sampling``, ``noise_multiplier``, ``target_epsilon``, ``accountant`` and
