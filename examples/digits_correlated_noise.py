@@ -16,7 +16,7 @@ trains the ``TOP`` best rows, and DP-SGD with Poisson sampling as the baseline (
 plan; calibrated on its own when the plan ranked it lower or pruned it), each with
 ``make_private(..., plan=row)``: the row's strategy, sampler and noise, re-checked by one
 evaluation of its accountant and never calibrated again. The later runs of a row (other learning
-rates and seeds) reuse that :class:`~dpmf.training.plan.ExecutionPlan` (``plan=privacy.plan``: no
+rates and seeds) reuse that :class:`~dpmf.training.run_spec.RunSpec` (``plan=privacy.plan``: no
 accounting at all). Every run's report is checked: certified, ``epsilon <= eps``, equal to the
 row's epsilon; the first run's report of each row is saved (``reports/``) and re-checked with
 :func:`dpmf.accounting.verify_report` (what ``dpmf verify`` does). A non-private run with the same
@@ -161,7 +161,7 @@ def _row_summary(r) -> dict:
 
 # ------------------------------------------------------------------------------------- training
 def train_one(data, cfg: Config, lr: float, seed: int, *, plan=None):
-    """One run. Private (``plan``: a plan row or an ExecutionPlan): ``(accuracy, privacy, seconds,
+    """One run. Private (``plan``: a plan row or a RunSpec): ``(accuracy, privacy, seconds,
     seconds in make_private)``; ``plan=None``: plain SGD on shuffled batches of the same size,
     ``(accuracy, None, seconds, 0)``."""
     import torch

@@ -15,7 +15,7 @@ Each run is :func:`dpmf.training.jax.make_private`: the plan's batches (:class:`
 padded to 128 so ``jit`` compiles one shape), ``jax_privacy.clipped_grad`` (``vmap``), the
 strategy's noise through jax_privacy's matrix-factorization privatizer (BandMF and BLT streamed, in
 O(bands) and O(buffers) state), ``1 / normalizer`` and ``optax.sgd``, chained. The plan of a
-(mechanism, epsilon) is certified once (:func:`~dpmf.training.plan.build_plan`) and reused by all
+(mechanism, epsilon) is certified once (:func:`~dpmf.training.run_spec.build_run_spec`) and reused by all
 its runs (``plan=``); the first run's report is saved in ``reports/`` and re-checked with
 :func:`dpmf.accounting.verify_report` (what ``dpmf verify`` does).
 
@@ -173,7 +173,7 @@ def run_all(cfg: Config, out: Path | None) -> dict:
     import numpy as np
 
     from dpmf.accounting.verify import verify_report
-    from dpmf.training.plan import build_plan
+    from dpmf.training.run_spec import build_run_spec
 
     data = load_data()
     num_train = len(data[0])
@@ -184,7 +184,7 @@ def run_all(cfg: Config, out: Path | None) -> dict:
     for eps in cfg.epsilons:
         for name in mechanisms(cfg):
             strategy, scheme = mechanism(name, cfg, num_train)
-            plan = build_plan(strategy, scheme, num_examples=num_train, delta=cfg.delta, max_grad_norm=cfg.clip,
+            plan = build_run_spec(strategy, scheme, num_examples=num_train, delta=cfg.delta, max_grad_norm=cfg.clip,
                               target_epsilon=eps)
             assert plan.report.certified and plan.epsilon <= eps
             by_lr = {}

@@ -101,7 +101,7 @@ def verify(
     else:
         out.print(result.summary(), highlight=False, markup=False)
         if trained is not None:
-            from dpmf.training.plan import training_summary
+            from dpmf.training.run_spec import training_summary
 
             out.print(training_summary({"diagnostics": {"training": trained}}), highlight=False, markup=False,
                       soft_wrap=True)  # (one line, whole: easy to grep)

@@ -15,7 +15,7 @@ carries everything needed to run it again:
 
 :meth:`PlanRow.build` returns ``(strategy, scheme, noise_multiplier)``;
 ``dpmf.training.torch.make_private(..., plan=row)`` trains exactly that
-(:func:`dpmf.training.plan.plan_from_row`: one accountant evaluation re-checks the row, no
+(:func:`dpmf.training.run_spec.run_spec_from_row`: one accountant evaluation re-checks the row, no
 calibration). :func:`export_row` writes a row as JSON (``dpmf plan --export FILE``) and
 :func:`load_row` reads it back (or a row of ``dpmf plan --json``).
 

@@ -1,5 +1,5 @@
 """The JAX digits example (``examples/digits_jax.py``) runs end to end in its ``--fast`` mode: DP-SGD,
-BandMF and BLT each certified at (at most) the target epsilon by ``build_plan``, trained through
+BandMF and BLT each certified at (at most) the target epsilon by ``build_run_spec``, trained through
 ``dpmf.training.jax.make_private``, their reports saved and accepted by ``verify_report`` (what ``dpmf
 verify`` does), and every row learns (test accuracy well above the 10% of chance).
 

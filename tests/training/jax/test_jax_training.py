@@ -23,7 +23,7 @@ from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity, bsr  # noqa: E402
 from dpmf.training.jax import make_private  # noqa: E402
 from dpmf.training.jax.engine import _derived_seed  # noqa: E402
-from dpmf.training.plan import resolve_plan  # noqa: E402
+from dpmf.training.run_spec import resolve_run_spec  # noqa: E402
 
 M, FEATURES, CLASSES = 96, 4, 3
 _rng = np.random.default_rng(0)
@@ -184,7 +184,7 @@ def test_refuses_with_the_pytorch_sides_messages():
     ]
     kinds = set()
     for plan_kw in cases:
-        expected = message(lambda: resolve_plan(**{**common, **plan_kw}))
+        expected = message(lambda: resolve_run_spec(**{**common, **plan_kw}))
         got = message(lambda: make_private(loss, _params(), M, optimizer=optax.sgd(0.1), seed=0, delta=1e-5,
                                            noise_multiplier=1.0, **plan_kw))
         assert got == expected

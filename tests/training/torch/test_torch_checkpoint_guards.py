@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from dpmf.errors import InvalidParameterError  # noqa: E402
 from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import BLT, BinaryTree, DenseStrategy, FFTMechanism, Identity, bsr  # noqa: E402
-from dpmf.training.plan import description_fingerprint  # noqa: E402
+from dpmf.training.run_spec import description_fingerprint  # noqa: E402
 from dpmf.training.torch import make_private  # noqa: E402
 
 F = torch.nn.functional

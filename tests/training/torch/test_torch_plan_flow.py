@@ -25,7 +25,7 @@ from dpmf.accounting.verify import verify_report
 from dpmf.cli.main import app
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.planner import TrainingRun, candidates, evaluate, export_row, plan
-from dpmf.training.plan import ExecutionPlan, plan_from_row, training_summary
+from dpmf.training.run_spec import RunSpec, run_spec_from_row, training_summary
 from dpmf.training.torch import make_private
 
 RUN = TrainingRun(120, 20, 2, 2.0, 1e-5)
@@ -208,18 +208,18 @@ def test_an_execution_plan_is_used_as_it_is(rows, count_evaluations):
     second = _make(first)
     assert second.privacy.plan is first and count_evaluations == ["allocation_pld"]  # no accounting at all
     assert _make(first, delta=first.delta, normalizer=first.normalizer).privacy.plan is first
-    with pytest.raises(InvalidParameterError, match="max_grad_norm=2.0 but the ExecutionPlan has max_grad_norm=1.0"):
+    with pytest.raises(InvalidParameterError, match="max_grad_norm=2.0 but the RunSpec has max_grad_norm=1.0"):
         _make(first, max_grad_norm=2.0)
-    with pytest.raises(InvalidParameterError, match="dataset has 100 examples but the ExecutionPlan"):
+    with pytest.raises(InvalidParameterError, match="dataset has 100 examples but the RunSpec"):
         _make(first, data=_data(100))
-    with pytest.raises(InvalidParameterError, match="nothing to do with an ExecutionPlan"):
+    with pytest.raises(InvalidParameterError, match="nothing to do with a RunSpec"):
         _make(first, accountant_options={"workers": 2})
-    assert isinstance(first, ExecutionPlan) and first.describe()["plan_row"]["strategy"] == "identity"
+    assert isinstance(first, RunSpec) and first.describe()["plan_row"]["strategy"] == "identity"
 
 
 def test_plan_from_row_is_the_library_entry_point(rows):
     row = rows[("banded-toeplitz", "fixed-order")]
-    p = plan_from_row(row, num_examples=120, max_grad_norm=0.5, normalizer=25.0)
+    p = run_spec_from_row(row, num_examples=120, max_grad_norm=0.5, normalizer=25.0)
     assert p.max_grad_norm == 0.5 and p.normalizer == 25.0 and p.noise_multiplier == row.noise_multiplier
     assert p.plan_row == row.describe_source()
 

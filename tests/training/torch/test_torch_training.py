@@ -14,7 +14,7 @@ import dpmf
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, MultiAttributionMinSepSampling, PoissonSampling
 from dpmf.strategies import BLT, BinaryTree, Identity, bsr
-from dpmf.training.plan import StepOutOfPlanError, build_plan
+from dpmf.training.run_spec import StepOutOfPlanError, build_run_spec
 from dpmf.training.torch import correlated_noise, make_private
 from dpmf.training.torch.engine import _derived_seed
 
@@ -117,7 +117,7 @@ def test_dpsgd_sigma_and_epsilon_equal_dp_accounting():
     import dp_accounting
 
     q, T, delta, target = 0.05, 60, 1e-5, 2.0
-    plan = build_plan(Identity(T), PoissonSampling(q, T), num_examples=1000, target_epsilon=target, delta=delta,
+    plan = build_run_spec(Identity(T), PoissonSampling(q, T), num_examples=1000, target_epsilon=target, delta=delta,
                       max_grad_norm=1.0)
 
     def eps(sigma):
@@ -145,7 +145,7 @@ def test_dpsgd_equals_opacus_prv():
     from opacus.accountants.utils import get_noise_multiplier
 
     q, T, delta, target = 0.05, 60, 1e-5, 2.0
-    plan = build_plan(Identity(T), PoissonSampling(q, T), num_examples=1000, target_epsilon=target, delta=delta,
+    plan = build_run_spec(Identity(T), PoissonSampling(q, T), num_examples=1000, target_epsilon=target, delta=delta,
                       max_grad_norm=1.0)
     # Opacus' PRV accountant is an upper estimate within eps_error (default 0.01): ask it for 1e-3
     sigma = get_noise_multiplier(target_epsilon=target, target_delta=delta, sample_rate=q, steps=T, accountant="prv",
@@ -187,9 +187,9 @@ def test_pair_without_a_sound_accountant_is_refused():
     # MMCC does not cover multi-attribution sampling: refused before training (the user-level pair's
     # proved bounds are the unamplified one, which "auto" picks, and certified Monte Carlo)
     with pytest.raises(UnsupportedConfigurationError):
-        build_plan(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
+        build_run_spec(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
                    delta=1e-5, max_grad_norm=1.0, accountant="mmcc")
-    plan = build_plan(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
+    plan = build_run_spec(bsr(8, 2), MultiAttributionMinSepSampling(0.2, 8, 2, 2), num_examples=M, noise_multiplier=1.0,
                       delta=1e-5, max_grad_norm=1.0)
     assert plan.report.method == "unamplified" and plan.report.certified
 
@@ -198,7 +198,7 @@ def test_monte_carlo_estimate_cannot_certify_training():
     from dpmf.sampling import MinSepSampling
 
     with pytest.raises(UnsupportedConfigurationError, match="estimate"):
-        build_plan(bsr(8, 2), MinSepSampling(0.2, 8, 2), num_examples=M, noise_multiplier=1.0, delta=1e-2,
+        build_run_spec(bsr(8, 2), MinSepSampling(0.2, 8, 2), num_examples=M, noise_multiplier=1.0, delta=1e-2,
                    max_grad_norm=1.0, accountant="montecarlo", accountant_options=None, num_samples=2000, seed=0)
 
 
@@ -301,7 +301,7 @@ def test_import_dpmf_does_not_import_torch():
 
 
 def test_expected_batch_size_matches_the_sampler_on_average():
-    from dpmf.training.plan import expected_batch_size
+    from dpmf.training.run_spec import expected_batch_size
     from dpmf.training.torch import SchemeBatchSampler
 
     for scheme in (PoissonSampling(0.1, 200), CyclicPoissonSampling(0.4, 200, 4), BallsInBinsSampling(2, 200)):

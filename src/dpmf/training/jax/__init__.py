@@ -5,7 +5,7 @@ package without it raises one :class:`ImportError` saying how to install it. A b
 framework: jax_privacy clips per example (``clipped_grad``, ``vmap``) and adds the noise (its
 matrix-factorization privatizer, an ``optax`` transformation); dpmf supplies the strategy's
 noising matrix, the batches of a :class:`~dpmf.sampling.SamplingScheme` and the certified sigma
-(the framework-free :class:`~dpmf.training.plan.ExecutionPlan`, as for PyTorch).
+(the framework-free :class:`~dpmf.training.run_spec.RunSpec`, as for PyTorch).
 
 * :func:`make_private` - loss, params, dataset size, strategy, sampler, target -> the optax
   transformation, the clipped-gradient function, the batch iterator and the privacy report;

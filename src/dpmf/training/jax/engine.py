@@ -2,7 +2,7 @@
 clipped-gradient function, the batches and the privacy report out.
 
 The JAX twin of :func:`dpmf.training.torch.make_private`, built on the same framework-free
-:class:`~dpmf.training.plan.ExecutionPlan` (:func:`~dpmf.training.plan.resolve_plan`: the same
+:class:`~dpmf.training.run_spec.RunSpec` (:func:`~dpmf.training.run_spec.resolve_run_spec`: the same
 certification before step 0 and the same refusals, with the same messages) and on jax_privacy for
 the per-example work. The update of step ``t`` is the plan's
 
@@ -54,7 +54,7 @@ from dpmf.errors import InvalidParameterError
 from dpmf.training.jax._deps import require_jax
 from dpmf.training.jax.data import SchemeBatches
 from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
-from dpmf.training.plan import ExecutionPlan, resolve_plan
+from dpmf.training.run_spec import RunSpec, resolve_run_spec
 
 jax, optax, jax_privacy = require_jax()
 import jax.numpy as jnp  # noqa: E402
@@ -117,7 +117,7 @@ def _from_numpy_leaves(template, leaves: list, what: str):
 class Privacy:
     """The privacy side of a JAX run: its plan, reports and checkpoints (:func:`make_private`)."""
 
-    plan: ExecutionPlan
+    plan: RunSpec
     batches: SchemeBatches
 
     @property
@@ -147,26 +147,12 @@ class Privacy:
     def save_report(self, path: str | os.PathLike, opt_state=None) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (and, beside it, the matrix a large dense strategy's
         description names by hash), so ``dpmf verify path`` re-checks it. Returns the paths written."""
-        from dpmf.files import check_output_file, writing
-        from dpmf.strategies.serialization import save_matrices
-
-        path = check_output_file(path, "path")
-        written = [path]
-        with writing(path, "privacy report"):
-            path.write_text(self.report(opt_state).to_json(indent=1) + "\n", encoding="utf-8")
-        desc = self.plan.strategy.describe()
-        if "matrix" not in desc and "sha256" in desc:
-            written += save_matrices(self.plan.strategy, path.parent)
-        return written
+        return self.plan.save_report(lambda: self.report(opt_state), path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run (at the plan's delta)."""
         if delta is not None and delta != self.plan.delta:
-            from dpmf.accounting import account
-
-            r = self.plan.report
-            return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
-                           **r.options).epsilon
+            return self.plan.epsilon_at(delta)
         return self.plan.epsilon
 
     # --- checkpoints ------------------------------------------------------------------------------
@@ -175,7 +161,7 @@ class Privacy:
         numpy arrays and JSON-ready values."""
         p, _ = _to_numpy_leaves(params)
         o, _ = _to_numpy_leaves(opt_state)
-        return {"format": CHECKPOINT_FORMAT, "plan": self.plan.describe(), "plan_fingerprint": self.plan.fingerprint(),
+        return {"format": CHECKPOINT_FORMAT, **self.plan.checkpoint_entries(),
                 "steps_done": self.steps_done, "batches": self.batches.state_dict(),
                 "noise_steps": self.noise_steps(opt_state), "params": p, "opt_state": o}
 
@@ -288,7 +274,7 @@ def make_private(
         optimizer: any ``optax.GradientTransformation`` (``optax.sgd(0.1, momentum=0.9)``, ``adam``...).
         strategy, sampling, delta, max_grad_norm, target_epsilon | noise_multiplier, accountant,
             normalizer, plan, accountant_options: as for :func:`dpmf.training.torch.make_private`
-            (the same :func:`~dpmf.training.plan.resolve_plan`).
+            (the same :func:`~dpmf.training.run_spec.resolve_run_spec`).
         seed: one integer seed for the batches and the noise key (independent streams). JAX's
             keys are reproducible, not a secure source: there is no ``secure`` mode here.
         pad_multiple: batches are padded to a multiple of this (:class:`SchemeBatches`).
@@ -307,7 +293,7 @@ def make_private(
         raise InvalidParameterError("params must be a non-empty pytree of arrays")
     if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
         raise InvalidParameterError(f"num_examples must be a positive integer (the dataset size), got {num_examples!r}")
-    plan = resolve_plan(plan, strategy=strategy, sampling=sampling, num_examples=int(num_examples), delta=delta,
+    plan = resolve_run_spec(plan, strategy=strategy, sampling=sampling, num_examples=int(num_examples), delta=delta,
                         max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
                         accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
     if seed is None:

@@ -1,4 +1,11 @@
-"""Joint L2 clipping factors and their rounding: shared by every per-example gradient mode.
+"""The clipper contract (:class:`Clipper`), and the joint L2 clipping factors and their rounding
+shared by every per-example gradient mode.
+
+A *clipper* turns a batch into ``sum_i f_i g_i`` (the clipped per-example gradients' sum) and the
+unclipped norms ``n_i``. :class:`Clipper` is all that :class:`~dpmf.training.torch.optimizer.DPOptimizer`
+and :func:`~dpmf.training.torch.make_private` use of one; the two implementations,
+:class:`~dpmf.training.torch.grad_sample.PerExampleClipper` (``"functorch"``, ``"opacus"``) and
+:class:`~dpmf.training.torch.ghost.GhostClipper` (``"ghost"``), subclass it explicitly.
 
 ``f_i = min(1, C (1 - margin) / n_i)`` (1 for ``n_i = 0``, 0 for a non-finite ``n_i``), computed in
 float64 and cast to the parameter dtype rounding toward zero. ``margin = max(8 eps(dtype), 2**-40)``
@@ -11,7 +18,7 @@ per-example gradient has norm ``<= C`` for the computed numbers (the argument is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol, Sequence
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
@@ -19,8 +26,70 @@ from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper",
+__all__ = ["Clipper", "ClippedGradients", "clip_factors", "clip_margin", "toward_zero", "check_weights", "ClipperSetup", "setup_clipper",
            "check_nonfinite", "NONFINITE", "check_scalar_loss"]
+
+class ClippedGradients(NamedTuple):
+    """``grads[p]``: the clipped sum ``S_p`` (shape and dtype of parameter ``p``, in
+    ``Clipper.param_names`` order); ``norms``: the unclipped ``n_i`` (float64, shape ``(B,)``)."""
+
+    grads: list
+    norms: Any
+
+
+class Clipper(Protocol):
+    """What a clipper provides to the optimizer and to ``make_private`` (module docstring).
+
+    Two forms of use: :meth:`clipped_sum` runs the forward and backward of a batch itself; a clipper
+    with ``loop_form = True`` also takes the user's loop (``loss.backward()`` then
+    ``optimizer.step()``): its backwards form clipped sums that :meth:`collect` returns. A clipper
+    without the loop form returns nothing from :meth:`collect` and never has anything :meth:`pending`.
+    """
+
+    #: ``"ghost"``, ``"functorch"`` or ``"opacus"`` (recorded in the report and compared across ranks)
+    mode: str
+    #: whether the loop's ``loss.backward()`` forms clipped sums (:meth:`collect`)
+    loop_form: ClassVar[bool]
+    #: the trainable parameters, in ``named_parameters()`` order, and their names
+    params: list
+    param_names: list
+    #: ``"mean"`` or ``"sum"``: how the batch loss reduces the per-example losses
+    loss_reduction: str
+    #: examples dropped for a non-finite gradient (``nonfinite="skip"``)
+    skipped_nonfinite: int
+    #: hook handles :func:`~dpmf.training.torch.losses.guard_model_loss` attached for this clipper
+    loss_guard: list
+
+    def clipped_sum(self, inputs, targets=None, weights=None) -> ClippedGradients:
+        """The clipped sum and the unclipped norms of a batch (optional per-example ``weights`` in
+        ``[0, 1]`` multiply the clip factors)."""
+        ...
+
+    def collect(self) -> tuple[list | None, Any, int]:
+        """``(sums, norms, backwards)`` formed by the loop's backwards since the last call (``sums`` is
+        None and ``backwards`` 0 when none ran)."""
+        ...
+
+    def pending(self) -> bool:
+        """Whether a loop backward formed sums that :meth:`collect` has not taken yet."""
+        ...
+
+    def forwards_waiting(self) -> list:
+        """Names of the layers whose captured forward has not seen its backward yet."""
+        ...
+
+    def discard(self) -> None:
+        """Forget whatever was captured or formed for the current step (``zero_grad``)."""
+        ...
+
+    def close(self) -> None:
+        """Remove every hook this clipper attached to the module."""
+        ...
+
+    def diagnostics(self) -> dict:
+        """What the training report records about this clipper beyond its mode (may be empty)."""
+        ...
+
 
 #: what a clipper does with an example whose gradient is NaN/inf: raise (default), or drop it (count it)
 NONFINITE = ("raise", "skip")

@@ -3,9 +3,9 @@ into a private training run with correlated noise and a sound amplified epsilon.
 
 The batches (:class:`~dpmf.training.torch.data.SchemeBatchSampler`), the noise
 (:func:`~dpmf.training.torch.noise.correlated_noise`) and the epsilon (the plan's report,
-:func:`~dpmf.training.plan.build_plan`) come from the same ``strategy`` and ``sampling`` objects, so
+:func:`~dpmf.training.run_spec.build_run_spec`) come from the same ``strategy`` and ``sampling`` objects, so
 they cannot disagree; or all three from one ``dpmf plan`` row (``plan=row``: exactly what the row
-certified, re-checked, not calibrated again; :func:`~dpmf.training.plan.plan_from_row`). Example
+certified, re-checked, not calibrated again; :func:`~dpmf.training.run_spec.run_spec_from_row`). Example
 (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
 
 >>> import torch
@@ -37,8 +37,9 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, resolve_plan
+from dpmf.training.run_spec import RunSpec, resolve_run_spec
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.clipping import Clipper
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
 from dpmf.training.torch.ghost import GhostClipper
 from dpmf.training.torch.grad_sample import PerExampleClipper
@@ -48,7 +49,8 @@ from dpmf.training.torch.optimizer import DPOptimizer
 
 torch = require_torch()
 
-__all__ = ["make_private", "PrivateRun", "Privacy", "ShardedBatchSampler", "CHECKPOINT_FORMAT"]
+__all__ = ["make_private", "PrivateConfig", "build_private_run", "PrivateRun", "Privacy", "ShardedBatchSampler",
+           "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -97,7 +99,7 @@ class ShardedBatchSampler(torch.utils.data.Sampler):
 class Privacy:
     """The privacy side of a run: its plan, reports, checkpoints (returned by :func:`make_private`)."""
 
-    plan: ExecutionPlan
+    plan: RunSpec
     module: Any
     optimizer: DPOptimizer
     sampler: SchemeBatchSampler
@@ -118,49 +120,34 @@ class Privacy:
         JSON carries the digest ``dpmf verify`` checks for edits."""
         clipper = self.optimizer.clipper
         return self.plan.training_report(
-            self.steps_done, grad_sample_mode=getattr(clipper, "mode", "?"),
-            nonfinite_examples_skipped=clipper.skipped_nonfinite,
-            trainable_parameters=sum(p.numel() for p in clipper.params),
-            **({"ghost_fallback_layers": clipper.fallback_layers()} if hasattr(clipper, "fallback_layers") else {}))
+            self.steps_done, grad_sample_mode=clipper.mode, nonfinite_examples_skipped=clipper.skipped_nonfinite,
+            trainable_parameters=sum(p.numel() for p in clipper.params), **clipper.diagnostics())
 
     def save_report(self, path: str | os.PathLike) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (its folder must exist), and next to it, as
         ``<sha256>.npz``, the dense matrix a large dense strategy's description names by hash only
         (the optimal factorization above 64 steps), so that ``dpmf verify path --matrices <its folder>``
         can re-check the report from the files alone. Returns the paths written."""
-        from dpmf.files import check_output_file, writing
-        from dpmf.strategies.serialization import save_matrices
-
-        path = check_output_file(path, "path")
-        written = [path]
-        with writing(path, "privacy report"):
-            path.write_text(self.report().to_json(indent=1) + "\n", encoding="utf-8")
-        if "matrix" not in self.plan.strategy.describe() and "sha256" in self.plan.strategy.describe():
-            written += save_matrices(self.plan.strategy, path.parent)
-        return written
+        return self.plan.save_report(self.report, path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run at ``delta`` (default the plan's), Opacus' name. Another delta is
         recomputed with the same accountant and options."""
         if delta is None or delta == self.plan.delta:
             return self.plan.epsilon
-        from dpmf.accounting import account
-
         r = self.plan.report
         if r.method not in ("pld", "unamplified", "mmcc", "allocation", "allocation_pld", "truncated_pld"):
             # (Monte Carlo is an estimate from its own samples at its delta; composition reports carry
             # their parts, not one accountant to rerun)
             raise InvalidParameterError(f"epsilon at another delta is not available for method {r.method!r}")
-        return account(self.plan.strategy, self.plan.scheme, self.plan.noise_multiplier, delta, r.method,
-                       **r.options).epsilon
+        return self.plan.epsilon_at(delta)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Model, optimizer, sampler position, noise state and RNG, and the plan they belong to."""
         return {
             "format": CHECKPOINT_FORMAT,
-            "plan": self.plan.describe(),
-            "plan_fingerprint": self.plan.fingerprint(),
+            **self.plan.checkpoint_entries(),
             "steps_done": self.steps_done,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -332,7 +319,7 @@ def _check_ranks_agree(plan, sampler, noise, clipper, process_group) -> None:
         "plan": plan.fingerprint(),
         "sampler seed": _digest(sampler.seed),
         "noise stream": _digest([noise.fingerprint(), None if gen is None else gen.get_state().tolist()]),
-        "clipping": _digest([getattr(clipper, "mode", "?"), clipper.loss_reduction, clipper.param_names]),
+        "clipping": _digest([clipper.mode, clipper.loss_reduction, clipper.param_names]),
     }
     everyone: list = [None] * dist.get_world_size(process_group)
     dist.all_gather_object(everyone, mine, group=process_group)
@@ -421,8 +408,8 @@ def make_private(
             file ``dpmf plan --export`` wrote. The row is re-checked by one evaluation of its accountant
             at its noise multiplier -- no second calibration -- and refused when it is pruned, an
             uncertified estimate, or planned for another dataset size or ``delta``
-            (:func:`~dpmf.training.plan.plan_from_row`). Or an
-            :class:`~dpmf.training.plan.ExecutionPlan` (``build_plan``), used as it is (its dataset
+            (:func:`~dpmf.training.run_spec.run_spec_from_row`). Or a
+            :class:`~dpmf.training.run_spec.RunSpec` (``build_run_spec``), used as it is (its dataset
             size, and ``delta`` / ``max_grad_norm`` / ``normalizer`` when given, must match it).
             ``strategy``, ``sampling``, ``noise_multiplier``, ``target_epsilon``, ``accountant`` and
             value-changing ``accountant_options`` conflict with ``plan`` and are refused with it.
@@ -465,32 +452,132 @@ def make_private(
     sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError` for
     a sampler whose steps differ from the strategy's.
     """
+    config = PrivateConfig(
+        strategy=strategy, sampling=sampling, delta=delta, max_grad_norm=max_grad_norm, plan=plan, loss_fn=loss_fn,
+        noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, accountant=accountant, seed=seed,
+        secure=secure, normalizer=normalizer, grad_sample_mode=grad_sample_mode, chunk_size=chunk_size,
+        loss_reduction=loss_reduction, nonfinite=nonfinite, noise_dtype=noise_dtype, collate_fn=collate_fn,
+        num_workers=num_workers, distributed=distributed, process_group=process_group,
+        accountant_options=accountant_options, attribution=attribution)
+    return build_private_run(module, optimizer, data, config)
+
+
+@dataclass(frozen=True)
+class PrivateConfig:
+    """Every keyword of :func:`make_private` (same names, same defaults, same meaning): the run's
+    configuration before anything is checked. :func:`build_private_run` turns it into a
+    :class:`PrivateRun` in stages (data, plan, seeds, clipper, noise, loader and optimizer)."""
+
+    strategy: Any = None
+    sampling: Any = None
+    delta: float | None = None
+    max_grad_norm: float | None = None
+    plan: Any = None
+    loss_fn: Callable | None = None
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    accountant: str = "auto"
+    seed: int | None = None
+    secure: bool = False
+    normalizer: float | None = None
+    grad_sample_mode: str | None = None
+    chunk_size: int | None = None
+    loss_reduction: str = "mean"
+    nonfinite: str = "raise"
+    noise_dtype: Any = None
+    collate_fn: Callable | None = None
+    num_workers: int = 0
+    distributed: bool = False
+    process_group: Any = None
+    accountant_options: dict | None = None
+    attribution: Any = None
+
+
+class _Seeds(NamedTuple):
+    """This process's place in the data-parallel group and the seeds of its sampler and noise (None:
+    secure, OS entropy)."""
+
+    rank: int
+    world: int
+    sampler: int | None
+    noise: int | None
+
+
+def build_private_run(module, optimizer, data, config: PrivateConfig) -> PrivateRun:
+    """:func:`make_private` from a :class:`PrivateConfig`: the stages in the order their checks run
+    (every argument error before the accounting where it can be, before any state is built)."""
     if not isinstance(module, torch.nn.Module):
         raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    dataset, collate_fn = _dataset_of(data, config.collate_fn)
+    num_examples = _num_examples(dataset)
+    mode = _grad_sample_mode(config)
+    plan = _resolve_run(config, num_examples)
+    seeds = _seeds(config)
+    sampler = SchemeBatchSampler(plan.scheme, num_examples, seed=seeds.sampler,
+                                 secure=config.secure and not config.distributed, attribution=config.attribution)
+    clipper = _make_clipper(module, config, mode, plan.max_grad_norm)
+    noise = _make_noise(plan, clipper, config, seeds)
+    if config.distributed:
+        _check_ranks_agree(plan, sampler, noise, clipper, config.process_group)
+    batch_sampler = ShardedBatchSampler(sampler, seeds.rank, seeds.world) if config.distributed else sampler
+    # the loader gets its own generator: iterating it must not draw from torch's global RNG, which
+    # the model's randomness (dropout) uses and checkpoints restore
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler,
+                                         collate_fn=EmptyBatchCollate(dataset, collate_fn),
+                                         num_workers=config.num_workers, generator=torch.Generator().manual_seed(0))
+    dp_opt = DPOptimizer(optimizer, plan=plan, clipper=clipper, noise=noise, distributed=config.distributed,
+                         process_group=config.process_group, batch_source=batch_sampler,
+                         exact_position=config.num_workers == 0)
+    return PrivateRun(module, dp_opt, loader, Privacy(plan, module, dp_opt, sampler))
+
+
+def _dataset_of(data, collate_fn):
+    """``(dataset, collate_fn)``: a DataLoader gives its dataset and (unless one is given) its collate_fn."""
     if isinstance(data, torch.utils.data.DataLoader):
-        collate_fn = collate_fn or data.collate_fn
-        dataset = data.dataset
-    else:
-        dataset = data
+        return data.dataset, collate_fn or data.collate_fn
+    return data, collate_fn
+
+
+def _num_examples(dataset) -> int:
     try:
-        num_examples = len(dataset)
+        return len(dataset)
     except TypeError as exc:
         raise InvalidParameterError("the dataset must have len() (the number of examples is public)") from exc
-    if grad_sample_mode is None:
-        grad_sample_mode = "ghost" if loss_fn is None else "functorch"
-    if loss_fn is None and grad_sample_mode != "ghost":
+
+
+def _grad_sample_mode(config: PrivateConfig) -> str:
+    """The clipper's mode: ghost for the loss.backward() loop (``loss_fn=None``), else functorch."""
+    mode = config.grad_sample_mode
+    if mode is None:
+        mode = "ghost" if config.loss_fn is None else "functorch"
+    if config.loss_fn is None and mode != "ghost":
         raise InvalidParameterError(
-            f"loss_fn=None (the loss.backward() loop) needs grad_sample_mode='ghost', got {grad_sample_mode!r}; "
+            f"loss_fn=None (the loss.backward() loop) needs grad_sample_mode='ghost', got {mode!r}; "
             "pass loss_fn=... to use optimizer.step(inputs, targets)"
         )
-    if plan is None and sampling is not None and (attribution is not None or hasattr(sampling, "max_user_examples")):
+    return mode
+
+
+def _resolve_run(config: PrivateConfig, num_examples: int) -> RunSpec:
+    """The frozen run description (:func:`~dpmf.training.run_spec.resolve_run_spec`)."""
+    sampling = config.sampling
+    if config.plan is None and sampling is not None and (config.attribution is not None
+                                                         or hasattr(sampling, "max_user_examples")):
         # the sampler's checks (attribution given for, and only for, multi-attribution; its size; k_u) before
         # the accounting, which can take minutes
-        SchemeBatchSampler(sampling, num_examples, seed=0, attribution=attribution)
-    plan = resolve_plan(plan, strategy=strategy, sampling=sampling, num_examples=num_examples, delta=delta,
-                        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
-                        accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
-    strategy, sampling, max_grad_norm = plan.strategy, plan.scheme, plan.max_grad_norm
+        SchemeBatchSampler(sampling, num_examples, seed=0, attribution=config.attribution)
+    return resolve_run_spec(config.plan, strategy=config.strategy, sampling=sampling, num_examples=num_examples,
+                        delta=config.delta, max_grad_norm=config.max_grad_norm,
+                        noise_multiplier=config.noise_multiplier, target_epsilon=config.target_epsilon,
+                        accountant=config.accountant, normalizer=config.normalizer,
+                        accountant_options=config.accountant_options)
+
+
+def _seeds(config: PrivateConfig) -> _Seeds:
+    """Checks ``seed`` / ``secure``; derives independent sampler and noise seeds from ``seed``. Under
+    ``distributed`` with ``secure``, rank 0's OS seed for the sampler goes to every rank (the same
+    global batches everywhere)."""
+    seed, secure = config.seed, config.secure
     if seed is None and not secure:
         raise InvalidParameterError("pass seed=<int> (reproducible) or secure=True (OS entropy)")
     if seed is not None and secure:
@@ -499,41 +586,42 @@ def make_private(
         raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
     rank, world = 0, 1
     sampler_seed = None if secure else _derived_seed(seed, 0)
-    if distributed:
+    if config.distributed:
         import torch.distributed as dist
 
         if not dist.is_initialized():
             raise InvalidParameterError("distributed=True needs torch.distributed.init_process_group first")
-        rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+        rank, world = dist.get_rank(config.process_group), dist.get_world_size(config.process_group)
         if secure:  # every rank must draw the same global batches: one OS seed, from rank 0
             box = [int.from_bytes(os.urandom(16), "little") if rank == 0 else None]
-            dist.broadcast_object_list(box, src=0, group=process_group)
+            dist.broadcast_object_list(box, src=0, group=config.process_group)
             sampler_seed = box[0]
-    noise_seed = None if secure else _derived_seed(seed, 1)
-    sampler = SchemeBatchSampler(sampling, num_examples, seed=sampler_seed, secure=secure and not distributed,
-                                 attribution=attribution)
-    if grad_sample_mode == "ghost":
-        clipper = GhostClipper(module, loss_fn, max_grad_norm, loss_reduction=loss_reduction, chunk_size=chunk_size,
-                               nonfinite=nonfinite)
+    return _Seeds(rank, world, sampler_seed, None if secure else _derived_seed(seed, 1))
+
+
+def _make_clipper(module, config: PrivateConfig, mode: str, max_grad_norm: float) -> Clipper:
+    """The clipper of ``mode``; ghost and opacus modes also make a model's own loss per example."""
+    if mode == "ghost":
+        clipper: Clipper = GhostClipper(module, config.loss_fn, max_grad_norm, loss_reduction=config.loss_reduction,
+                                        chunk_size=config.chunk_size, nonfinite=config.nonfinite)
     else:
-        clipper = PerExampleClipper(module, loss_fn, max_grad_norm, mode=grad_sample_mode, chunk_size=chunk_size,
-                                    loss_reduction=loss_reduction, nonfinite=nonfinite)
-    if grad_sample_mode in ("ghost", "opacus"):  # the model's own loss sees the whole batch: keep it per example
-        clipper.loss_guard = guard_model_loss(module, loss_reduction)
-    noise = correlated_noise(strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
-                             max_grad_norm=plan.max_grad_norm, seed=noise_seed, secure=secure, dtype=noise_dtype)
-    if distributed and secure:  # the same secure noise stream on every rank: rank 0's state
-        box = [noise.state_dict() if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0, group=process_group)
+        clipper = PerExampleClipper(module, config.loss_fn, max_grad_norm, mode=mode, chunk_size=config.chunk_size,
+                                    loss_reduction=config.loss_reduction, nonfinite=config.nonfinite)
+    if mode in ("ghost", "opacus"):  # the model's own loss sees the whole batch: keep it per example
+        clipper.loss_guard = guard_model_loss(module, config.loss_reduction)
+    return clipper
+
+
+def _make_noise(plan: RunSpec, clipper: Clipper, config: PrivateConfig, seeds: _Seeds):
+    """The correlated-noise generator over the clipper's parameters; under ``distributed`` with
+    ``secure``, every rank gets rank 0's state (the same secret stream)."""
+    noise = correlated_noise(plan.strategy, list(clipper.params), noise_multiplier=plan.noise_multiplier,
+                             max_grad_norm=plan.max_grad_norm, seed=seeds.noise, secure=config.secure,
+                             dtype=config.noise_dtype)
+    if config.distributed and config.secure:
+        import torch.distributed as dist
+
+        box = [noise.state_dict() if seeds.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=config.process_group)
         noise.load_state_dict(box[0])
-    if distributed:
-        _check_ranks_agree(plan, sampler, noise, clipper, process_group)
-    batch_sampler = ShardedBatchSampler(sampler, rank, world) if distributed else sampler
-    # the loader gets its own generator: iterating it must not draw from torch's global RNG, which
-    # the model's randomness (dropout) uses and checkpoints restore
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=batch_sampler,
-                                         collate_fn=EmptyBatchCollate(dataset, collate_fn), num_workers=num_workers,
-                                         generator=torch.Generator().manual_seed(0))
-    dp_opt = DPOptimizer(optimizer, plan=plan, clipper=clipper, noise=noise, distributed=distributed,
-                         process_group=process_group, batch_source=batch_sampler, exact_position=num_workers == 0)
-    return PrivateRun(module, dp_opt, loader, Privacy(plan, module, dp_opt, sampler))
+    return noise

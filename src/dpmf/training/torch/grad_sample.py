@@ -41,11 +41,14 @@ Example (``loss = (w.x - y)^2 / 2`` at ``w = 0`` has per-example gradient ``-y x
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.batch import as_args
 from dpmf.training.torch.clipping import (
+    ClippedGradients,
+    Clipper,
     check_nonfinite,
     check_scalar_loss,
     check_weights,
@@ -64,18 +67,6 @@ MODES = ("functorch", "opacus")
 #: parameters with at most this many floats per example get their squared norms in one batched
 #: float64 product; larger ones one float64 dot per example (faster than ``vector_norm`` in float64)
 _SMALL_ROW = 1 << 14
-
-
-class ClippedGradients(NamedTuple):
-    """``grads[p]``: the clipped sum ``S_p`` (shape and dtype of parameter ``p``, in
-    ``PerExampleClipper.param_names`` order); ``norms``: the unclipped ``n_i`` (float64, shape ``(B,)``)."""
-
-    grads: list
-    norms: Any
-
-
-def _as_args(inputs) -> tuple:
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
 def _vmap_failure(module, run, exc) -> UnsupportedConfigurationError:
@@ -109,7 +100,7 @@ def _vmap_failure(module, run, exc) -> UnsupportedConfigurationError:
     )
 
 
-class PerExampleClipper:
+class PerExampleClipper(Clipper):
     """Per-example gradients of ``module`` under ``loss_fn``, clipped jointly to ``max_grad_norm``.
 
     Args:
@@ -134,6 +125,8 @@ class PerExampleClipper:
     carries full backward hooks (Opacus' included) cannot be used in functorch mode (a torch limit).
     """
 
+    loop_form = False
+
     def __init__(
         self,
         module,
@@ -153,6 +146,7 @@ class PerExampleClipper:
         self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
         self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
+        self.loss_guard: list = []
         for name, m in module.named_modules():
             if isinstance(m, torch.nn.Embedding) and m.sparse and m.weight.requires_grad:
                 raise UnsupportedConfigurationError(
@@ -237,6 +231,23 @@ class PerExampleClipper:
                     sq[i] += torch.dot(r, r)
         return torch.sqrt(sq)
 
+    # the loop form (loss.backward(), then optimizer.step()) is ghost mode's: nothing is ever captured here
+    def collect(self) -> tuple[None, Any, int]:
+        """``(None, no norms, 0)``: this clipper has no loop form (:class:`~dpmf.training.torch.clipping.Clipper`)."""
+        return None, torch.zeros(0, dtype=torch.float64, device=self.params[0].device), 0
+
+    def pending(self) -> bool:
+        return False
+
+    def forwards_waiting(self) -> list:
+        return []
+
+    def discard(self) -> None:
+        """Nothing to forget: every batch is clipped within :meth:`clipped_sum`."""
+
+    def diagnostics(self) -> dict:
+        return {}
+
     def close(self) -> None:
         """Remove Opacus' hooks and attributes from the module (no-op in functorch mode)."""
         if self._gsm is not None:
@@ -245,7 +256,7 @@ class PerExampleClipper:
 
     # ------------------------------------------------------------------ helpers
     def _check_batch(self, inputs, targets) -> tuple[tuple, int]:
-        args = _as_args(inputs)
+        args = as_args(inputs)
         if not args or not all(isinstance(a, torch.Tensor) and a.ndim >= 1 for a in args):
             raise InvalidParameterError("inputs must be a tensor or a tuple of tensors with the examples along dim 0")
         batch = args[0].shape[0]

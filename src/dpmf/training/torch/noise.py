@@ -60,6 +60,7 @@ from dpmf.strategies.stamping import StampedEncoder
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch import noise_recurrences
 from dpmf.training.torch.noise_base import NoiseExhaustedError, TorchCorrelatedNoise
 from dpmf.training.torch.noise_recurrences import (
     TorchBLTNoise,
@@ -74,20 +75,8 @@ from dpmf.training.torch.noise_recurrences import (
 
 torch = require_torch()
 
-__all__ = [
-    "correlated_noise",
-    "noise_class",
-    "NoiseExhaustedError",
-    "TorchCorrelatedNoise",
-    "TorchIdentityNoise",
-    "TorchToeplitzNoise",
-    "TorchBLTNoise",
-    "TorchDenseNoise",
-    "TorchTreeNoise",
-    "TorchStampedNoise",
-    "TorchFFTNoise",
-    "TorchPseudoInverseNoise",
-]
+__all__ = ["correlated_noise", "noise_class", "NoiseExhaustedError", "TorchCorrelatedNoise",
+           *noise_recurrences.__all__]
 
 SUPPORTED = (
     "Identity, ToeplitzStrategy (BSR, BISR, banded, square root), BLTStrategy, DenseStrategy "

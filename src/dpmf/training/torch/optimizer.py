@@ -1,6 +1,6 @@
 """``DPOptimizer``: wraps any torch optimizer so that each step applies the plan's noisy gradient.
 
-Step ``t`` (:mod:`dpmf.training.plan`): the clipped per-example gradient sums of the step's batch
+Step ``t`` (:mod:`dpmf.training.run_spec`): the clipped per-example gradient sums of the step's batch
 (:class:`~dpmf.training.torch.grad_sample.PerExampleClipper`, possibly accumulated over several
 micro-batches with :meth:`DPOptimizer.accumulate`), plus the correlated noise of row ``t``
 (:func:`~dpmf.training.torch.noise.correlated_noise`), divided by the plan's public normalizer, are
@@ -115,24 +115,20 @@ class DPOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``; also forgets the clipped sums accumulated for this step
         (micro-batches, loop backwards, forwards not yet backpropagated)."""
-        discard = getattr(self.clipper, "discard", None)
-        if discard is not None:
-            discard()
+        self.clipper.discard()
         self._sum, self._norms, self._examples = None, [], 0
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
     def _collect_loop(self) -> int:
-        """Take the clipped sums the loop's backwards formed (ghost mode); returns how many backwards."""
-        collect = getattr(self.clipper, "collect", None)
-        if collect is None:
-            return 0
+        """Take the clipped sums the loop's backwards formed (a clipper with the loop form: ghost mode);
+        returns how many backwards."""
         waiting = self.clipper.forwards_waiting()
         if waiting:
             raise InvalidParameterError(
                 f"step() after a forward without its backward (layers {waiting[:3]}): call loss.backward() "
                 "before optimizer.step()"
             )
-        sums, norms, backwards = collect()
+        sums, norms, backwards = self.clipper.collect()
         if backwards:
             self._add(sums, norms)
         return backwards
@@ -159,8 +155,7 @@ class DPOptimizer(torch.optim.Optimizer):
                 "step on exactly the loader's batch (once; micro-batches must add up to it), and call "
                 "zero_grad() before a new forward"
             )
-        loop_form = getattr(self.clipper, "collect", None) is not None
-        if expected is None and loop_form and backwards == 0 and not self._norms:
+        if expected is None and self.clipper.loop_form and backwards == 0 and not self._norms:
             raise InvalidParameterError(
                 "step() without a backward: run loss.backward() (or pass the batch: optimizer.step(inputs, "
                 "targets)) before optimizer.step()"
@@ -170,7 +165,7 @@ class DPOptimizer(torch.optim.Optimizer):
         """One private step: accumulate ``inputs`` (if given, with optional per-example ``weights``),
         add noise once, normalize, step.
 
-        Raises :class:`~dpmf.training.plan.StepOutOfPlanError` past the plan's last step.
+        Raises :class:`~dpmf.training.run_spec.StepOutOfPlanError` past the plan's last step.
         """
         if closure is not None:
             raise InvalidParameterError("DPOptimizer.step does not take a closure; pass the batch (inputs, targets)")

@@ -55,16 +55,17 @@ from typing import Any, Callable
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
+from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
+from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
-from dpmf.training.torch.ghost.fallback import fallback_gradients, flat_tensors
+from dpmf.training.torch.ghost.fallback import fallback_gradients
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerCall, LayerGradients, call_batch, rule_for
 from dpmf.training.torch.ghost.sequence import F64, gram_cache
 
 torch = require_torch()
 
-__all__ = ["GhostClipper", "BatchResult", "model_loss", "split_batch", "batch_size_of"]
+__all__ = ["GhostClipper", "BatchResult", "model_loss"]
 
 
 #: model -> the GhostClippers attached to it: parameters are detached (GhostClipper._detach) only by a
@@ -134,27 +135,6 @@ def _wrapped(t) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def batch_size_of(inputs) -> int:
-    """The number of examples of a batch: dim 0 of its first tensor (tensor, tuple, list or dict)."""
-    tensors = flat_tensors(inputs)
-    if not tensors or tensors[0].ndim < 1:
-        raise InvalidParameterError(
-            "inputs must be a tensor, a tuple of tensors or a dict of tensors with the examples along dim 0"
-        )
-    return tensors[0].shape[0]
-
-
-def split_batch(inputs, lo: int, hi: int, batch: int):
-    """``inputs`` with every tensor whose dim 0 is ``batch`` cut to ``[lo:hi]`` (same nesting)."""
-    if isinstance(inputs, torch.Tensor):
-        return inputs[lo:hi] if inputs.ndim >= 1 and inputs.shape[0] == batch else inputs
-    if isinstance(inputs, dict):
-        return type(inputs)({k: split_batch(v, lo, hi, batch) for k, v in inputs.items()})
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(split_batch(v, lo, hi, batch) for v in inputs)
-    return inputs
-
-
 def model_loss(output):
     """The loss a model returned: a scalar tensor, ``output.loss`` or ``output["loss"]``."""
     if isinstance(output, torch.Tensor):
@@ -171,7 +151,7 @@ def model_loss(output):
     return check_scalar_loss(loss)
 
 
-class GhostClipper:
+class GhostClipper(Clipper):
     """Per-example clipping by ghost norms and book-keeping (module docstring).
 
     Args:
@@ -192,12 +172,14 @@ class GhostClipper:
     """
 
     mode = "ghost"
+    loop_form = True
 
     def __init__(self, module, loss_fn: Callable | None, max_grad_norm: float, *, loss_reduction: str = "mean",
                  chunk_size: int | None = None, nonfinite: str = "raise") -> None:
         setup = setup_clipper(module, loss_fn, max_grad_norm, chunk_size, loss_reduction, nonfinite,
                               loss_fn_optional=True)
         self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
+        self.loss_guard: list = []
         self.module, self.loss_fn, self.loss_reduction = module, loss_fn, loss_reduction
         self.max_grad_norm, self.chunk_size, self.margin = setup.max_grad_norm, setup.chunk_size, setup.margin
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
@@ -259,6 +241,10 @@ class GhostClipper:
     def fallback_layers(self) -> list:
         """Names of the layers whose per-example norms use per-example gradients (:meth:`covered_layers`)."""
         return [name for name, how in self.covered_layers().items() if how == "fallback"]
+
+    def diagnostics(self) -> dict:
+        """``{"ghost_fallback_layers": [...]}`` for the training report (:meth:`fallback_layers`)."""
+        return {"ghost_fallback_layers": self.fallback_layers()}
 
     def shared_parameters(self) -> dict:
         """``{parameter name: [layer names]}`` for parameters owned by more than one layer (tied weights)."""
@@ -368,7 +354,6 @@ class GhostClipper:
         outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
                          versions=[(t, t._version) for t in first])
-        call.stale, call.done = False, False
         for k, t in enumerate(outputs):
             if t.requires_grad:
                 t.register_hook(functools.partial(self._grad_hook, unit, call, k))
@@ -510,21 +495,22 @@ class GhostClipper:
         return layer_grads, sq
 
     @contextlib.contextmanager
-    def _no_detach(self):
-        old, self._detach_ok = self._detach_ok, False
+    def _switched(self, name: str, value: bool):
+        """``self.<name>`` set to ``value`` inside, restored after (one of this clipper's own flags)."""
+        old = self.__dict__[name]
+        self.__dict__[name] = value
         try:
             yield
         finally:
-            self._detach_ok = old
+            self.__dict__[name] = old
 
-    @contextlib.contextmanager
+    def _no_detach(self):
+        """No detached parameters inside (:meth:`clipped_sum` differentiates with respect to them)."""
+        return self._switched("_detach_ok", False)
+
     def suspended(self):
         """No capture inside (re-running a layer for its per-example gradients, evaluation)."""
-        old, self._suspended = self._suspended, True
-        try:
-            yield
-        finally:
-            self._suspended = old
+        return self._switched("_suspended", True)
 
     # ------------------------------------------------------------------ public
     def clipped_sum(self, inputs, targets=None, weights=None):
@@ -535,8 +521,6 @@ class GhostClipper:
         ``targets``: passed to ``loss_fn`` (None: ``loss_fn(output)``, or the model's own loss when
         ``loss_fn`` is None). ``weights``: optional per-example multipliers in ``[0, 1]`` of the clip factors.
         """
-        from dpmf.training.torch.grad_sample import ClippedGradients
-
         if self.pending():
             raise InvalidParameterError(
                 "a backward already ran this step (the loop form): call optimizer.step() without a batch, "

@@ -19,27 +19,15 @@ from __future__ import annotations
 
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.batch import flat_tensors
 from dpmf.training.torch.ghost.materialized import from_per_example
 
 torch = require_torch()
 
-__all__ = ["fallback_gradients", "flat_tensors"]
+__all__ = ["fallback_gradients"]
 
 #: floats of per-example gradients per vmap chunk
 CHUNK_FLOATS = 1 << 23
-
-
-def flat_tensors(out) -> list:
-    """The tensors of a (nested) output: tensors, dicts, tuples, lists and dataclasses, in order."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in flat_tensors(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in flat_tensors(v)]
-    if hasattr(out, "__dataclass_fields__"):
-        return [t for k in out.__dataclass_fields__ for t in flat_tensors(getattr(out, k))]
-    return []
 
 
 def fallback_gradients(module, call, trainable: dict, name: str):

@@ -49,15 +49,21 @@ def _work(x):
     return torch.promote_types(x.dtype, torch.float32)
 
 
-@register_ghost_rule(torch.nn.LayerNorm)
-def layer_norm_rule(module, call, trainable):
+def _last_dims_rule(module, call, trainable, normalize):
+    """The rule of a layer normalizing over its last ``len(normalized_shape)`` dims (LayerNorm,
+    RMSNorm): ``normalize(x, dims)`` gives the normalized input, then the affine parameters' sums."""
     got = _over_last_dims(module, call)
     if got is None:
         return None
     xw, gw, dims, summed = got
+    return _affine(normalize(xw, dims), gw, trainable, summed, tuple(module.normalized_shape))
+
+
+@register_ghost_rule(torch.nn.LayerNorm)
+def layer_norm_rule(module, call, trainable):
     # the normalized input, as the layer forms it (one fused pass; no affine parameters)
-    xhat = torch.nn.functional.layer_norm(xw, tuple(module.normalized_shape), eps=module.eps)
-    return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
+    return _last_dims_rule(module, call, trainable, lambda xw, dims: torch.nn.functional.layer_norm(
+        xw, tuple(module.normalized_shape), eps=module.eps))
 
 
 @register_ghost_rule(torch.nn.GroupNorm)
@@ -74,21 +80,16 @@ def group_norm_rule(module, call, trainable):
     return _affine(xhat, gw.reshape(B, C, -1), trainable, (2,), (C,))
 
 
+# the clipper may run these layers on detached parameters (their outputs are plain tensors)
+layer_norm_rule.detachable = True
+group_norm_rule.detachable = True
+
 if hasattr(torch.nn, "RMSNorm"):
 
     @register_ghost_rule(torch.nn.RMSNorm)
     def rms_norm_rule(module, call, trainable):
-        got = _over_last_dims(module, call)
-        if got is None:
-            return None
-        xw, gw, dims, summed = got
         eps = module.eps if module.eps is not None else torch.finfo(call.input.dtype).eps
-        xhat = xw / torch.sqrt((xw * xw).mean(dims, keepdim=True) + eps)
-        return _affine(xhat, gw, trainable, summed, tuple(module.normalized_shape))
+        return _last_dims_rule(module, call, trainable,
+                               lambda xw, dims: xw / torch.sqrt((xw * xw).mean(dims, keepdim=True) + eps))
 
-
-# the clipper may run these layers on detached parameters (their outputs are plain tensors)
-layer_norm_rule.detachable = True
-group_norm_rule.detachable = True
-if hasattr(torch.nn, 'RMSNorm'):
     rms_norm_rule.detachable = True

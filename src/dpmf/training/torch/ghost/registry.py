@@ -71,8 +71,10 @@ class LayerCall:
     ``args``/``kwargs``: the call's arguments (tensors detached); ``outputs``: the flat list of the
     output tensors; ``grads``: the gradient of the loss with respect to each of them (``None`` when
     no gradient reached it, i.e. zero); ``batch``: the number of examples (dim 0 of the input);
-    ``grad_scale``: the factor that turns ``grads`` into per-example gradients (the batch size when
-    the loss was a mean over the batch, else 1).
+    ``versions``: ``(tensor, its _version at the forward)`` for the captured inputs (an in-place
+    change before the backward is refused); ``stale``: the call was dropped before a backward reached
+    it (a later forward, ``zero_grad``); ``done``: a backward already used it. The gradients in
+    ``grads`` are those of the batch loss as reduced (the clipper scales a mean by the batch size).
     """
 
     args: tuple
@@ -81,7 +83,8 @@ class LayerCall:
     grads: list
     batch: int
     versions: list = field(default_factory=list)
-    grad_scale: float = 1.0
+    stale: bool = False
+    done: bool = False
 
     @property
     def input(self):
