@@ -65,7 +65,7 @@ def _fast_configs():
 def time_audits(repeats: int = 1, canaries: int = 500, real: int = 500) -> list[dict]:
     """Fast mode: per mechanism, the plan's and the audit's wall time (medians of ``repeats``)."""
     _torch()
-    from dpmf.training.plan import build_plan
+    from dpmf.training.run_spec import build_run_spec
     from dpmf.training.torch.audit import audit_training
 
     rows = []
@@ -73,7 +73,7 @@ def time_audits(repeats: int = 1, canaries: int = 500, real: int = 500) -> list[
         plans, audits, lows = [], [], []
         for r in range(repeats):
             t = time.perf_counter()
-            plan = build_plan(strategy, scheme, num_examples=real + canaries, delta=DELTA, max_grad_norm=1.0,
+            plan = build_run_spec(strategy, scheme, num_examples=real + canaries, delta=DELTA, max_grad_norm=1.0,
                               target_epsilon=2.0)
             plans.append(time.perf_counter() - t)
             t = time.perf_counter()
@@ -105,7 +105,7 @@ def _power_configs():
 def power(claims=(1.0, 2.0, 3.0, 4.0), seeds: int = 3, real: int = 1000, only: str | None = None) -> list[dict]:
     """The power table (module docstring)."""
     _torch()
-    from dpmf.training.plan import build_plan
+    from dpmf.training.run_spec import build_run_spec
     from dpmf.training.torch.audit import audit_training
 
     rows = []
@@ -115,7 +115,7 @@ def power(claims=(1.0, 2.0, 3.0, 4.0), seeds: int = 3, real: int = 1000, only: s
         for eps in claims:
             m = 4000 if eps <= 1.0 else 1000
             t = time.perf_counter()
-            plan = build_plan(strategy, scheme, num_examples=real + m, delta=DELTA, max_grad_norm=1.0,
+            plan = build_run_spec(strategy, scheme, num_examples=real + m, delta=DELTA, max_grad_norm=1.0,
                               target_epsilon=eps)
             plan_s = time.perf_counter() - t
             lows, secs, ref, mech = [], [], None, None

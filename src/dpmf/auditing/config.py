@@ -36,7 +36,7 @@ class AuditConfig:
         strategy, sampling, delta, noise_multiplier | target_epsilon, max_grad_norm, accountant,
             accountant_options: the configuration, exactly as for
             :func:`~dpmf.training.torch.engine.make_private`; or ``plan``: an
-            :class:`~dpmf.training.plan.ExecutionPlan` built for ``len(dataset) + canaries`` examples
+            :class:`~dpmf.training.run_spec.RunSpec` built for ``len(dataset) + canaries`` examples
             (reused as it is: no second accounting).
         canaries: ``m``, the number of canaries (one run); in many-run mode the number of runs.
         threat: ``"white-box"`` (every noisy update) or ``"black-box"`` (the final model only).

@@ -28,7 +28,7 @@ import dpmf  # noqa: E402
 from dpmf.errors import DPMFError, InvalidParameterError  # noqa: E402
 from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, FixedOrderSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity, catalog  # noqa: E402
-from dpmf.training.plan import build_plan, expected_batch_size  # noqa: E402
+from dpmf.training.run_spec import build_run_spec, expected_batch_size  # noqa: E402
 from dpmf.training.torch import engine, grad_sample  # noqa: E402
 from dpmf.training.torch.audit import AuditConfig, audit_training, builtin_task  # noqa: E402
 
@@ -93,7 +93,7 @@ FAULTS = {
 
 
 def _plan(strategy, scheme, epsilon=2.0, real=REAL, m=M):
-    return build_plan(strategy, scheme, num_examples=real + m, delta=1e-5, max_grad_norm=1.0, target_epsilon=epsilon)
+    return build_run_spec(strategy, scheme, num_examples=real + m, delta=1e-5, max_grad_norm=1.0, target_epsilon=epsilon)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_the_audit_is_reproducible_and_does_not_depend_on_the_clip_norm():
     """The same seed gives the same audit; the released sums are read in clip-norm units and the Dirac
     canaries scale with the clip norm, so the audit of a run is the same at any clip norm."""
     def plan(clip):
-        return build_plan(Identity(8), PoissonSampling(0.3, 8), num_examples=90, delta=1e-5, max_grad_norm=clip,
+        return build_run_spec(Identity(8), PoissonSampling(0.3, 8), num_examples=90, delta=1e-5, max_grad_norm=clip,
                           noise_multiplier=1.0)
 
     a, b = (_audit(plan(1.0), seed=3, m=60, real=30) for _ in range(2))
@@ -221,7 +221,7 @@ def test_auditing_your_own_model_through_make_private():
 
 
 def test_many_run_mode_on_a_tiny_model():
-    plan = build_plan(Identity(4), PoissonSampling(0.5, 4), num_examples=21, delta=1e-5, max_grad_norm=1.0,
+    plan = build_run_spec(Identity(4), PoissonSampling(0.5, 4), num_examples=21, delta=1e-5, max_grad_norm=1.0,
                       noise_multiplier=1.0)
     rep = audit_training(plan=plan, canaries=12, runs=12, seed=0, num_examples=20)
     assert rep.mode == "many-run" and rep.runs == 12 and rep.canaries == 12
@@ -307,7 +307,7 @@ def test_planted_faults_are_caught_under_their_samplers(slow_plans, monkeypatch,
 
 @pytest.mark.slow
 def test_many_run_white_box_catches_missing_noise(monkeypatch):
-    plan = build_plan(Identity(8), PoissonSampling(0.5, 8), num_examples=21, delta=1e-5, max_grad_norm=1.0,
+    plan = build_run_spec(Identity(8), PoissonSampling(0.5, 8), num_examples=21, delta=1e-5, max_grad_norm=1.0,
                       target_epsilon=1.0)
     fine = audit_training(plan=plan, canaries=60, runs=60, seed=0, num_examples=20)
     assert fine.epsilon_lower <= fine.epsilon_certified

@@ -64,7 +64,7 @@ from dpmf.auditing.config import DEFAULT_REAL_EXAMPLES, AuditConfig
 from dpmf.auditing.game import substream_seed
 from dpmf.auditing.report import AuditReport
 from dpmf.errors import InvalidParameterError
-from dpmf.training.plan import ExecutionPlan, build_plan
+from dpmf.training.run_spec import RunSpec, build_run_spec
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.engine import make_private
 
@@ -223,7 +223,7 @@ def _losses(model, x, y, loss_fn) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def _train_once(config: AuditConfig, task: "_Task", plan: ExecutionPlan | None, model, optimizer, coins: np.ndarray,
+def _train_once(config: AuditConfig, task: "_Task", plan: RunSpec | None, model, optimizer, coins: np.ndarray,
                 seed: int, step_done: Callable[[], None]) -> Released:
     """One training run with ``config.per_run`` canaries, included by ``coins``; what it released."""
     m, white_box = config.per_run, config.white_box
@@ -320,7 +320,7 @@ def _task(config: AuditConfig) -> _Task:
     return _Task(config.dataset, make, config.loss_fn, config.canary_data, "user")
 
 
-def _plan(config: AuditConfig, num_examples: int) -> tuple[ExecutionPlan | None, int]:
+def _plan(config: AuditConfig, num_examples: int) -> tuple[RunSpec | None, int]:
     """Stage 2: ``(plan, steps)``: the given plan (checked against the audited dataset), one built
     here for many runs (certify once, train many times), or None (``make_private`` builds it)."""
     plan, N, m = config.plan, num_examples, config.per_run
@@ -329,8 +329,8 @@ def _plan(config: AuditConfig, num_examples: int) -> tuple[ExecutionPlan | None,
                  if getattr(config, k) is not None]
         if given:
             raise InvalidParameterError(f"plan= fixes the configuration: do not also pass {', '.join(given)}")
-        if not isinstance(plan, ExecutionPlan):
-            raise InvalidParameterError(f"plan must be an ExecutionPlan (build_plan), got {type(plan).__name__}")
+        if not isinstance(plan, RunSpec):
+            raise InvalidParameterError(f"plan must be a RunSpec (build_run_spec), got {type(plan).__name__}")
         if plan.num_examples != N:
             raise InvalidParameterError(
                 f"the plan is for {plan.num_examples} examples but the audited dataset has {N} "
@@ -341,7 +341,7 @@ def _plan(config: AuditConfig, num_examples: int) -> tuple[ExecutionPlan | None,
         if config.strategy is None or config.sampling is None or config.delta is None:
             raise InvalidParameterError("pass strategy, sampling and delta (with noise_multiplier or target_epsilon), "
                                         "or plan=")
-        plan = build_plan(config.strategy, config.sampling, num_examples=N, delta=config.delta,
+        plan = build_run_spec(config.strategy, config.sampling, num_examples=N, delta=config.delta,
                           max_grad_norm=config.max_grad_norm, noise_multiplier=config.noise_multiplier,
                           target_epsilon=config.target_epsilon, accountant=config.accountant,
                           **(config.accountant_options or {}))
@@ -351,7 +351,7 @@ def _plan(config: AuditConfig, num_examples: int) -> tuple[ExecutionPlan | None,
     return None, config.sampling.steps
 
 
-def _train(config: AuditConfig, task: _Task, plan: ExecutionPlan | None, steps: int) -> list[Released]:
+def _train(config: AuditConfig, task: _Task, plan: RunSpec | None, steps: int) -> list[Released]:
     """Stage 3: ``config.runs`` trainings, the coins of each drawn before it; the first run's plan
     serves the others (certified once)."""
     coin_rng = np.random.default_rng(np.random.SeedSequence([config.seed, 1]))
