@@ -344,11 +344,17 @@ def account(
 def _check_memory(strategy, scheme, sigma: float, method: str, num_samples=None) -> None:
     """The CLI's memory guard (:func:`dpmf.accounting.cost.check_cost` on the rough estimate of
     :func:`~dpmf.accounting.cost.accounting_cost`, which decides from types alone what ``method``
-    runs) at the API entry point: memory only (a long run is the caller's choice; a run that cannot
-    fit only ends in ``MemoryError`` or swapping)."""
+    runs) at the API entry points (``account`` at its noise; ``calibrate`` at
+    :data:`NOISE_CEILING`, the least memory any noise needs, so it refuses only what no noise fits): memory
+    only (a long run is the caller's choice; a run that cannot fit only ends in ``MemoryError``
+    or swapping). The refusal is one line naming the estimate and, where the strategy and scheme
+    can be rebuilt at fewer steps, the most steps that would fit."""
     from dpmf.accounting.cost import accounting_cost
     from dpmf.errors import CostLimitError, DPMFError
     from dpmf.resources import available_memory, format_bytes
+
+    def need(strat, sch) -> float:
+        return accounting_cost(strat, sch, sigma, method=method, num_samples=num_samples).memory_bytes
 
     try:
         est = accounting_cost(strategy, scheme, sigma, method=method, num_samples=num_samples)
@@ -356,11 +362,44 @@ def _check_memory(strategy, scheme, sigma: float, method: str, num_samples=None)
         return  # (an estimate that cannot be made is no reason to refuse: the accountant checks its inputs)
     have = available_memory()
     if est.memory_bytes > have:
+        fits = _most_steps_that_fit(strategy, scheme, lambda a, b: need(a, b) <= have)
+        what_fits = f"at most {fits:,} steps fit" if fits else "use fewer steps"
+        at = " at any noise" if sigma >= NOISE_CEILING else ""
+        larger = "" if at else " (or use a larger noise_multiplier)"
         raise CostLimitError(
-            f"refusing to start: this would need about {format_bytes(est.memory_bytes)} of memory (a rough "
-            f"estimate: {est.describe()}), more than the {format_bytes(have)} available; use fewer steps or a "
-            "larger noise_multiplier, or pass force=True to run it anyway"
+            f"refusing to start: {int(scheme.steps):,} steps would need about {format_bytes(est.memory_bytes)} of "
+            f"memory{at} (a rough estimate: {est.describe()}), more than the {format_bytes(have)} available; "
+            f"{what_fits}{larger}, or pass force=True to run it anyway"
         )
+
+
+def _most_steps_that_fit(strategy, scheme, fits) -> int | None:
+    """The largest number of steps ``n < scheme.steps`` for which ``fits(strategy', scheme')``
+    holds on the same strategy and scheme rebuilt at ``n`` steps (``dataclasses.replace`` of ``n``
+    and ``steps``; a multiple of the scheme's epochs), by bisection over the estimate (types only,
+    instant); ``None`` when they cannot be rebuilt or not even the smallest fits."""
+    from dpmf.errors import DPMFError
+
+    unit = int(getattr(scheme, "epochs", 1) or 1)
+
+    def at(k: int) -> bool:
+        import warnings
+
+        try:
+            n = k * unit
+            with warnings.catch_warnings():  # (a probe size below the cycle length warns: not the user's call)
+                warnings.simplefilter("ignore")
+                return bool(fits(dataclasses.replace(strategy, n=n), dataclasses.replace(scheme, steps=n)))
+        except (DPMFError, ArithmeticError, AttributeError, TypeError, ValueError):
+            return False
+
+    lo, hi = 1, int(scheme.steps) // unit  # at(lo) must hold; at(hi) does not
+    if hi <= lo or not at(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) else (lo, mid)
+    return lo * unit
 
 
 def _run_checked(m: AccountingMethod, strategy, scheme, sigma: float, delta: float, opts: dict) -> PrivacyReport:
@@ -406,6 +445,7 @@ def calibrate(
     rel_tol: float = 1e-4,
     callback: ProgressCallback | None = None,
     max_noise_multiplier: float | None = None,
+    force: bool = False,
     **options,
 ) -> Calibration:
     """Smallest noise multiplier whose *reported* epsilon is <= ``target_epsilon``.
@@ -424,7 +464,8 @@ def calibrate(
     ``max_noise_multiplier``: only noises up to it are of interest (``dpmf plan`` passes the noise
     at which a candidate would tie the best one so far); when no method reaches the target there,
     :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` is raised after one evaluation per
-    method. Progress: a :func:`dpmf.progress.task` from the first evaluation on, noting each noise and
+    method. ``force``: skip the memory guard of :func:`account` (a calibration that would not fit in
+    the memory available at any noise, by the rough estimate, is refused up front). Progress: a :func:`dpmf.progress.task` from the first evaluation on, noting each noise and
     its epsilon (none for closed forms).
     """
     import contextlib
@@ -436,6 +477,8 @@ def calibrate(
     target = _v.positive("target_epsilon", target_epsilon)
     _check_delta_needs_noise(scheme, delta)
     limit = None if max_noise_multiplier is None else _v.positive("max_noise_multiplier", max_noise_multiplier)
+    if not force:  # the memory guard of ``account``, for the least memory any noise needs
+        _check_memory(strategy, scheme, NOISE_CEILING, method, options.get("num_samples"))
     methods, skipped = _select(strategy, scheme, method, options)
     per_method = _checked_options(methods, skipped, options, calibrating=True)
 
