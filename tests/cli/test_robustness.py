@@ -745,7 +745,10 @@ def test_calibration_cost_estimate_follows_the_search_and_refuses_over_ten_minut
                                delta=delta).seconds
 
     normal = cost(1.0, 1e-6)
-    assert cost(1e6, 1e-6) > 5 * normal and cost(1.0, 0.5) > 5 * normal  # the search goes down to small noise
+    # the search goes down to small noise: more evaluations, never cheaper (since the adaptive
+    # discretization one evaluation there is about as fast as at sigma = 1: 0.3-0.9 s CPU measured at
+    # sigma 0.1-0.03, benchmarks/README.md "MMCC and PLD cost model")
+    assert cost(1e6, 1e-6) > 1.5 * normal and cost(1.0, 0.5) > 1.5 * normal
     assert cost(1e6, 1e-6) < 600  # ... but never below what the accountant evaluates (a bounded grid)
     one_line_error(timed_invoke(["calibrate", "--strategy", "tree", "--steps", "4096", "--sampling-prob", "0.01",
                                  "--epsilon", "1", "--delta", "1e-6"]), "refusing to start", "rough estimate", "--force")

@@ -151,25 +151,34 @@ def _pld_part(n, q, sigma, discretization=1e-4) -> tuple[float, float]:
     Measured 0.4 s (n = 10^3..10^5, q = 0.01, sigma = 1), 1.1 s (n = 10^6), 21.8 s (n = 10^5,
     q = 0.5). q = 1 is a closed form.
 
-    Plus one step's grid, which grows like ``1 / sigma^2`` (``u^2 / 2 + 8 u`` for ``u = 1 / sigma``
-    over the discretization; :data:`dpmf.privacy.gaussian_plds.MAX_STEP_GRID_POINTS` at most, a
-    larger one is refused at once): about 2e-5 s x (1 + log10(n) / 2) and 300 bytes x
-    (1 + 0.3 log10(n)) per point (measured 23 / 35 s and 0.5 / 0.8 GiB at sigma = 0.1, q = 0.01,
-    n = 10 / 100; 11 s at sigma = 0.3, n = 1000)."""
-    from dpmf.privacy.gaussian_plds import MAX_STEP_GRID_POINTS
+    Plus one step's grid, ``u^2 / 2 + 8 u`` (``u = 1 / sigma``) over the discretization, which the
+    adaptive discretization (:func:`dpmf.privacy.gaussian_plds.grid_discretization`) keeps at most
+    :data:`~dpmf.privacy.gaussian_plds.MAX_STEP_GRID_POINTS`: above it, a grid step ``2^k`` times
+    coarser with at most :data:`~dpmf.privacy.gaussian_plds.COARSE_STEP_GRID_POINTS` points, which
+    also coarsens the composed grid. About 2.5e-6 s x (1 + log10(n) / 2) and 300 bytes x
+    (1 + 0.3 log10(n)) per step point beyond 1e5. Re-measured 2026-11-28 (CPU time, after the
+    adaptive discretization; ``benchmarks/README.md``, "MMCC and PLD cost model"): 1.8 s at
+    sigma = 0.3, q = 0.01, n = 1000 (estimate 1.7 s; the old model said 12 s); 0.3 / 0.9 / 0.5 s at
+    sigma = 0.1 (n = 100, q = 0.01; n = 1000, q = 0.05) and sigma = 0.03 (n = 100, q = 0.05),
+    estimates 0.3 s (the old model said "refused": 0.01 s)."""
+    from dpmf.privacy.gaussian_plds import COARSE_STEP_GRID_POINTS, MAX_STEP_GRID_POINTS
 
     u = 1.0 / sigma
-    step_points = (0.5 * u * u + 8.3 * u) / discretization if u < 1e100 else math.inf
-    if step_points > MAX_STEP_GRID_POINTS:
-        return 0.01, 0.0  # (refused before any work: NoiseTooSmallError)
+    width = 0.5 * u * u + 8.3 * u if u < 1e100 else math.inf
+    if not math.isfinite(width) or width / 700.0 > COARSE_STEP_GRID_POINTS:
+        return 0.01, 0.0  # (no grid represents it: refused before any work, NoiseTooSmallError)
+    disc = discretization
+    if width / disc + 1 > MAX_STEP_GRID_POINTS:  # the coarser grid (power-of-two multiple)
+        disc *= 2.0 ** max(0, math.ceil(math.log2(width / ((COARSE_STEP_GRID_POINTS - 1) * disc))))
+    step_points = width / disc
     decades = math.log10(max(n, 1))
-    step_secs = 2e-5 * max(step_points - 1e5, 0.0) * (1 + 0.5 * decades)  # (negligible at sigma >= 1)
+    step_secs = 2.5e-6 * max(step_points - 1e5, 0.0) * (1 + 0.5 * decades)  # (negligible at sigma >= 1)
     step_mem = 300.0 * step_points * (1 + 0.3 * decades)
     if q >= 1:
         return 0.01 + step_secs, step_mem
     scale = n * q * q / (2 * sigma * sigma) + 10 * q * math.sqrt(n) / sigma
-    points = max(scale, 1.0) / discretization
-    return 0.3 + 1.5e-3 * scale * (1e-4 / discretization) + step_secs, max(64.0 * points, step_mem)
+    points = max(scale, 1.0) / disc
+    return 0.3 + 1.5e-3 * scale * (1e-4 / disc) + step_secs, max(64.0 * points, step_mem)
 
 
 def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: float | None) -> float:
@@ -192,6 +201,26 @@ def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: flo
     except (ArithmeticError, ValueError, DPMFError):
         return floor  # (a target beyond what mu-GDP can express: the search goes all the way down)
     return max(sigma, floor) if math.isfinite(sigma) else floor
+
+
+#: A first MMCC evaluation in a fresh process compiles and warms its kernels: ~1 s CPU (bsr(16, 4) at
+#: sigma = 4: 1.5 s first, 0.46 s again).
+_MMCC_WARMUP = 1.0
+
+
+def _mmcc_noise_factor(sigma: float) -> float:
+    """How MMCC's time grows as the noise shrinks, relative to sigma = 1 (re-measured 2026-11-28,
+    CPU time, after the adaptive discretization: the binary tree of 16 steps at q = 1/16 took 58 /
+    22.4 / 10.5 / 4.7 s at sigma = 0.5 / 1 / 2 / 4, i.e. ``sigma^-1.2``; the 2026-11-23 fits at
+    sigma = 10 and above are ``(4 / sigma)^2.7`` lower again up to sigma = 10, then ``(10 / sigma)^2``).
+    Below sigma = 0.05 it is held (the rows' grids are then coarsened to a fixed number of points).
+    The earlier model's ``(10 / sigma)^0.1`` below sigma = 10 was ~100x low at sigma = 1."""
+    s = max(float(sigma), 0.05)
+    if s <= 4.0:
+        return s**-1.2
+    if s <= 10.0:
+        return 4.0**-1.2 * (4.0 / s) ** 2.7
+    return 4.0**-1.2 * 0.4**2.7 * min((10.0 / s) ** 2, 1.0)
 
 
 def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
@@ -226,8 +255,16 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     structured = isinstance(scheme, PoissonSampling) and isinstance(strategy, (Identity, ToeplitzStrategy, BinaryTree))
     if width <= 1 or (cycle > 1 and width <= cycle):
         a, k = 0.02, 0.3
-    elif isinstance(strategy, BinaryTree):
-        a, k = 1.4, 1.9
+    elif isinstance(strategy, BinaryTree):  # (fitted at sigma = 1, q = 1/16, n = 16: 22.4 s CPU; n = 64 at
+        # sigma = 4 took 6.0x n = 16's: n^1.3 -- the 2026-11-23 fit at sigma = 10 said n^1.9 between 64 and 256)
+        a, k = 22.4 * _mmcc_noise_factor(10.0) * 4**1.3, 1.3
+    elif width < n and structured:  # banded Toeplitz under Poisson (re-measured 2026-11-28, bsr(n, 4),
+        # q = 1/16, CPU: 9.8 / 5.4 s at sigma = 0.5 / 1 (n = 16), 11.2 s at sigma 0.5 (n = 64), 0.46 / 0.52 s at sigma = 4 (n = 16 / 64):
+        # ~sigma^-1.8 and ~n^0.1; the earlier "0.05-0.08 s" held at sigma = 10 only)
+        b = 5.4 * (width / 4) ** 1.5 * (n / 16) ** 0.1
+        sig = max(1.0 if sigma is None else float(sigma), 0.05)
+        secs = _MMCC_WARMUP + b * (sig**-1.8 if sig <= 10.0 else 10.0**-1.8 * (10.0 / sig) ** 2)
+        a, k = None, None
     elif width < n:
         a, k = 0.05 * (width / 4) ** 1.5, 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
     elif structured:
@@ -235,11 +272,12 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     else:
         a, k = 7.9, 2.4
     sig = 1.0 if sigma is None else float(sigma)
-    factor = (10.0 / sig) ** 2 if sig >= 10.0 else (10.0 / sig) ** 0.1
-    if isinstance(strategy, BinaryTree):  # (the Toeplitz fit has q = 1/n built in)
-        q = float(getattr(scheme, "sampling_prob", 0.02) or 0.02)
-        factor *= min(max(math.sqrt(q / 0.02), 0.1), 10.0)
-    secs = a * (n / 64) ** k * min(max(factor, 0.01), 1e4)
+    if a is not None:
+        factor = _mmcc_noise_factor(sig) / _mmcc_noise_factor(10.0)  # (the fits above are at sigma = 10)
+        if isinstance(strategy, BinaryTree):  # (the Toeplitz fit has q = 1/n built in)
+            q = float(getattr(scheme, "sampling_prob", 0.02) or 0.02)
+            factor *= min(max(math.sqrt(q / 0.0625), 0.1), 10.0)
+        secs = _MMCC_WARMUP + a * (n / 64) ** k * factor
     # largest row sum S (total sensitivity of the widest row)
     if isinstance(strategy, BinaryTree):
         row_sum = n * float(getattr(strategy, "scale", 1.0))

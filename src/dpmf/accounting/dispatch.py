@@ -344,11 +344,17 @@ def account(
 def _check_memory(strategy, scheme, sigma: float, method: str, num_samples=None) -> None:
     """The CLI's memory guard (:func:`dpmf.accounting.cost.check_cost` on the rough estimate of
     :func:`~dpmf.accounting.cost.accounting_cost`, which decides from types alone what ``method``
-    runs) at the API entry point: memory only (a long run is the caller's choice; a run that cannot
-    fit only ends in ``MemoryError`` or swapping)."""
+    runs) at the API entry points (``account`` at its noise; ``calibrate`` at
+    :data:`NOISE_CEILING`, the least memory any noise needs, so it refuses only what no noise fits): memory
+    only (a long run is the caller's choice; a run that cannot fit only ends in ``MemoryError``
+    or swapping). The refusal is one line naming the estimate and, where the strategy and scheme
+    can be rebuilt at fewer steps, the most steps that would fit."""
     from dpmf.accounting.cost import accounting_cost
     from dpmf.errors import CostLimitError, DPMFError
     from dpmf.resources import available_memory, format_bytes
+
+    def need(strat, sch) -> float:
+        return accounting_cost(strat, sch, sigma, method=method, num_samples=num_samples).memory_bytes
 
     try:
         est = accounting_cost(strategy, scheme, sigma, method=method, num_samples=num_samples)
@@ -356,11 +362,44 @@ def _check_memory(strategy, scheme, sigma: float, method: str, num_samples=None)
         return  # (an estimate that cannot be made is no reason to refuse: the accountant checks its inputs)
     have = available_memory()
     if est.memory_bytes > have:
+        fits = _most_steps_that_fit(strategy, scheme, lambda a, b: need(a, b) <= have)
+        what_fits = f"at most {fits:,} steps fit" if fits else "use fewer steps"
+        at = " at any noise" if sigma >= NOISE_CEILING else ""
+        larger = "" if at else " (or use a larger noise_multiplier)"
         raise CostLimitError(
-            f"refusing to start: this would need about {format_bytes(est.memory_bytes)} of memory (a rough "
-            f"estimate: {est.describe()}), more than the {format_bytes(have)} available; use fewer steps or a "
-            "larger noise_multiplier, or pass force=True to run it anyway"
+            f"refusing to start: {int(scheme.steps):,} steps would need about {format_bytes(est.memory_bytes)} of "
+            f"memory{at} (a rough estimate: {est.describe()}), more than the {format_bytes(have)} available; "
+            f"{what_fits}{larger}, or pass force=True to run it anyway"
         )
+
+
+def _most_steps_that_fit(strategy, scheme, fits) -> int | None:
+    """The largest number of steps ``n < scheme.steps`` for which ``fits(strategy', scheme')``
+    holds on the same strategy and scheme rebuilt at ``n`` steps (``dataclasses.replace`` of ``n``
+    and ``steps``; a multiple of the scheme's epochs), by bisection over the estimate (types only,
+    instant); ``None`` when they cannot be rebuilt or not even the smallest fits."""
+    from dpmf.errors import DPMFError
+
+    unit = int(getattr(scheme, "epochs", 1) or 1)
+
+    def at(k: int) -> bool:
+        import warnings
+
+        try:
+            n = k * unit
+            with warnings.catch_warnings():  # (a probe size below the cycle length warns: not the user's call)
+                warnings.simplefilter("ignore")
+                return bool(fits(dataclasses.replace(strategy, n=n), dataclasses.replace(scheme, steps=n)))
+        except (DPMFError, ArithmeticError, AttributeError, TypeError, ValueError):
+            return False
+
+    lo, hi = 1, int(scheme.steps) // unit  # at(lo) must hold; at(hi) does not
+    if hi <= lo or not at(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if at(mid) else (lo, mid)
+    return lo * unit
 
 
 def _run_checked(m: AccountingMethod, strategy, scheme, sigma: float, delta: float, opts: dict) -> PrivacyReport:
@@ -406,6 +445,7 @@ def calibrate(
     rel_tol: float = 1e-4,
     callback: ProgressCallback | None = None,
     max_noise_multiplier: float | None = None,
+    force: bool = False,
     **options,
 ) -> Calibration:
     """Smallest noise multiplier whose *reported* epsilon is <= ``target_epsilon``.
@@ -424,161 +464,228 @@ def calibrate(
     ``max_noise_multiplier``: only noises up to it are of interest (``dpmf plan`` passes the noise
     at which a candidate would tie the best one so far); when no method reaches the target there,
     :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` is raised after one evaluation per
-    method. Progress: a :func:`dpmf.progress.task` from the first evaluation on, noting each noise and
+    method. ``force``: skip the memory guard of :func:`account` (a calibration that would not fit in
+    the memory available at any noise, by the rough estimate, is refused up front). Progress: a :func:`dpmf.progress.task` from the first evaluation on, noting each noise and
     its epsilon (none for closed forms).
     """
     import contextlib
-
-    from dpmf import progress
-    from dpmf.privacy.calibration import NoiseLimitExceeded, search_hint
 
     delta = _check_common(strategy, scheme, delta)
     target = _v.positive("target_epsilon", target_epsilon)
     _check_delta_needs_noise(scheme, delta)
     limit = None if max_noise_multiplier is None else _v.positive("max_noise_multiplier", max_noise_multiplier)
+    if not force:  # the memory guard of ``account``, for the least memory any noise needs
+        _check_memory(strategy, scheme, NOISE_CEILING, method, options.get("num_samples"))
     methods, skipped = _select(strategy, scheme, method, options)
     per_method = _checked_options(methods, skipped, options, calibrating=True)
+    with contextlib.ExitStack() as stack:  # the progress task opens at the first evaluation noted
+        run = _CalibrationRun(strategy, scheme, target, delta, rel_tol, limit, methods, per_method, callback, stack)
+        # closed forms first: their noise brackets the searches; then the searches that go first for this
+        # pair (search_first); ties still go to the registry order
+        order = sorted(range(len(methods)), key=lambda i: (not run.closed_form(methods[i]), not run.first(methods[i]), i))
+        for i in order:
+            _calibrate_method(run, i)
+        if run.bar and run.results:  # the last note: the answer, not the last noise tried
+            top = min(run.results.values(), key=lambda c: c.noise_multiplier)
+            run.bar[0].update(note=f"result sigma={top.noise_multiplier:.6g}: epsilon={top.report.epsilon:.6g}")
+    if limit is not None:
+        _drop_above_limit(run)
+    return _best_with_diagnostics(run, skipped)
 
+
+@dataclass
+class _CalibrationRun:
+    """What :func:`calibrate`'s stages share: the call, the methods and what each found so far."""
+
+    strategy: object
+    scheme: object
+    target: float
+    delta: float
+    rel_tol: float
+    limit: float | None
+    methods: list
+    per_method: list
+    callback: ProgressCallback | None
+    stack: object  # the contextlib.ExitStack holding the progress task
+    results: dict = dataclasses.field(default_factory=dict)  # method index -> Calibration
+    at_limit: dict = dataclasses.field(default_factory=dict)  # method -> epsilon at the limit (when it does not pass there)
+    lower_bounds: set = dataclasses.field(default_factory=set)  # methods whose at_limit epsilon is a lower bound (a partial probe)
+    not_calibrated: dict = dataclasses.field(default_factory=dict)
+    at_floor: dict = dataclasses.field(default_factory=dict)  # methods whose search stopped at the smallest noise they evaluate
+    start: list = dataclasses.field(default_factory=list)  # the lazily computed unamplified start, when used
+    evals: int = 0
+    bar: list = dataclasses.field(default_factory=list)
+
+    def note(self, s: float, e: float) -> None:
+        from dpmf import progress
+
+        self.evals += 1
+        if not self.bar:
+            self.bar.append(self.stack.enter_context(progress.task(f"calibrating noise ({'/'.join(m.name for m in self.methods)})", unit="evaluations")))
+        self.bar[0].update(completed=self.bar[0].completed + 1, note=f"sigma={s:.6g}: epsilon={e:.6g}")
+        if self.callback is not None:
+            self.callback(s, e)
+
+    @staticmethod
     def closed_form(m: AccountingMethod) -> bool:
         return m.own_calibration is None and m.fast_calibration is not None and not m.calibration_searches
 
-    def first(m: AccountingMethod) -> bool:
-        return m.search_first is not None and bool(m.search_first(strategy, scheme))
+    def first(self, m: AccountingMethod) -> bool:
+        return m.search_first is not None and bool(m.search_first(self.strategy, self.scheme))
 
-    # closed forms first: their noise brackets the searches; then the searches that go first for this
-    # pair (search_first); ties still go to the registry order
-    order = sorted(range(len(methods)), key=lambda i: (not closed_form(methods[i]), not first(methods[i]), i))
-    results: dict[int, Calibration] = {}
-    at_limit: dict[str, float] = {}  # method -> epsilon at the limit (when it does not pass there)
-    lower_bounds: set[str] = set()  # methods whose at_limit epsilon is a lower bound (a partial probe)
-    not_calibrated: dict[str, str] = {}
-    at_floor: dict[str, float] = {}  # methods whose search stopped at the smallest noise they evaluate
-    start: list[float | None] = []  # the lazily computed unamplified start, when used
-    with contextlib.ExitStack() as stack:  # the progress task opens at the first evaluation noted
-        evals, bar = [0], []
 
-        def note(s: float, e: float) -> None:
-            evals[0] += 1
-            if not bar:
-                bar.append(stack.enter_context(progress.task(f"calibrating noise ({'/'.join(m.name for m in methods)})", unit="evaluations")))
-            bar[0].update(completed=bar[0].completed + 1, note=f"sigma={s:.6g}: epsilon={e:.6g}")
-            if callback is not None:
-                callback(s, e)
+def _calibrate_method(run: _CalibrationRun, i: int) -> None:
+    """Calibrate method ``i`` into ``run.results`` (or record why it has no smaller noise)."""
+    from dpmf.privacy.calibration import NoiseLimitExceeded
 
-        for i in order:
-            m, opts = methods[i], per_method[i]
-            evals[0] = 0
-            memo: dict[float, PrivacyReport] = {}
+    m, opts = run.methods[i], run.per_method[i]
+    run.evals = 0
+    memo: dict[float, PrivacyReport] = {}
 
-            def run(s: float, m=m, opts=opts, memo=memo, probe: bool = False) -> PrivacyReport:
-                if s not in memo:
-                    extra = dict(m.probe_options) if probe else {}
-                    memo[s] = m.run(strategy, scheme, s, delta, **{**opts, **extra})
-                return memo[s]
+    def evaluate(s: float, probe: bool = False) -> PrivacyReport:
+        if s not in memo:
+            extra = dict(m.probe_options) if probe else {}
+            memo[s] = m.run(run.strategy, run.scheme, s, run.delta, **{**opts, **extra})
+        return memo[s]
 
-            if m.own_calibration is not None:
-                cal = m.own_calibration(strategy, scheme, target, delta, **opts)
-                results[i] = Calibration(cal.noise_multiplier, cal.report, cal.evaluations)
-                continue
-            best = min(results.values(), key=lambda c: c.noise_multiplier, default=None)
-            cap = None if best is None else best.noise_multiplier  # it must beat this to matter
-            # where its search starts: the best noise of the methods that run before it in the registry
-            # order (closed forms and methods before it), so running a search_first method earlier
-            # changes only the bound it is probed at, not its search or its answer
-            hint = min((c.noise_multiplier for j, c in results.items() if j < i or closed_form(methods[j])),
-                       default=None)
-            searches = m.fast_calibration is None or m.calibration_searches
-            try:
-                # one evaluation at each bound tells whether the method can get below it at all; the
-                # search itself is then the same as without a limit (so is its answer). A method whose
-                # calibration takes the limit makes that evaluation the first of its own search.
-                bound = min((b for b in (cap, limit) if b is not None), default=None)
-                own_limit = m.fast_calibration is not None and m.calibration_limit and bound is not None
-                if searches and bound is not None and not own_limit and (m.fast_calibration is not None or bound != cap):
-                    try:
-                        if m.probe is not None:
-                            probed = m.probe(strategy, scheme, bound, delta, target, **opts, **dict(m.probe_options))
-                            if isinstance(probed, PrivacyReport):
-                                memo[bound] = probed
-                        else:
-                            probed = run(bound, probe=True)
-                    except NoiseTooSmallError:  # it cannot even evaluate the bound: it cannot get below it
-                        raise NoiseLimitExceeded("", bound, math.inf) from None
-                    eps, partial = (probed.epsilon, False) if isinstance(probed, PrivacyReport) else (probed, True)
-                    note(bound, eps)
-                    if eps > target:
-                        raise NoiseLimitExceeded("", bound, eps, lower_bound=partial)
-                if not searches:
-                    sigma = m.fast_calibration(strategy, scheme, target, delta, **opts)
-                elif m.fast_calibration is not None:
-                    if hint is None and not start:
-                        start.append(_search_start(strategy, scheme, target, delta))
-                    with search_hint(hint if hint is not None else start[0]):
-                        sigma = m.fast_calibration(
-                            strategy, scheme, target, delta, **opts, rel_tol=rel_tol, callback=note,
-                            **({"limit": bound} if own_limit else {}),
-                        )
-                    if isinstance(sigma, tuple):  # (noise, the report the search computed there)
-                        sigma, found = sigma
-                        memo[sigma] = found
-                else:  # cheap at any noise: from 1 (or the cap, if lower), given up above the cap
-                    found = smallest_noise(
-                        lambda s: run(s).epsilon, target, rel_tol=rel_tol, callback=note, limit=cap
-                    )
-                    sigma = found.value
-                    if found.at_floor:
-                        at_floor[m.name] = sigma
-            except NoiseLimitExceeded as exc:
-                if best is not None and exc.limit == best.noise_multiplier and math.isinf(exc.epsilon):
-                    not_calibrated[m.name] = (
-                        f"it cannot evaluate a noise as small as {exc.limit:.6g} (below the smallest noise it "
-                        f"evaluates), where {best.report.method} passes: it cannot give a smaller noise"
-                    )
-                elif best is not None and exc.limit == best.noise_multiplier:
-                    at_least = ">= " if exc.lower_bound else ""
-                    not_calibrated[m.name] = (
-                        f"epsilon {at_least}{exc.epsilon:.6g} > {target:g} already at noise {exc.limit:.6g}, where "
-                        f"{best.report.method} passes: it cannot need less noise"
-                    )
-                if limit is not None and exc.limit >= limit:
-                    at_limit[m.name] = exc.epsilon
-                    if exc.lower_bound:
-                        lower_bounds.add(m.name)
-                continue
-            if limit is not None and sigma > limit and limit in memo and memo[limit].epsilon <= target:
-                sigma = limit  # (the search ended within rel_tol above a bound already seen to pass)
-            before = len(memo)
-            report = run(sigma)  # (already computed when the search evaluated it through ``run``)
-            while report.epsilon > target:  # float rounding: step to the safe side
-                sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)
-                report = run(sigma)
-            results[i] = Calibration(sigma, report, evals[0] + len(memo) - before)
-        if bar and results:  # the last note: the answer, not the last noise tried
-            top = min(results.values(), key=lambda c: c.noise_multiplier)
-            bar[0].update(note=f"result sigma={top.noise_multiplier:.6g}: epsilon={top.report.epsilon:.6g}")
-    if limit is not None:
-        for i in [i for i, c in results.items() if c.noise_multiplier > limit]:
-            at_limit.setdefault(methods[i].name, _epsilon_at(methods[i], per_method[i], strategy, scheme, limit, delta))
-            del results[i]
-        if not results:
-            name = min(at_limit, key=at_limit.get, default=None)
-            eps = math.inf if name is None else at_limit[name]
-            partial = name in lower_bounds
-            raise NoiseLimitExceeded(
-                f"no accountant reaches epsilon <= {target:g} at noise_multiplier <= {limit:g} "
-                f"(epsilon there: {'>= ' if partial else ''}{eps:.6g})",
-                limit,
-                eps,
-                lower_bound=partial,
+    if m.own_calibration is not None:
+        cal = m.own_calibration(run.strategy, run.scheme, run.target, run.delta, **opts)
+        run.results[i] = Calibration(cal.noise_multiplier, cal.report, cal.evaluations)
+        return
+    best = min(run.results.values(), key=lambda c: c.noise_multiplier, default=None)
+    try:
+        sigma = _search_method(run, i, memo, evaluate, best)
+    except NoiseLimitExceeded as exc:
+        _record_not_below(run, m.name, exc, best)
+        return
+    if run.limit is not None and sigma > run.limit and run.limit in memo and memo[run.limit].epsilon <= run.target:
+        sigma = run.limit  # (the search ended within rel_tol above a bound already seen to pass)
+    before = len(memo)
+    report = evaluate(sigma)  # (already computed when the search evaluated it through ``evaluate``)
+    while report.epsilon > run.target:  # float rounding: step to the safe side
+        sigma = math.nextafter(sigma, math.inf) * (1 + 1e-12)
+        report = evaluate(sigma)
+    run.results[i] = Calibration(sigma, report, run.evals + len(memo) - before)
+
+
+def _search_method(run: _CalibrationRun, i: int, memo: dict, evaluate, best) -> float:
+    """Method ``i``'s noise: probed once at the bound it must beat (raising
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when it does not pass there), then its
+    closed form, its own search from the best noise so far (or the unamplified one), or
+    :func:`~dpmf.privacy.calibration.smallest_noise` over ``evaluate``."""
+    from dpmf.privacy.calibration import search_hint
+
+    m, opts = run.methods[i], run.per_method[i]
+    cap = None if best is None else best.noise_multiplier  # it must beat this to matter
+    # where its search starts: the best noise of the methods that run before it in the registry
+    # order (closed forms and methods before it), so running a search_first method earlier
+    # changes only the bound it is probed at, not its search or its answer
+    hint = min((c.noise_multiplier for j, c in run.results.items() if j < i or run.closed_form(run.methods[j])),
+               default=None)
+    searches = m.fast_calibration is None or m.calibration_searches
+    # one evaluation at each bound tells whether the method can get below it at all; the
+    # search itself is then the same as without a limit (so is its answer). A method whose
+    # calibration takes the limit makes that evaluation the first of its own search.
+    bound = min((b for b in (cap, run.limit) if b is not None), default=None)
+    own_limit = m.fast_calibration is not None and m.calibration_limit and bound is not None
+    if searches and bound is not None and not own_limit and (m.fast_calibration is not None or bound != cap):
+        _probe_bound(run, m, opts, bound, memo, evaluate)
+    if not searches:
+        return m.fast_calibration(run.strategy, run.scheme, run.target, run.delta, **opts)
+    if m.fast_calibration is not None:
+        if hint is None and not run.start:
+            run.start.append(_search_start(run.strategy, run.scheme, run.target, run.delta))
+        with search_hint(hint if hint is not None else run.start[0]):
+            sigma = m.fast_calibration(
+                run.strategy, run.scheme, run.target, run.delta, **opts, rel_tol=run.rel_tol, callback=run.note,
+                **({"limit": bound} if own_limit else {}),
             )
+        if isinstance(sigma, tuple):  # (noise, the report the search computed there)
+            sigma, found = sigma
+            memo[sigma] = found
+        return sigma
+    # cheap at any noise: from 1 (or the cap, if lower), given up above the cap
+    found = smallest_noise(lambda s: evaluate(s).epsilon, run.target, rel_tol=run.rel_tol, callback=run.note, limit=cap)
+    if found.at_floor:
+        run.at_floor[m.name] = found.value
+    return found.value
+
+
+def _probe_bound(run: _CalibrationRun, m: AccountingMethod, opts: dict, bound: float, memo: dict, evaluate) -> None:
+    """One evaluation of ``m`` at ``bound`` (its ``probe`` when it has one); raise
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` unless it passes the target there."""
+    from dpmf.privacy.calibration import NoiseLimitExceeded
+
+    try:
+        if m.probe is not None:
+            probed = m.probe(run.strategy, run.scheme, bound, run.delta, run.target, **opts, **dict(m.probe_options))
+            if isinstance(probed, PrivacyReport):
+                memo[bound] = probed
+        else:
+            probed = evaluate(bound, probe=True)
+    except NoiseTooSmallError:  # it cannot even evaluate the bound: it cannot get below it
+        raise NoiseLimitExceeded("", bound, math.inf) from None
+    eps, partial = (probed.epsilon, False) if isinstance(probed, PrivacyReport) else (probed, True)
+    run.note(bound, eps)
+    if eps > run.target:
+        raise NoiseLimitExceeded("", bound, eps, lower_bound=partial)
+
+
+def _record_not_below(run: _CalibrationRun, name: str, exc, best) -> None:
+    """Why method ``name`` gives no noise below the best one so far or the limit (``exc``: its
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded`)."""
+    if best is not None and exc.limit == best.noise_multiplier and math.isinf(exc.epsilon):
+        run.not_calibrated[name] = (
+            f"it cannot evaluate a noise as small as {exc.limit:.6g} (below the smallest noise it "
+            f"evaluates), where {best.report.method} passes: it cannot give a smaller noise"
+        )
+    elif best is not None and exc.limit == best.noise_multiplier:
+        at_least = ">= " if exc.lower_bound else ""
+        run.not_calibrated[name] = (
+            f"epsilon {at_least}{exc.epsilon:.6g} > {run.target:g} already at noise {exc.limit:.6g}, where "
+            f"{best.report.method} passes: it cannot need less noise"
+        )
+    if run.limit is not None and exc.limit >= run.limit:
+        run.at_limit[name] = exc.epsilon
+        if exc.lower_bound:
+            run.lower_bounds.add(name)
+
+
+def _drop_above_limit(run: _CalibrationRun) -> None:
+    """Drop the results above ``run.limit``; raise
+    :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when none is left."""
+    from dpmf.privacy.calibration import NoiseLimitExceeded
+
+    limit = run.limit
+    for i in [i for i, c in run.results.items() if c.noise_multiplier > limit]:
+        run.at_limit.setdefault(run.methods[i].name, _epsilon_at(run.methods[i], run.per_method[i], run.strategy,
+                                                                 run.scheme, limit, run.delta))
+        del run.results[i]
+    if not run.results:
+        name = min(run.at_limit, key=run.at_limit.get, default=None)
+        eps = math.inf if name is None else run.at_limit[name]
+        partial = name in run.lower_bounds
+        raise NoiseLimitExceeded(
+            f"no accountant reaches epsilon <= {run.target:g} at noise_multiplier <= {limit:g} "
+            f"(epsilon there: {'>= ' if partial else ''}{eps:.6g})",
+            limit,
+            eps,
+            lower_bound=partial,
+        )
+
+
+def _best_with_diagnostics(run: _CalibrationRun, skipped: dict) -> Calibration:
+    """The smallest noise found, its report noting skipped and uncalibrated methods and a search
+    stopped at the smallest noise an accountant represents (refused when far below the target)."""
+    results, target = run.results, run.target
     assert results
     best = results[min(results, key=lambda i: (results[i].noise_multiplier, i))]
     extra = {}
     if skipped:
         extra["skipped_methods"] = skipped
-    if not_calibrated:
-        extra["not_calibrated"] = not_calibrated
-    if best.report.method in at_floor and best.noise_multiplier == at_floor[best.report.method]:
+    if run.not_calibrated:
+        extra["not_calibrated"] = run.not_calibrated
+    if best.report.method in run.at_floor and best.noise_multiplier == run.at_floor[best.report.method]:
         if best.report.epsilon < (1 - LANDING_TOLERANCE) * target:
             from dpmf.errors import CalibrationError
 

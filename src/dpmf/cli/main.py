@@ -396,7 +396,7 @@ def calibrate(
         _check_options(strat, scheme, method, opts, cache_dir, calibrating=True)
         try:
             with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
-                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, **opts)
+                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, force=force, **opts)
         except KeyboardInterrupt:
             _interrupted(cache_dir, strat, scheme, method.value)
     if as_json:

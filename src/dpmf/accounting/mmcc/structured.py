@@ -65,15 +65,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpmf.accounting.mmcc.tail_bounds import (
-    _U,
     TailBoundStructure,
     UnitOffsets,
-    _block_norms_up,
-    _gamma,
+    block_norms_up,
     finish_pairs,
     posterior_bounds,
+    rounding_gamma,
     union_bound,
 )
+from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.resources import check_allocation
 
 __all__ = ["structured_analyses", "toeplitz_structure", "toeplitz_cyclic_structure", "tree_structure", "tree_cyclic_structures", "ToeplitzRows"]
@@ -275,7 +275,7 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
     pairs = int(np.sum(np.maximum(appearances - 1, 0)))
     events, delta_prime, z, tvals = union_bound(pairs, delta1, n, q)
     exact = bool(np.all(f == np.round(f))) and float(f.max(initial=0.0)) ** 2 * (n + 1) * (n + 1) < 2.0**52
-    gam = 0.0 if exact else _gamma(n + n + 4)
+    gam = 0.0 if exact else rounding_gamma(n + n + 4)
 
     A = min(n, w) - 1  # rows a = d - 1 of H that are ever used
     T = int(tvals.max()) if pairs else 0
@@ -352,15 +352,15 @@ def toeplitz_structure(coefs: np.ndarray, n: int, sampling_prob: float, delta1: 
     )
 
 def _norms_from_squares(sq: np.ndarray, integer: bool, rows: int) -> np.ndarray:
-    """The two branches of :func:`~dpmf.accounting.mmcc.tail_bounds._block_norms_up` applied to
+    """The two branches of :func:`~dpmf.accounting.mmcc.tail_bounds.block_norms_up` applied to
     column sums of squares ``sq`` of a block with ``rows`` rows (``integer``: every entry of the
     dense block is an integer below 2^20), element by element (the same float operations)."""
     if integer:
         norms = np.sqrt(sq)
         exact = (norms == np.round(norms)) & (norms * norms == sq)
         return np.where(exact, norms, np.nextafter(norms, np.inf))
-    gam = _gamma(rows + 4)
-    up = np.nextafter(np.sqrt(sq * (1.0 + gam)) * (1.0 + 2 * _U), np.inf)
+    gam = rounding_gamma(rows + 4)
+    up = np.nextafter(np.sqrt(sq * (1.0 + gam)) * (1.0 + 2 * UNIT_ROUNDOFF), np.inf)
     return np.where(sq > 0, up, 0.0)
 
 
@@ -432,7 +432,7 @@ def toeplitz_cyclic_structure(
     pairs = int(np.sum(np.maximum(appearances - 1, 0)))
     events, delta_prime, z, tvals = union_bound(pairs, delta1, R, q)
     exact = bool(np.all(f == np.round(f))) and float(f.max(initial=0.0)) ** 2 * (n + 1) * (R + 1) < 2.0**52
-    gam = 0.0 if exact else _gamma(n + R + 4)
+    gam = 0.0 if exact else rounding_gamma(n + R + 4)
 
     # -- H stepped column by column (rows a < A), sampled at rows a_e = e b - 1 and columns e' b - 1
     A = min(n, w) - 1
@@ -537,7 +537,7 @@ def tree_cyclic_structures(
         pairs = int(np.sum(appearances - 1))
         events, delta_prime, z, tvals = union_bound(pairs, delta1, R, q)
         exact = scale == round(scale) and sq1 * (m + 1) * (R + 1) < 2.0**52
-        gam = 0.0 if exact else _gamma(m + R + 4)
+        gam = 0.0 if exact else rounding_gamma(m + R + 4)
         offsets = np.zeros(R + 1, dtype=np.int64)
         cols_l, sens_l, act_l, gjj_l, sv_l = [], [], [], [], []
         counts_max = -1
@@ -556,7 +556,7 @@ def tree_cyclic_structures(
                 sub = np.zeros((rows_in, 1))
                 blk = nodes[lo_row:hi_row]
                 sub[(blk[:, 2] <= cols[0]) & (cols[0] < blk[:, 3]), 0] = scale
-                vals = sub[0] if rows_in == 1 else _block_norms_up(sub)
+                vals = sub[0] if rows_in == 1 else block_norms_up(sub)
                 vals = vals[cc]
             elif rows_in == 1:
                 vals = np.where(cnt > 0, scale, 0.0)
@@ -651,7 +651,7 @@ def tree_structure(n: int, sampling_prob: float, delta1: float, scale: float = 1
     pairs = total - n  # every column is in L + 1 nodes; all but its first appearance are pairs
     events, delta_prime, z, tvals = union_bound(pairs, delta1, n, q)
     exact = scale == round(scale) and scale**2 * (m + 1) * (n + 1) < 2.0**52
-    gam = 0.0 if exact else _gamma(m + n + 4)
+    gam = 0.0 if exact else rounding_gamma(m + n + 4)
     g = np.zeros(levels + 2)  # g[k]: Gram entry of two columns sharing k earlier rows
     sq = scale * scale
     for k in range(1, levels + 2):

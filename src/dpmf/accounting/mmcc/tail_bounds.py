@@ -55,17 +55,20 @@ from scipy import special
 
 from dpmf._lazy import LazyModule
 from dpmf.errors import NumericalError
+from dpmf.numerics import UNIT_ROUNDOFF
 
 stats = LazyModule("scipy.stats")  # ~0.25 s to import: only when a tail bound is computed
 
-__all__ = ["TailBoundStructure", "tail_bound_structure", "binomial_thresholds", "posterior_bounds"]
+__all__ = ["TailBoundStructure", "tail_bound_structure", "binomial_thresholds", "posterior_bounds", "rounding_gamma",
+           "block_norms_up"]
 
-_U = 2.0**-53
 _GRID_BITS = 40
 
 
-def _gamma(k: int) -> float:
-    nu = k * _U
+def rounding_gamma(k: int) -> float:
+    """``gamma_k = k u / (1 - k u)`` (Higham, Accuracy and Stability of Numerical Algorithms, Sec. 3.1):
+    the relative rounding-error bound of a float64 sum or dot product of ``k`` terms."""
+    nu = k * UNIT_ROUNDOFF
     if nu >= 0.01:  # pragma: no cover - would need ~1e13 rows
         raise NumericalError("rounding-error bound of the Gram matrix is not small")
     return nu / (1.0 - nu)
@@ -196,7 +199,7 @@ def posterior_bounds(q: float, z: float, a: np.ndarray, a2: np.ndarray, s: np.nd
     log_odds = math.log1p(-q) - math.log(q)
     with np.errstate(over="ignore"):
         pt = special.expit(eps - log_odds)  # = 1 / (1 + (1-q)/q e^{-eps})
-    pt = np.minimum(1.0, pt * (1.0 + 4 * _U))
+    pt = np.minimum(1.0, pt * (1.0 + 4 * UNIT_ROUNDOFF))
     out[nontrivial] = np.maximum(pt, q)
     return out
 
@@ -225,7 +228,7 @@ def finish_pairs(gjj: np.ndarray, sv: np.ndarray, exact: bool, gam: float) -> tu
         perfect = (root == np.round(root)) & (root * root == gjj)
         return _round_up_relative(np.where(perfect, root, np.nextafter(root, np.inf))), gjj, sv
     return (
-        _round_up_relative(np.sqrt(gjj * (1.0 + gam)) * (1.0 + 2 * _U)),
+        _round_up_relative(np.sqrt(gjj * (1.0 + gam)) * (1.0 + 2 * UNIT_ROUNDOFF)),
         _round_down_relative(gjj * (1.0 - gam)),
         _round_up_relative(sv * (1.0 + gam) + 1e-300 * (sv > 0)),
     )
@@ -259,7 +262,7 @@ def tail_bound_structure(
         if sub.shape[0] == 1:
             vals = sub[0]
         else:
-            vals = _block_norms_up(sub)
+            vals = block_norms_up(sub)
         nz = np.flatnonzero(vals > 0)
         unit_cols.append(nz)
         unit_vals.append(vals[nz])
@@ -273,7 +276,7 @@ def tail_bound_structure(
     # Integer-valued C (trees, 0/1 strategies) with small entries: every Gram entry and top-t sum
     # is an exact integer below 2^53, so no rounding slack is needed.
     exact = bool(np.all(C == np.round(C))) and float(C.max(initial=0.0)) ** 2 * (m + 1) * (n + 1) < 2.0**52
-    gam = 0.0 if exact else _gamma(m + n + 4)
+    gam = 0.0 if exact else rounding_gamma(m + n + 4)
 
     G = np.zeros((n, n))
     pattern = np.zeros((n, n), dtype=bool)
@@ -361,7 +364,7 @@ def tail_bound_structure(
     )
 
 
-def _block_norms_up(sub: np.ndarray) -> np.ndarray:
+def block_norms_up(sub: np.ndarray) -> np.ndarray:
     """Column L2 norms of a block, rounded up (kept exact when they are small integers).
 
     For integer entries below 2^20 the sums of squares are exact; a correctly rounded sqrt that
@@ -374,6 +377,6 @@ def _block_norms_up(sub: np.ndarray) -> np.ndarray:
         norms = np.sqrt(sq)
         exact = (norms == np.round(norms)) & (norms * norms == sq)
         return np.where(exact, norms, np.nextafter(norms, np.inf))
-    gam = _gamma(sub.shape[0] + 4)
-    up = np.nextafter(np.sqrt(sq * (1.0 + gam)) * (1.0 + 2 * _U), np.inf)
+    gam = rounding_gamma(sub.shape[0] + 4)
+    up = np.nextafter(np.sqrt(sq * (1.0 + gam)) * (1.0 + 2 * UNIT_ROUNDOFF), np.inf)
     return np.where(sq > 0, up, 0.0)  # an all-zero block column stays exactly 0
