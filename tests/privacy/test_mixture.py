@@ -217,11 +217,11 @@ def test_mass_is_conserved_and_non_negative():
         assert np.all(probs >= 0)
         assert 0 <= inf_mass < 1e-20
         assert math.fsum(probs.tolist()) + inf_mass == pytest.approx(1.0, abs=1e-12)
-    # bounded add loss (-log p_0): the mass beyond the grid's tail point, at most Phi(-_TAIL_Z), sits
+    # bounded add loss (-log p_0): the mass beyond the grid's tail point, at most Phi(-TAIL_Z), sits
     # at +inf unless the grid reaches -log p_0 (then it is one more interval ending there)
-    from dpmf.privacy.mixture import _TAIL_Z
+    from dpmf.privacy.mixture import TAIL_Z
 
-    assert pld.pmf("add")[2] <= special.ndtr(-_TAIL_Z)
+    assert pld.pmf("add")[2] <= special.ndtr(-TAIL_Z)
 
 
 def test_pruning_moves_mass_up_only():

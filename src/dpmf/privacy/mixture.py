@@ -50,9 +50,9 @@ from dpmf.errors import NumericalError
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, dense_pmf
 
 #: Standard-normal quantile beyond which mass is treated as tail (Phi(-10) ~ 7.6e-24).
-_TAIL_Z = 10.0
+TAIL_Z = 10.0
 #: Extra relative mass moved to the upper end point of each interval (floating-point cover).
-_SPLIT_SLACK = 1e-9
+SPLIT_SLACK = 1e-9
 #: Points x components evaluated per chunk (bounds memory to ~64 MB of float64).
 _CHUNK = 1 << 22
 
@@ -163,7 +163,7 @@ class GaussianMixture:
         a, s, p = self._a, self._s, self.probabilities
         lo_u, hi_u = _mixture_tail_points(s, p)  # remove: P = mixture
         l_lo, l_hi = _lse(np.array([lo_u, hi_u]), a, s)[0]
-        y_lo, y_hi = -_TAIL_Z, _TAIL_Z  # add: P = N(0, 1)
+        y_lo, y_hi = -TAIL_Z, TAIL_Z  # add: P = N(0, 1)
         l_ylo, l_yhi = _lse(np.array([y_lo, y_hi]), a, s)[0]
         floor_idx = math.floor(self.min_loss / disc) + 1 if math.isfinite(self.min_loss) else -(1 << 62)
         # remove grid j*disc, add grid j*disc (its L-levels are -j*disc); all L-levels > min_loss
@@ -323,7 +323,7 @@ def _inverse_loss(
 
 
 def _bracket(a: np.ndarray, s: np.ndarray, target: np.ndarray) -> tuple[float, float]:
-    return float(-_TAIL_Z - 1.0), float(s[-1] + _TAIL_Z + 1.0)
+    return float(-TAIL_Z - 1.0), float(s[-1] + TAIL_Z + 1.0)
 
 
 def _widen(a, s, target, lo, hi):
@@ -343,13 +343,13 @@ def _widen(a, s, target, lo, hi):
 
 
 def _mixture_tail_points(s: np.ndarray, p: np.ndarray) -> tuple[float, float]:
-    """``(lo, hi)`` with mixture mass below ``lo`` and above ``hi`` each <= ``Phi(-_TAIL_Z)``.
+    """``(lo, hi)`` with mixture mass below ``lo`` and above ``hi`` each <= ``Phi(-TAIL_Z)``.
 
     Bisection on the mixture tails (not ``s_max + z``), so a far component with negligible
     probability does not stretch the loss grid. The mass outside is handled pessimistically by
     the caller (below: to the lowest grid point; above: split by ``delta(eps_max)`` to +inf).
     """
-    log_tau = float(special.log_ndtr(-_TAIL_Z))
+    log_tau = float(special.log_ndtr(-TAIL_Z))
     log_p = np.log(p)
 
     def log_upper(u: float) -> float:
@@ -372,8 +372,8 @@ def _mixture_tail_points(s: np.ndarray, p: np.ndarray) -> tuple[float, float]:
                 lo = mid
         return hi if want_low_side else lo
 
-    hi = bisect(log_upper, s[0] - _TAIL_Z, s[-1] + _TAIL_Z, True)  # smallest hi with upper <= tau
-    lo = bisect(log_lower, s[0] - _TAIL_Z, s[-1] + _TAIL_Z, False)  # largest lo with lower <= tau
+    hi = bisect(log_upper, s[0] - TAIL_Z, s[-1] + TAIL_Z, True)  # smallest hi with upper <= tau
+    lo = bisect(log_lower, s[0] - TAIL_Z, s[-1] + TAIL_Z, False)  # largest lo with lower <= tau
     return lo, hi
 
 
@@ -440,13 +440,13 @@ def _connect_the_dots(eps, disc, p_below, p_mid, p_above, q_mid, q_above):
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         qt = np.where(q_mid > 0, np.exp(eps[:-1] + np.log(np.where(q_mid > 0, q_mid, 1.0))), 0.0)
     factor = math.exp(disc) / math.expm1(disc)
-    upper = (p_mid - qt) * factor + _SPLIT_SLACK * p_mid
+    upper = (p_mid - qt) * factor + SPLIT_SLACK * p_mid
     upper = np.clip(np.nan_to_num(upper, nan=0.0, posinf=0.0), 0.0, p_mid)
     upper = np.where(qt == 0, p_mid, upper)  # Q-mass underflowed: all to the upper end
     probs[:-1] += p_mid - upper
     probs[1:] += upper
     log_top_q = eps[-1] + math.log(q_above) if q_above > 0 else -math.inf
     top_q = math.exp(log_top_q) if log_top_q < 700.0 else math.inf  # e^eps Q-mass (no OverflowError)
-    inf_mass = min(p_above, max(0.0, p_above - top_q) + _SPLIT_SLACK * p_above)
+    inf_mass = min(p_above, max(0.0, p_above - top_q) + SPLIT_SLACK * p_above)
     probs[-1] += p_above - inf_mass
     return probs, inf_mass

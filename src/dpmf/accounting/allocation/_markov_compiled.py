@@ -18,7 +18,8 @@ import math
 import numba as nb
 import numpy as np
 
-_U = 2.0**-53
+from dpmf.numerics import UNIT_ROUNDOFF
+
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -40,27 +41,27 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
         for k in range(xs.size):
             wk = ws[k]
             xi = xs[k]
-            x = math.exp(alpha * z + beta * xi - c) * (1 + 8 * _U)
+            x = math.exp(alpha * z + beta * xi - c) * (1 + 8 * UNIT_ROUNDOFF)
             zp = rho * z + s * xi
-            zp = zp + 8 * _U * (abs(rho * z) + abs(s * xi)) + 1e-300
-            q = x / h * (1 + 2 * _U)
+            zp = zp + 8 * UNIT_ROUNDOFF * (abs(rho * z) + abs(s * xi)) + 1e-300
+            q = x / h * (1 + 2 * UNIT_ROUNDOFF)
             if zp > z_hi:
                 rz = 0.0
                 for d in range(sl_hi.size):
-                    rz += math.exp(sl_hi[d] * zp * (1 + 2 * _U) + offs[d])
-                rz *= 1 + 4 * (sl_hi.size + 8) * _U
+                    rz += math.exp(sl_hi[d] * zp * (1 + 2 * UNIT_ROUNDOFF) + offs[d])
+                rz *= 1 + 4 * (sl_hi.size + 8) * UNIT_ROUNDOFF
                 for l in range(nu):
                     uu = (l - (nu - 1)) * h
                     v = uu + x
                     if v < 0.0:
                         v = 0.0
-                    v += 4 * _U * (abs(uu) + x)
+                    v += 4 * UNIT_ROUNDOFF * (abs(uu) + x)
                     out[j, l] += wk * (v + rz)
                 continue
             if zp < z_lo:
                 zp = z_lo
             t = (zp - z_lo) / dz
-            t = t + 4 * _U * (t + (abs(zp) + abs(z_lo)) / dz + 1.0)
+            t = t + 4 * UNIT_ROUNDOFF * (t + (abs(zp) + abs(z_lo)) / dz + 1.0)
             a = int(t)
             if a > nz - 2:
                 a = nz - 2
@@ -70,7 +71,7 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
             th1 = 1.0 - th
             rmix = th1 * Rn[a] + th * Rn[a + 1]
             # one shift for every l, rounded up past (l + q)(1 + 4u) + 4u for all l < nu
-            qb = q * (1 + 4 * _U) + 4 * _U * (nu + 1.0)
+            qb = q * (1 + 4 * UNIT_ROUNDOFF) + 4 * UNIT_ROUNDOFF * (nu + 1.0)
             if qb >= nu:
                 fq = nu
                 ph = 0.0
@@ -86,7 +87,7 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
                 out[j, l] += c00 * V[a, f] + c10 * V[a + 1, f] + c01 * V[a, f + 1] + c11 * V[a + 1, f + 1]
             for l in range(lim, nu):
                 pos = l + qb
-                out[j, l] += wk * ((pos - (nu - 1)) * h + rmix + 4 * _U * (pos + 1.0) * h)
+                out[j, l] += wk * ((pos - (nu - 1)) * h + rmix + 4 * UNIT_ROUNDOFF * (pos + 1.0) * h)
     return out
 
 
@@ -103,16 +104,16 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
             wk = ws[k]
             xi = xs[k]
             zp = rho * zj + s * xi
-            zp = zp - 8 * _U * (abs(rho * zj) + abs(s * xi)) - 1e-300
-            wp = math.exp(alpha * zp) * (1 - 8 * _U)
-            x = wn[j] * math.exp(beta * xi - c) * (1 - 8 * _U)
-            q = x / h * (1 - 2 * _U)
+            zp = zp - 8 * UNIT_ROUNDOFF * (abs(rho * zj) + abs(s * xi)) - 1e-300
+            wp = math.exp(alpha * zp) * (1 - 8 * UNIT_ROUNDOFF)
+            x = wn[j] * math.exp(beta * xi - c) * (1 - 8 * UNIT_ROUNDOFF)
+            q = x / h * (1 - 2 * UNIT_ROUNDOFF)
             if wp < wn[0]:
                 for l in range(nu):
                     uu = (l - (nu - 1)) * h
                     v = -(uu + x)
                     if v > 0.0:
-                        out[j, l] += wk * (v + 4 * _U * (abs(uu) + x))
+                        out[j, l] += wk * (v + 4 * UNIT_ROUNDOFF * (abs(uu) + x))
                 continue
             if wp >= wn[nw - 1]:
                 a = nw - 2
@@ -127,13 +128,13 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                 while a < nw - 2 and wp > wn[a + 1]:
                     a += 1
                 th = (wp - wn[a]) / (wn[a + 1] - wn[a])
-                th = th * (1 - 4 * _U) - 4 * _U
+                th = th * (1 - 4 * UNIT_ROUNDOFF) - 4 * UNIT_ROUNDOFF
                 if th < 0.0:
                     th = 0.0
                 if th > 1.0:
                     th = 1.0
             # one shift for every l, rounded down below (l + q)(1 - 4u) - 4u for all l < nu
-            qb = q * (1 - 4 * _U) - 4 * _U * (nu + 1.0)
+            qb = q * (1 - 4 * UNIT_ROUNDOFF) - 4 * UNIT_ROUNDOFF * (nu + 1.0)
             if qb < 0.0:
                 qb = 0.0
             if qb >= nu:

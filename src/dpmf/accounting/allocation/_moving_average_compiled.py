@@ -18,7 +18,8 @@ import math
 import numba as nb
 import numpy as np
 
-_U = 2.0**-53
+from dpmf.numerics import UNIT_ROUNDOFF
+
 
 
 @nb.njit(cache=True, nogil=True, inline="always")
@@ -40,9 +41,9 @@ def _shift(x, h, nu, up):  # pragma: no cover - compiled
     """The summand ``x`` in partial-sum steps, split into whole steps and a fraction, rounded up
     (call) or down (put) past the rounding of every position ``n + x / h``."""
     if up:
-        q = x / h * (1 + 4 * _U) + 4 * _U * (nu + 1.0)
+        q = x / h * (1 + 4 * UNIT_ROUNDOFF) + 4 * UNIT_ROUNDOFF * (nu + 1.0)
     else:
-        q = max(x / h * (1 - 4 * _U) - 4 * _U * (nu + 1.0), 0.0)
+        q = max(x / h * (1 - 4 * UNIT_ROUNDOFF) - 4 * UNIT_ROUNDOFF * (nu + 1.0), 0.0)
     if q >= nu:
         return nu, 0.0
     fq = int(q)
@@ -66,7 +67,7 @@ def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - c
                 if ps[l] == 0.0:  # (no mass: no term, and no 0 * inf)
                     continue
                 e = base + a[w] * xs[l]
-                x = math.exp(e + 8 * _U * (size + abs(a[w] * xs[l]))) * (1 + 4 * _U)
+                x = math.exp(e + 8 * UNIT_ROUNDOFF * (size + abs(a[w] * xs[l]))) * (1 + 4 * UNIT_ROUNDOFF)
                 fq, f = _shift(x, h, nu, True)
                 pl, vn, rn = ps[l], V[r * m + l], Rn[r * m + l]
                 lim = max(nu - 1 - fq, 0)
@@ -76,7 +77,7 @@ def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - c
                 for n in range(lim, nu):
                     uu = (n - (nu - 1)) * h
                     v = max(uu + x, 0.0)
-                    acc[n] += pl * (v + rn + 4 * _U * (abs(uu) + x + rn))
+                    acc[n] += pl * (v + rn + 4 * UNIT_ROUNDOFF * (abs(uu) + x + rn))
             cap = Rs[idx]
             for n in range(nu):
                 out[idx, n] = min(acc[n] * factor + 1e-290, cap)
@@ -99,12 +100,12 @@ def put_step(V, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
                 if ps[l] == 0.0:
                     continue
                 e = base + a[w] * xs[l]
-                x = math.exp(e - 8 * _U * (size + abs(a[w] * xs[l]))) * (1 - 4 * _U)
+                x = math.exp(e - 8 * UNIT_ROUNDOFF * (size + abs(a[w] * xs[l]))) * (1 - 4 * UNIT_ROUNDOFF)
                 fq, f = _shift(x, h, nu, False)
                 pl, vn = ps[l], V[r * m + l]
                 g0, g1 = pl * (1.0 - f), pl * f
                 for n in range(nu - 1 - fq):
                     acc[n] += g0 * vn[n + fq] + g1 * vn[n + fq + 1]
             for n in range(nu):
-                out[idx, n] = min(acc[n] * factor + 1e-290, (nu - 1 - n) * h * (1 + 2 * _U))
+                out[idx, n] = min(acc[n] * factor + 1e-290, (nu - 1 - n) * h * (1 + 2 * UNIT_ROUNDOFF))
     return out

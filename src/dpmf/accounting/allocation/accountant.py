@@ -37,6 +37,7 @@ from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWID
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.calibration import CalibrationResult, ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
@@ -260,9 +261,9 @@ def account_allocation(
         # conditional composition (loose at small sigma: its per-step weights sum to well over one
         # participation) and the Renyi conversion from reporting more than no amplification.
         if problem.identity_steps is not None:  # G = I_b: max_i |m_i|^2 = 1 (N = b steps)
-            g_max = 1.0 * (1 + 2 * (problem.identity_steps + 2) * 2.0**-53)
+            g_max = 1.0 * (1 + 2 * (problem.identity_steps + 2) * UNIT_ROUNDOFF)
         else:
-            g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * 2.0**-53)
+            g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * UNIT_ROUNDOFF)
         gauss = gaussian_epsilon(analysed / math.sqrt(g_max), d) if g_max > 0 else 0.0
         diag["gaussian_epsilon"] = gauss
         if gauss < max(by_dir.values()):

@@ -76,6 +76,7 @@ import numpy as np
 
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.errors import DPMFError
+from dpmf.numerics import UNIT_ROUNDOFF
 
 __all__ = [
     "MAX_GRAM_ENTRIES",
@@ -94,7 +95,6 @@ __all__ = [
     "identity_pair_epsilon_lower_bound",
 ]
 
-_U = 2.0**-53
 #: Largest ``b * max(b, N)`` for which the Gram matrix is built and the spectral family is tried.
 MAX_GRAM_ENTRIES = 2**24
 #: The Markov members are tried on residue classes modulo ``1..this`` (:func:`markov_members`).
@@ -133,7 +133,7 @@ def perron_upper_bound(a: np.ndarray) -> float:
     a = np.asarray(a, dtype=np.float64)
     n = a.shape[0]
     if n == 1:
-        return float(a[0, 0]) * (1 + 4 * _U)
+        return float(a[0, 0]) * (1 + 4 * UNIT_ROUNDOFF)
     if n <= 64:
         v = np.linalg.eigh(a)[1][:, -1]
     else:
@@ -150,7 +150,7 @@ def perron_upper_bound(a: np.ndarray) -> float:
     v = np.maximum(v, 1e-8 * v.max() if v.max() > 0 else 1.0)
     v = a @ v + 1e-12 * v  # one power step: smooths the estimate (still positive)
     ratio = (a @ v) / v
-    return float(ratio.max()) * (1 + 4 * (n + 4) * _U) + float(np.finfo(np.float64).tiny)
+    return float(ratio.max()) * (1 + 4 * (n + 4) * UNIT_ROUNDOFF) + float(np.finfo(np.float64).tiny)
 
 
 def _periods(period: int) -> list[int]:
@@ -176,7 +176,7 @@ def spectral_groups(means: np.ndarray, *, periods=None, max_period: int | None =
     m = np.asarray(means, dtype=np.float64)
     b, n = m.shape
     gram = m @ m.T
-    gram = np.maximum(0.5 * (gram + gram.T), 0.0) * (1 + 2 * (n + 2) * _U)
+    gram = np.maximum(0.5 * (gram + gram.T), 0.0) * (1 + 2 * (n + 2) * UNIT_ROUNDOFF)
     return spectral_groups_of_grams([gram], periods=periods, max_period=max_period)
 
 
@@ -303,7 +303,7 @@ def markov_members(means: np.ndarray, period: int):
     b, n = means.shape
     if b > markov.MAX_SLOTS:
         return (), f"b = {b} > {markov.MAX_SLOTS} slots: the Markov members' O(b^2) program is skipped for cost"
-    gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * _U)
+    gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * UNIT_ROUNDOFF)
     gram = np.maximum(gram, gram.T)
     out, work, skipped = [], 0, []
     band = moving_average.fit_moving_average(gram)

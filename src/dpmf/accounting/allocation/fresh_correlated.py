@@ -84,12 +84,13 @@ import numpy as np
 from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import Reductions, gram_problem, spectral_groups_of_grams
 from dpmf.accounting.allocation.dominating_pair import mixture_means
+from dpmf.accounting.allocation.surrogate import Surrogate
 from dpmf.errors import UnsupportedConfigurationError
+from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
 __all__ = ["epoch_grams", "fresh_slot_problem", "fresh_slot_reductions", "add_markov_compositions"]
 
-_U = 2.0**-53
 
 
 def epoch_grams(means: np.ndarray, epochs: int) -> list[np.ndarray]:
@@ -104,16 +105,16 @@ def epoch_grams(means: np.ndarray, epochs: int) -> list[np.ndarray]:
     m = np.asarray(means, dtype=np.float64)
     n, dim = m.shape
     b = n // epochs
-    gram = np.maximum(m @ m.T, 0.0) * (1 + 2 * (dim + 2) * _U)
+    gram = np.maximum(m @ m.T, 0.0) * (1 + 2 * (dim + 2) * UNIT_ROUNDOFF)
     gram = np.maximum(gram, gram.T)
     epoch = np.arange(n) // b
-    cross = np.where(epoch[:, None] != epoch[None, :], gram, 0.0).sum(axis=1) * (1 + 2 * (n + 2) * _U)
+    cross = np.where(epoch[:, None] != epoch[None, :], gram, 0.0).sum(axis=1) * (1 + 2 * (n + 2) * UNIT_ROUNDOFF)
     out = []
     for e in range(epochs):
         idx = slice(e * b, (e + 1) * b)
         g = gram[idx, idx].copy()
         g[np.diag_indices(b)] += cross[idx]
-        out.append(g * (1 + 2 * _U))  # (the diagonal sum, rounded up)
+        out.append(g * (1 + 2 * UNIT_ROUNDOFF))  # (the diagonal sum, rounded up)
     return out
 
 
@@ -227,9 +228,9 @@ _PUT_REACHES = (1.25, 2.0, 16.0)
 _SHORT_CALL_REACHES = (0.5, 1.0, 2.0)
 
 
-def _profiles(sur, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> dict:
+def _profiles(sur: Surrogate, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
-    from dpmf.accounting.allocation.markov import _table, calls_at, on_threads, puts_at
+    from dpmf.accounting.allocation.markov import calls_at, on_threads, puts_at
 
     call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _SHORT_CALL_REACHES} | {eps_top})]
     put_k = [r * 1.0001 for r in _PUT_REACHES]
@@ -237,13 +238,13 @@ def _profiles(sur, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> 
 
     def run(job):
         kind, n, k = job
-        return _table(sur, sigma, n, kind, n * k, delta)
+        return sur.table(sigma, n, kind, n * k, delta)
 
     # (a surrogate with its own tables, :mod:`.moving_average`, runs them in turn: its kernels are parallel)
-    tables = iter([run(job) for job in jobs] if hasattr(sur, "table") else on_threads(run, jobs))
+    tables = iter([run(job) for job in jobs] if sur.parallel_tables else on_threads(run, jobs))
     calls = [(n, w, [next(tables) for _ in call_k]) for n, w in parts]
     puts = [(n, w, [next(tables) for _ in put_k]) for n, w in parts]
-    infl = 1 + 4 * (len(parts) + 2) * _U
+    infl = 1 + 4 * (len(parts) + 2) * UNIT_ROUNDOFF
 
     def d_remove(gam):
         tot = 0.0

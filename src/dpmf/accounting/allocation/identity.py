@@ -83,7 +83,7 @@ from dpmf import progress
 from dpmf import validation as _v
 from dpmf.accounting.allocation._compiled import two_point_rows
 from dpmf.errors import InvalidParameterError, NumericalError
-from dpmf.privacy.mixture import _SPLIT_SLACK, _TAIL_Z, GaussianMixture
+from dpmf.privacy.mixture import SPLIT_SLACK, TAIL_Z, GaussianMixture
 from dpmf.privacy.pld import PrivacyLossDistribution, dense_pmf
 
 __all__ = [
@@ -205,7 +205,7 @@ def identity_step_probabilities(b: int, sigma: float, beta: float) -> dict[str, 
 def _tail_points(s: float, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`dpmf.privacy.mixture._mixture_tail_points` for ``(1-lam) N(0,1) + lam N(s,1)``,
     vectorized over ``lam`` (same bisection, same stopping rule)."""
-    log_tau = float(special.log_ndtr(-_TAIL_Z))
+    log_tau = float(special.log_ndtr(-TAIL_Z))
     lp = np.stack([np.log1p(-lam), np.log(lam)], axis=1)
     sv = np.array([0.0, s])
 
@@ -214,8 +214,8 @@ def _tail_points(s: float, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return m + np.log(np.exp(x - m[:, None]).sum(axis=1))
 
     def bisect(f, want_low_side):
-        lo = np.full(lam.size, 0.0 - _TAIL_Z)
-        hi = np.full(lam.size, s + _TAIL_Z)
+        lo = np.full(lam.size, 0.0 - TAIL_Z)
+        hi = np.full(lam.size, s + TAIL_Z)
         for _ in range(80):
             active = ~(hi - lo <= 1e-9 * np.maximum(1.0, np.maximum(np.abs(lo), np.abs(hi))))
             if not active.any():
@@ -243,7 +243,7 @@ def _split(eps: np.ndarray, disc: float, p_mid: np.ndarray, q_mid: np.ndarray) -
     :func:`dpmf.privacy.mixture._connect_the_dots`, with its ``1e-9`` cover), elementwise."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         qt = np.where(q_mid > 0, np.exp(eps + np.log(np.where(q_mid > 0, q_mid, 1.0))), 0.0)
-        upper = (p_mid - qt) * (math.exp(disc) / math.expm1(disc)) + _SPLIT_SLACK * p_mid
+        upper = (p_mid - qt) * (math.exp(disc) / math.expm1(disc)) + SPLIT_SLACK * p_mid
     upper = np.clip(np.nan_to_num(upper, nan=0.0, posinf=0.0), 0.0, p_mid)
     return np.where(qt == 0, p_mid, upper)
 
@@ -261,8 +261,8 @@ def _grid(lam: np.ndarray, lo_u: np.ndarray, hi_u: np.ndarray, s: float, disc: f
         j_lo = np.maximum(np.floor(loss(lo_u) / disc).astype(np.int64), floor_idx)
         n = np.ceil(loss(hi_u) / disc).astype(np.int64) - j_lo + 1
         return j_lo, n, n, floor_idx
-    ja_lo = np.floor(-loss(np.full(lam.size, _TAIL_Z)) / disc).astype(np.int64)
-    ja_hi = np.minimum(np.ceil(-loss(np.full(lam.size, -_TAIL_Z)) / disc).astype(np.int64), -floor_idx)
+    ja_lo = np.floor(-loss(np.full(lam.size, TAIL_Z)) / disc).astype(np.int64)
+    ja_hi = np.minimum(np.ceil(-loss(np.full(lam.size, -TAIL_Z)) / disc).astype(np.int64), -floor_idx)
     top = 1 - floor_idx  # the add loss never exceeds -log(1 - lam) <= top * disc: the last point
     return ja_lo, ja_hi - ja_lo + 1, top - ja_lo + 1, floor_idx
 
@@ -280,7 +280,7 @@ def _rows(lam: np.ndarray, lo_u: np.ndarray, hi_u: np.ndarray, s: float, disc: f
     probs = np.zeros((R, int(width.max())))
     u_first, u_last = np.empty(R), np.empty(R)
     sign = 1.0 if direction == "remove" else -1.0
-    two_point_rows(lam, first, n, s, disc, sign, _SPLIT_SLACK, probs, u_first, u_last)
+    two_point_rows(lam, first, n, s, disc, sign, SPLIT_SLACK, probs, u_first, u_last)
     eps_last = (first + last) * disc
     if direction == "remove":  # P = mixture, Q = N(0, 1): the masses below and above the grid
         p_below = np.exp(_mixture_log_tail(u_first, lam, s, upper=False))
@@ -289,7 +289,7 @@ def _rows(lam: np.ndarray, lo_u: np.ndarray, hi_u: np.ndarray, s: float, disc: f
         with np.errstate(over="ignore", divide="ignore"):
             log_top_q = np.where(q_above > 0, eps_last + np.log(np.where(q_above > 0, q_above, 1.0)), -np.inf)
             top_q = np.where(log_top_q < 700.0, np.exp(np.minimum(log_top_q, 700.0)), np.inf)
-        inf_mass = np.minimum(p_above, np.maximum(0.0, p_above - top_q) + _SPLIT_SLACK * p_above)
+        inf_mass = np.minimum(p_above, np.maximum(0.0, p_above - top_q) + SPLIT_SLACK * p_above)
         probs[:, 0] += p_below
         probs[rows, last] += p_above - inf_mass
         return first, probs, inf_mass

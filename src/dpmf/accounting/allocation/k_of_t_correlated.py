@@ -48,10 +48,10 @@ import numpy as np
 from dpmf.accounting.allocation.correlated import Reductions, SpectralGroup, gram_problem
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.errors import UnsupportedConfigurationError
+from dpmf.numerics import UNIT_ROUNDOFF
 
 __all__ = ["k_of_t_problem", "k_of_t_reductions", "row_sum_bound", "LABEL"]
 
-_U = 2.0**-53
 #: The member's name in the diagnostics.
 LABEL = "random blocks (row-sum bound)"
 
@@ -74,9 +74,9 @@ def row_sum_bound(means: np.ndarray) -> float:
     """
     m = np.asarray(means, dtype=np.float64)
     b, n = m.shape
-    gram = np.maximum(m @ m.T, 0.0) * (1 + 2 * (n + 2) * _U)
+    gram = np.maximum(m @ m.T, 0.0) * (1 + 2 * (n + 2) * UNIT_ROUNDOFF)
     gram = np.maximum(gram, gram.T)
-    return float(gram.sum(axis=1).max()) * (1 + 2 * (b + 2) * _U)
+    return float(gram.sum(axis=1).max()) * (1 + 2 * (b + 2) * UNIT_ROUNDOFF)
 
 
 def k_of_t_reductions(strategy, scheme) -> Reductions:

@@ -16,217 +16,13 @@ upper bound. :mod:`.correlated` offers it on the residue classes modulo ``q = 1.
 inequality over the classes, its Theorem: ``E f(S) <= sum_r (n_r / b) E f(S_r)``; one chain
 dominating every class's Gram), each direction taking the smallest epsilon over all members.
 
-**Lemma K (Kahane's convexity inequality;** J.-P. Kahane, "Sur le chaos multiplicatif", Ann. Sci.
-Math. Québec 9 (1985); stated e.g. in Rhodes & Vargas, "Gaussian multiplicative chaos and
-applications: a review", Probab. Surveys 11 (2014), §2). If ``Y, Y'`` are centred Gaussian vectors
-with ``Cov(Y)_ij <= Cov(Y')_ij`` for *all* ``i, j`` (no positive-semidefinite difference needed), then
-for non-negative weights ``w_i`` and every convex ``F`` of at most polynomial growth,
-``E F(sum_i w_i e^{Y_i - Var(Y_i)/2}) <= E F(sum_i w_i e^{Y'_i - Var(Y'_i)/2})``.
-
-*Proof.* Let ``K = Cov(Y)``, ``K' = Cov(Y')``, ``D = K' - K`` (entrywise ``>= 0``), ``Y, Y'``
-independent, ``Y_t = sqrt(t) Y' + sqrt(1 - t) Y`` (covariance ``K_t = K + t D``) and
-``phi(t) = E H_t(Y_t)`` with ``H_t(y) = F(sum_i w_i e^{y_i - (K_t)_ii / 2})``. For smooth ``F`` whose
-derivatives grow at most polynomially, Gaussian interpolation (integration by parts,
-``d/dt E h(Y_t) = (1/2) sum_ij D_ij E[d_i d_j h(Y_t)]`` for a fixed smooth ``h`` of moderate growth)
-plus the explicit ``t`` in ``H_t`` give, with ``X_i = e^{(Y_t)_i - (K_t)_ii / 2}`` and ``S = sum_i w_i X_i``,
-
-    phi'(t) = E[d_t H_t] + (1/2) sum_ij D_ij E[d_i d_j H_t]
-            = -(1/2) sum_i D_ii E[F'(S) w_i X_i]
-              + (1/2) sum_ij D_ij E[F''(S) w_i w_j X_i X_j] + (1/2) sum_i D_ii E[F'(S) w_i X_i]
-            = (1/2) sum_ij D_ij E[F''(S) w_i w_j X_i X_j]  >=  0,
-
-since ``d_i d_j H = F'' w_i X_i w_j X_j + [i = j] F' w_i X_i`` (the mean-one normalization is what
-cancels the first-derivative terms, so the diagonal of ``D`` may be positive too), ``F'' >= 0``,
-``D_ij >= 0``, ``w_i X_i >= 0``. So ``phi(0) <= phi(1)``. The hinges used here, ``(x - k)_+`` and
-``(k - x)_+``, are convex and 1-Lipschitz: ``F_n(x) = E F(x + N / n)`` (``N ~ N(0, 1)``) is smooth,
-convex, with derivatives of polynomial growth, and ``|F_n - F| <= E|N| / n``, so
-``E F(S) <= E F_n(S) + 1/n <= E F_n(S') + 1/n <= E F(S') + 2/n`` for every ``n``. QED.
-
-So ``S <=_cx S'`` (equal means; both directions' deltas can only grow) as soon as ``G' >= G`` entrywise,
-``G' = sigma^2 Cov(Y')``. The slots may be listed in any order ``pi`` (``S`` is a symmetric sum):
-the condition is ``gamma(|pi^-1(i) - pi^-1(j)|) >= G_ij``. This is stronger than Lemma 1 of
-:mod:`.correlated` (``D - G`` positive semidefinite), which it contains.
-
-**Lemma P (a positive-semidefinite part; dpmf's).** If ``Cov(Y') - Cov(Y) = P + N`` with ``P``
-positive semidefinite and ``N >= 0`` entrywise, the same conclusion holds. *Proof.* Let ``W ~ N(0, P)``
-be independent of ``Y`` and ``Y'' = Y + W``: ``e^{Y''_i - Var(Y''_i)/2} = X_i e^{W_i - P_ii/2}`` with a
-mean-one factor independent of ``Y``, so ``E[S'' | Y] = S`` and ``E F(S) <= E F(S'')`` (conditional
-Jensen; Lemma 1 of :mod:`.correlated` with a non-diagonal ``P``); then ``Cov(Y'') = Cov(Y) + P <=
-Cov(Y')`` entrywise and Lemma K gives ``E F(S'') <= E F(S')``. QED. Entrywise domination is the case
-``P = 0``; a positive-semidefinite difference (``N = 0``) lets the chain *undershoot* some lags of ``G``
-if its variance pays for it. For a ``p``-banded ``C`` that removes the geometric tail the entrywise
-chain must carry past lag ``p - 1``: the PSD chain matches ``G``'s row sums (the spectral densities
-touch at frequency 0) instead of exceeding them by ~25%. Measured (Monte Carlo of the surrogates' own
-pairs, bsr(64, 8) at sigma 3): entrywise chain 1.12x the exact pair, PSD chain 1.02x.
-*Float check* (:func:`psd_deficit`): ``N`` is taken as the positive part of the computed difference at
-the pairs more than ``keep`` apart (none, the corners of a cyclic Gram, or every off-diagonal pair),
-and the rest is certified positive semidefinite by its smallest LAPACK eigenvalue against a tolerance
-far above the eigensolver's backward error and the subtraction's rounding; where it falls short, the
-chain's stationary variance ``gamma_0`` is raised by the deficit (``g_1, rho`` kept), which adds the
-deficit times ``I`` to the difference. ``G`` itself enters rounded up (entrywise: Lemma K covers it).
-
-**The surrogate (a Gaussian ARMA(1,1) chain).** ``Z_0 ~ N(0, 1)``, ``Z_{i+1} = rho Z_i + s xi_{i+1}``
-(``xi`` i.i.d. standard normal, ``s = sqrt(1 - rho^2)``), ``Y'_i = alpha Z_i + beta xi_{i+1}``
-(``alpha, beta, rho >= 0``). Its covariance is stationary: ``gamma_0 = alpha^2 + beta^2`` and, for
-``L >= 1``, ``gamma_L = rho^{L-1} (alpha^2 rho + alpha beta s)``. So ``(gamma_0, g_1 = gamma_1, rho)``
-are free subject to ``g_1 <= gamma_0 (1 + rho) / 2``, and the entrywise condition is
-``gamma_0 >= max_i G_ii / sigma^2`` and ``g_1 rho^{L-1} >= max_{lag L} G / sigma^2`` for every lag.
-For a ``p``-banded ``C`` the true lags stop at ``p - 1``; the surrogate pays the geometric tail
-(``rho = 0.58`` for bsr(64, 4): ``gamma_4 / gamma_0 = 0.12`` where ``G`` has 0), except where only
-lag 1 is left (``rho = 0``: a moving average, exact up to the diagonal; bsr(64, 4) modulo 2).
-:func:`fit_surrogate` picks ``rho`` (a grid ``0, 0.02, ..``) and the order (natural, or zig-zag
-``0, b-1, 1, b-2, ...`` for the cyclic Gram of several epochs) by the smallest spectral proxy
-``gamma_0 + 2 g_1 / (1 - rho)`` (any choice is sound; the proxy only aims at tightness). With
-``domination="psd"`` it fits instead ``(rho, g_1)`` on a grid with ``gamma_0`` the smallest that makes
-``Cov(Y') - G`` positive semidefinite (Lemma P), ranked by the second moment of the surrogate's sum at
-noise ``s^2 = 4 max G_ii``, ``mean_ij (e^{Cov_ij / s^2} - 1)``; :mod:`.correlated` offers both chains
-as members where the PSD one's proxy is smaller.
-
-**Edges (a larger innovation at the ends).** Fresh slots (:mod:`.fresh_correlated`) raise the
-diagonal of an epoch's Gram at its first and last positions only; a stationary chain would pay the
-largest diagonal at every position. Instead ``Y'_i = alpha Z_i + beta_i xi_{i+1}`` with
-``beta_i >= beta`` at the ends (:attr:`MarkovSurrogate.edges`): ``Var(Y'_i) = alpha^2 + beta_i^2`` and,
-for ``j > i``, ``Cov(Y'_i, Y'_j) = alpha^2 rho^{j-i} + alpha beta_i s rho^{j-i-1}`` -- raising
-``beta_i`` only *adds* ``alpha (beta_i - beta) s rho^{j-i-1} >= 0``, so the stationary lags stay lower
-bounds off the diagonal and Lemma K applies with the diagonal checked per position. Both programs
-already take the innovation's loading per step (the call's ``c_i = (alpha^2 + beta_i^2) / 2``; the
-closed forms ``R`` do not depend on ``beta_j``: ``E X_j = 1``; the put's ``kappa`` is the largest
-``beta_i``, so every ``eta^{beta_i / kappa}`` stays concave). Of the two ``(alpha, beta)`` with the
-same stationary lags (:func:`_solve`) the one with the smaller ``alpha`` adds less forward
-covariance; :func:`fit_surrogate` (``edges=True``) tries both and stationary variances from the
-diagonal's quantiles, by the proxy ``1^T Cov(Y') 1 / n``. Measured (fresh slots, composed, sigma 2):
-bsr(32, 4) over 2 epochs 2.181 -> 1.842 (the exact pair ~1.556). With Lemma P (``domination="psd"``)
-the edges split the Gram as ``G = G' + D``, ``D_i = (G_ii - f)_+`` for a floor ``f`` (the diagonal's
-quantiles): the stationary chain is fitted PSD-above ``G'`` and the raised loadings give position ``i``
-the variance ``gamma_0 + D_i``, so :meth:`MarkovSurrogate.covariance` minus ``G`` is the PSD part
-plus a non-negative diagonal, and the forward covariances the loadings add are the entrywise part;
-both roots are tried, ranked by the second moment of the chain's full covariance
-(:func:`chain_covariance`, forward covariances included) -- the smaller ``alpha`` halved the
-program's excess over its surrogate on bsr(128, 4) over 2 fresh epochs of 64 (remove, one epoch,
-sigma 2: 0.605 -> 0.555, the surrogate's Monte Carlo 0.55).
-
-**The call program (remove direction; backward, on value functions).** With ``U = T_i - K`` (the
-partial sum ``T_i = X_0 + ... + X_{i-1}`` minus a strike ``K``) let ``V_i(z, u) = E[(u + X_i + ... +
-X_{b-1})_+ | Z_i = z]``, so ``V_b(z, u) = u_+``, ``V_i(z, u) = E_xi V_{i+1}(rho z + s xi, u +
-e^{alpha z + beta xi - c})`` and the call ``E(T - K)_+ = E V_0(Z_0, -K)``. By induction on ``i``:
-
-- *V_i is jointly convex in (z, u) and non-decreasing in both*: the map ``(z, u, xi) ->
-  (rho z + s xi, u + e^{alpha z + beta xi - c})`` is affine in its first and convex in its second
-  coordinate, ``V_{i+1}`` is convex and non-decreasing in both; expectations keep both. Also
-  ``h(xi) = V_{i+1}(...)`` is convex and non-decreasing in ``xi``.
-- *closed forms*: ``V_i(z, u) = u + R_i(z)`` for ``u >= 0`` (the remaining sum is positive), with
-  ``R_i(z) = E[X_i + ... + X_{b-1} | Z_i = z] = sum_d exp(alpha rho^d z + alpha^2 v_d / 2 + beta^2 / 2 - c)``
-  (``v_d = Var(Z_{i+d} | Z_i)``), and ``V_i(z, u) <= R_i(z)`` for ``u <= 0``.
-
-The computed ``V~_i`` on a grid ``(z_j, u_l)`` (``u_l = -K_max .. 0``) is an upper bound at the
-nodes, by induction: (1) between nodes ``V~_{i+1}`` is read by bilinear interpolation, which is
-``>=`` a separately convex function (node values are made non-decreasing by running maxima, so
-positions rounded *up* only raise it); beyond ``u = 0`` the closed form ``u + R``, below the ``z``
-grid the first row (monotone), above it the bound ``V(z, w) <= w_+ + R(z)``. (2) ``E_xi h(xi)`` is
-bounded by a discrete law on points ``-L = x_0 < ... < x_m = L`` (denser at 0): each cell's mass is
-spread to its two ends with its mean kept (a convex ``h`` lies below its chord), the mass below
-``-L`` is put at ``-L`` (``h`` non-decreasing), and the part above ``L`` is *charged* in closed form
-through ``h(xi) <= X_i + R_{i+1}(rho z + s xi)`` (a sum of exponentials in ``xi``, and
-``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``). (3) ``V~_i = min(V~_i, R_i)`` (both are bounds).
-The last step integrates ``Z_0 ~ N(0, 1)`` the same way. So ``C~(K) >= E(T' - K)_+`` at every node,
-and linear interpolation in ``K`` (the call is convex in ``K``) gives every strike.
-
-**The put program (add direction).** Put-call parity ``E(K - T)_+ = K - b + E(T - K)_+`` would need
-the call to an absolute accuracy of ``delta``, but the grid's convexity errors raise the *mean*
-(``~1e-3`` relative), so the put ``W_i(w, u) = E[(-u - X_i - ... - X_{b-1})_+ | Z_i]`` is computed
-directly, in the coordinates ``w = e^{alpha Z}`` and ``eta = e^{kappa xi}``
-(``kappa = max(alpha s, beta)``): ``W_i(w, u) = E W_{i+1}(w^rho eta^{alpha s / kappa}, u + w e^{-c}
-eta^{beta / kappa})``, ``W_b = (-u)_+``. Both arguments are *concave* in ``w`` and in ``eta``
-(powers ``<= 1``) and ``W_{i+1}`` is convex and non-increasing in both, so ``W_i`` is convex and
-non-increasing in ``(w, u)`` and the integrand is convex in ``eta``: the same steps apply with the
-directions mirrored -- bilinear interpolation in ``(w, u)`` (positions rounded *down*, node values
-made non-increasing), ``W = 0`` for ``u >= 0``, the last row above the ``w`` grid, the bound
-``(-u')_+`` below it; ``eta``'s law spread onto ``e^{kappa x_k}`` with ``E[eta; cell]`` kept, the mass
-above ``L`` at ``L`` (``W`` non-increasing), the mass below ``-L`` charged with ``(-u)_+``;
-``W~ = min(W~, (-u)_+)``; ``w_0 = e^{alpha Z_0}`` spread onto the ``w`` nodes, the mass below the grid
-charged with ``K``. Its errors are relative to the put itself. Then
-
-    remove:  delta_R(eps) = E(S - e^eps)_+    <= C~(b e^eps) / b,
-    add:     delta_A(eps) = e^eps E(e^-eps - S)_+ <= e^eps P~(b e^-eps) / b,
-
-(a mixture ``sum_r (n_r / b)`` of these over residue classes), and the reported epsilon of a
-direction is one at which its bound is ``<= delta`` (bisection, the returned end checked).
-
-**Floating point.** The chain actually run is the float one: ``s`` is rounded up (so
-``Var(Z_i) >= 1`` grows, covariances only grow), ``c = gamma_0 / 2`` rounded down in the call
-program (each ``X_i`` is then pointwise ``>=`` its mean-one version, so calls only grow) and up in
-the put program (pointwise ``<=``: puts only grow), and the entrywise condition is checked on the float parameters with a margin. Every node
-value is a sum of non-negative terms with non-negative weights, so rounding is a relative error:
-each step multiplies by ``1 + 4 (m + 16) u`` (``m + 1`` quadrature points) and adds ``1e-290``
-(underflow); the spread weights are computed in 40-digit arithmetic (mpmath) on the float points
-and carry a relative ``u``; positions are rounded toward the pessimistic side; the closed forms
-``R`` and the charges are rounded up.
-
-**The shared factor (several epochs).** With ``k > 1`` epochs of reused slots the Gram is *cyclic*:
-the last slots of an epoch are next to the first of the next epoch, so ``G`` has corners
-``G_ij > 0`` for ``i`` near ``0``, ``j`` near ``b - 1``. A chain in natural order would need
-``g_1 rho^{b-2} >= G_{0,b-1}`` (``rho`` near 1), and the zig-zag order doubles every distance.
-:func:`fit_ring_surrogate` keeps the natural-order chain, fitted to ``G`` without its corners
-(pairs more than ``b/2`` apart), and adds ``a_i W`` to ``Y'_i`` with ``W ~ N(0, 1)`` independent
-of the chain and loadings ``a_i = a r^j`` on the ``j``-th slot from either end (``j < width``, the
-corners' width): ``Cov(Y') = chain + a a^T`` is entrywise ``>= G`` with ``a^2`` the largest corner
-residual over ``r^j r^j'`` (checked in floats, as above), and Lemma K applies unchanged. Given
-``W = w`` the summands are the chain's times ``e^{a_i w - a_i^2 / 2}`` (per-position multipliers in
-both programs: ``c_i = c - a_i w + a_i^2 / 2``, rounded toward the pessimistic side, and the closed
-forms ``R`` and the charges carry the multipliers), and the conditional call (put) is convex in
-``w`` (in ``e^{kappa w}``, ``kappa = max a_i``): the tables given ``w`` are mixed over ``W``'s law
-with the same cell-spread as the innovations (:func:`_ring_table`; the tail of ``W`` charged in
-closed form). Cost: one table per node of ``W`` (13), run on threads.
-
-**The anchored ring (preferred when it adds less covariance).** The factor costs variance twice:
-``a_i^2`` on the slots at *both* ends (``+45%`` on slot 0 of bsr(256, 4) over 4 epochs at the fit)
-and ``a_i a_j`` within each end, none of which the corners need. Instead, let the last slots load on
-the chain's *own first state*: ``Y'_i = alpha Z_i + beta xi_{i+1} + e_i Z_0`` with ``e_i >= 0`` on the
-last ``width`` positions only. Then ``Cov(Y'_j, Y'_i) = chain(j, i) + e_i alpha rho^j + ...`` for a
-start slot ``j`` (``Cov(alpha Z_j + beta xi_{j+1}, Z_0) = alpha rho^j``): every added term is a product
-of non-negative numbers, the corners are covered with ``e_i = max_j resid(j, i) / (alpha rho^j)``, and
-the start slots get no extra variance (``Var(Y'_i) = gamma_0 + e_i^2 + 2 e_i alpha rho^i`` only at the
-end). Lemma K applies unchanged (checked in floats on the whole matrix). The programs: given
-``Z_0 = z0`` the chain ``Z_1, Z_2, ..`` is the same Markov chain started at ``z0``, and the summand at
-an anchored position is the chain's times ``e^{e_i z0 - e_i^2 / 2 - e_i alpha rho^i}`` (its mean-one
-normalization; ``alpha rho^i`` rounded down for the call, up for the put). So the call (put) table given
-``z0`` is the chain's program with those multipliers whose ``V_0`` (``W_0``) is *read at* ``z0``
-instead of integrated over ``Z_0`` (linear interpolation: ``V_0`` is convex and non-decreasing in
-``z``, ``W_0`` convex and non-increasing in ``w = e^{alpha z}``; the mixing nodes are snapped onto the
-program's own nodes, so the read is at a node). As a function of ``z0`` every log-summand is affine
-with slope ``alpha rho^i + e_i >= 0`` (``Z_i = rho^i z0 + `` independent noise), so the conditional
-call is convex and non-decreasing in ``z0`` and the conditional put convex in ``e^{kappa z0}``
-(``kappa`` the largest slope): the tables are mixed over ``Z_0 ~ N(0, 1)`` exactly as the factor's,
-with the tail above the last node charged by ``sum_i Phi(alpha rho^i + e_i - L)``. Its mixing nodes
-sit around ``1.5 kappa`` (the call's integrand ``~ e^{kappa z - z^2 / 2}``; any nodes are sound).
-Measured (remove direction, delta 1e-5, same grid): bsr(256, 4) over 4 epochs at sigma 2,
-2.216 -> 2.049 (the exact pair ~1.84); at sigma 3, 0.898 -> 0.881; bsr(128, 4) over 2 epochs at
-sigma 2, 0.976 -> 0.967.
-
-**The mixed-split family (several epochs).** Lemma P with ``N`` the positive *off-diagonal* part of
-``Cov(Y') - G`` (every lag, corners included) and ``P`` the rest lets the anchored ring's chain fall
-short of a lag where its diagonal pays for it in the PSD sense. :func:`ring_family` builds, around
-the fitted ring's ``rho`` (``+-0.08``) and for ``g_1`` 0.9-1.1 of the largest lag-1 entry, the ring
-with the smallest such ``gamma_0`` (each certified by the float check :func:`psd_deficit`). No
-closed-form proxy ranks them (the second moments at ``s^2 = 0.5 .. 4 G_00`` picked members 1-5% off
-the best, by Monte Carlo of the surrogates' own pairs), so :func:`pick` runs every member's
-program on a coarse grid (~1/20 of the cost) at the call's noise and delta and runs the winner on the
-default grid; any member is sound, so the choice only aims at tightness. Measured (delta 1e-5):
-bsr(128, 4) over 2 epochs at sigma 2, 0.9670 -> 0.9462 (the exact pair ~0.864; the best of the
-family by Monte Carlo of its own pair, 1.084x, is the one picked). The fitted rings are ranked with
-it (:attr:`SurrogateFamily.rivals`) and where one ranks first the family is not run on the default
-grid: ~4 s of coarse runs per evaluation at 64 slots, plus one default-grid run where it ranks first.
-
-**Accuracy and cost.** Grid: ``n_z = 90`` chain nodes on ``[-6, 9]`` (put: ``[-7, 9]``),
-``m + 1 = 97`` innovation points on ``[-7, 7]`` (sinh-stretched), ``n_u = 600`` partial-sum nodes
-(``h = K_max / 599``). Measured against a finer grid (100 x 129 x 800), in ratios to the Monte Carlo
-estimate of the exact pair: bsr(64, 4) modulo 2 at sigma 2, 1.075 vs 1.073; Toeplitz [1, .8, .6] at
-sigma 2, 1.093 vs 1.090; the grid error grows as ``h`` grows against the spread of one ``X_i``
-(large ``b``, large sigma). Time ``O(b n_z m n_u)``, a compiled loop (:mod:`._markov_compiled`,
-one shift per chain node and innovation point, so the inner loop is a four-point stencil):
-~0.5-1 s per 64 slots for both programs on one core. Above :data:`MAX_SLOTS` slots the members
-are skipped, and :mod:`.correlated` stops adding periods past a slot budget (stated in the
-diagnostics).
+The proofs (Lemma K: Kahane's convexity inequality; Lemma P: a positive-semidefinite part), the
+chain, its edges, the shared factor and anchored ring, the call and put programs, the
+floating-point argument and the measured accuracy and cost are in the design note
+``docs/notes/allocation-surrogates.md`` ("module docstring" below means that note). The surrogate
+implements :class:`~dpmf.accounting.allocation.surrogate.Surrogate`; quadrature (node placement,
+convex-order spreading) is :mod:`~dpmf.accounting.allocation.quadrature`; the compiled loops are
+:mod:`._markov_compiled`. Above :data:`MAX_SLOTS` slots the members are skipped.
 """
 
 from __future__ import annotations
@@ -234,12 +30,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 from functools import lru_cache
 
 import numpy as np
 from scipy import special
 
+from dpmf.accounting.allocation.quadrature import mp_spread, spread, spread_on
+from dpmf.accounting.allocation.surrogate import Surrogate
 from dpmf.errors import NumericalError
+from dpmf.numerics import UNIT_ROUNDOFF
 
 __all__ = [
     "MAX_SLOTS",
@@ -259,7 +59,6 @@ __all__ = [
     "markov_epsilon",
 ]
 
-_U = 2.0**-53
 #: The certified PSD test's relative tolerance (:func:`psd_deficit`).
 _EIG_TOL = 1e-10
 #: The PSD fit ranks its candidates by the second moment at noise ``s^2 = this * max G_ii``.
@@ -269,7 +68,7 @@ MAX_SLOTS = 256
 #: Half-width ``L`` of the innovation grid (standard units) and its number of cells.
 _XI_HALF = 7.0
 _XI_CELLS = 96
-#: Stretch of the innovation grid (points denser at 0; :func:`_points`).
+#: Stretch of the innovation grid (points denser at 0; :func:`points`).
 _XI_STRETCH = 2.0
 #: The chain's grid ``[z_lo, z_hi]`` (standard units) and its nodes.
 _Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 90
@@ -298,7 +97,11 @@ _RANK_MARGIN = 1.25
 @dataclass(frozen=True)
 class MarkovSurrogate:
     """The chain of the module docstring in Gram units (``sigma = 1``): ``alpha, beta, rho, s`` and
-    the slot order (``order[pos]`` is the slot at chain position ``pos``)."""
+    the slot order (``order[pos]`` is the slot at chain position ``pos``). Implements
+    :class:`~dpmf.accounting.allocation.surrogate.Surrogate`."""
+
+    #: (the chain's tables are serial kernels: callers run several on threads, :func:`on_threads`)
+    parallel_tables: ClassVar[bool] = False
 
     alpha: float
     beta: float
@@ -332,7 +135,7 @@ class MarkovSurrogate:
     def variances(self, n: int) -> np.ndarray:
         """Lower bounds on the float chain's variances ``alpha^2 + beta_i^2`` (Gram units; without a ring)."""
         b = self.betas(n)
-        return (self.alpha * self.alpha + b * b) * (1 - 64 * _U)
+        return (self.alpha * self.alpha + b * b) * (1 - 64 * UNIT_ROUNDOFF)
 
     def covariance(self, n: int) -> np.ndarray:
         """Lower bounds on the float chain's covariance over ``n`` positions (Gram units), without a
@@ -354,7 +157,7 @@ class MarkovSurrogate:
         """``Cov(alpha Z_i + beta xi_{i+1}, Z_0) = alpha rho^i`` (Gram units; ``Z_0 ~ N(0, 1)``, the
         float ``rho`` is the one the programs run), rounded down (``lower``) or up."""
         d = np.arange(n, dtype=np.float64)
-        f = (1 - 4 * _U * (d + 4)) if lower else (1 + 4 * _U * (d + 4))
+        f = (1 - 4 * UNIT_ROUNDOFF * (d + 4)) if lower else (1 + 4 * UNIT_ROUNDOFF * (d + 4))
         return self.alpha * self.rho ** d * f
 
     def loadings(self, n: int) -> np.ndarray:
@@ -374,7 +177,7 @@ class MarkovSurrogate:
         out[0] = a * a + b * b
         g1 = a * a * r + a * b * s
         out[1:] = g1 * r ** np.arange(count - 1)
-        return out * (1 - 64 * _U)  # (Var Z_i >= 1: the float chain's lags are no smaller than these)
+        return out * (1 - 64 * UNIT_ROUNDOFF)  # (Var Z_i >= 1: the float chain's lags are no smaller than these)
 
     def describe(self) -> str:
         g = self.lags(2)
@@ -388,6 +191,14 @@ class MarkovSurrogate:
         if self.domination == "psd":
             order += ", PSD domination"
         return f"Markov surrogate (ARMA(1,1) rho {self.rho:.2g}, lag-1 corr. {g[1] / g[0]:.3g}{order})"
+
+    def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
+        """The call or put bound table of a sum of ``n`` slots (:class:`~.surrogate.Surrogate`): with
+        the shared factor or anchor if the chain has one (:func:`_ring_table`), else the plain
+        chain's (:func:`call_bound_table`, :func:`put_bound_table`)."""
+        if self.ring is not None or self.anchor is not None:
+            return _ring_table(self, sigma, n, kind, k_max, w_half=_factor_half_width(self, sigma, delta), **grid)
+        return (call_bound_table if kind == "call" else put_bound_table)(self, sigma, n, k_max, **grid)
 
 
 def _order(b: int, kind: str) -> np.ndarray:
@@ -422,7 +233,7 @@ def _solve(gamma0: float, g1: float, rho: float, root: int = 0) -> tuple[float, 
     """``alpha, beta >= 0`` with ``alpha^2 + beta^2 = gamma0`` and ``alpha^2 rho + alpha beta s = g1``.
     Where two solutions exist (``g1 >= gamma0 rho``) ``root = 1`` is the one with the smaller ``alpha``
     (the same stationary covariance; with :attr:`MarkovSurrogate.edges` it adds less covariance)."""
-    s = math.sqrt(max(1.0 - rho * rho, 0.0)) * (1 + 4 * _U)
+    s = math.sqrt(max(1.0 - rho * rho, 0.0)) * (1 + 4 * UNIT_ROUNDOFF)
     phi = math.atan2(s, rho)  # f(theta) = rho/2 + cos(2 theta - phi)/2, max (1 + rho)/2 at theta = phi/2
     target = min(max(2 * g1 / gamma0 - rho, -1.0), 1.0)
     theta = 0.5 * (phi - math.acos(target)) if g1 >= gamma0 * rho and not root else 0.5 * (phi + math.acos(target))
@@ -674,7 +485,7 @@ def _with_edges(sur: MarkovSurrogate, diag_by_size: dict, g1: float, rho: float)
     for n, diag in diag_by_size.items():
         d = diag * (1 + 1e-9)
         need = np.sqrt(np.maximum(d - sur.alpha * sur.alpha, 0.0)) * (1 + 1e-9)
-        need[diag * (1 + 1e-10) <= (sur.alpha**2 + sur.beta**2) * (1 - 64 * _U)] = 0.0  # (covered already)
+        need[diag * (1 + 1e-10) <= (sur.alpha**2 + sur.beta**2) * (1 - 64 * UNIT_ROUNDOFF)] = 0.0  # (covered already)
         j = np.arange(n)
         front = j < n - 1 - j
         start[j[front]] = np.maximum(start[j[front]], need[front])
@@ -868,11 +679,11 @@ def _residuals(sur: MarkovSurrogate, grams) -> list[np.ndarray]:
 def _added(sur: MarkovSurrogate, n: int) -> np.ndarray:
     """``Cov(Y') - chain`` of a ring surrogate over ``n`` slots (lower bounds, Gram units)."""
     if sur.anchor is not None:
-        e = sur.anchor_loadings(n) * (1 - 8 * _U)
+        e = sur.anchor_loadings(n) * (1 - 8 * UNIT_ROUNDOFF)
         c = sur.start_covariances(n)
-        return (np.outer(e, e) + np.outer(e, c) + np.outer(c, e)) * (1 - 4 * _U)
-    v = sur.loadings(n) * (1 - 8 * _U)
-    return np.outer(v, v) * (1 - 4 * _U)
+        return (np.outer(e, e) + np.outer(e, c) + np.outer(c, e)) * (1 - 4 * UNIT_ROUNDOFF)
+    v = sur.loadings(n) * (1 - 8 * UNIT_ROUNDOFF)
+    return np.outer(v, v) * (1 - 4 * UNIT_ROUNDOFF)
 
 
 def _dominates(sur: MarkovSurrogate, grams) -> bool:
@@ -939,67 +750,31 @@ def _factored(sur: MarkovSurrogate, grams, width: int) -> MarkovSurrogate | None
     return out
 
 
-def _points(half: float, cells: int, stretch: float) -> np.ndarray:
-    """``cells + 1`` increasing points on ``[-L, L]``, denser at 0: ``L sinh(a t) / sinh(a)``, ``t``
-    uniform on ``[-1, 1]`` (``a = stretch``; any points give a valid spread, they only set its error)."""
-    t = np.linspace(-1.0, 1.0, cells + 1)
-    return half * np.sinh(stretch * t) / math.sinh(stretch) if stretch > 0 else half * t
-
-
-@lru_cache(maxsize=8)
-def _spread(half: float, cells: int, stretch: float = 0.0, center: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Points (:func:`_points`, shifted by ``center``) and weights of the standard normal spread onto
-    them (each cell's mass at its ends, mean kept; the mass below the first point at it; the mass
-    above the last point left out: charged), computed in 40-digit arithmetic on the float points
-    and rounded to float64."""
-    return _spread_on(tuple(float(x) for x in _points(half, cells, stretch) + center))
-
-
-@lru_cache(maxsize=64)
-def _spread_on(points: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_spread` onto the given increasing points."""
-    import mpmath as mp
-
-    pts = np.asarray(points, dtype=np.float64)
-    cells = pts.size - 1
-    with mp.workdps(40):
-        xs = [mp.mpf(float(x)) for x in pts]
-        cdf = [mp.ncdf(x) for x in xs]
-        pdf = [mp.npdf(x) for x in xs]
-        w = [mp.mpf(0)] * (cells + 1)
-        w[0] = cdf[0]
-        for k in range(cells):
-            p = cdf[k + 1] - cdf[k]
-            right = (pdf[k] - pdf[k + 1] - xs[k] * p) / (xs[k + 1] - xs[k])  # E[xi - x_k; cell] / width
-            w[k] += p - right
-            w[k + 1] += right
-        return pts.copy(), np.array([float(x) for x in w])
-
-
 def _compiled_step(name: str = "step"):
-    from dpmf.accounting.allocation import _markov_compiled
+    """The compiled kernel ``step`` or ``step_put`` (imported here: numba loads only when a program runs)."""
+    from dpmf.accounting.allocation._markov_compiled import step, step_put
 
-    return getattr(_markov_compiled, name)
+    return {"step": step, "step_put": step_put}[name]
 
 
 def _chain_constants(alpha: float, beta: float, rho: float, s: float, b: int):
     """``c`` (rounded down); per distance ``d = 0..b``: ``rho^d`` rounded down and up, and
     ``log E[X_{i+d} | Z_i = z] - alpha rho^d z = alpha^2 v_d / 2 + beta^2 / 2 - c`` rounded up, with
     ``v_d = Var(Z_{i+d} | Z_i) = s^2 sum_{e<d} rho^{2e}`` (a sum of non-negative terms)."""
-    c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * _U)
+    c = 0.5 * (alpha * alpha + beta * beta) * (1 - 8 * UNIT_ROUNDOFF)
     d = np.arange(b + 1, dtype=np.float64)
     pw = rho**d
-    pw_lo, pw_hi = pw * (1 - 4 * _U * (d + 2)), pw * (1 + 4 * _U * (d + 2))
-    v = np.concatenate([[0.0], np.cumsum(s * s * pw[:-1] ** 2)]) * (1 + 4 * _U * (d + 4))
+    pw_lo, pw_hi = pw * (1 - 4 * UNIT_ROUNDOFF * (d + 2)), pw * (1 + 4 * UNIT_ROUNDOFF * (d + 2))
+    v = np.concatenate([[0.0], np.cumsum(s * s * pw[:-1] ** 2)]) * (1 + 4 * UNIT_ROUNDOFF * (d + 4))
     offset = 0.5 * alpha * alpha * v + 0.5 * beta * beta - c
-    offset = offset + 8 * _U * (0.5 * alpha * alpha * v + 0.5 * beta * beta + c)  # (a sum of three terms)
+    offset = offset + 8 * UNIT_ROUNDOFF * (0.5 * alpha * alpha * v + 0.5 * beta * beta + c)  # (a sum of three terms)
     return c, pw_lo, pw_hi, offset
 
 
 def _scaled(coef_lo: np.ndarray, coef_hi: np.ndarray, z: np.ndarray) -> np.ndarray:
     """``coef * z`` rounded toward the larger value, for ``coef >= 0`` known within ``[lo, hi]``."""
     zz = z[:, None]
-    return np.where(zz >= 0, coef_hi[None, :] * zz * (1 + 2 * _U), coef_lo[None, :] * zz * (1 - 2 * _U))
+    return np.where(zz >= 0, coef_hi[None, :] * zz * (1 + 2 * UNIT_ROUNDOFF), coef_lo[None, :] * zz * (1 - 2 * UNIT_ROUNDOFF))
 
 
 def _remaining_mean(alpha, pw_lo, pw_hi, offset, z: np.ndarray, terms: int) -> np.ndarray:
@@ -1007,27 +782,27 @@ def _remaining_mean(alpha, pw_lo, pw_hi, offset, z: np.ndarray, terms: int) -> n
     if terms <= 0:
         return np.zeros_like(z)
     e = _scaled(alpha * pw_lo[:terms], alpha * pw_hi[:terms], z) + offset[None, :terms]
-    return np.exp(e).sum(axis=1) * (1 + 4 * (terms + 8) * _U) + 1e-300
+    return np.exp(e).sum(axis=1) * (1 + 4 * (terms + 8) * UNIT_ROUNDOFF) + 1e-300
 
 
 def _tail_charge(z_coef_lo, z_coef_hi, a, offs, z: np.ndarray) -> np.ndarray:
     """``sum_t E[exp(z_coef_t z + a_t xi + offs_t); xi > L]`` per node ``z``
     (``E[e^{a xi}; xi > L] = e^{a^2/2} Phi(a - L)``), rounded up."""
-    expo = _scaled(z_coef_lo, z_coef_hi, z) + offs[None, :] + 0.5 * a[None, :] ** 2 * (1 + 4 * _U)
+    expo = _scaled(z_coef_lo, z_coef_hi, z) + offs[None, :] + 0.5 * a[None, :] ** 2 * (1 + 4 * UNIT_ROUNDOFF)
     return (np.exp(expo) * special.ndtr(a - _XI_HALF)[None, :]).sum(axis=1) * (1 + 1e-9) + 1e-300
 
 
 def _shifted(offset: np.ndarray, log_mult: np.ndarray, start: int, terms: int) -> np.ndarray:
     """``offset[d] + log_mult[start + d]`` for ``d < terms``, rounded up (``log_mult`` already is)."""
     lm = log_mult[start : start + terms]
-    return offset[:terms] + lm + 4 * _U * (np.abs(offset[:terms]) + np.abs(lm))
+    return offset[:terms] + lm + 4 * UNIT_ROUNDOFF * (np.abs(offset[:terms]) + np.abs(lm))
 
 
 def _read_row(V: np.ndarray, pos: float) -> np.ndarray | None:
     """Row ``pos`` (in node units) of a table convex and non-decreasing along axis 0, by linear
     interpolation (an upper bound between nodes); the position rounded up; below the grid the first
     row; ``None`` above it."""
-    pos = pos * (1 + 4 * _U) + 4 * _U
+    pos = pos * (1 + 4 * UNIT_ROUNDOFF) + 4 * UNIT_ROUNDOFF
     if pos <= 0:
         return V[0].copy()
     j = int(pos)
@@ -1048,30 +823,30 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
     step = _compiled_step()
     alpha, betas = sur.alpha / sigma, sur.betas(b) / sigma
     rho, s = sur.rho, sur.s
-    xs, ws = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
+    xs, ws = spread(_XI_HALF, xi_cells, _XI_STRETCH)
     # (the offsets log E[X_j | Z_i] - alpha rho^d z = alpha^2 v_d / 2 + beta_j^2 / 2 - c_j do not depend
     # on beta_j but through rounding: computed at the largest beta, plus a margin for the rest)
     _, pw_lo, pw_hi, offset = _chain_constants(alpha, float(betas.max()), rho, s, b)
-    offset = offset + 8 * _U * (alpha * alpha + float(betas.max()) ** 2)
-    c_pos = 0.5 * (alpha * alpha + betas * betas) * (1 - 8 * _U)
+    offset = offset + 8 * UNIT_ROUNDOFF * (alpha * alpha + float(betas.max()) ** 2)
+    c_pos = 0.5 * (alpha * alpha + betas * betas) * (1 - 8 * UNIT_ROUNDOFF)
     lm = np.zeros(b + 1) if log_mult is None else np.concatenate([np.asarray(log_mult, dtype=np.float64), [0.0]])
     z = np.linspace(_Z_LO, _Z_HI, z_nodes)
     dz = (_Z_HI - _Z_LO) / (z_nodes - 1)
     h = k_max / (u_nodes - 1)
-    factor = 1 + 4 * (xs.size + 16) * _U
+    factor = 1 + 4 * (xs.size + 16) * UNIT_ROUNDOFF
     V = np.zeros((z_nodes, u_nodes))  # V_b(z, u) = u_+ = 0 on u <= 0
     R_next = np.zeros(z_nodes)
     for i in range(b - 1, -1, -1):
         nt = b - 1 - i  # R_{i+1} has b - 1 - i terms
         c = c_pos[i]
-        ci = c - lm[i] - 4 * _U * (c + abs(lm[i]))  # (X_i = e^{alpha z + beta_i xi - c_i}, c_i rounded down)
+        ci = c - lm[i] - 4 * UNIT_ROUNDOFF * (c + abs(lm[i]))  # (X_i = e^{alpha z + beta_i xi - c_i}, c_i rounded down)
         beta = float(betas[i])
         off_next = _shifted(offset, lm, i + 1, nt)
         acc = step(V, R_next, xs, ws, alpha, beta, ci, rho, s, _Z_LO, dz, h, alpha * pw_hi[:nt], off_next, False)
         # xi > L: h(xi) <= X_i + R_{i+1}(rho z + s xi), exponentials in xi (X_i first)
         zc_lo = np.concatenate([[alpha], alpha * pw_lo[1 : nt + 1]])
         zc_hi = np.concatenate([[alpha], alpha * pw_hi[1 : nt + 1]])
-        a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * _U)
+        a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * UNIT_ROUNDOFF)
         offs = np.concatenate([[-ci], off_next])
         charge = _tail_charge(zc_lo, zc_hi, a, offs, z)
         V = acc * factor + charge[:, None] + 1e-290
@@ -1085,45 +860,13 @@ def call_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *
         if calls is None:  # (above the grid: V_0(z0, u) <= R_0(z0) for u <= 0)
             R0 = _remaining_mean(alpha, pw_lo, pw_hi, off0, np.array([float(z0)]), b)[0]
             calls = np.full(u_nodes, R0)
-        calls = np.maximum.accumulate(calls * (1 + 4 * _U))
+        calls = np.maximum.accumulate(calls * (1 + 4 * UNIT_ROUNDOFF))
         return (u_nodes - 1 - np.arange(u_nodes))[::-1] * h, calls[::-1].copy()
     # Z_0 ~ N(0, 1): one more spread with no summand (c = +inf: X = 0, z' = xi)
     acc = step(V, R_next, xs, ws, 0.0, 0.0, math.inf, 0.0, 1.0, _Z_LO, dz, h, alpha * pw_hi[:b], off0, True)
-    charge0 = _tail_charge(np.zeros(b), np.zeros(b), alpha * pw_hi[:b] * (1 + 2 * _U), off0, np.zeros(1))
+    charge0 = _tail_charge(np.zeros(b), np.zeros(b), alpha * pw_hi[:b] * (1 + 2 * UNIT_ROUNDOFF), off0, np.zeros(1))
     calls = np.maximum.accumulate(acc[0] * factor + charge0[0] + 1e-290)  # non-decreasing in u = -K
     return (u_nodes - 1 - np.arange(u_nodes))[::-1] * h, calls[::-1].copy()
-
-
-def _mp_spread(points_log, scale: float):
-    """:func:`_mp_spread_cached` on a hashable copy of the points (the shared factor's tables reuse
-    the same points and scales at every node)."""
-    return _mp_spread_cached(tuple(float(x) for x in points_log), float(scale)).copy()
-
-
-@lru_cache(maxsize=64)
-def _mp_spread_cached(points_log: tuple, scale: float):
-    """Weights of the spread of ``e^{scale xi}`` (``xi ~ N(0, 1)``) onto ``e^{scale x_k}`` for the
-    increasing points ``x_k``: each cell's mass to its ends with ``E[e^{scale xi}; cell]`` kept, the
-    mass above the last point at the last point; the mass below the first point is *not* included
-    (the caller charges it). 40-digit arithmetic, rounded to float64."""
-    import mpmath as mp
-
-    with mp.workdps(40):
-        k = mp.mpf(scale)
-        xs = [mp.mpf(float(x)) for x in points_log]
-        cdf = [mp.ncdf(x) for x in xs]
-        cdf_k = [mp.ncdf(x - k) for x in xs]
-        eta = [mp.exp(k * x) for x in xs]
-        ek = mp.exp(k * k / 2)
-        w = [mp.mpf(0)] * len(xs)
-        for j in range(len(xs) - 1):
-            p = cdf[j + 1] - cdf[j]
-            mean = ek * (cdf_k[j + 1] - cdf_k[j])
-            right = (mean - eta[j] * p) / (eta[j + 1] - eta[j])
-            w[j] += p - right
-            w[j + 1] += right
-        w[-1] += 1 - cdf[-1]
-        return np.array([float(x) for x in w])
 
 
 def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *, u_nodes: int = _U_NODES,
@@ -1138,31 +881,31 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
     step = _compiled_step("step_put")
     alpha, betas = sur.alpha / sigma, sur.betas(b) / sigma
     rho, s = sur.rho, sur.s
-    xs, _ = _spread(_XI_HALF, xi_cells, _XI_STRETCH)
+    xs, _ = spread(_XI_HALF, xi_cells, _XI_STRETCH)
     kappa = max(alpha * s, float(betas.max()))  # (every beta_i / kappa <= 1: the integrand stays convex in eta)
-    ws = _mp_spread(xs, kappa)
+    ws = mp_spread(xs, kappa)
     # (c_i rounded up: smaller summands, larger puts)
-    c_pos = 0.5 * (alpha * alpha + betas * betas) * (1 + 8 * _U)
+    c_pos = 0.5 * (alpha * alpha + betas * betas) * (1 + 8 * UNIT_ROUNDOFF)
     lm = np.zeros(b) if log_mult is None else np.asarray(log_mult, dtype=np.float64)
     z_lo, z_hi = _Z_LO - 1.0, _Z_HI
     dz = (z_hi - z_lo) / (z_nodes - 1)
     zn = z_lo + dz * np.arange(z_nodes)
     wn = np.exp(alpha * zn)
     h = k_max / (u_nodes - 1)
-    neg_u = (u_nodes - 1 - np.arange(u_nodes)) * h * (1 + 2 * _U)  # (-u)_+ at the nodes, rounded up
+    neg_u = (u_nodes - 1 - np.arange(u_nodes)) * h * (1 + 2 * UNIT_ROUNDOFF)  # (-u)_+ at the nodes, rounded up
     low_tail = float(special.ndtr(-_XI_HALF)) * (1 + 1e-9)
-    factor = 1 + 4 * (xs.size + 16) * _U
+    factor = 1 + 4 * (xs.size + 16) * UNIT_ROUNDOFF
     P = np.broadcast_to(neg_u, (z_nodes, u_nodes)).copy()  # P_b(w, u) = (-u)_+
     for i in range(b - 1, -1, -1):
         c = c_pos[i]
-        ci = c - lm[i] + 4 * _U * (c + abs(lm[i]))  # (rounded up)
+        ci = c - lm[i] + 4 * UNIT_ROUNDOFF * (c + abs(lm[i]))  # (rounded up)
         acc = step(P, wn, z_lo, dz, xs, ws, alpha, float(betas[i]), ci, rho, s, h)
         P = acc * factor + low_tail * neg_u[None, :] + 1e-290
         P = np.minimum(P, neg_u[None, :])
         # non-increasing in u (axis 1) and in w (axis 0): running maxima from the high ends
         P = np.maximum.accumulate(np.maximum.accumulate(P[::-1, ::-1], axis=1), axis=0)[::-1, ::-1].copy()
     if z0 is not None:
-        w_read = math.exp(alpha * float(z0)) * (1 - 4 * _U)
+        w_read = math.exp(alpha * float(z0)) * (1 - 4 * UNIT_ROUNDOFF)
         j = int(np.searchsorted(wn, w_read, side="right")) - 1  # wn[j] <= w_read < wn[j + 1]
         if j < 0:
             puts = neg_u.copy()
@@ -1170,17 +913,17 @@ def put_bound_table(sur: MarkovSurrogate, sigma: float, b: int, k_max: float, *,
             puts = P[-1].copy()
         else:
             f = (w_read - wn[j]) / (wn[j + 1] - wn[j])
-            f = min(max(f * (1 - 4 * _U) - 4 * _U, 0.0), 1.0)  # (toward the smaller w: larger puts)
+            f = min(max(f * (1 - 4 * UNIT_ROUNDOFF) - 4 * UNIT_ROUNDOFF, 0.0), 1.0)  # (toward the smaller w: larger puts)
             puts = (1 - f) * P[j] + f * P[j + 1]
-        puts = np.minimum(puts * (1 + 4 * _U) + 1e-290, neg_u)
+        puts = np.minimum(puts * (1 + 4 * UNIT_ROUNDOFF) + 1e-290, neg_u)
         puts = np.maximum.accumulate(puts[::-1])
         return np.arange(u_nodes) * h, puts
     # w_0 = e^{alpha Z_0}: spread onto the w nodes, mass below the grid charged with (-u)_+
-    w0 = _mp_spread(zn, alpha)
+    w0 = mp_spread(zn, alpha)
     below = float(special.ndtr(z_lo)) * (1 + 1e-9)
     # (+ 8 u K: the float nodes wn differ from e^{alpha z_k} by ~u relative, and for a convex,
     # non-increasing W >= 0 with W(0, u) <= K, w |W'(w)| <= K)
-    puts = (w0 @ P) * factor + below * neg_u + 8 * _U * neg_u + 1e-290
+    puts = (w0 @ P) * factor + below * neg_u + 8 * UNIT_ROUNDOFF * neg_u + 1e-290
     puts = np.maximum.accumulate(puts[::-1])  # non-decreasing in K
     return np.arange(u_nodes) * h, puts
 
@@ -1209,7 +952,7 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
 
     * call: convex and non-decreasing in ``w`` (``T`` is a sum of exponentials of ``w`` with
       non-negative coefficients): ``W`` spread onto the nodes ``x_k`` with each cell's mean kept
-      (:func:`_spread`; the mass below ``-L`` at ``-L``), the mass above ``L`` charged with
+      (:func:`spread`; the mass below ``-L`` at ``-L``), the mass above ``L`` charged with
       ``E[(T - K)_+; W > L] <= E[T; W > L] = sum_i E[X_i] Phi(a_i - L)`` (``E[X_i] <= 1``);
     * put: convex in ``eta = e^{kappa w}`` (``kappa = max a_i``; each ``e^{a_i w} = eta^{a_i/kappa}``
       is concave in ``eta``, so ``K - T`` is convex) and non-increasing: ``eta`` spread onto
@@ -1217,17 +960,17 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
       below ``-L`` charged with the strike ``K`` (a put is at most its strike)."""
     anchored = sur.anchor is not None
     if anchored:  # the mixing variable is the chain's own Z_0: its covariance with log X_i is c_i + e_i
-        a = sur.anchor_loadings(n) / sigma * (1 + 4 * _U)
-        c_lo = sur.start_covariances(n) / sigma * (1 - 4 * _U)
-        c_hi = sur.start_covariances(n, lower=False) / sigma * (1 + 4 * _U)
-        cov = (c_hi + a) * (1 + 2 * _U)
+        a = sur.anchor_loadings(n) / sigma * (1 + 4 * UNIT_ROUNDOFF)
+        c_lo = sur.start_covariances(n) / sigma * (1 - 4 * UNIT_ROUNDOFF)
+        c_hi = sur.start_covariances(n, lower=False) / sigma * (1 + 4 * UNIT_ROUNDOFF)
+        cov = (c_hi + a) * (1 + 2 * UNIT_ROUNDOFF)
     else:
-        a = sur.loadings(n) / sigma * (1 + 4 * _U)  # (rounded up; the check used the rounded-down loadings)
+        a = sur.loadings(n) / sigma * (1 + 4 * UNIT_ROUNDOFF)  # (rounded up; the check used the rounded-down loadings)
         c_lo = c_hi = np.zeros(n)
         cov = a
     # nodes centred where the factor matters: up for the call (large sums), down for the put
     if not anchored:
-        xs, ps = _spread(w_half, w_cells, w_stretch, w_shift * float(a.max()) * (1 if kind == "call" else -1))
+        xs, ps = spread(w_half, w_cells, w_stretch, w_shift * float(a.max()) * (1 if kind == "call" else -1))
     else:  # the points snapped to the program's z nodes (its V_0 is then read at a node)
         center = _A_SHIFT * float(cov.max())
         t = np.linspace(-1.0, 1.0, w_cells + 1)
@@ -1238,14 +981,14 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
         z_lo = _Z_LO if kind == "call" else _Z_LO - 1.0
         dz = (_Z_HI - z_lo) / (z_nodes - 1)
         k = np.unique(np.clip(np.rint((xs - z_lo) / dz), 0, z_nodes - 1))
-        xs, ps = _spread_on(tuple(float(x) for x in z_lo + dz * k))
+        xs, ps = spread_on(tuple(float(x) for x in z_lo + dz * k))
     if kind == "put":
-        ps = _mp_spread(xs, float(cov.max()) * (1 + 4 * _U))
+        ps = mp_spread(xs, float(cov.max()) * (1 + 4 * UNIT_ROUNDOFF))
     def node(x):
         # given the mixing variable = x: X_i's extra factor e^{a_i x - a_i^2 / 2 - a_i c_i} (the last
         # term, Var(Y'_i) - gamma_0 = a_i^2 + 2 a_i c_i, only for the anchored ring)
         lm = a * x - 0.5 * a * a
-        err = 4 * _U * (np.abs(a * x) + 0.5 * a * a + a * c_hi)
+        err = 4 * UNIT_ROUNDOFF * (np.abs(a * x) + 0.5 * a * a + a * c_hi)
         pinned = {"z0": x} if anchored else {}
         if kind == "call":
             return call_bound_table(sur, sigma, n, k_max, log_mult=lm - a * c_lo + err, **pinned, **grid)
@@ -1255,10 +998,10 @@ def _ring_table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: fl
     table, strikes = None, results[0][0]
     for p, (_, vals) in zip(ps, results):  # (summed in node order: the same on any number of threads)
         table = p * vals if table is None else table + p * vals
-    table = table * (1 + 4 * (xs.size + 4) * _U)
+    table = table * (1 + 4 * (xs.size + 4) * UNIT_ROUNDOFF)
     if kind == "call":  # (above the last point xs[-1]: E[X_i; x > L] = Phi(Cov(log X_i, x) - L))
-        return strikes, table + float(np.sum(special.ndtr(cov - xs[-1]))) * (1 + 1e-9) * (1 + 32 * _U) + 1e-300
-    return strikes, table + float(special.ndtr(xs[0])) * (1 + 1e-9) * strikes * (1 + 2 * _U) + 1e-290
+        return strikes, table + float(np.sum(special.ndtr(cov - xs[-1]))) * (1 + 1e-9) * (1 + 32 * UNIT_ROUNDOFF) + 1e-300
+    return strikes, table + float(special.ndtr(xs[0])) * (1 + 1e-9) * strikes * (1 + 2 * UNIT_ROUNDOFF) + 1e-290
 
 
 def _factor_half_width(sur: MarkovSurrogate, sigma: float, delta: float) -> float:
@@ -1272,25 +1015,15 @@ def _factor_half_width(sur: MarkovSurrogate, sigma: float, delta: float) -> floa
     return min(8.0, max(4.0, a + float(special.ndtri(1 - 1e-3 * delta)) if delta < 1 else 4.0))
 
 
-def _table(sur: MarkovSurrogate, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
-    """The call or put bound table of one part (with the shared factor if the surrogate has one; a
-    surrogate of another module, :mod:`.moving_average`, brings its own ``table``)."""
-    if hasattr(sur, "table"):
-        return sur.table(sigma, n, kind, k_max, delta, **grid)
-    if sur.ring is not None or sur.anchor is not None:
-        return _ring_table(sur, sigma, n, kind, k_max, w_half=_factor_half_width(sur, sigma, delta), **grid)
-    return (call_bound_table if kind == "call" else put_bound_table)(sur, sigma, n, k_max, **grid)
-
-
 def puts_at(strikes: np.ndarray, puts: np.ndarray, k) -> np.ndarray:
     """Linear interpolation of the (convex, non-decreasing) put bound at strikes ``k`` (array),
     position rounded up; ``inf`` beyond the table."""
     h = strikes[1] - strikes[0]
-    pos = np.asarray(k, dtype=np.float64) / h * (1 + 8 * _U) + 8 * _U
+    pos = np.asarray(k, dtype=np.float64) / h * (1 + 8 * UNIT_ROUNDOFF) + 8 * UNIT_ROUNDOFF
     last = puts.size - 1
     j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
     f = pos - j
-    val = ((1 - f) * puts[j] + f * puts[np.minimum(j + 1, last)]) * (1 + 4 * _U)
+    val = ((1 - f) * puts[j] + f * puts[np.minimum(j + 1, last)]) * (1 + 4 * UNIT_ROUNDOFF)
     return np.where(pos > last, np.inf, val)
 
 
@@ -1299,11 +1032,11 @@ def calls_at(strikes: np.ndarray, calls: np.ndarray, k) -> np.ndarray:
     upper bound between nodes; the position is rounded toward the smaller strike); beyond the table
     the call is at most its last node value (non-increasing)."""
     h = strikes[1] - strikes[0]
-    pos = np.maximum(np.asarray(k, dtype=np.float64) / h * (1 - 8 * _U) - 8 * _U, 0.0)
+    pos = np.maximum(np.asarray(k, dtype=np.float64) / h * (1 - 8 * UNIT_ROUNDOFF) - 8 * UNIT_ROUNDOFF, 0.0)
     last = calls.size - 1
     j = np.minimum(np.floor(pos), last - 1).astype(np.int64)
     f = np.minimum(pos - j, 1.0)
-    val = ((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * _U)
+    val = ((1 - f) * calls[j] + f * calls[j + 1]) * (1 + 4 * UNIT_ROUNDOFF)
     return np.where(pos >= last, calls[-1], val)
 
 
@@ -1317,7 +1050,7 @@ def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> fl
     return float(calls_at(strikes, calls, k))
 
 
-def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_hi: float, *,
+def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: float, *,
                    directions=("remove", "add"), **grid) -> dict:
     """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
     in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
@@ -1327,16 +1060,16 @@ def markov_epsilon(sur: MarkovSurrogate, sigma: float, parts, delta: float, eps_
     ``sum w e^eps P~_n(n e^-eps) / n <= delta``. ``directions``: the ones to compute (the others are
     left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed)."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
-    calls = ([(n, w, _table(sur, sigma, n, "call", n * math.exp(eps_hi) * 1.02, delta, **grid)) for n, w in parts]
+    calls = ([(n, w, sur.table(sigma, n, "call", n * math.exp(eps_hi) * 1.02, delta, **grid)) for n, w in parts]
              if "remove" in directions else [])
-    puts = [(n, w, _table(sur, sigma, n, "put", n * 1.0001, delta, **grid)) for n, w in parts] if "add" in directions else []
+    puts = [(n, w, sur.table(sigma, n, "put", n * 1.0001, delta, **grid)) for n, w in parts] if "add" in directions else []
 
     def rem(e):
-        return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca) in calls) * (1 + 4 * (len(calls) + 1) * _U)
+        return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca) in calls) * (1 + 4 * (len(calls) + 1) * UNIT_ROUNDOFF)
 
     def add(e):
         ee = math.exp(e)
-        return sum(w * ee * _interp_put(ps, pu, n / ee) / n for n, w, (ps, pu) in puts) * (1 + 4 * (len(puts) + 2) * _U)
+        return sum(w * ee * _interp_put(ps, pu, n / ee) / n for n, w, (ps, pu) in puts) * (1 + 4 * (len(puts) + 2) * UNIT_ROUNDOFF)
 
     out = {}
     for name, fn in (("remove", rem), ("add", add)):

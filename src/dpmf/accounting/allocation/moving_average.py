@@ -92,14 +92,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy import special
 
+from dpmf.accounting.allocation.quadrature import mp_spread, spread_on
+from dpmf.numerics import UNIT_ROUNDOFF
+
 __all__ = ["MAX_ORDER", "MAX_SLOTS", "MovingAverageSurrogate", "fit_moving_average", "call_bound_table",
            "put_bound_table"]
 
-_U = 2.0**-53
 #: The largest moving-average order (band width ``w = p - 1``) the program runs: its state has
 #: ``m^w`` nodes.
 MAX_ORDER = 3
@@ -122,6 +125,9 @@ class MovingAverageSurrogate:
     """The surrogate of the module docstring in Gram units (``sigma = 1``): ``rows[s][j]`` is slot
     ``s``'s loading on ``xi_{s+j}`` (``j = 0..w``); ``cut`` the ring cut ``(u, v)`` or ``None`` (tuples:
     equal surrogates compare and hash equal, so the accountant's memo recognizes them)."""
+
+    #: (the band's kernels are parallel themselves: callers run its tables in turn)
+    parallel_tables: ClassVar[bool] = True
 
     rows: tuple
     cut: tuple | None = None
@@ -241,7 +247,7 @@ def _dominates(sur: MovingAverageSurrogate, gram: np.ndarray) -> bool:
     cov = sur.covariance()
     pp = np.outer(p, p)
     d = cov - gram - pp
-    tol = 4 * (w + 4) * _U * (np.abs(cov) + np.abs(gram) + np.abs(pp))
+    tol = 4 * (w + 4) * UNIT_ROUNDOFF * (np.abs(cov) + np.abs(gram) + np.abs(pp))
     return bool(np.all(d >= tol))
 
 
@@ -358,36 +364,35 @@ def _remaining_means(a: np.ndarray, c: np.ndarray, xs: np.ndarray, ps: np.ndarra
 
 
 def _program(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: float, kind: str, u_nodes: int):
-    from dpmf.accounting.allocation import _moving_average_compiled as comp
-    from dpmf.accounting.allocation.markov import _mp_spread, _spread_on
+    from dpmf.accounting.allocation._moving_average_compiled import call_step, put_step  # (numba loads here)
 
     b, p = sur.loadings.shape
     w = p - 1
     m = _NODES[w]
-    a = sur.loadings / sigma * (1 + 4 * _U)
+    a = sur.loadings / sigma * (1 + 4 * UNIT_ROUNDOFF)
     c = 0.5 * (a * a).sum(axis=1)
-    c = c * (1 - 8 * _U) if kind == "call" else c * (1 + 8 * _U)
+    c = c * (1 - 8 * UNIT_ROUNDOFF) if kind == "call" else c * (1 + 8 * UNIT_ROUNDOFF)
     top = _top(a, b, delta)
     xs = _nodes(kind, m, top, _CENTER * float(a.sum(axis=1).max()) if kind == "call" else 0.0)
     if kind == "call":
-        xs, ps = _spread_on(tuple(float(x) for x in xs))
+        xs, ps = spread_on(tuple(float(x) for x in xs))
     else:
-        ps = _mp_spread(xs, float(a.max()) * (1 + 4 * _U))
+        ps = mp_spread(xs, float(a.max()) * (1 + 4 * UNIT_ROUNDOFF))
     h = k_max / (u_nodes - 1)
-    factor = 1 + 4 * (m + 16) * _U
+    factor = 1 + 4 * (m + 16) * UNIT_ROUNDOFF
     digits = _digits(m, w)
     u = (np.arange(u_nodes) - (u_nodes - 1)) * h
     if kind == "call":
         R = _remaining_means(a, c, xs, ps, digits)
         V = np.zeros((m**w, u_nodes))
         for s in range(b - 1, -1, -1):
-            V = comp.call_step(V, R[s + 1], R[s], xs, ps, a[s], c[s], h, m, w, factor)
+            V = call_step(V, R[s + 1], R[s], xs, ps, a[s], c[s], h, m, w, factor)
     else:
-        V = np.broadcast_to(-u * (1 + 2 * _U), (m**w, u_nodes)).copy()  # W_b = (-u)_+
+        V = np.broadcast_to(-u * (1 + 2 * UNIT_ROUNDOFF), (m**w, u_nodes)).copy()  # W_b = (-u)_+
         for s in range(b - 1, -1, -1):
-            V = comp.put_step(V, xs, ps, a[s], c[s], h, m, w, factor)
+            V = put_step(V, xs, ps, a[s], c[s], h, m, w, factor)
     weights = np.prod(ps[digits], axis=1)
-    vals = (weights @ V) * (1 + 4 * (w + m**w) * _U)
+    vals = (weights @ V) * (1 + 4 * (w + m**w) * UNIT_ROUNDOFF)
     vals = np.where(np.isnan(vals), np.inf, vals)  # (an overflow is never read as a small bound)
     strikes = -u[::-1].copy()
     vals = vals[::-1].copy()
@@ -396,7 +401,7 @@ def _program(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: flo
         tail = (b + w) * float(special.ndtr(-xs[-1]))
         return strikes, np.maximum.accumulate(((vals + charge * (1 + 1e-9)) / (1 - tail * (1 + 1e-9)))[::-1])[::-1]
     charge = (b + w) * float(special.ndtr(xs[0])) * (1 + 1e-9)
-    return strikes, vals + charge * strikes * (1 + 2 * _U) + 1e-290
+    return strikes, vals + charge * strikes * (1 + 2 * UNIT_ROUNDOFF) + 1e-290
 
 
 def call_bound_table(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: float, *, u_nodes: int = _U_NODES):
