@@ -56,7 +56,7 @@ def _canonical(d: Mapping) -> str:
 
 def _load(item) -> tuple[PrivacyReport | dict, str]:
     """``(report object or dict, where it came from)``."""
-    from dpmf.accounting.verify import _load as load_report
+    from dpmf.accounting.verify import load_report
 
     if isinstance(item, PrivacyReport):
         return item, "in memory"
