@@ -13,6 +13,7 @@ import pytest
 from scipy import optimize, special
 
 import dpmf
+from dpmf.accounting.allocation import grid
 from dpmf.accounting.allocation import pld as ap
 from dpmf.accounting.allocation.pld import (
     account_allocation_pld,
@@ -120,7 +121,7 @@ def _brute_epsilon(direction: str, t: int, sigma: float, delta: float = DELTA) -
 def _grid_epsilon(direction: str, t: int, sigma: float, delta: float = DELTA) -> float:
     """One direction on the grid, refined to convergence (the public function short-cuts t = 1)."""
     eta = 1.0 / sigma**2
-    best, _ = ap._refine(direction, eta, t, delta, gaussian_epsilon(sigma, delta), 1e-6, 2**16)
+    best, _ = grid.refine(direction, eta, t, delta, gaussian_epsilon(sigma, delta), 1e-6, 2**16)
     return best
 
 

@@ -81,9 +81,11 @@ import math
 
 import numpy as np
 
+from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import Reductions, gram_problem, spectral_groups_of_grams
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.errors import UnsupportedConfigurationError
+from dpmf.privacy.gdp import gaussian_epsilon
 
 __all__ = ["epoch_grams", "fresh_slot_problem", "fresh_slot_reductions", "add_markov_compositions"]
 
@@ -261,19 +263,13 @@ def _profiles(sur, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> 
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(max(_PUT_REACHES)), eps_top)}
 
 
-def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int, *,
-                            grid) -> None:
+def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int) -> None:
     """Offer the Markov members composed over the epochs (step 2'): each direction's epsilon is the
     smallest over the spectral result ``out`` and the members; their rows are appended to
-    ``out["reductions"]``. ``grid`` is :mod:`dpmf.accounting.allocation.pld` (passed in by it: this
-    module does not import it back)."""
-    from dpmf.accounting.allocation import pld_compose
-
-    pld = grid
-
+    ``out["reductions"]``."""
     if not reductions.composed_markov:
         return
-    budget = pld_compose._BUDGET * delta / (4 * max(1, math.ceil(math.log2(epochs + 1))) + 4)
+    budget = pld_compose.BUDGET * delta / (4 * max(1, math.ceil(math.log2(epochs + 1))) + 4)
     by_dir, names = dict(out["epsilon_by_direction"]), {d: out["bound"] for d in out["epsilon_by_direction"]}
     profiles = {}  # (a chain shared by several members is tabulated once)
     for q, chains, parts in reductions.composed_markov:
@@ -287,10 +283,9 @@ def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, del
                 # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's
                 # squared norm) bounds the epoch's curve by ``budget`` beyond it (tightness only)
                 top_var = max(float(np.max(sur.variances(n))) for n, _ in parts) * (1 + 1e-9)
-                eps_top = pld.gaussian_epsilon(sigma / math.sqrt(top_var), budget)
+                eps_top = gaussian_epsilon(sigma / math.sqrt(top_var), budget)
                 profiles[id(sur)] = _profiles(sur, parts, sigma, eps_top, budget)
-        comp = pld_compose.profiles_composition_epsilon([(profiles[id(sur)], len(eps)) for sur, eps in chains], delta,
-                                                        grid=pld)
+        comp = pld_compose.profiles_composition_epsilon([(profiles[id(sur)], len(eps)) for sur, eps in chains], delta)
         out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],
                                   "epsilon_by_direction": comp["epsilon_by_direction"]})
         for d, v in comp["epsilon_by_direction"].items():

@@ -53,7 +53,7 @@ c. *Composition.* The P-law of the loss of a product pair is the convolution of 
    P-laws, so ``delta(eps) = E[(1 - e^{eps - L})_+] + P(L = inf)`` of the product is a
    non-negative functional, non-decreasing in every factor's loss. Hence it may be bounded with
    (i) entrywise upper bounds on the masses (the tilted FFT's allowances of
-   :func:`~dpmf.accounting.allocation.pld._convolve`, each entry capped by the exact total mass),
+   :func:`~dpmf.accounting.allocation.grid.convolve`, each entry capped by the exact total mass),
    (ii) mass below a window raised to the window's first loss, (iii) mass above the window moved
    to ``+inf``, and (iv) infinity masses combined as ``1 - (1 - a)(1 - b) <= a + b``. Repeated
    squaring keeps every intermediate an entrywise upper bound of a stochastically larger law.
@@ -77,14 +77,15 @@ import math
 import numpy as np
 from scipy import special
 
+from dpmf.accounting.allocation.grid import CAP_MARGIN, CUT_BUDGET, Law, Plan, convolve, refine, sum_law
+from dpmf.numerics import UNIT_ROUNDOFF
+from dpmf.privacy.gdp import gaussian_epsilon
 
-__all__ = ["composition_epsilon", "profile_composition_epsilon", "split_k_of_t"]
+__all__ = ["BUDGET", "composition_epsilon", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
 
-_pld = None  # dpmf.accounting.allocation.pld, set by composition_epsilon (see there)
 
-_U = 2.0**-53
 #: Fraction of delta that the composition's window cuts and the profile's top may cost (tightness).
-_BUDGET = 1e-3
+BUDGET = 1e-3
 #: Loss spacings tried (the smaller epsilon is kept; each is a sound bound).
 _LOSS_STEPS = (4e-3, 1e-3)
 #: The add profile's window reaches S = add_reach (loss -log add_reach); the wider one is computed
@@ -120,15 +121,15 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
             out = special.ndtr(-e * sigma + 0.5 / sigma) - gam * special.ndtr(-e * sigma - 0.5 / sigma)
             return np.minimum(np.maximum(out, 0.0) * (1 + 1e-9) + 1e-300, 1.0)
 
-        eps_top = _pld.gaussian_epsilon(sigma, delta_small)
+        eps_top = gaussian_epsilon(sigma, delta_small)
         return d, -eps_top - 1.0, eps_top
-    eps_gauss = _pld.gaussian_epsilon(1.0 / math.sqrt(eta), delta_small)
-    best, levels = _pld._refine(direction, eta, t, delta_small, eps_gauss, rel_tol, max_points)
+    eps_gauss = gaussian_epsilon(1.0 / math.sqrt(eta), delta_small)
+    best, levels = refine(direction, eta, t, delta_small, eps_gauss, rel_tol, max_points)
     h = levels[-1]["h"]
     eps_hi = best if math.isfinite(best) else eps_gauss
     if direction == "remove":
-        cap = int(math.ceil(t * math.exp(eps_hi) * (1 + _pld._CAP_MARGIN) / h))
-        plan = _pld._Plan("remove", t, h, cap, _pld._CUT_BUDGET * delta_small, 1.0, target=math.exp(eps_hi))
+        cap = int(math.ceil(t * math.exp(eps_hi) * (1 + CAP_MARGIN) / h))
+        plan = Plan("remove", t, h, cap, CUT_BUDGET * delta_small, 1.0, target=math.exp(eps_hi))
     else:
         # the add loss log(1/S) down to -log(add_reach): lower losses are raised (pessimistic; tightness
         # only). At add_reach = 4 this cost 1.6% (two fresh epochs, t = 2) and 9% (2-of-3) against exact
@@ -138,12 +139,12 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
         # 2-of-4, sigma 0.7, delta 1e-9 -- so it is coarsened to at most max_points; any h is sound)
         h = max(h, t * add_reach / max_points)
         cap = int(math.ceil(t / h)) * add_reach + 1
-        plan = _pld._Plan("add", t, h, cap, _pld._CUT_BUDGET * delta_small, math.exp(eps_hi),
+        plan = Plan("add", t, h, cap, CUT_BUDGET * delta_small, math.exp(eps_hi),
                           target=math.exp(-eps_hi))
-    law, charge, _ = _pld._sum_law(plan, eta)
+    law, charge, _ = sum_law(plan, eta)
     T, E, H, D = law.tables()
     n = law.p.size
-    mass = float(law.p.sum()) * (1 + 4 * _U * n)
+    mass = float(law.p.sum()) * (1 + 4 * UNIT_ROUNDOFF * n)
     unit = h / t
 
     def interp(table, x):
@@ -157,7 +158,7 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
         def d(gam):
             x = gam / unit - lo
             val = interp(E, x) + np.where(x < 0, -x * mass, 0.0)
-            return np.minimum((val * unit + charge) * (1 + 8 * _U), 1.0)
+            return np.minimum((val * unit + charge) * (1 + 8 * UNIT_ROUNDOFF), 1.0)
 
         top = (lo + n - 1) * unit
         bottom = max(lo * unit, 1e-300)
@@ -166,7 +167,7 @@ def _profile_points(direction: str, eta: float, t: int, delta_small: float, rel_
     def d(gam):
         x = 1.0 / (gam * unit) - lo
         val = interp(D, x) + np.where(x > n - 1, (x - (n - 1)) * mass, 0.0)
-        return np.minimum(gam * (val * unit + charge) * (1 + 8 * _U), 1.0)
+        return np.minimum(gam * (val * unit + charge) * (1 + 8 * UNIT_ROUNDOFF), 1.0)
 
     top = (lo + n - 1) * unit
     bottom = lo * unit
@@ -198,16 +199,16 @@ def _connect_the_dots(d, eps_lo: float, eps_hi: float, step: float):
     masses = np.zeros(j.size)
     # vertex hv[i] (i >= 1) carries gamma * (slope after - slope before); the flat end is g(inf)
     masses[hv[1:] - 1] = xs[hv[1:]] * (slopes[1:] - slopes[:-1])
-    masses = np.maximum(masses, 0.0) * (1 + 16 * _U)
+    masses = np.maximum(masses, 0.0) * (1 + 16 * UNIT_ROUNDOFF)
     p_inf = float(ys[hv[-1]])
     nz = np.flatnonzero(masses)
     lo_i, hi_i = (int(nz[0]), int(nz[-1])) if nz.size else (0, 0)
-    law = _pld._Law(int(j[lo_i]), masses[lo_i : hi_i + 1].copy(), float(masses.sum()) + 1e-15)
-    return law, min(p_inf * (1 + 4 * _U) + 1e-300, 1.0)
+    law = Law(int(j[lo_i]), masses[lo_i : hi_i + 1].copy(), float(masses.sum()) + 1e-15)
+    return law, min(p_inf * (1 + 4 * UNIT_ROUNDOFF) + 1e-300, 1.0)
 
 
 # ----------------------------------------------------------------------------- composition
-def _trim(law: "_pld._Law", budget: float):
+def _trim(law: Law, budget: float):
     """Steps c(ii)-(iii): keep the window whose lower and upper tails each hold <= budget of mass;
     the lower tail is raised to the window's first loss, the upper one goes to ``+inf``."""
     p = law.p
@@ -220,19 +221,19 @@ def _trim(law: "_pld._Law", budget: float):
     ok_l = np.flatnonzero(lower <= budget)
     l = int(ok_l[-1]) + 1 if ok_l.size else 0
     u = max(u, l)
-    to_inf = float(upper[u + 1]) * (1 + 4 * _U * p.size) if u + 1 < p.size else 0.0
+    to_inf = float(upper[u + 1]) * (1 + 4 * UNIT_ROUNDOFF * p.size) if u + 1 < p.size else 0.0
     q = p[l : u + 1].copy()
     if l > 0:
-        q[0] += float(lower[l - 1]) * (1 + 4 * _U * p.size)
-    return _pld._Law(law.lo + l, q, law.mass), to_inf
+        q[0] += float(lower[l - 1]) * (1 + 4 * UNIT_ROUNDOFF * p.size)
+    return Law(law.lo + l, q, law.mass), to_inf
 
 
 def _conv(a, b, tilt: float, budget: float):
-    c, err = _pld._convolve(a, b, extended=True, tilt=tilt)
+    c, err = convolve(a, b, extended=True, tilt=tilt)
     other = a if b is None else b
-    mass = a.mass * other.mass * (1 + 4 * _U)
+    mass = a.mass * other.mass * (1 + 4 * UNIT_ROUNDOFF)
     q = np.minimum(np.maximum(c + err, 0.0), mass)
-    return _trim(_pld._Law(a.lo + other.lo, q, mass), budget)
+    return _trim(Law(a.lo + other.lo, q, mass), budget)
 
 
 def _self_compose(law, p_inf: float, copies: int, tilt: float, budget: float):
@@ -258,7 +259,7 @@ def _query(law, p_inf: float, step: float, delta: float) -> float:
         return math.inf
     ell = (law.lo + np.arange(law.p.size)) * step
     n = law.p.size
-    infl = 1 + 4 * _U * (n + 4)
+    infl = 1 + 4 * UNIT_ROUNDOFF * (n + 4)
     shift = float(ell.max())
     A = np.cumsum(law.p[::-1])[::-1] * infl  # sum over l_k >= l_i
     B = np.cumsum((law.p * np.exp(-(ell - shift)))[::-1])[::-1] * infl  # times e^{-shift}
@@ -289,14 +290,10 @@ def _query(law, p_inf: float, step: float, delta: float) -> float:
 
 
 def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, *, rel_tol: float,
-                        max_points: int, grid) -> dict:
+                        max_points: int) -> dict:
     """Epsilon (both directions) of the composition of ``copies`` of 1-of-``m`` allocation for each
-    ``(m, copies)`` in ``parts``, every step a Gaussian of parameter ``eta = 1 / sigma^2``.
-
-    ``grid`` is :mod:`dpmf.accounting.allocation.pld` (its sum-law machinery), passed in by it so
-    this module does not import it back."""
-    global _pld
-    _pld = grid
+    ``(m, copies)`` in ``parts``, every step a Gaussian of parameter ``eta = 1 / sigma^2`` (each copy's
+    law from the grid engine, :mod:`~dpmf.accounting.allocation.grid`)."""
     key = (float(eta), tuple((int(m), int(c)) for m, c in parts), float(delta), float(rel_tol), int(max_points))
     if key not in _MEMO:
         if len(_MEMO) >= _MEMO_SIZE:
@@ -322,7 +319,7 @@ def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max
         best = by_dir.get(direction, math.inf)
         tries = detail.get(direction, [])
         for step in _LOSS_STEPS:
-            budget = _BUDGET * delta / (4 * max(1, math.ceil(math.log2(total + 1))) * len(parts) + 4)
+            budget = BUDGET * delta / (4 * max(1, math.ceil(math.log2(total + 1))) * len(parts) + 4)
             law_all, inf_all = None, 0.0
             eps_guess = None
             for m, copies in parts:
@@ -351,24 +348,22 @@ def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max
     return {"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir, "compositions": detail}
 
 
-def profile_composition_epsilon(profiles: dict, copies: int, delta: float, *, grid) -> dict:
+def profile_composition_epsilon(profiles: dict, copies: int, delta: float) -> dict:
     """Steps b-d for ``copies`` copies of one pair given, per direction, an upper bound on its
     hockey-stick curve: ``profiles[direction] = (d, eps_lo, eps_hi)`` with ``d`` a callable on arrays
     of ``gamma > 0`` returning values ``>= H_gamma`` (and ``<= 1``), ``[eps_lo, eps_hi]`` the loss range
     of the grid (beyond it the hull is flat: the mass at ``+inf`` is ``d(e^eps_hi)``). Both loss
     spacings are tried; the smaller epsilon per direction is kept (each is a sound bound)."""
-    return profiles_composition_epsilon([(profiles, copies)], delta, grid=grid)
+    return profiles_composition_epsilon([(profiles, copies)], delta)
 
 
-def profiles_composition_epsilon(parts, delta: float, *, grid) -> dict:
+def profiles_composition_epsilon(parts, delta: float) -> dict:
     """:func:`profile_composition_epsilon` for independent pairs of several kinds: ``parts =
     [(profiles, copies), ...]``, every ``profiles`` with the same directions. Each kind is
     self-composed, then the kinds are convolved (on the same loss grid); every window cut goes to the
     mass at ``+inf``, so the budget per operation only sets tightness."""
-    global _pld
-    _pld = grid
     ops = sum(max(1, math.ceil(math.log2(c + 1))) for _, c in parts) + len(parts) - 1
-    budget = _BUDGET * delta / (4 * ops + 4)
+    budget = BUDGET * delta / (4 * ops + 4)
     by_dir, detail = {}, {}
     for direction in parts[0][0]:
         best, tries = math.inf, []
