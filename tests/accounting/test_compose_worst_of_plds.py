@@ -50,6 +50,12 @@ def test_two_runs_tighter_than_the_epsilon_delta_fallback(phased, monkeypatch):
     old = dpmf.compose([phased], 2e-6, times=2)
     assert not old.diagnostics["tight"]
     assert new.epsilon < 0.8 * old.epsilon  # measured 15.60 vs 22.38
+    # a composition saved before parts like this were composed tightly still verifies (its claim holds,
+    # now with room to spare), and is not taken for an edited file
+    monkeypatch.setattr(composed_mod, "MAX_ALTERNATIVES", 64)
+    v = verify_report(load_report(old.to_json()))
+    assert v.holds and not v.edited
+    assert v.report.epsilon == pytest.approx(new.epsilon, rel=1e-12)
 
 
 def test_a_composition_of_phased_parts_composes_again_and_verifies(phased):
