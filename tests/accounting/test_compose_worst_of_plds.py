@@ -68,3 +68,25 @@ def test_a_composition_of_phased_parts_composes_again_and_verifies(phased):
     v = verify_report(d)
     assert v.holds and not v.edited
     assert v.report.epsilon == pytest.approx(twice.epsilon, rel=1e-12)
+
+
+def test_truncated_runs_compose_to_the_truncated_run_with_their_rounds():
+    """``truncated_pld`` carries its PLD: two runs of 30 truncated Poisson rounds compose to one run of
+    60 rounds (the same pessimistic PLD, convolved in another order), far below the (epsilon, delta)
+    route."""
+    import dataclasses
+
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    def run(steps):
+        scheme = PoissonSampling(0.02, steps, max_batch_size=60, dataset_size=2000)
+        return dpmf.account(Identity(steps), scheme, 0.9, 1e-5, method="truncated_pld")
+
+    one, direct = run(30), run(60)
+    two = dpmf.compose([one], 1e-5, times=2)
+    assert two.diagnostics["tight"]
+    assert dpmf.compose([one], 1e-5).epsilon == pytest.approx(one.epsilon, rel=1e-9)
+    assert two.epsilon >= direct.epsilon * (1 - 1e-7) and two.epsilon == pytest.approx(direct.epsilon, rel=1e-6)
+    old = dpmf.compose([dataclasses.replace(one, curve=None)], 1e-5, times=2)
+    assert not old.diagnostics["tight"] and two.epsilon < old.epsilon
