@@ -6,7 +6,10 @@ See :mod:`dpmf.accounting.composition` for what composition means and how each p
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
+from collections import Counter
 
 from dpmf import validation as _v
 from dpmf.accounting.report import PrivacyReport
@@ -30,6 +33,62 @@ def composition_parts(d: dict) -> tuple[list[dict], list[int]]:
     return reports, times
 
 
+#: Most combinations of alternatives (one PLD per part, e.g. per MMCC phase) composed one by one;
+#: beyond this, a part that is the worst of several PLDs enters through its (epsilon, delta).
+MAX_ALTERNATIVES = 64
+
+
+def _compose(curves: list, counts: list[int], discretization: float | None):
+    """:func:`~dpmf.privacy.tradeoff.compose_curves`, also tight for a part whose curve is the worst of
+    several PLDs (multi-phase MMCC: each phase's PLD dominates the pairs whose differing example is in
+    that phase). For every neighbouring pair, each run of such a part is dominated by *one* of its
+    PLDs; the runs are independent, so the composition is dominated by the convolution of the chosen
+    PLDs, and the worst over every choice (with repetition: the ``k`` runs of a part may each pick any
+    of its PLDs) dominates it -- the result is again "the worst of these PLDs". Each choice is composed
+    on one grid, so the result's epsilon at any delta is the largest of theirs."""
+    from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
+    from dpmf.privacy.tradeoff import PrivacyCurve, compose_curves
+
+    multi = [c.kind == "pld" and len(c.plds) > 1 for c in curves]
+    if not any(multi):
+        return compose_curves(curves, counts, discretization=discretization)
+    choices = [list(itertools.combinations_with_replacement(range(len(c.plds)), k)) if m else [None]
+               for c, k, m in zip(curves, counts, multi)]
+    n = math.prod(len(ch) for ch in choices)
+    if n > MAX_ALTERNATIVES:  # (each part enters through its (epsilon, delta): not tight, said so)
+        return compose_curves(curves, counts, discretization=discretization)
+    if discretization is None:
+        grids = [c.discretization for c in curves if c.discretization is not None]
+        discretization = max(grids) if grids else DEFAULT_DISCRETIZATION
+    pairs, hows = [], None
+    for combo in itertools.product(*choices):
+        sub, sub_counts = [], []
+        for c, k, pick in zip(curves, counts, combo):
+            if pick is None:
+                sub.append(c)
+                sub_counts.append(k)
+            else:
+                for j, times in sorted(Counter(pick).items()):
+                    sub.append(PrivacyCurve.from_pld([c.plds[j]]))
+                    sub_counts.append(times)
+        composed, sub_hows = compose_curves(sub, sub_counts, discretization=discretization)
+        pairs.extend(composed.plds)
+        if hows is None:
+            hows = sub_hows
+    hows = _hows(curves, multi, hows, n)
+    return PrivacyCurve.from_pld(pairs, note=f"composition: the worst of {n} compositions of PLDs; " + "; ".join(hows)), hows
+
+
+def _hows(curves, multi, sub_hows, n) -> list[str]:
+    """How each part entered, from the first choice's list (one entry per part: there every
+    multi-PLD part picked its PLD 0 for all its runs)."""
+    return [
+        f"tight (the worst of its {len(c.plds)} pessimistic PLDs: every choice of one per run composed as "
+        f"PLDs, {n} compositions)" if m else how
+        for c, m, how in zip(curves, multi, sub_hows)
+    ]
+
+
 def _number(x) -> float:
     return math.inf if x == "inf" else float(x)
 
@@ -39,12 +98,10 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
     """The :class:`PrivacyReport` of running each ``(report, times, info)`` part ``times`` times
     (``info``: where the part came from, recorded in the diagnostics). ``delta`` defaults to the sum
     of the parts' deltas."""
-    from dpmf.privacy.tradeoff import compose_curves
-
     curves = [rep.privacy_curve for rep, _, _ in parts]
     counts = [k for _, k, _ in parts]
     rows = [{"report": rep.to_dict(), "times": k, **info} for rep, k, info in parts]
-    composed, hows = compose_curves(curves, counts, discretization=discretization)
+    composed, hows = _compose(curves, counts, discretization)
     if delta is None:
         d = math.fsum(k * float(r["report"]["delta"]) for r, k in zip(rows, counts))
         if not d < 1:
@@ -65,8 +122,10 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
         eps = gdp_epsilon(composed.mu, d) if composed.mu > 0 else 0.0
         by_dir = {"remove": eps, "add": eps}
     else:
-        ((pld, offset),) = composed.plds
-        by_dir = pld.epsilon_by_direction(d - offset) if d > offset else {"remove": math.inf, "add": math.inf}
+        by_dir = {"remove": -math.inf, "add": -math.inf}  # the worst over the curve's PLDs (usually one)
+        for pld, offset in composed.plds:
+            e = pld.epsilon_by_direction(d - offset) if d > offset else {"remove": math.inf, "add": math.inf}
+            by_dir = {key: max(by_dir[key], e[key]) for key in by_dir}
     eps_parts = [_number(r["report"]["epsilon"]) for r in rows]
     diagnostics = {
         "parts": rows,
@@ -81,8 +140,11 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
     }
     if composed.kind == "pld":
         diagnostics["discretization"] = composed.discretization
-        if composed.plds[0][1]:
-            diagnostics["delta_offset"] = composed.plds[0][1]
+        offsets = [o for _, o in composed.plds]
+        if max(offsets):
+            diagnostics["delta_offset"] = max(offsets)
+        if len(composed.plds) > 1:
+            diagnostics["alternatives"] = len(composed.plds)
     else:
         diagnostics["mu_gdp"] = composed.mu
     if not_tight:
@@ -98,5 +160,7 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
         scheme={"name": NAME, "parts": [r["report"]["scheme"] for r in rows]},
         diagnostics=diagnostics,
         options={"times": counts, **({"discretization": discretization} if discretization else {})},
-        curve=composed,
+        # (the claim recorded on the curve: a curve that is the worst of several PLDs can still enter a
+        # further composition through it)
+        curve=dataclasses.replace(composed, epsilon=max(by_dir.values()), delta=d),
     )

@@ -4,17 +4,24 @@ Runs with independent randomness on the same dataset compose (Dong, Roth & Su 20
 for PLDs, the convolution of the privacy-loss distributions per adjacency direction). Each part
 enters in the strongest form its report proves (:class:`~dpmf.privacy.tradeoff.PrivacyCurve`):
 
-* a method with a pessimistic PLD (``pld`` i.e. DP-SGD, ``mmcc``): **tight**, its PLD is composed
-  (dp_accounting's FFT convolution, pessimistic; MMCC's ``delta_1`` of each part adds up:
-  conditional composition). PLDs on different grids are first put on the coarsest grid with every
-  loss rounded up;
+* a method with a pessimistic PLD (``pld`` i.e. DP-SGD, ``truncated_pld``, ``mmcc``): **tight**,
+  its PLD is composed (dp_accounting's FFT convolution, pessimistic; MMCC's ``delta_1`` of each part
+  adds up: conditional composition). PLDs on different grids are first put on the coarsest grid with
+  every loss rounded up. A curve that is the worst of several PLDs (MMCC with several phases: each
+  phase's PLD bounds the examples of that phase) is composed choice by choice, one PLD per run, and
+  the worst kept (:func:`~dpmf.accounting.composed.composition_report`; up to
+  :data:`~dpmf.accounting.composed.MAX_ALTERNATIVES` choices, beyond which it enters as below);
 * ``unamplified`` (the Gaussian mechanism): **exact**, as GDP (``mu = sqrt(sum mu_i^2)`` when every
   part is GDP, else as its Gaussian PLD);
-* a method that proves only ``(epsilon, delta)`` (``allocation``, ``allocation_pld``,
-  ``montecarlo``; MMCC with several phases): **not tight**, the part enters as the pair that
+* a method that proves only ``(epsilon, delta)``: **not tight**, the part enters as the pair that
   dominates every ``(epsilon, delta)``-DP mechanism (its optimal composition, Kairouz, Oh &
   Viswanath 2015; never looser than basic composition ``(sum eps_i, sum delta_i)``). The result's
-  diagnostics name these parts and the bound used.
+  diagnostics name these parts and the bound used. These have no PLD to carry: ``allocation``
+  proves Renyi-DP bounds (conditional composition), which give ``(epsilon, delta)`` but no loss
+  distribution; ``montecarlo`` certifies one ``(epsilon, delta)`` by a hypothesis test on sampled
+  losses (Estimate-Verify-Release); ``allocation_pld`` computes the allocation pair's loss
+  distribution only on windows fitted to the report's delta (the tail outside them is charged to
+  that delta), so it proves the epsilon at that delta, not a PLD valid at every delta (open).
 
 **Sound inputs only.** A report object made in this process carries its curve (attached by its
 accountant) and is used as is. A report read from disk (a path, JSON text or dict, as written by
@@ -56,7 +63,7 @@ def _canonical(d: Mapping) -> str:
 
 def _load(item) -> tuple[PrivacyReport | dict, str]:
     """``(report object or dict, where it came from)``."""
-    from dpmf.accounting.verify import _load as load_report
+    from dpmf.accounting.verify import load_report
 
     if isinstance(item, PrivacyReport):
         return item, "in memory"

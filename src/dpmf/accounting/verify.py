@@ -62,7 +62,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Mapping
 
-from dpmf.accounting.report import DIGEST_PREFIX, PrivacyReport, _jsonable, report_digest
+from dpmf.accounting.report import DIGEST_PREFIX, PrivacyReport, jsonable, report_digest
 from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.files import read_json
 
@@ -72,7 +72,7 @@ except ImportError:  # pragma: no cover - older layout
     EXECUTION_OPTIONS = frozenset({"workers", "scheduler", "callback", "cache_dir", "checkpoint"})
     NOT_RECORDABLE = "<not recordable: a Python object>"
 
-__all__ = ["Verification", "verify_report", "REL_SLACK"]
+__all__ = ["Verification", "verify_report", "load_report", "REL_SLACK"]
 
 #: Relative slack for floating-point noise when comparing the recomputed epsilon with the claim.
 REL_SLACK = 1e-9
@@ -141,7 +141,7 @@ class Verification:
         }
         if self.report is not None:
             out["recomputed_epsilon_by_direction"] = dict(self.report.epsilon_by_direction)
-        return _jsonable(out)
+        return jsonable(out)
 
     def summary(self) -> str:
         """Two lines for people: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``, then whether the report was
@@ -150,7 +150,10 @@ class Verification:
 
 
 # ---------------------------------------------------------------------------------- reading
-def _load(report) -> dict:
+def load_report(report) -> dict:
+    """A saved report as a dict: from a :class:`PrivacyReport`, a dict, JSON text or a path to a JSON
+    file (as written by ``dpmf account --json``); nothing is checked or recomputed here
+    (:func:`verify_report` does that). Raises :class:`InvalidParameterError` for anything else."""
     if isinstance(report, PrivacyReport):
         return report.to_dict()
     if isinstance(report, Mapping):
@@ -334,7 +337,7 @@ def verify_report(
         from dpmf.files import check_input_dir
 
         check_input_dir(search_dir, "search_dir")
-    d = _load(report)
+    d = load_report(report)
     _check_report(d)
     edited, edit_message = _edited(d)
     method = d["method"]
