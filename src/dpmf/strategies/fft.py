@@ -312,20 +312,10 @@ class FFTMechanism(ErrorMethods):
             return self.pseudo_inverse()
         raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-        decoder: Literal["fft", "optimal"] = "fft",
-        z: object = None,
-    ):
-        """The per-step noise ``L z`` (see :meth:`noising_matrix`), generated up front
-        (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``memory_floats = n * dim``) from
-        ``z = noise_multiplier * N(0, I)`` of shape ``(2n, dim)`` drawn from ``rng``, or from a
-        given ``z`` (used as is). ``step(z)`` is unavailable: the FFT mechanism is not streaming."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object,
+                         decoder: Literal["fft", "optimal"] = "fft", z: object = None):
+        # streaming_noise (NoiseMethod): L z drawn up front from z of shape (2n, dim), or a given
+        # z (used as is); not streaming, so no step(z)
         from dpmf.strategies.streaming import PregeneratedNoise, StreamingNoise
 
         if decoder not in ("fft", "optimal"):

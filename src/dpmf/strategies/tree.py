@@ -283,17 +283,8 @@ class BinaryTree(ErrorMethods):
         decoder's rows ``t`` and ``t - 1``; ``L C = I``. This is what training adds, ``L z``."""
         return np.diff(self.online_decoder(), axis=0, prepend=0.0)
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ):
-        """Per-step noise ``(L z)_t`` of the online Honaker decoder
-        (:class:`~dpmf.strategies.streaming.TreeNoise`; ``step`` takes the noises of the nodes
-        released at that step; ``memory_floats = levels * dim``)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object):
+        # streaming_noise (NoiseMethod): (L z)_t of the online Honaker decoder (TreeNoise)
         from dpmf.strategies.streaming import TreeNoise
 
         return TreeNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype, scale=self.scale)
