@@ -107,7 +107,17 @@ is the exact loss of the returned strategy and ``gap`` certifies how far from op
 
 Cost: one n x n symmetric eigendecomposition per function evaluation, plus one more and about
 20 matrix products per Newton step; O(n^3) time, O(n^2) memory (plus the dense Hessian, at most
-``_MAX_NEWTON_VARS^2`` doubles).
+``_MAX_NEWTON_VARS^2`` doubles). In :func:`optimal_multi_epoch_gram`, per Newton iteration:
+two n x n eigendecompositions and about n^3 (number of kernel terms, 10-20) / 2 flops of products, plus a Cholesky factorization of the dense Hessian over
+``b (1 + k(k-1)/2)`` dual variables. Above ``_MAX_NEWTON_VARS`` (4096) variables the
+direction comes from Newton-CG (at most ``_CG_MAXITER`` Hessian-vector products of two
+n x n matrix products each, preconditioned by the diagonal Hessian blocks) and no
+cross-pattern multipliers can be added, so a workload whose Eq. (35) optimum needs them
+may end with ``converged=False`` (use ``constraints="orthogonal"`` there). Measured on 2
+cores: n = 128, k = 2 in 0.3 s; n = 512, k = 4 in 2-3 s (6 iterations, relative gap
+< 1e-8); Newton-CG: n = 400, k = 20 in 8 iterations to a relative gap of 3e-7;
+n = 1000, k = 10 in 6 iterations (62 s CPU) and n = 2000, k = 20 in 7 iterations (258 s
+CPU, 625 s wall on the shared machine) to a relative gap below 1e-4 (the Table 1 rows).
 
 Strategy from the Gram matrix: see :func:`strategy_from_gram`.
 """
@@ -731,17 +741,8 @@ def optimal_multi_epoch_gram(
         (3.2681, True, True, True)
 
     Notes:
-        Cost per Newton iteration: two n x n eigendecompositions and about n^3 (number of kernel
-        terms, 10-20) / 2 flops of products, plus a Cholesky factorization of the dense Hessian over
-        ``b (1 + k(k-1)/2)`` dual variables. Above ``_MAX_NEWTON_VARS`` (4096) variables the
-        direction comes from Newton-CG (at most ``_CG_MAXITER`` Hessian-vector products of two
-        n x n matrix products each, preconditioned by the diagonal Hessian blocks) and no
-        cross-pattern multipliers can be added, so a workload whose Eq. (35) optimum needs them
-        may end with ``converged=False`` (use ``constraints="orthogonal"`` there). Measured on 2
-        cores: n = 128, k = 2 in 0.3 s; n = 512, k = 4 in 2-3 s (6 iterations, relative gap
-        < 1e-8); Newton-CG: n = 400, k = 20 in 8 iterations to a relative gap of 3e-7;
-        n = 1000, k = 10 in 6 iterations (62 s CPU) and n = 2000, k = 20 in 7 iterations (258 s
-        CPU, 625 s wall on the shared machine) to a relative gap below 1e-4 (the Table 1 rows).
+        Cost per Newton iteration, the Newton-CG switch and measured times: the module docstring
+        ("Cost").
 
     Raises:
         InvalidParameterError: A is not square, not finite or rank deficient; epochs does not
@@ -760,19 +761,10 @@ def optimal_multi_epoch_gram(
         run.converged = False
 
     X = dual.unpermute(run.best_X)
-    C = strategy_from_gram(X)
     return OptimizationResult(
-        X=X,
-        C=C,
-        loss=float(run.best_loss),
-        gap=float(run.gap()),
-        iterations=run.iterations,
-        converged=bool(run.converged),
-        seconds=time.perf_counter() - start,
-        dual=float(run.best_dual),
-        constraints=constraints,
-        epochs=k,
-        min_sep=b,
+        X=X, C=strategy_from_gram(X), loss=float(run.best_loss), gap=float(run.gap()), iterations=run.iterations,
+        converged=bool(run.converged), seconds=time.perf_counter() - start, dual=float(run.best_dual),
+        constraints=constraints, epochs=k, min_sep=b,
     )
 
 
