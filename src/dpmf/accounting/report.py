@@ -67,7 +67,7 @@ def report_digest(report: Mapping) -> str:
     Edit detection only, not a signature: it tells an edited report from the one that was produced,
     it cannot tell who produced it.
     """
-    canonical = {k: _jsonable(report[k]) for k in DIGEST_KEYS if k in report}
+    canonical = {k: jsonable(report[k]) for k in DIGEST_KEYS if k in report}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return DIGEST_PREFIX + hashlib.sha256(text.encode()).hexdigest()
 
@@ -114,7 +114,7 @@ class PrivacyReport:
         """A JSON-ready dict (infinite epsilons become the string ``"inf"``), with the ``digest`` of
         its description and claim (:func:`report_digest`; a caller that adds a claim such as
         ``target_epsilon`` recomputes it). The in-memory :attr:`curve` is not written."""
-        d = _jsonable({f.name: getattr(self, f.name) for f in fields(self) if f.name != "curve"})
+        d = jsonable({f.name: getattr(self, f.name) for f in fields(self) if f.name != "curve"})
         d["digest"] = report_digest(d)
         return d
 
@@ -176,15 +176,15 @@ class PrivacyReport:
         )
 
 
-def _jsonable(obj):
+def jsonable(obj):
     if is_dataclass(obj) and not isinstance(obj, type):  # (as dataclasses.asdict did)
-        return _jsonable({f.name: getattr(obj, f.name) for f in fields(obj)})
+        return jsonable({f.name: getattr(obj, f.name) for f in fields(obj)})
     if isinstance(obj, float) and not math.isfinite(obj):
         return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if hasattr(obj, "item"):  # numpy scalars
-        return _jsonable(obj.item())
+        return jsonable(obj.item())
     return obj

@@ -62,7 +62,7 @@ from numbers import Real
 from pathlib import Path
 from typing import Mapping
 
-from dpmf.accounting.report import DIGEST_PREFIX, PrivacyReport, _jsonable, report_digest
+from dpmf.accounting.report import DIGEST_PREFIX, PrivacyReport, jsonable, report_digest
 from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.files import read_json
 
@@ -141,7 +141,7 @@ class Verification:
         }
         if self.report is not None:
             out["recomputed_epsilon_by_direction"] = dict(self.report.epsilon_by_direction)
-        return _jsonable(out)
+        return jsonable(out)
 
     def summary(self) -> str:
         """Two lines for people: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``, then whether the report was

@@ -153,9 +153,9 @@ class DenseStrategy(ErrorMethods):
     @property
     def band(self) -> int:
         """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``n`` for a dense ``C``)."""
-        from dpmf.strategies.streaming import _bandwidth
+        from dpmf.strategies.streaming import bandwidth
 
-        return _bandwidth(np.tril(self.C))
+        return bandwidth(np.tril(self.C))
 
     def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object):
         # streaming_noise (NoiseMethod): DenseNoise (forward substitution); a tall C has no

@@ -314,16 +314,6 @@ class ToeplitzStrategy(ErrorMethods):
         # streaming_noise (NoiseMethod): w = C^{-1} z one step at a time (ToeplitzNoise)
         return ToeplitzNoise(self, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
 
-def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None or isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
-        raise InvalidParameterError(
-            f"rng must be a numpy.random.Generator or an integer seed (dpmf never draws hidden "
-            f"seeds), got {rng!r}"
-        )
-    return np.random.default_rng(int(rng))
-
 
 class ToeplitzNoise(StreamingNoise):
     """Streaming correlated noise ``w_t = (C^{-1} z)_t`` for a :class:`ToeplitzStrategy` ``C``.

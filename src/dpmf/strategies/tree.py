@@ -243,7 +243,7 @@ class BinaryTree(ErrorMethods):
         Other schemas use the dense encoder (``(2n - 1) x n``) and the general dispatcher of
         :func:`~dpmf.strategies.sensitivity.sensitivity_squared`.
         """
-        from dpmf.strategies.sensitivity import FixedEpochParticipation, _margin, sensitivity_squared
+        from dpmf.strategies.sensitivity import FixedEpochParticipation, rounding_margin, sensitivity_squared
 
         n, k = self.n, int(participation.max_participations)
         if isinstance(participation, FixedEpochParticipation):
@@ -254,7 +254,7 @@ class BinaryTree(ErrorMethods):
         else:
             return sensitivity_squared(self.encoder(), participation).sensitivity
         # the sums are exact integers: the margin covers only the final products and the root
-        return float(np.sqrt(_margin(self.scale**2 * value, self.num_rows, 1)))
+        return float(np.sqrt(rounding_margin(self.scale**2 * value, self.num_rows, 1)))
 
     def prefix_sum_rmse(self, decoder: Literal["online", "optimal"] = "online") -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, ``||B||_F / sqrt(n)``, for

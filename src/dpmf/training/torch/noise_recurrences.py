@@ -34,7 +34,7 @@ from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism, fft_sqrt_eigenvalues
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.stamping import StampedEncoder, pseudo_inverse
-from dpmf.strategies.streaming import _bandwidth, tree_nodes_released
+from dpmf.strategies.streaming import bandwidth, tree_nodes_released
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 from dpmf.training.torch._deps import require_torch
@@ -250,7 +250,7 @@ class _ForwardSubstitution:
 
     def __init__(self, C: np.ndarray, numel: int, device, dtype) -> None:
         m = C.shape[0]
-        self.band = _bandwidth(C)
+        self.band = bandwidth(C)
         h = self.history_rows = min(self.band - 1, m - 1)
         lag = np.zeros((m, max(h, 1)))  # lag[t, j] multiplies w_{t-1-j}
         for t in range(1, m):
