@@ -10,6 +10,7 @@ import functools
 import inspect
 import json
 import sys
+import typing
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -259,40 +260,20 @@ def _opt(name: str, annotation: object, default: object) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-#: The options ``account`` and ``calibrate`` share, in the order ``--help`` lists them: the
-#: configuration (before each command's own noise or epsilon option) ...
-_RUN_HEAD = (
-    _opt("strategy", str, _STRATEGY),
-    _opt("sampling", SamplingName, _SAMPLING),
-    _opt("steps", Optional[int], _STEPS),
-    _opt("sampling_prob", Optional[float], _Q),
-    _opt("epochs", Optional[int], _EPOCHS),
-    _opt("min_sep", Optional[int], _MIN_SEP),
-    _opt("warm_start", bool, _WARM),
-    _opt("max_batch_size", Optional[int], _MAXB),
-    _opt("dataset_size", Optional[int], _DATASET),
-    _opt("num_selected", Optional[int], NUM_SELECTED),
-    _opt("fresh_slots", bool, FRESH_SLOTS),
-    _opt("bands", Optional[int], _BANDS),
-)
-#: ... and the accountant and output (after it).
-_RUN_TAIL = (
-    _opt("delta", float, _DELTA),
-    _opt("method", MethodName, _METHOD),
-    _opt("samples", Optional[int], _SAMPLES),
-    _opt("seed", Optional[int], _SEED),
-    _opt("workers", Optional[int], _WORKERS),
-    _opt("scheduler", Optional[str], _SCHEDULER),
-    _opt("cache_dir", Optional[Path], _CACHE),
-    _opt("force", bool, _FORCE),
-    _opt("as_json", bool, _JSON),
-    _opt("quiet", bool, _QUIET),
+#: The options ``account`` and ``calibrate`` share (one per :class:`RunOptions` field), in the order
+#: ``--help`` lists them: the configuration, then (after each command's own noise or epsilon
+#: option) from ``delta`` on the accountant and output.
+_RUN_OPTIONS = dict(
+    strategy=_STRATEGY, sampling=_SAMPLING, steps=_STEPS, sampling_prob=_Q, epochs=_EPOCHS, min_sep=_MIN_SEP,
+    warm_start=_WARM, max_batch_size=_MAXB, dataset_size=_DATASET, num_selected=NUM_SELECTED,
+    fresh_slots=FRESH_SLOTS, bands=_BANDS, delta=_DELTA, method=_METHOD, samples=_SAMPLES, seed=_SEED,
+    workers=_WORKERS, scheduler=_SCHEDULER, cache_dir=_CACHE, force=_FORCE, as_json=_JSON, quiet=_QUIET,
 )
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The parsed options :data:`_RUN_HEAD` and :data:`_RUN_TAIL` (one field each)."""
+    """The parsed options :data:`_RUN_OPTIONS` (one field each)."""
 
     strategy: str
     sampling: SamplingName
@@ -327,13 +308,17 @@ def _run_command(*own: inspect.Parameter, last: tuple = ()):
     """Decorator: the command takes the shared options around its ``own`` (and, at the end,
     ``last``) and its body gets them as one :class:`RunOptions` first argument."""
 
+    hints = typing.get_type_hints(RunOptions)
+    shared = [_opt(name, hints[name], option) for name, option in _RUN_OPTIONS.items()]
+    split = list(_RUN_OPTIONS).index("delta")
+
     def wrap(body):
         @functools.wraps(body)
         def command(**kwargs):
-            run = RunOptions(**{p.name: kwargs.pop(p.name) for p in (*_RUN_HEAD, *_RUN_TAIL)})
+            run = RunOptions(**{name: kwargs.pop(name) for name in _RUN_OPTIONS})
             return body(run, **kwargs)
 
-        command.__signature__ = inspect.Signature([*_RUN_HEAD, *own, *_RUN_TAIL, *last])
+        command.__signature__ = inspect.Signature([*shared[:split], *own, *shared[split:], *last])
         return command
 
     return wrap
@@ -475,9 +460,7 @@ def plan(
         None, "--export", help="Also write the chosen row (the best; --rank for another) as JSON to this file, for "
         "make_private(plan=FILE) (a dense strategy's matrix goes next to it as <sha256>.npz)."
     ),
-    rank: Optional[int] = typer.Option(
-        None, "--rank", help="With --export: the rank of the row to write (1 = best, the default)."
-    ),
+    rank: Optional[int] = typer.Option(None, "--rank", help="With --export: the rank of the row to write (1 = best, the default)."),
     mmcc: bool = typer.Option(
         True, "--mmcc/--no-mmcc", help="Rank MMCC rows (banded Toeplitz band sweep and the tree under Poisson "
         "sampling, up to 2048 steps); on by default."
@@ -497,12 +480,10 @@ def plan(
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     scheduler: Optional[str] = typer.Option(
-        None, "--scheduler", help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there "
-        "(same rows as a local run)."
+        None, "--scheduler",
+        help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there (same rows as a local run).",
     ),
-    workers: Optional[int] = typer.Option(
-        None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."
-    ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."),
     budget: float = typer.Option(
         DEFAULT_PLAN_BUDGET, "--budget", help="Seconds after which the costly candidates (MMCC, BandMF under "
         "balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it certified so far "
