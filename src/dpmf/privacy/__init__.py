@@ -25,18 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover - the public names (imported on first use:
     from dpmf.privacy.product_mixtures import GridDistribution, product_mixture
     from dpmf.privacy.random_sensitivity import group_dpsgd, last_iterate_linear
     from dpmf.privacy.rdp import (
-        DEFAULT_ORDERS,
-        epsilon_subsampled_gaussian_rdp,
-        gaussian_rdp,
-        rdp_to_delta,
-        rdp_to_epsilon,
+        DEFAULT_ORDERS, epsilon_subsampled_gaussian_rdp, gaussian_rdp, rdp_to_delta, rdp_to_epsilon,
         subsampled_gaussian_rdp,
     )
     from dpmf.privacy.tradeoff import (
-        PrivacyCurve,
-        TradeOff,
-        epsilon_delta_pld,
-        tpr_epsilon_delta,
-        tpr_from_pld,
-        tpr_gdp,
+        PrivacyCurve, TradeOff, epsilon_delta_pld, tpr_epsilon_delta, tpr_from_pld, tpr_gdp,
     )
