@@ -18,7 +18,7 @@ costs milliseconds; ``dp_accounting`` and SciPy load only when a computation nee
 from typing import TYPE_CHECKING
 
 from dpmf import errors
-from dpmf._lazy import attach
+from dpmf._lazy import attach_stub
 from dpmf._version import __version__
 
 __all__ = [
@@ -33,22 +33,8 @@ __all__ = [
     "strategies",
 ]
 
-_EXPORTS = {
-    "account": ".accounting",
-    "calibrate": ".accounting",
-    "compose": ".accounting",
-    "plots": ".plots",
-    "PrivacyReport": ".accounting",
-    "accounting": ".accounting",
-    "privacy": ".privacy",
-    "sampling": ".sampling",
-    "strategies": ".strategies",
-    "planner": ".planner",
-    "files": ".files",
-}
+__getattr__, __dir__, _ = attach_stub(__name__, __file__, globals())
 
-__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from dpmf import accounting, privacy, sampling, strategies
+if TYPE_CHECKING:  # pragma: no cover - the public names (imported on first use: dpmf._lazy.attach_stub)
+    from dpmf import accounting, files, planner, plots, privacy, sampling, strategies
     from dpmf.accounting import PrivacyReport, account, calibrate, compose

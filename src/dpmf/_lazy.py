@@ -9,7 +9,9 @@ that defines them and import that submodule on first access; ``dpmf.account``,
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 from typing import Callable
 
 
@@ -31,6 +33,41 @@ def attach(package: str, exports: dict[str, str], namespace: dict) -> tuple[Call
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def exports_of(package: str, init_file: str) -> dict[str, str]:
+    """``{name: relative module}`` from the ``if TYPE_CHECKING:`` block of ``package``'s
+    ``__init__.py`` (``init_file``): ``from package.mod import a, b`` exports ``a`` and ``b`` from
+    ``.mod``; ``from package import sub`` exports the submodule ``sub``. That block is then the one
+    list of a package's public names, read by type checkers and IDEs and, through this function,
+    by :func:`attach_stub` at run time (the idea of ``lazy_loader.attach_stub``, without a stub
+    file)."""
+    exports: dict[str, str] = {}
+    for node in ast.parse(Path(init_file).read_text(encoding="utf-8")).body:
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+            continue
+        for imp in node.body:
+            if not isinstance(imp, ast.ImportFrom) or imp.level or not imp.module:
+                continue
+            for alias in imp.names:
+                if imp.module == package:
+                    exports[alias.asname or alias.name] = "." + alias.name
+                elif imp.module.startswith(package + "."):
+                    exports[alias.asname or alias.name] = imp.module[len(package):]
+    return exports
+
+
+def attach_stub(package: str, init_file: str, namespace: dict) -> tuple[Callable, Callable, list[str]]:
+    """``(__getattr__, __dir__, __all__)`` of a package whose public names are the imports of the
+    ``if TYPE_CHECKING:`` block of its ``__init__.py`` (:func:`exports_of`, :func:`attach`)::
+
+        __getattr__, __dir__, __all__ = attach_stub(__name__, __file__, globals())
+
+        if TYPE_CHECKING:  # the public names, imported on first use
+            from dpmf.privacy.gdp import gdp_mu
+    """
+    exports = exports_of(package, init_file)
+    return (*attach(package, exports, namespace), list(exports))
 
 
 class LazyModule:

@@ -45,7 +45,7 @@ from dpmf.planning.candidates import (  # noqa: F401 - the public names of the p
     candidates,
     sort_rows,
 )
-from dpmf.planning.evaluate import _estimate_montecarlo, evaluate  # noqa: F401
+from dpmf.planning.evaluate import estimate_montecarlo, evaluate  # noqa: F401
 from dpmf.planning.rows import BuiltRow, PlanRow, export_row, load_row  # noqa: F401
 from dpmf.resources import usable_workers
 

@@ -270,12 +270,12 @@ def test_plan_montecarlo_rows_need_enough_samples():
 
 def test_plan_montecarlo_row_is_an_estimate_below_the_unamplified_noise():
     from dpmf.accounting import calibrate
-    from dpmf.planner import TrainingRun, _estimate_montecarlo, candidates
+    from dpmf.planner import TrainingRun, estimate_montecarlo, candidates
 
     run = TrainingRun(2000, 100, 2, 1.0, 1e-3, montecarlo_samples=20_000)
     (cand,) = [c for c in candidates(run) if c.method == "montecarlo"]
     assert cand.scheme.name == "b-min-sep"
-    cal = _estimate_montecarlo(cand, run)
+    cal = estimate_montecarlo(cand, run)
     assert cal.report.certified is False and cal.report.epsilon <= 1.0
     unamp = calibrate(cand.strategy, cand.scheme, 1.0, 1e-3, method="unamplified")
     assert cal.noise_multiplier < unamp.noise_multiplier

@@ -103,11 +103,11 @@ def check_dense_fits(strategy, what: str) -> None:
     """Raise :class:`~dpmf.errors.InvalidParameterError` when ``strategy.encoder()`` (dense,
     ``rows x n`` float64) would not fit in the memory available, before numpy's ``MemoryError``
     (``what`` names who needs it, e.g. ``"MMCC"``)."""
-    rows, n = _shape(strategy)
+    rows, n = strategy_shape(strategy)
     check_allocation(rows, n, what)
 
 
-def _shape(strategy) -> tuple[int, int]:
+def strategy_shape(strategy) -> tuple[int, int]:
     """``(rows, n)`` of the encoder without building it."""
     n = int(getattr(strategy, "n", 0) or 0)
     rows = getattr(strategy, "rows", None)
@@ -249,7 +249,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     from dpmf.strategies.toeplitz import ToeplitzStrategy
     from dpmf.strategies.tree import BinaryTree
 
-    rows, n = _shape(strategy)
+    rows, n = strategy_shape(strategy)
     width = _bandwidth(strategy)
     cycle = getattr(scheme, "cycle_length", 1) if isinstance(scheme, CyclicPoissonSampling) else 1
     structured = isinstance(scheme, PoissonSampling) and isinstance(strategy, (Identity, ToeplitzStrategy, BinaryTree))
@@ -307,7 +307,7 @@ def _unamplified_part(strategy, scheme) -> tuple[float, float]:
     from dpmf.strategies.toeplitz import ToeplitzStrategy
     from dpmf.strategies.tree import BinaryTree
 
-    rows, n = _shape(strategy)
+    rows, n = strategy_shape(strategy)
     if isinstance(strategy, Identity):
         return 0.0, 0.0
     if isinstance(strategy, ToeplitzStrategy):

@@ -168,11 +168,11 @@ def _column_norm(strategy, cycle: int) -> float | str:
     reason it does not qualify."""
     if isinstance(strategy, Identity):
         return 1.0
-    from dpmf.accounting.montecarlo.losses import _bands  # (lazy: montecarlo imports this module)
+    from dpmf.accounting.montecarlo.losses import strategy_bands  # (lazy: montecarlo imports this module)
     from dpmf.errors import DPMFError
 
     try:
-        bands = _bands(strategy)
+        bands = strategy_bands(strategy)
     except DPMFError as exc:
         return str(exc)
     if bands.w > cycle:

@@ -1,7 +1,7 @@
 """Shared consoles, the one-line error exit of the ``dpmf`` CLI, and the one map from library
 argument names to command-line options.
 
-Every command prints a library error through :func:`_fail`, which rewrites the argument names the
+Every command prints a library error through :func:`fail`, which rewrites the argument names the
 library uses (``sampling_prob``, ``cache_dir``, ``workers`` ...) into the options the user typed
 (``--sampling-prob``, ``--cache-dir``, ``--workers`` ...) using :data:`_OPTION_NAMES` -- the only
 place that mapping lives -- and exits with status 2.
@@ -148,7 +148,7 @@ def cli_message(message: str) -> str:
     return message
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
     """Print ``error: message`` (API argument names mapped to CLI options) on one line and exit 2."""
     one_line = " ".join(cli_message(str(message)).split())
     err.print(f"[bold red]error:[/] {escape(one_line)}", highlight=False)
@@ -161,9 +161,9 @@ def cli_errors(hint: str = "use fewer --steps"):
     try:
         yield
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except MemoryError:
-        _fail(f"out of memory: the computation needs more memory than this machine has; {hint}")
+        fail(f"out of memory: the computation needs more memory than this machine has; {hint}")
 
 
 def note_workers(workers) -> None:
@@ -177,7 +177,7 @@ def note_workers(workers) -> None:
         err.print(f"note: {note}", highlight=False, markup=False)
 
 
-def _hide_flag_types(command, ctx) -> None:
+def hide_flag_types(command, ctx) -> None:
     """Plain on/off flags take no value: show no ``<bool>`` type for them in ``--help``."""
     for param in command.get_params(ctx):
         if getattr(param, "is_flag", False) and getattr(param, "metavar", None) is None:
@@ -199,7 +199,7 @@ def param_choices(param) -> list[str]:
     return [str(getattr(c, "value", c)) for c in found or ()]
 
 
-def _short_choice_metavars(command, ctx) -> None:
+def short_choice_metavars(command, ctx) -> None:
     """An option with many choices shows ``<name>`` as its value and lists the choices in its help
     (``Choices: a, b, c.`` unless the help already names every one), instead of a long
     ``<a|b|c|...>`` that squeezes the help column and gets folded mid-word at 80 columns."""
@@ -243,8 +243,8 @@ def _format_help(command, base, ctx, formatter) -> None:
     """``--help`` of a dpmf command or group: typer's rich panels, plain text on a narrow terminal."""
     from rich.console import Console
 
-    _hide_flag_types(command, ctx)
-    _short_choice_metavars(command, ctx)
+    hide_flag_types(command, ctx)
+    short_choice_metavars(command, ctx)
     width = Console().width  # (the terminal's, or $COLUMNS)
     if width < _NARROW_HELP:
         formatter.write(narrow_help(command, ctx, width))

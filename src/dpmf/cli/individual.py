@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from dpmf.cli.console import _fail, cli_errors, out, typer_app
+from dpmf.cli.console import fail, cli_errors, out, typer_app
 from dpmf.errors import DPMFError
 from dpmf.files import check_output_file
 
@@ -36,7 +36,7 @@ def steps(
     try:
         res = full_gradient_steps(noise_multiplier, epsilon, delta)
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         out.print_json(json.dumps(res))
         return

@@ -6,8 +6,12 @@ Commands: ``account`` (epsilon of a configuration), ``calibrate`` (noise for a t
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
+import typing
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -252,41 +256,108 @@ _CACHE = typer.Option(
 _JSON = typer.Option(False, "--json", help="Print one JSON object instead of text.")
 
 
-def _method_options(samples, seed, workers, scheduler, cache_dir) -> dict:
-    """Method-specific options; each accountant takes the ones it knows (``dpmf.account``)."""
-    return {"num_samples": samples, "seed": seed, "workers": workers, "scheduler": scheduler, "cache_dir": cache_dir}
+def _opt(name: str, annotation: object, default: object) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+#: The options ``account`` and ``calibrate`` share (one per :class:`RunOptions` field), in the order
+#: ``--help`` lists them: the configuration, then (after each command's own noise or epsilon
+#: option) from ``delta`` on the accountant and output.
+_RUN_OPTIONS = dict(
+    strategy=_STRATEGY, sampling=_SAMPLING, steps=_STEPS, sampling_prob=_Q, epochs=_EPOCHS, min_sep=_MIN_SEP,
+    warm_start=_WARM, max_batch_size=_MAXB, dataset_size=_DATASET, num_selected=NUM_SELECTED,
+    fresh_slots=FRESH_SLOTS, bands=_BANDS, delta=_DELTA, method=_METHOD, samples=_SAMPLES, seed=_SEED,
+    workers=_WORKERS, scheduler=_SCHEDULER, cache_dir=_CACHE, force=_FORCE, as_json=_JSON, quiet=_QUIET,
+)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The parsed options :data:`_RUN_OPTIONS` (one field each)."""
+
+    strategy: str
+    sampling: SamplingName
+    steps: Optional[int]
+    sampling_prob: Optional[float]
+    epochs: Optional[int]
+    min_sep: Optional[int]
+    warm_start: bool
+    max_batch_size: Optional[int]
+    dataset_size: Optional[int]
+    num_selected: Optional[int]
+    fresh_slots: bool
+    bands: Optional[int]
+    delta: float
+    method: MethodName
+    samples: Optional[int]
+    seed: Optional[int]
+    workers: Optional[int]
+    scheduler: Optional[str]
+    cache_dir: Optional[Path]
+    force: bool
+    as_json: bool
+    quiet: bool
+
+    def method_options(self) -> dict:
+        """Method-specific options; each accountant takes the ones it knows (``dpmf.account``)."""
+        return {"num_samples": self.samples, "seed": self.seed, "workers": self.workers,
+                "scheduler": self.scheduler, "cache_dir": self.cache_dir}
+
+
+def _run_command(*own: inspect.Parameter, last: tuple = ()):
+    """Decorator: the command takes the shared options around its ``own`` (and, at the end,
+    ``last``) and its body gets them as one :class:`RunOptions` first argument."""
+
+    hints = typing.get_type_hints(RunOptions)
+    shared = [_opt(name, hints[name], option) for name, option in _RUN_OPTIONS.items()]
+    split = list(_RUN_OPTIONS).index("delta")
+
+    def wrap(body):
+        @functools.wraps(body)
+        def command(**kwargs):
+            run = RunOptions(**{name: kwargs.pop(name) for name in _RUN_OPTIONS})
+            return body(run, **kwargs)
+
+        command.__signature__ = inspect.Signature([*shared[:split], *own, *shared[split:], *last])
+        return command
+
+    return wrap
+
+
+def _prepare(run: RunOptions, *, calibrating: bool):
+    """``(strategy, scheme, method options)`` of a run, with the workers checked and noted."""
+    from dpmf import validation as _v
+
+    strat, scheme = _build(
+        run.strategy, run.sampling, run.steps, run.bands, run.force, sampling_prob=run.sampling_prob,
+        epochs=run.epochs, min_sep=run.min_sep, warm_start=run.warm_start, max_batch_size=run.max_batch_size,
+        dataset_size=run.dataset_size, num_selected=run.num_selected, fresh_slots=run.fresh_slots,
+    )
+    if run.workers is not None:
+        _v.positive_int("workers", run.workers)  # before any progress line
+        _note_workers(run.method, run.workers, calibrating=calibrating)
+    return strat, scheme, run.method_options()
+
+
+def _execute(run: RunOptions, strat, scheme, opts: dict, work, *, calibrating: bool):
+    """Refuse options the run would ignore, then ``work()`` with progress; Ctrl-C says how to resume."""
+    _check_options(strat, scheme, run.method, opts, run.cache_dir, calibrating=calibrating)
+    try:
+        with cli_progress(run.quiet):  # (long accountants -- MMCC rows, Monte Carlo, searches -- report progress)
+            return work()
+    except KeyboardInterrupt:
+        _interrupted(run.cache_dir, strat, scheme, run.method.value)
 
 
 @app.command()
-def account(
-    strategy: str = _STRATEGY,
-    sampling: SamplingName = _SAMPLING,
-    steps: Optional[int] = _STEPS,
-    sampling_prob: Optional[float] = _Q,
-    epochs: Optional[int] = _EPOCHS,
-    min_sep: Optional[int] = _MIN_SEP,
-    warm_start: bool = _WARM,
-    max_batch_size: Optional[int] = _MAXB,
-    dataset_size: Optional[int] = _DATASET,
-    num_selected: Optional[int] = NUM_SELECTED,
-    fresh_slots: bool = FRESH_SLOTS,
-    bands: Optional[int] = _BANDS,
-    noise_multiplier: float = typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma)."),
-    delta: float = _DELTA,
-    method: MethodName = _METHOD,
-    samples: Optional[int] = _SAMPLES,
-    seed: Optional[int] = _SEED,
-    workers: Optional[int] = _WORKERS,
-    scheduler: Optional[str] = _SCHEDULER,
-    cache_dir: Optional[Path] = _CACHE,
-    force: bool = _FORCE,
-    as_json: bool = _JSON,
-    quiet: bool = _QUIET,
-    plot: Optional[str] = typer.Option(
+@_run_command(
+    _opt("noise_multiplier", float, typer.Option(..., "--noise-multiplier", help="Noise std / clip norm (sigma).")),
+    last=(_opt("plot", Optional[str], typer.Option(
         None, "--plot", help="Also save the f-DP trade-off curve (largest TPR of any membership test at each "
         "FPR, from the report's PLD) to this image file, e.g. curve.png (its folder must exist)."
-    ),
-) -> None:
+    )),),
+)
+def account(run: RunOptions, noise_multiplier: float, plot: Optional[str]) -> None:
     """Epsilon of a training configuration at a given noise multiplier.
 
     Example: dpmf account --sampling poisson --sampling-prob 0.01 --steps 1000
@@ -296,38 +367,27 @@ def account(
 
     with cli_errors():
         _v.positive("noise_multiplier", noise_multiplier)  # plain numbers first: no imports needed
-        _v.open_unit("delta", delta)
-        strat, scheme = _build(
-            strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
-            warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
-            num_selected=num_selected, fresh_slots=fresh_slots,
-        )
+        _v.open_unit("delta", run.delta)
+        strat, scheme, opts = _prepare(run, calibrating=False)
         from dpmf.accounting import account as _account
 
-        opts = _method_options(samples, seed, workers, scheduler, cache_dir)
-        if workers is not None:
-            _v.positive_int("workers", workers)  # before any progress line
-            _note_workers(method, workers, calibrating=False)
-        if method is MethodName.montecarlo:
-            _check_montecarlo_samples(samples, delta)
+        if run.method is MethodName.montecarlo:
+            _check_montecarlo_samples(run.samples, run.delta)
         if plot is not None:
             from dpmf.files import check_output_file
 
             check_output_file(plot, "--plot", plot=True)  # before the work
-        _check_run_cost(strat, scheme, noise_multiplier, method.value, samples, force)
-        _check_options(strat, scheme, method, opts, cache_dir, calibrating=False)
-        try:
-            with cli_progress(quiet):  # (long accountants -- MMCC rows, Monte Carlo -- report their progress)
-                report = _account(strat, scheme, noise_multiplier, delta, method=method.value, force=force, **opts)
-        except KeyboardInterrupt:
-            _interrupted(cache_dir, strat, scheme, method.value)
+        _check_run_cost(strat, scheme, noise_multiplier, run.method.value, run.samples, run.force)
+        report = _execute(run, strat, scheme, opts, lambda: _account(
+            strat, scheme, noise_multiplier, run.delta, method=run.method.value, force=run.force, **opts
+        ), calibrating=False)
         if plot is not None:
             from dpmf.plots import tradeoff_plot
 
             tradeoff_plot(report, path=plot)
     if plot is not None:
         plotted = f"trade-off curve ({report.tradeoff(0.5).bound}) written to {plot}"
-    if as_json:
+    if run.as_json:
         if plot is not None:
             err.print(plotted, highlight=False, markup=False)
         out.print_json(report.to_json())
@@ -335,42 +395,21 @@ def account(
     out.print(report.summary(), highlight=False)
     d = report.epsilon_by_direction
     out.print(f"  remove direction: {d['remove']:.6g}   add direction: {d['add']:.6g}", highlight=False)
-    if report.diagnostics.get("warning"):
-        out.print(f"  warning: {report.diagnostics['warning']}", highlight=False)
-    if report.diagnostics.get("noise_ceiling"):
-        out.print(f"  note: {report.diagnostics['noise_ceiling']}", highlight=False)
-    if report.diagnostics.get("discretization_note"):
-        out.print(f"  note: {report.diagnostics['discretization_note']}", highlight=False)
+    _print_notes(report, "warning", "noise_ceiling", "discretization_note")
     if plot is not None:
         out.print(plotted, highlight=False, markup=False)
 
 
+def _print_notes(report, *keys: str) -> None:
+    """``report.diagnostics[key]`` for each key it has, one line each (``warning:`` or ``note:``)."""
+    for key in keys:
+        if report.diagnostics.get(key):
+            out.print(f"  {'warning' if key == 'warning' else 'note'}: {report.diagnostics[key]}", highlight=False)
+
+
 @app.command()
-def calibrate(
-    strategy: str = _STRATEGY,
-    sampling: SamplingName = _SAMPLING,
-    steps: Optional[int] = _STEPS,
-    sampling_prob: Optional[float] = _Q,
-    epochs: Optional[int] = _EPOCHS,
-    min_sep: Optional[int] = _MIN_SEP,
-    warm_start: bool = _WARM,
-    max_batch_size: Optional[int] = _MAXB,
-    dataset_size: Optional[int] = _DATASET,
-    num_selected: Optional[int] = NUM_SELECTED,
-    fresh_slots: bool = FRESH_SLOTS,
-    bands: Optional[int] = _BANDS,
-    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon (> 0)."),
-    delta: float = _DELTA,
-    method: MethodName = _METHOD,
-    samples: Optional[int] = _SAMPLES,
-    seed: Optional[int] = _SEED,
-    workers: Optional[int] = _WORKERS,
-    scheduler: Optional[str] = _SCHEDULER,
-    cache_dir: Optional[Path] = _CACHE,
-    force: bool = _FORCE,
-    as_json: bool = _JSON,
-    quiet: bool = _QUIET,
-) -> None:
+@_run_command(_opt("epsilon", float, typer.Option(..., "--epsilon", help="Target epsilon (> 0).")))
+def calibrate(run: RunOptions, epsilon: float) -> None:
     """Smallest noise multiplier whose reported epsilon is at most --epsilon.
 
     Example: dpmf calibrate --sampling poisson --sampling-prob 0.01 --steps 1000
@@ -378,28 +417,19 @@ def calibrate(
     """
     from dpmf import validation as _v
 
+    delta = run.delta
     with cli_errors():
         _v.positive("target_epsilon", epsilon)  # plain numbers first: no imports needed
         _v.open_unit("delta", delta)
-        strat, scheme = _build(
-            strategy, sampling, steps, bands, force, sampling_prob=sampling_prob, epochs=epochs, min_sep=min_sep,
-            warm_start=warm_start, max_batch_size=max_batch_size, dataset_size=dataset_size,
-            num_selected=num_selected, fresh_slots=fresh_slots,
-        )
+        strat, scheme, opts = _prepare(run, calibrating=True)
         from dpmf.accounting import calibrate as _calibrate
 
-        opts = _method_options(samples, seed, workers, scheduler, cache_dir)
-        if workers is not None:
-            _v.positive_int("workers", workers)  # before any progress line
-            _note_workers(method, workers, calibrating=True)
-        _check_run_cost(strat, scheme, None, method.value, samples, force, target_epsilon=epsilon, delta=delta)
-        _check_options(strat, scheme, method, opts, cache_dir, calibrating=True)
-        try:
-            with cli_progress(quiet):  # one line per noise tried (sigma and epsilon), at most every 10 s
-                cal = _calibrate(strat, scheme, epsilon, delta, method=method.value, force=force, **opts)
-        except KeyboardInterrupt:
-            _interrupted(cache_dir, strat, scheme, method.value)
-    if as_json:
+        _check_run_cost(strat, scheme, None, run.method.value, run.samples, run.force, target_epsilon=epsilon,
+                        delta=delta)
+        cal = _execute(run, strat, scheme, opts, lambda: _calibrate(
+            strat, scheme, epsilon, delta, method=run.method.value, force=run.force, **opts
+        ), calibrating=True)
+    if run.as_json:
         from dpmf.accounting.report import report_digest
 
         payload = cal.report.to_dict()
@@ -414,10 +444,7 @@ def calibrate(
         highlight=False,
     )
     out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)
-    if cal.report.diagnostics.get("at_smallest_noise"):
-        out.print(f"  note: {cal.report.diagnostics['at_smallest_noise']}", highlight=False)
-    if cal.report.diagnostics.get("discretization_note"):
-        out.print(f"  note: {cal.report.diagnostics['discretization_note']}", highlight=False)
+    _print_notes(cal.report, "at_smallest_noise", "discretization_note")
 
 
 @app.command()
@@ -433,9 +460,7 @@ def plan(
         None, "--export", help="Also write the chosen row (the best; --rank for another) as JSON to this file, for "
         "make_private(plan=FILE) (a dense strategy's matrix goes next to it as <sha256>.npz)."
     ),
-    rank: Optional[int] = typer.Option(
-        None, "--rank", help="With --export: the rank of the row to write (1 = best, the default)."
-    ),
+    rank: Optional[int] = typer.Option(None, "--rank", help="With --export: the rank of the row to write (1 = best, the default)."),
     mmcc: bool = typer.Option(
         True, "--mmcc/--no-mmcc", help="Rank MMCC rows (banded Toeplitz band sweep and the tree under Poisson "
         "sampling, up to 2048 steps); on by default."
@@ -455,12 +480,10 @@ def plan(
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     scheduler: Optional[str] = typer.Option(
-        None, "--scheduler", help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there "
-        "(same rows as a local run)."
+        None, "--scheduler",
+        help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there (same rows as a local run).",
     ),
-    workers: Optional[int] = typer.Option(
-        None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."
-    ),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."),
     budget: float = typer.Option(
         DEFAULT_PLAN_BUDGET, "--budget", help="Seconds after which the costly candidates (MMCC, BandMF under "
         "balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it certified so far "
@@ -478,85 +501,130 @@ def plan(
     epsilon 2, delta 1e-6.
     """
     with cli_errors():
-        from dpmf.accounting.cost import check_cost, plan_cost
-        from dpmf.files import check_output_file
-        from dpmf.planner import PlanResult, TrainingRun, plan as _plan, plot_plan
-        from dpmf.planning.cache import PlanCache, default_plan_cache
+        from dpmf.planner import TrainingRun
 
-        if plot:
-            check_output_file(plot, "--plot", plot=True)  # before minutes of calibration
-        if rank is not None and export is None:
-            raise InvalidParameterError("--rank chooses the row --export writes: pass --export FILE too")
-        if export is not None:
-            from dpmf import validation as _v
-
-            _v.positive_int("--rank", 1 if rank is None else rank)
-            check_output_file(export, "--export")  # before the work
+        _check_plan_outputs(plot, export, rank)
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
-        if workers is not None:
-            from dpmf import validation as _v
+        cache = _plan_cache(cache_dir, no_cache, workers)
+        limit = _check_plan_cost(run, budget, thorough, mmcc, montecarlo_samples, force)
+        rows, shown = _plan_rows(run, cache, limit, as_json, quiet, scheduler=scheduler, prune=prune,
+                                 workers=workers, force=force)
+        exported = _plan_outputs(run, rows, cache, plot, export, rank)
+    if as_json:
+        _print_plan_json(run, rows, exported)
+    else:
+        _print_plan_text(run, rows, shown, cache, plot, exported)
 
-            _v.positive_int("workers", workers)
-            note_workers(workers)
-        cache = None
-        if not no_cache and cache_dir is not None:
-            check_output_dir(cache_dir, "--cache-dir")  # before the work
-            cache = PlanCache(cache_dir)
-        elif not no_cache:  # a bad DPMF_CACHE_DIR is refused; an unwritable default folder is noted once
-            cache, note = default_plan_cache()
-            if note:
-                err.print(f"note: {note}", highlight=False, markup=False)
+
+def _check_plan_outputs(plot, export, rank) -> None:
+    """``--plot``, ``--export`` and ``--rank`` checked before minutes of calibration."""
+    from dpmf.files import check_output_file
+
+    if plot:
+        check_output_file(plot, "--plot", plot=True)
+    if rank is not None and export is None:
+        raise InvalidParameterError("--rank chooses the row --export writes: pass --export FILE too")
+    if export is not None:
         from dpmf import validation as _v
 
-        limit = None if thorough else _v.positive("--budget", budget)
-        est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
-        if limit is not None:  # the costly wave stops at the budget
-            from dataclasses import replace as _replace
+        _v.positive_int("--rank", 1 if rank is None else rank)
+        check_output_file(export, "--export")
 
-            est = _replace(est, seconds=min(est.seconds, limit))
-        check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
-        _note_cost(est)
 
-        shown: list = []
+def _plan_cache(cache_dir, no_cache: bool, workers):
+    """The plan cache (``None`` with ``--no-cache``): ``--cache-dir`` checked before the work; a bad
+    DPMF_CACHE_DIR is refused; an unwritable default folder is noted once. (``--workers`` is
+    checked and noted first.)"""
+    from dpmf.planning.cache import PlanCache, default_plan_cache
 
-        def first(rows, pending: int) -> None:  # the certified ranking of the quick waves, at once
-            if as_json:
-                return
-            shown.append(list(rows))
-            out.print(plan_table(run, rows))
-            err.print(f"{pending} costly candidates still running, until {limit:g} s after the start (--budget; "
-                      "--thorough: no limit); the table above is certified and is printed again if they change it",
-                      highlight=False)
+    if workers is not None:
+        from dpmf import validation as _v
 
-        try:
-            with cli_progress(quiet):
-                rows = _plan(run, cache=cache, scheduler=scheduler, prune=prune, workers=workers, budget=limit,
-                             on_first=first if limit is not None else None, force=force)
-            if not isinstance(rows, PlanResult):  # (a plain list of rows: nothing was cut)
-                rows = PlanResult(rows, budget=limit)
-        except KeyboardInterrupt:
-            where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
-            err.print(f"interrupted{where}", highlight=False)
-            raise typer.Exit(code=130)
-        if cache is not None:
-            for line in cache.ignored:
-                err.print(f"note: {line}", highlight=False, markup=False)
-        if plot:
-            plot_plan(run, [r for r in rows if not r.pruned], plot)
-        exported = _export_row(rows, export, rank) if export is not None else None
-    if as_json:
-        payload = {
-            "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
-            "rows": [r.to_dict() for r in rows if not r.pruned],
-            "pruned": [r.to_dict() for r in rows if r.pruned],
-            "budget": rows.budget,
-            "cut": [c.__dict__ for c in rows.cut],
-            "seconds": rows.seconds,
-        }
-        out.print_json(json.dumps(payload))
-        if exported:
-            err.print(exported, highlight=False, markup=False, soft_wrap=True)
-        return
+        _v.positive_int("workers", workers)
+        note_workers(workers)
+    if no_cache:
+        return None
+    if cache_dir is not None:
+        check_output_dir(cache_dir, "--cache-dir")  # before the work
+        return PlanCache(cache_dir)
+    cache, note = default_plan_cache()
+    if note:
+        err.print(f"note: {note}", highlight=False, markup=False)
+    return cache
+
+
+def _check_plan_cost(run, budget: float, thorough: bool, mmcc: bool, montecarlo_samples, force: bool):
+    """The time budget (``None`` with ``--thorough``), after the up-front cost check (the costly
+    wave stops at the budget)."""
+    from dataclasses import replace as _replace
+
+    from dpmf import validation as _v
+    from dpmf.accounting.cost import check_cost, plan_cost
+
+    limit = None if thorough else _v.positive("--budget", budget)
+    est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+    if limit is not None:
+        est = _replace(est, seconds=min(est.seconds, limit))
+    check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
+    _note_cost(est)
+    return limit
+
+
+def _plan_rows(run, cache, limit, as_json: bool, quiet: bool, **options):
+    """``(rows, shown)``: the plan's rows (a ``PlanResult``) and the tables already printed (the
+    certified ranking of the quick waves, at once, while the costly candidates run)."""
+    from dpmf.planner import PlanResult, plan as _plan
+
+    shown: list = []
+
+    def first(rows, pending: int) -> None:
+        if as_json:
+            return
+        shown.append(list(rows))
+        out.print(plan_table(run, rows))
+        err.print(f"{pending} costly candidates still running, until {limit:g} s after the start (--budget; "
+                  "--thorough: no limit); the table above is certified and is printed again if they change it",
+                  highlight=False)
+
+    try:
+        with cli_progress(quiet):
+            rows = _plan(run, cache=cache, budget=limit, on_first=first if limit is not None else None, **options)
+        if not isinstance(rows, PlanResult):  # (a plain list of rows: nothing was cut)
+            rows = PlanResult(rows, budget=limit)
+    except KeyboardInterrupt:
+        where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
+        err.print(f"interrupted{where}", highlight=False)
+        raise typer.Exit(code=130)
+    return rows, shown
+
+
+def _plan_outputs(run, rows, cache, plot, export, rank):
+    """The cache's notes, the ``--plot`` and the ``--export`` (the line that says so, or ``None``)."""
+    from dpmf.planner import plot_plan
+
+    if cache is not None:
+        for line in cache.ignored:
+            err.print(f"note: {line}", highlight=False, markup=False)
+    if plot:
+        plot_plan(run, [r for r in rows if not r.pruned], plot)
+    return _export_row(rows, export, rank) if export is not None else None
+
+
+def _print_plan_json(run, rows, exported) -> None:
+    payload = {
+        "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
+        "rows": [r.to_dict() for r in rows if not r.pruned],
+        "pruned": [r.to_dict() for r in rows if r.pruned],
+        "budget": rows.budget,
+        "cut": [c.__dict__ for c in rows.cut],
+        "seconds": rows.seconds,
+    }
+    out.print_json(json.dumps(payload))
+    if exported:
+        err.print(exported, highlight=False, markup=False, soft_wrap=True)
+
+
+def _print_plan_text(run, rows, shown: list, cache, plot, exported) -> None:
     if not shown or shown[0] != list(rows):  # (the first table again only when the costly wave changed it)
         out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)

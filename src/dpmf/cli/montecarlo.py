@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from dpmf.cli.console import _fail, cli_errors, err, note_workers, out, typer_app
+from dpmf.cli.console import fail, cli_errors, err, note_workers, out, typer_app
 from dpmf.cli.specs import FRESH_SLOTS, NUM_SELECTED, WARM_START, build_scheme, build_strategy, check_options_used
 from dpmf.cli.specs import SamplingName as Sampling
 from dpmf.errors import DPMFError, InvalidParameterError
@@ -241,7 +241,7 @@ def report(
         if epsilon is not None:
             intervals = {d: h.delta_interval(epsilon, confidence) for d, h in mc.histograms.items()}
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         payload = rep.to_dict()
         payload["checkpoint"] = checkpoint
@@ -316,7 +316,7 @@ def calibrate(
         err.print("interrupted (calibration keeps no checkpoint; rerun with the same --seed)")
         raise typer.Exit(code=130)
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         out.print_json(cal.report.to_json())
         return

@@ -61,10 +61,10 @@ def _parameter(param, ctx) -> str | None:
 
 
 def _command(cmd, ctx, level: int) -> list[str]:
-    from dpmf.cli.console import _hide_flag_types, _short_choice_metavars
+    from dpmf.cli.console import hide_flag_types, short_choice_metavars
 
-    _hide_flag_types(cmd, ctx)  # what --help shows: no <bool> for flags, <name> + "Choices: ..."
-    _short_choice_metavars(cmd, ctx)
+    hide_flag_types(cmd, ctx)  # what --help shows: no <bool> for flags, <name> + "Choices: ..."
+    short_choice_metavars(cmd, ctx)
     path = ctx.command_path
     lines = ["#" * level + f" {path}", ""]
     for block in _paragraphs(cmd.help):

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from dpmf.cli.console import _fail, out, typer_app
+from dpmf.cli.console import fail, out, typer_app
 from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.files import check_output_file, read_array
 
@@ -156,9 +156,9 @@ def build(
             )
         catalog.save(strat, out_path, workload=workload)
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except MemoryError:
-        _fail("out of memory building the strategy; use fewer --steps")
+        fail("out of memory building the strategy; use fewer --steps")
     out.print(f"wrote {strat.describe()['name']} strategy for {steps} steps to {out_path}", highlight=False)
 
 
@@ -178,7 +178,7 @@ def show(
         strat, workload = catalog.read(path)
         summary = catalog.summarize(strat, _participation(participation, epochs, min_sep, strat.n), workload)
     except DPMFError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
         out.print_json(json.dumps(summary))
         return

@@ -153,9 +153,9 @@ def cut_row(cand: Candidate, run: TrainingRun, sigma: float, epsilon: float, eva
             seconds: float) -> PlanRow:
     """The row of a candidate stopped by the budget after certifying ``sigma`` (epsilon
     ``<= run.epsilon`` there, from its accountant): certified, ``cut=True``."""
-    from dpmf.planning.evaluate import _row
+    from dpmf.planning.evaluate import make_row
 
-    row = _row(cand, run, method=cand.method, sigma=sigma, epsilon=epsilon, certified=True,
+    row = make_row(cand, run, method=cand.method, sigma=sigma, epsilon=epsilon, certified=True,
                rmse=sigma * cand.rmse_per_sigma(), start=time.perf_counter() - seconds,
                note=f"cut by the time budget after {evaluations} evaluations in {seconds:.0f} s: noise {sigma:.4g} is "
                     "certified, a full calibration (--thorough) finds at most that noise, so the row can only move up")

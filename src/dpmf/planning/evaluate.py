@@ -50,7 +50,7 @@ def fixed_order_rmse_bound(n: int, epochs: int) -> float:
     return nuclear / math.sqrt(b * n) * (1 - 1e-12)
 
 
-def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified, rmse, start, pruned=False,
+def make_row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified, rmse, start, pruned=False,
          note="", report=None) -> PlanRow:
     """The row of ``cand``: with ``report`` (a calibration's) its options and both directions; the
     strategy spec whenever the strategy was built (a pruned optimal factorization may never be)."""
@@ -82,7 +82,7 @@ def _row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certified
     )
 
 
-def _estimate_montecarlo(cand: Candidate, run: TrainingRun):
+def estimate_montecarlo(cand: Candidate, run: TrainingRun):
     """Monte Carlo row: smallest noise whose *estimated* epsilon (fixed seed, upper confidence
     bound) meets the target. An ESTIMATE (``certified=False``); certify a chosen configuration with
     ``dpmf calibrate --method montecarlo`` (Estimate-Verify-Release)."""
@@ -113,7 +113,7 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
         n = cand.spec.n
         closed = sigma_1 * fixed_order_rmse_bound(n, cand.spec.epochs) * (1 - 1e-9)
         if closed >= threshold:
-            return _row(
+            return make_row(
                 cand, run, method="unamplified", sigma=sigma_1, epsilon=run.epsilon, certified=True, rmse=closed,
                 start=start, pruned=True,
                 note="closed-form bound for every factorization under this participation (nuclear norm)",
@@ -124,7 +124,7 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
 
         strategy, res = optimal_strategy(cand.spec, stop=lambda dual: bound(dual) >= threshold)
         if strategy is None:
-            return _row(
+            return make_row(
                 cand, run, method="unamplified", sigma=sigma_1, epsilon=run.epsilon, certified=True,
                 rmse=bound(res.dual), start=start, pruned=True,
                 note=f"certified duality bound on the optimal factorization after {res.iterations} Newton iterations",
@@ -137,7 +137,7 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
                 "(sensitivity and epsilon computed for this C)"
             )
     if cand.method == "montecarlo":
-        cal = _estimate_montecarlo(cand, run)
+        cal = estimate_montecarlo(cand, run)
         per_sigma = cand.rmse_per_sigma()
     else:
         per_sigma = cand.rmse_per_sigma()
@@ -148,12 +148,12 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
                 max_noise_multiplier=limit, callback=callback, **(cand.options or {}),
             )
         except NoiseLimitExceeded as exc:
-            return _row(
+            return make_row(
                 cand, run, method=cand.method, sigma=exc.limit, epsilon=exc.epsilon, certified=True,
                 rmse=exc.limit * per_sigma, start=start, pruned=True,
                 note=f"epsilon {'>= ' if exc.lower_bound else ''}{exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
             )
-    return _row(
+    return make_row(
         cand, run, method=cal.report.method, sigma=cal.noise_multiplier, epsilon=cal.report.epsilon,
         certified=cal.report.certified, rmse=cal.noise_multiplier * per_sigma, start=start, note=note,
         report=cal.report,

@@ -12,45 +12,11 @@
 
 from typing import TYPE_CHECKING
 
-from dpmf._lazy import attach
+from dpmf._lazy import attach_stub
 
-#: public name -> the submodule that defines it (imported on first use, :mod:`dpmf._lazy`)
-_EXPORTS = {
-    "CalibrationResult": ".calibration",
-    "largest_count": ".calibration",
-    "smallest_noise": ".calibration",
-    "gaussian": ".gaussian_plds",
-    "subsampled_gaussian": ".gaussian_plds",
-    "gaussian_delta": ".gdp",
-    "gaussian_epsilon": ".gdp",
-    "gdp_delta": ".gdp",
-    "gdp_epsilon": ".gdp",
-    "gdp_mu": ".gdp",
-    "GaussianMixture": ".mixture",
-    "mixture_of_gaussians": ".mixture",
-    "PrivacyLossDistribution": ".pld",
-    "from_probability_mass_functions": ".pld",
-    "GridDistribution": ".product_mixtures",
-    "product_mixture": ".product_mixtures",
-    "group_dpsgd": ".random_sensitivity",
-    "last_iterate_linear": ".random_sensitivity",
-    "DEFAULT_ORDERS": ".rdp",
-    "epsilon_subsampled_gaussian_rdp": ".rdp",
-    "gaussian_rdp": ".rdp",
-    "rdp_to_delta": ".rdp",
-    "rdp_to_epsilon": ".rdp",
-    "subsampled_gaussian_rdp": ".rdp",
-    "PrivacyCurve": ".tradeoff",
-    "TradeOff": ".tradeoff",
-    "tpr_from_pld": ".tradeoff",
-    "tpr_gdp": ".tradeoff",
-    "tpr_epsilon_delta": ".tradeoff",
-    "epsilon_delta_pld": ".tradeoff",
-}
+__getattr__, __dir__, __all__ = attach_stub(__name__, __file__, globals())
 
-__getattr__, __dir__ = attach(__name__, _EXPORTS, globals())
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+if TYPE_CHECKING:  # pragma: no cover - the public names (imported on first use: dpmf._lazy.attach_stub)
     from dpmf.privacy.calibration import CalibrationResult, largest_count, smallest_noise
     from dpmf.privacy.gaussian_plds import gaussian, subsampled_gaussian
     from dpmf.privacy.gdp import gaussian_delta, gaussian_epsilon, gdp_delta, gdp_epsilon, gdp_mu
@@ -59,51 +25,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from dpmf.privacy.product_mixtures import GridDistribution, product_mixture
     from dpmf.privacy.random_sensitivity import group_dpsgd, last_iterate_linear
     from dpmf.privacy.rdp import (
-        DEFAULT_ORDERS,
-        epsilon_subsampled_gaussian_rdp,
-        gaussian_rdp,
-        rdp_to_delta,
-        rdp_to_epsilon,
+        DEFAULT_ORDERS, epsilon_subsampled_gaussian_rdp, gaussian_rdp, rdp_to_delta, rdp_to_epsilon,
         subsampled_gaussian_rdp,
     )
     from dpmf.privacy.tradeoff import (
-        PrivacyCurve,
-        TradeOff,
-        epsilon_delta_pld,
-        tpr_epsilon_delta,
-        tpr_from_pld,
-        tpr_gdp,
+        PrivacyCurve, TradeOff, epsilon_delta_pld, tpr_epsilon_delta, tpr_from_pld, tpr_gdp,
     )
-
-__all__ = [
-    "PrivacyLossDistribution",
-    "from_probability_mass_functions",
-    "gaussian",
-    "subsampled_gaussian",
-    "mixture_of_gaussians",
-    "GaussianMixture",
-    "gdp_delta",
-    "gdp_epsilon",
-    "gdp_mu",
-    "gaussian_epsilon",
-    "gaussian_delta",
-    "smallest_noise",
-    "largest_count",
-    "CalibrationResult",
-    "product_mixture",
-    "GridDistribution",
-    "last_iterate_linear",
-    "group_dpsgd",
-    "DEFAULT_ORDERS",
-    "gaussian_rdp",
-    "subsampled_gaussian_rdp",
-    "rdp_to_epsilon",
-    "rdp_to_delta",
-    "epsilon_subsampled_gaussian_rdp",
-    "PrivacyCurve",
-    "TradeOff",
-    "tpr_from_pld",
-    "tpr_gdp",
-    "tpr_epsilon_delta",
-    "epsilon_delta_pld",
-]

@@ -25,8 +25,9 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._lazy import LazyModule
 from dpmf.errors import InvalidParameterError
+from dpmf.privacy import dp_pld
+from dpmf.privacy.dp_pld import dense_pmf, pld_pmf
 
-pld_pmf = LazyModule("dp_accounting.pld.pld_pmf")  # dp_accounting (and SciPy's signal/stats) load on first use
 _dpa_pld = LazyModule("dp_accounting.pld.privacy_loss_distribution")
 
 #: Default spacing of the privacy-loss grid (same as dp_accounting's default).
@@ -47,12 +48,11 @@ def _check_self_compose_fits(pmf, count: int, tail: float) -> None:
     bounds keep more), as two float64 arrays (the FFT's input and output)."""
     from dpmf.resources import check_allocation
 
-    probs = getattr(pmf, "_probs", None)  # noqa: SLF001 - dp_accounting's documented fields
-    if probs is not None:
-        p = np.asarray(probs, dtype=np.float64)
+    if dp_pld.is_dense(pmf):
+        p = np.asarray(dp_pld.dense_arrays(pmf)[1], dtype=np.float64)
         x = np.arange(p.size, dtype=np.float64)
     else:
-        items = dict(getattr(pmf, "_loss_probs", {}) or {})  # noqa: SLF001
+        items = dp_pld.loss_probs(pmf)
         x = np.fromiter(items.keys(), dtype=np.float64, count=len(items))
         p = np.fromiter(items.values(), dtype=np.float64, count=len(items))
     mass = float(p.sum())
@@ -89,8 +89,8 @@ class PrivacyLossDistribution:
     @classmethod
     def from_dp_accounting(cls, pld: _dpa_pld.PrivacyLossDistribution) -> "PrivacyLossDistribution":
         """Wrap a ``dp_accounting`` PLD (it must be a pessimistic estimate)."""
-        remove, add = pld._pmf_remove, pld._pmf_add  # noqa: SLF001 - documented fields
-        if not remove._pessimistic_estimate:  # noqa: SLF001
+        remove, add = dp_pld.directions(pld)
+        if not dp_pld.is_pessimistic(remove):
             raise InvalidParameterError("only pessimistic dp_accounting PLDs can be wrapped")
         return cls(remove=remove, add=add)
 
@@ -104,12 +104,13 @@ class PrivacyLossDistribution:
         out: dict[str, np.ndarray] = {"symmetric": np.array(self.symmetric)}
         for d in (("remove",) if self.symmetric else DIRECTIONS):
             pmf = self._direction(d)
-            head = [float(pmf._discretization), float(pmf._infinity_mass)]  # noqa: SLF001
-            if isinstance(pmf, pld_pmf.DensePLDPmf):
-                out[f"{d}_dense"] = np.array(head + [float(pmf._lower_loss)])  # noqa: SLF001
-                out[f"{d}_probs"] = np.asarray(pmf._probs, dtype=np.float64)  # noqa: SLF001
+            head = [dp_pld.discretization(pmf), dp_pld.infinity_mass(pmf)]
+            if dp_pld.is_dense(pmf):
+                lower, probs, _, _ = dp_pld.dense_arrays(pmf)
+                out[f"{d}_dense"] = np.array(head + [float(lower)])
+                out[f"{d}_probs"] = np.asarray(probs, dtype=np.float64)
             else:
-                items = sorted(pmf._loss_probs.items())  # noqa: SLF001
+                items = sorted(dp_pld.loss_probs(pmf).items())
                 out[f"{d}_sparse"] = np.array(head)
                 out[f"{d}_losses"] = np.array([k for k, _ in items], dtype=np.int64)
                 out[f"{d}_probs"] = np.array([v for _, v in items], dtype=np.float64)
@@ -122,10 +123,10 @@ class PrivacyLossDistribution:
         def pmf(d: str) -> pld_pmf.PLDPmf:
             if f"{d}_dense" in arrays:
                 disc, inf, lower = (float(x) for x in arrays[f"{d}_dense"])
-                return pld_pmf.DensePLDPmf(disc, int(lower), np.array(arrays[f"{d}_probs"], dtype=np.float64), inf, True)
+                return dp_pld.make_dense(int(lower), np.array(arrays[f"{d}_probs"], dtype=np.float64), inf, disc)
             disc, inf = (float(x) for x in arrays[f"{d}_sparse"])
             losses, probs = arrays[f"{d}_losses"], arrays[f"{d}_probs"]
-            return pld_pmf.SparsePLDPmf({int(k): float(v) for k, v in zip(losses, probs)}, disc, inf, True)
+            return dp_pld.make_sparse({int(k): float(v) for k, v in zip(losses, probs)}, inf, disc)
 
         try:
             remove = pmf("remove")
@@ -138,7 +139,7 @@ class PrivacyLossDistribution:
     @property
     def discretization(self) -> float:
         """Spacing of the privacy-loss grid."""
-        return float(self.remove._discretization)  # noqa: SLF001
+        return dp_pld.discretization(self.remove)
 
     @property
     def symmetric(self) -> bool:
@@ -147,10 +148,10 @@ class PrivacyLossDistribution:
 
     def pmf(self, direction: str) -> tuple[np.ndarray, np.ndarray, float]:
         """``(losses, probabilities, infinity_mass)`` of one direction, densely."""
-        dense = self._direction(direction).to_dense_pmf()
-        probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
-        losses = (np.arange(probs.size) + dense._lower_loss) * dense._discretization  # noqa: SLF001
-        return losses, probs, float(dense._infinity_mass)  # noqa: SLF001
+        lower, probs, inf, disc = dp_pld.dense_arrays(self._direction(direction).to_dense_pmf())
+        probs = np.asarray(probs, dtype=np.float64)
+        losses = (np.arange(probs.size) + lower) * disc
+        return losses, probs, inf
 
     # ----------------------------------------------------------------- composition
     def compose(
@@ -205,9 +206,9 @@ class PrivacyLossDistribution:
         ratio = disc / old
 
         def one(direction: str) -> pld_pmf.DensePLDPmf:
-            dense = self._direction(direction).to_dense_pmf()
-            probs = np.asarray(dense._probs, dtype=np.float64)  # noqa: SLF001
-            j = np.arange(probs.size, dtype=np.int64) + int(dense._lower_loss)  # noqa: SLF001
+            lower, probs, inf, _ = dp_pld.dense_arrays(self._direction(direction).to_dense_pmf())
+            probs = np.asarray(probs, dtype=np.float64)
+            j = np.arange(probs.size, dtype=np.int64) + lower
             m = round(ratio)
             if m >= 1 and abs(ratio - m) <= 1e-12 * m and old * m == disc:
                 idx = -((-j) // m)  # exact ceil(j / m): the new grid is every m-th old point
@@ -216,7 +217,7 @@ class PrivacyLossDistribution:
                 idx = np.ceil(x + 1e-12 + 8 * 2.0**-53 * np.abs(x)).astype(np.int64)
             lo = int(idx.min())
             new = np.bincount(idx - lo, weights=probs)
-            return dense_pmf(lo, new, float(dense._infinity_mass), disc)  # noqa: SLF001
+            return dense_pmf(lo, new, inf, disc)
 
         remove = one("remove")
         return PrivacyLossDistribution(remove, remove if self.symmetric else one("add"))
@@ -246,21 +247,6 @@ class PrivacyLossDistribution:
         if direction == "add":
             return self.add
         raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
-
-
-def dense_pmf(
-    lower_index: int, probs: np.ndarray, infinity_mass: float, discretization: float
-) -> pld_pmf.DensePLDPmf:
-    """A pessimistic dp_accounting PMF with masses ``probs`` at losses ``(lower_index + i) * disc``.
-
-    Leading and trailing zeros are trimmed.
-    """
-    probs = np.asarray(probs, dtype=np.float64)
-    nz = np.flatnonzero(probs > 0)
-    if nz.size == 0:
-        return pld_pmf.DensePLDPmf(discretization, 0, np.zeros(1), float(infinity_mass), True)
-    probs = probs[nz[0] : nz[-1] + 1].copy()
-    return pld_pmf.DensePLDPmf(discretization, int(lower_index + nz[0]), probs, float(infinity_mass), True)
 
 
 def from_probability_mass_functions(

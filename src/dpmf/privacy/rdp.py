@@ -138,14 +138,17 @@ _ULPS = 4.0 * np.finfo(np.float64).eps
 # validation helpers (public entry points only)
 
 
-def _orders(orders: object) -> np.ndarray:
+def _float_vector(name: str, value: object) -> np.ndarray:
+    """``value`` as a float64 array, a scalar as a length-1 vector (``name`` in the error)."""
     try:
-        arr = np.asarray(orders, dtype=np.float64)
+        arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"orders must be an array of numbers: {exc}") from None
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    arr = _v.finite_array("orders", arr)
+        raise InvalidParameterError(f"{name} must be an array of numbers: {exc}") from None
+    return arr.reshape(1) if arr.ndim == 0 else arr
+
+
+def _orders(orders: object) -> np.ndarray:
+    arr = _v.finite_array("orders", _float_vector("orders", orders))
     if np.any(arr <= 1.0):
         raise InvalidParameterError(
             f"orders must all be > 1 (Rényi orders), got min {float(arr.min())!r}"
@@ -154,12 +157,7 @@ def _orders(orders: object) -> np.ndarray:
 
 
 def _rdp_vector(rdp: object, n: int) -> np.ndarray:
-    try:
-        arr = np.asarray(rdp, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InvalidParameterError(f"rdp must be an array of numbers: {exc}") from None
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
+    arr = _float_vector("rdp", rdp)
     if arr.ndim != 1:
         raise InvalidParameterError(f"rdp must be 1-dimensional, got shape {arr.shape}")
     if arr.size != n:

@@ -102,9 +102,9 @@ def calibrate_sampling_prob(
         m = _v.positive_int("num_examples", num_examples)
         p = _single_prob(target, m, b)
         return SamplingProbCalibration(p, target, participation_rate(p, b) * m, 0.0, "stationary", b, m)
-    from dpmf.sampling.bounding import _as_attribution
+    from dpmf.sampling.bounding import as_attribution
 
-    att = _as_attribution(attribution)
+    att = as_attribution(attribution)
     m = att.num_examples
     if warmup_steps is None or isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, np.integer)) \
             or warmup_steps < 0:
@@ -199,9 +199,9 @@ def simulated_batch_sizes(attribution, sampling_prob: float, min_sep: int, warmu
     barred for the next ``b - 1`` steps. For a one-user-per-example graph this is cold-start
     b-min-sep (Alg. 1).
     """
-    from dpmf.sampling.bounding import _as_attribution
+    from dpmf.sampling.bounding import as_attribution
 
-    att = attribution if isinstance(attribution, Attribution) else _as_attribution(attribution)
+    att = attribution if isinstance(attribution, Attribution) else as_attribution(attribution)
     p = _v.probability("sampling_prob", sampling_prob)
     return _kernel()(int(seed), p, _v.positive_int("min_sep", min_sep), int(warmup_steps),
                      _v.positive_int("steps", steps), att.example_ptr, att.user_of, att.num_users)

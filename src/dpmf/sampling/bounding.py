@@ -38,7 +38,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
-from dpmf.sampling.schemes import Attribution, _rng
+from dpmf.sampling.schemes import Attribution, as_generator
 
 __all__ = [
     "BoundedAttribution",
@@ -129,7 +129,7 @@ def _csr(ex: np.ndarray, uidx: np.ndarray, m: int, labels: tuple) -> Attribution
     return Attribution(example_ptr, uidx.astype(np.int64), user_ptr, ex[order].astype(np.int64), labels)
 
 
-def _as_attribution(graph) -> Attribution:
+def as_attribution(graph) -> Attribution:
     if isinstance(graph, Attribution):
         return graph
     if isinstance(graph, (str, bytes)) or not hasattr(graph, "__iter__"):
@@ -146,7 +146,7 @@ def neighbourhood_sizes(attribution) -> np.ndarray:
     >>> neighbourhood_sizes([[0], [0, 1], [1], [2]]).tolist()
     [2, 3, 2, 1]
     """
-    att = _as_attribution(attribution)
+    att = as_attribution(attribution)
     return _neighbourhood_sizes(att.example_ptr, att.user_of, att.user_ptr, att.example_of)
 
 
@@ -257,7 +257,7 @@ def bound_contributions(
     ``|N(e')|`` for every kept ``e'`` sharing a user with ``e`` stay ``<= k_e`` once ``e`` is in.
     Only the graph is read (free under fixed-graph adjacency, Dong & Ganesh 2026, App. C).
     """
-    att = _as_attribution(attribution)
+    att = as_attribution(attribution)
     k_u = _v.positive_int("max_user_examples", max_user_examples)
     k_e = None if max_neighbourhood is None else _v.positive_int("max_neighbourhood", max_neighbourhood)
     if seed is None:
@@ -265,7 +265,7 @@ def bound_contributions(
             "seed must be an integer or a numpy.random.Generator (it orders examples with equal numbers of users; "
             "dpmf never draws hidden seeds)"
         )
-    gen = _rng(seed)
+    gen = as_generator(seed)
     m = att.num_examples
     degree = np.diff(att.example_ptr)
     order = np.lexsort((gen.permutation(m), degree)).astype(np.int64)  # by degree, ties shuffled

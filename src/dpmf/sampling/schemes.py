@@ -49,7 +49,7 @@ def _num_examples(num_examples: object, copies: int = 4) -> int:
     return n
 
 
-def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
+def as_generator(rng: np.random.Generator | int | None) -> np.random.Generator:
     if isinstance(rng, np.random.Generator):
         return rng
     if rng is None:
@@ -131,7 +131,7 @@ class PoissonSampling:
         truncated to ``max_batch_size`` by a uniform subset when it is set)."""
         n = _num_examples(num_examples)
         _check_dataset_size(self, n)
-        gen = _rng(rng)
+        gen = as_generator(rng)
         for _ in range(self.steps):
             size = int(gen.binomial(n, self.sampling_prob))
             yield _truncate(np.sort(gen.choice(n, size=size, replace=False)), self.max_batch_size, gen)
@@ -194,7 +194,7 @@ class FixedOrderSampling(_EpochScheme):
             raise InvalidParameterError(
                 f"num_examples must be >= steps per epoch ({self.steps_per_epoch}), got {n}"
             )
-        order = _rng(rng).permutation(n)
+        order = as_generator(rng).permutation(n)
         bounds = np.linspace(0, n, self.steps_per_epoch + 1).round().astype(np.int64)
         for _ in range(self.epochs):
             for i in range(self.steps_per_epoch):
@@ -259,7 +259,7 @@ class CyclicPoissonSampling:
     def groups(self, num_examples: int, rng: np.random.Generator | int | None) -> np.ndarray:
         """Group (phase) of every example, in ``0..cycle_length-1``."""
         n = _num_examples(num_examples)
-        gen = _rng(rng)
+        gen = as_generator(rng)
         b = self.cycle_length
         if self.partition == "independent":
             return gen.integers(0, b, size=n)
@@ -273,7 +273,7 @@ class CyclicPoissonSampling:
         """Yield the sorted example indices of each step (truncated to ``max_batch_size`` by a
         uniform subset when it is set)."""
         _check_dataset_size(self, _num_examples(num_examples))
-        gen = _rng(rng)
+        gen = as_generator(rng)
         group = self.groups(num_examples, gen)
         members = [np.flatnonzero(group == g) for g in range(self.cycle_length)]
         for t in range(self.steps):
@@ -358,7 +358,7 @@ class MinSepSampling:
     def batches(self, num_examples: int, rng: np.random.Generator | int | None) -> Iterator[np.ndarray]:
         """Yield each step's sorted indices; O(num_examples) state (steps each example stays barred)."""
         n = _num_examples(num_examples)
-        gen = _rng(rng)
+        gen = as_generator(rng)
         b, p = self.min_sep, self.sampling_prob
         barred = np.zeros(n, dtype=np.int64)  # steps until available again (chain state)
         if self.warm_start and b > 1:
@@ -455,7 +455,7 @@ class BallsInBinsSampling(_EpochScheme):
         """Yield, for each epoch, the ``(num_examples, num_selected)`` array of every example's steps
         within the epoch (distinct, in ``0..b-1``; reused arrays are the same object every epoch)."""
         n = _num_examples(num_examples, copies=4 * self.num_selected)
-        gen = _rng(rng)
+        gen = as_generator(rng)
         current = None
         for _ in range(self.epochs):
             if current is None or self.fresh_slots:
@@ -643,7 +643,7 @@ class MultiAttributionMinSepSampling:
         State is O(examples + attribution size): the number of steps each example stays excluded.
         """
         att = self.attribution(attribution)
-        gen = _rng(rng)
+        gen = as_generator(rng)
         m, p, b = att.num_examples, self.sampling_prob, self.min_sep
         barred = np.zeros(m, dtype=np.int64)
         for step in range(self.warmup_steps + self.steps):

@@ -41,17 +41,65 @@ Example (DP-SGD noise, 128 steps, 2 epochs: notes/peer-libraries.md §B.5):
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
 from dpmf.strategies import error as _error
 
-__all__ = ["ErrorMethods"]
+__all__ = ["ErrorMethods", "NoiseMethod"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dpmf.strategies.streaming import StreamingNoise
 
 
-class ErrorMethods:
-    """Mixin: workload errors from ``encoder()``, ``sensitivity()`` and ``_decoder_for(A)``."""
+class NoiseMethod:
+    """Mixin: the one ``streaming_noise`` signature; a class supplies ``_streaming_noise``."""
+
+    def streaming_noise(
+        self,
+        dim: int,
+        rng: np.random.Generator | int | None = None,
+        *,
+        noise_multiplier: float = 1.0,
+        dtype: object = np.float64,
+        **options: object,
+    ) -> "StreamingNoise":
+        """Per-step noise ``w = L z`` (``C^{-1} z`` for a square ``C``) one step at a time, with
+        ``z = noise_multiplier * N(0, I)`` drawn from ``rng`` (a ``numpy.random.Generator`` or a
+        seed; ``None`` only to feed ``z`` yourself with ``step(z)``). ``dim`` is the number of
+        parameters or a parameter shape; ``dtype`` that of the output.
+
+        The generator and its state (``memory_floats``) per class
+        (:mod:`dpmf.strategies.streaming`):
+
+        * ``Identity``: :class:`~dpmf.strategies.streaming.IdentityNoise`, ``w_t = z_t``, 0 floats;
+        * ``DenseStrategy``: :class:`~dpmf.strategies.streaming.DenseNoise`, forward substitution
+          keeping the last ``band - 1`` outputs, ``(band - 1) * dim``; a non-adaptive (tall) ``C``
+          has no streaming form and its ``C^+ z`` is drawn up front
+          (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``n * dim``);
+        * ``ToeplitzStrategy``: :class:`~dpmf.strategies.toeplitz.ToeplitzNoise`, ``(band - 1) * dim``
+          for a banded encoder, ``(n - 1) * dim`` for a dense one;
+        * ``BLT`` / ``BLTStrategy``: :class:`~dpmf.strategies.blt.BLTNoise`, the BLT recursion,
+          ``num_buffers * dim`` (``BLT`` takes ``n=None``: unbounded unless given);
+        * ``BinaryTree``: :class:`~dpmf.strategies.streaming.TreeNoise`, the online Honaker decoder
+          (``step`` takes the noises of the nodes released at that step), ``levels * dim``;
+        * ``FFTMechanism``: ``L z`` (see its ``noising_matrix``) drawn up front from ``z`` of
+          shape ``(2n, dim)`` (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``n * dim``);
+          ``decoder="fft"`` or ``"optimal"``, or a given ``z=`` (used as is); no ``step(z)``.
+
+        ``options`` are those a class names above (``n``; ``decoder``, ``z``).
+        """
+        return self._streaming_noise(dim, rng, noise_multiplier, dtype, **options)
+
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object) -> "StreamingNoise":
+        raise NotImplementedError  # pragma: no cover - every strategy class defines it
+
+
+class ErrorMethods(NoiseMethod):
+    """Mixin: workload errors from ``encoder()``, ``sensitivity()`` and ``_decoder_for(A)``; the
+    shared ``streaming_noise`` (:class:`NoiseMethod`)."""
 
     def _decoder_for(self, workload: object) -> np.ndarray:
         return _error.decoder(self.encoder(), workload)

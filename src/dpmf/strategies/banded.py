@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 
-def _check_bands(n: object, bands: object) -> tuple[int, int]:
+def check_bands(n: object, bands: object) -> tuple[int, int]:
     n = _v.positive_int("n", n)
     if isinstance(bands, float) and not math.isfinite(bands):
         raise InvalidParameterError(f"bands must be an integer in [1, n={n}], got {bands!r}")
@@ -62,7 +62,7 @@ def _check_bands(n: object, bands: object) -> tuple[int, int]:
     return n, bands
 
 
-def _check_epochs(n: int, epochs: object) -> int:
+def check_epochs(n: int, epochs: object) -> int:
     """``epochs`` as an integer in ``[1, n]`` (participations ``n // epochs`` apart)."""
     epochs = _v.positive_int("epochs", epochs)
     if epochs > n:
@@ -70,7 +70,7 @@ def _check_epochs(n: int, epochs: object) -> int:
     return epochs
 
 
-def _check_series(name: str, coefs: object, n: int, why: str) -> np.ndarray:
+def check_series(name: str, coefs: object, n: int, why: str) -> np.ndarray:
     """Finite coefficients of a power series truncated at ``n`` (at most ``n`` of them) whose
     constant term is nonzero (``why`` says what for, in the error message)."""
     c = _v.finite_array(name, coefs)
@@ -98,7 +98,7 @@ def bsr(n: int, bands: int) -> ToeplitzStrategy:
     ``bands = n`` is the (unbanded) square-root factorization ``C @ C = A``. ``C >= 0`` and its
     coefficients are non-increasing, so sensitivities are exact in closed form.
     """
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     return ToeplitzStrategy(sqrt_prefix_coefficients(bands), n)
 
 
@@ -106,7 +106,7 @@ def bisr_noising_coefficients(n: int, bands: int) -> np.ndarray:
     """The exact (banded) coefficients of ``C^{-1}`` for :func:`bisr` ``(n, bands)``, length
     ``bands``. Feed them to :meth:`ToeplitzNoise.from_noising_coefficients` for streaming noise
     with ``bands - 1`` rows of history."""
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     return inverse_sqrt_coefficients(bands)
 
 
@@ -117,7 +117,7 @@ def bisr(n: int, bands: int) -> ToeplitzStrategy:
     ``strategy.streaming_noise`` needs only ``(bands - 1) * dim`` floats of history
     (:func:`bisr_noising_coefficients` gives the same coefficients).
     """
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     r = inverse_sqrt_coefficients(bands)
     return ToeplitzStrategy(toeplitz_inverse_coefficients(r, n), n, inverse_coefs=r)
 
@@ -160,7 +160,7 @@ def prefix_sum_loss_and_grad(coefs: object, n: int) -> tuple[float, np.ndarray]:
     """:func:`prefix_sum_loss` and its gradient with respect to ``coefs`` (``O(n log n)`` after
     computing ``C^{-1}``, which is ``O(n * len(coefs))`` or ``O(n log n)``)."""
     n = _v.positive_int("n", n)
-    c = _check_series("coefs", coefs, n, "for C to be invertible")
+    c = check_series("coefs", coefs, n, "for C to be invertible")
     weights = np.arange(n, 0, -1, dtype=np.float64) / n
     return _loss_and_grad(c, n, weights)
 
@@ -193,9 +193,9 @@ def optimize_banded_toeplitz(
     interrupt. Raises :class:`~dpmf.errors.NumericalError` if the optimizer produces non-finite
     values.
     """
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     check_allocation(1, n, "the banded Toeplitz optimization", copies=8)
-    _check_epochs(n, epochs)
+    check_epochs(n, epochs)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)
     weights = np.arange(n, 0, -1, dtype=np.float64) / n

@@ -74,12 +74,12 @@ import scipy.signal as _signal
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
 from dpmf.resources import check_allocation
-from dpmf.strategies.banded import _check_bands, _check_epochs, _check_series, inverse_sqrt_coefficients
+from dpmf.strategies.banded import check_bands, check_epochs, check_series, inverse_sqrt_coefficients
 from dpmf.strategies.participation import Participation
 from dpmf.strategies.sensitivity import (
     SensitivityResult,
-    _check_participation,
-    _margin,
+    check_participation,
+    rounding_margin,
     toeplitz_sensitivity_squared,
 )
 from dpmf.strategies.toeplitz import ToeplitzStrategy, toeplitz_inverse_coefficients
@@ -101,7 +101,7 @@ _MAX_RESTARTS = 50
 
 def _schema(participation: object, n: int) -> tuple[int, int, bool]:
     """``(k', b, fixed_epoch)`` of a Participation / FixedEpochParticipation on ``n`` steps."""
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     return min(k, -(-n // b)), b, fixed
 
 
@@ -208,7 +208,7 @@ def closed_form_sensitivity_squared(coefs: object, participation: object, n: int
     else:
         exact = nonneg and bool(np.all(np.diff(full) <= 0))
         method = "toeplitz min-sep closed form on the non-increasing majorant of |c|"
-    return SensitivityResult(_margin(val, n, kk), exact, method, val if exact else float(np.dot(full, full)))
+    return SensitivityResult(rounding_margin(val, n, kk), exact, method, val if exact else float(np.dot(full, full)))
 
 
 def band_inv_loss_and_grad(
@@ -219,8 +219,8 @@ def band_inv_loss_and_grad(
     (``schema`` ``"fixed-epoch"`` or ``"min-sep"``). ``L`` is ``inf`` (with a zero gradient) when
     ``C`` overflows."""
     n = _v.positive_int("n", n)
-    g = _check_series("noising_coefs", noising_coefs, n, "for C to exist")
-    epochs = _check_epochs(n, epochs)
+    g = check_series("noising_coefs", noising_coefs, n, "for C to exist")
+    epochs = check_epochs(n, epochs)
     fixed = _check_schema(schema)
     b = n // epochs
     return _loss(g, n, min(epochs, -(-n // b)), b, fixed)
@@ -291,7 +291,7 @@ class BandInvStrategy(ToeplitzStrategy):
         """``C = Toeplitz(noising_coefs)^{-1}`` over ``n`` steps (``1 <= len <= n``,
         ``noising_coefs[0] > 0``)."""
         g = _v.finite_array("noising_coefs", noising_coefs)
-        n, _ = _check_bands(n, g.size)
+        n, _ = check_bands(n, g.size)
         if not g[0] > 0:
             raise InvalidParameterError(
                 f"noising_coefs[0] must be > 0 (C lower triangular with a positive diagonal), got {g[0]!r}"
@@ -388,9 +388,9 @@ def optimize_banded_inverse_toeplitz(
     (``L`` that minimization's objective); raise from it to interrupt. Returns the strategy *as
     given* (``C`` has unit diagonal, not normalized).
     """
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     check_allocation(1, n, "the banded-inverse optimization", copies=8)
-    epochs = _check_epochs(n, epochs)
+    epochs = check_epochs(n, epochs)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)
     fixed = _check_schema(schema)

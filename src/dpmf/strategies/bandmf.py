@@ -26,7 +26,7 @@ import scipy.optimize as _opt
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
 from dpmf.resources import check_allocation
-from dpmf.strategies.banded import _check_bands, optimize_banded_toeplitz
+from dpmf.strategies.banded import check_bands, optimize_banded_toeplitz
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.toeplitz import materialize_lower_toeplitz
 
@@ -76,7 +76,7 @@ def bandmf_loss_and_grad(C: object, bands: int) -> tuple[float, np.ndarray]:
     C = _v.finite_array("C", C, ndim=2)
     if C.shape[0] != C.shape[1]:
         raise InvalidParameterError(f"C must be square, got shape {C.shape}")
-    n, bands = _check_bands(C.shape[0], bands)
+    n, bands = check_bands(C.shape[0], bands)
     rows, cols = _band_index(n, bands)
     loss, grad = _objective(C[rows, cols].astype(np.float64), rows, cols, n)
     if not math.isfinite(loss):
@@ -107,7 +107,7 @@ def optimize_bandmf(
     Returns ``DenseStrategy(C, name="banded")``; its squared sensitivity under ``k``
     participations at least ``bands`` apart is exactly ``k``.
     """
-    n, bands = _check_bands(n, bands)
+    n, bands = check_bands(n, bands)
     check_allocation(n, n, "BandMF's dense matrices", copies=6)
     max_iter = _v.positive_int("max_iter", max_iter)
     tol = _v.positive("tol", tol)

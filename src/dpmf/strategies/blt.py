@@ -46,6 +46,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.resources import check_allocation
+from dpmf.strategies.api import NoiseMethod
 from dpmf.strategies.streaming import CHUNK, StreamingNoise, check_noise_buffer
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 
@@ -59,7 +60,7 @@ def _params(name: str, value: object) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class BLT:
+class BLT(NoiseMethod):
     """A buffered-linear Toeplitz encoder ``C(z) = 1 + sum_i omega_i z / (1 - theta_i z)``.
 
     ``buf_decay`` (``theta``) and ``output_scale`` (``omega``) are 1-d arrays of equal length
@@ -183,17 +184,9 @@ class BLT:
         normalized): see :meth:`ToeplitzStrategy.prefix_sum_rmse`."""
         return self.to_toeplitz(n).prefix_sum_rmse()
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        n: int | None = None,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ) -> "BLTNoise":
-        """A streaming generator of ``w = C^{-1} z`` (see :class:`BLTNoise`; unbounded unless
-        ``n`` is given)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object,
+                         n: int | None = None) -> "BLTNoise":
+        # streaming_noise (NoiseMethod): w = C^{-1} z by BLTNoise, unbounded unless n is given
         return BLTNoise(self, dim, rng=rng, n=n, noise_multiplier=noise_multiplier, dtype=dtype)
 
 
@@ -249,16 +242,8 @@ class BLTStrategy(ToeplitzStrategy):
             raise InvalidParameterError("C has zero sensitivity; it cannot be normalized")
         return BLTStrategy.from_blt(self.blt, self.n, self.scale / sens)
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ) -> "BLTNoise":
-        """Per-step noise ``w = C^{-1} z`` for ``n`` steps by the BLT recursion (:class:`BLTNoise`,
-        ``memory_floats = num_buffers * dim``)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object) -> "BLTNoise":
+        # streaming_noise (NoiseMethod): n steps of the BLT recursion (BLTNoise)
         return BLTNoise(
             self.blt, dim, rng=rng, n=self.n, noise_multiplier=noise_multiplier, dtype=dtype, scale=self.scale
         )

@@ -153,24 +153,13 @@ class DenseStrategy(ErrorMethods):
     @property
     def band(self) -> int:
         """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``n`` for a dense ``C``)."""
-        from dpmf.strategies.streaming import _bandwidth
+        from dpmf.strategies.streaming import bandwidth
 
-        return _bandwidth(np.tril(self.C))
+        return bandwidth(np.tril(self.C))
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ):
-        """Per-step noise ``w = C^{-1} z`` (:class:`~dpmf.strategies.streaming.DenseNoise`: forward
-        substitution keeping the last ``band - 1`` outputs, ``memory_floats = (band - 1) * dim``).
-
-        For a non-adaptive (tall) ``C`` there is no streaming form: the noise ``C^+ z`` is
-        generated up front (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``n * dim``
-        floats)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object):
+        # streaming_noise (NoiseMethod): DenseNoise (forward substitution); a tall C has no
+        # streaming form, its C^+ z is drawn up front (PregeneratedNoise)
         from dpmf.strategies.streaming import DenseNoise, PregeneratedNoise, StreamingNoise
 
         if self.adaptive:

@@ -52,7 +52,7 @@ from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError
 from dpmf.resources import check_allocation
 from dpmf.strategies.api import ErrorMethods
-from dpmf.strategies.toeplitz import _rng
+from dpmf.strategies.streaming import resolve_rng
 
 __all__ = ["FFTMechanism", "dft_l1_norm", "fft_sqrt_eigenvalues", "fft_circulant_coefficients"]
 
@@ -255,7 +255,7 @@ class FFTMechanism(ErrorMethods):
         """Noise ``B z`` on the ``n`` prefix sums, ``z ~ N(0, noise_multiplier^2 I)`` of shape
         ``(2n, dim)``; returns ``(n, dim)``. Pre-generates all noise (``O(n dim)`` memory, as the
         paper notes). The per-step noise for training is ``np.diff(noise, axis=0, prepend=0)``."""
-        gen = _rng(rng)
+        gen = resolve_rng(rng, required=True)
         dim = _v.positive_int("dim", dim)
         sigma = _v.non_negative("noise_multiplier", noise_multiplier)
         check_allocation(2 * self.n, dim, "the FFT mechanism's noise (drawn up front)", copies=3,
@@ -312,20 +312,10 @@ class FFTMechanism(ErrorMethods):
             return self.pseudo_inverse()
         raise InvalidParameterError(f"decoder must be 'fft' or 'optimal', got {decoder!r}")
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-        decoder: Literal["fft", "optimal"] = "fft",
-        z: object = None,
-    ):
-        """The per-step noise ``L z`` (see :meth:`noising_matrix`), generated up front
-        (:class:`~dpmf.strategies.streaming.PregeneratedNoise`, ``memory_floats = n * dim``) from
-        ``z = noise_multiplier * N(0, I)`` of shape ``(2n, dim)`` drawn from ``rng``, or from a
-        given ``z`` (used as is). ``step(z)`` is unavailable: the FFT mechanism is not streaming."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object,
+                         decoder: Literal["fft", "optimal"] = "fft", z: object = None):
+        # streaming_noise (NoiseMethod): L z drawn up front from z of shape (2n, dim), or a given
+        # z (used as is); not streaming, so no step(z)
         from dpmf.strategies.streaming import PregeneratedNoise, StreamingNoise
 
         if decoder not in ("fft", "optimal"):

@@ -73,16 +73,8 @@ class Identity(ErrorMethods):
         check_allocation(self.n, self.n, "the identity's dense noising matrix")
         return np.eye(self.n)
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ):
-        """Independent noise ``w_t = z_t`` each step (:class:`~dpmf.strategies.streaming.IdentityNoise`,
-        ``memory_floats = 0``)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object):
+        # streaming_noise (NoiseMethod): independent noise w_t = z_t (IdentityNoise)
         from dpmf.strategies.streaming import IdentityNoise
 
         return IdentityNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)

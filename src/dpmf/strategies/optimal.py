@@ -107,7 +107,17 @@ is the exact loss of the returned strategy and ``gap`` certifies how far from op
 
 Cost: one n x n symmetric eigendecomposition per function evaluation, plus one more and about
 20 matrix products per Newton step; O(n^3) time, O(n^2) memory (plus the dense Hessian, at most
-``_MAX_NEWTON_VARS^2`` doubles).
+``_MAX_NEWTON_VARS^2`` doubles). In :func:`optimal_multi_epoch_gram`, per Newton iteration:
+two n x n eigendecompositions and about n^3 (number of kernel terms, 10-20) / 2 flops of products, plus a Cholesky factorization of the dense Hessian over
+``b (1 + k(k-1)/2)`` dual variables. Above ``_MAX_NEWTON_VARS`` (4096) variables the
+direction comes from Newton-CG (at most ``_CG_MAXITER`` Hessian-vector products of two
+n x n matrix products each, preconditioned by the diagonal Hessian blocks) and no
+cross-pattern multipliers can be added, so a workload whose Eq. (35) optimum needs them
+may end with ``converged=False`` (use ``constraints="orthogonal"`` there). Measured on 2
+cores: n = 128, k = 2 in 0.3 s; n = 512, k = 4 in 2-3 s (6 iterations, relative gap
+< 1e-8); Newton-CG: n = 400, k = 20 in 8 iterations to a relative gap of 3e-7;
+n = 1000, k = 10 in 6 iterations (62 s CPU) and n = 2000, k = 20 in 7 iterations (258 s
+CPU, 625 s wall on the shared machine) to a relative gap below 1e-4 (the Table 1 rows).
 
 Strategy from the Gram matrix: see :func:`strategy_from_gram`.
 """
@@ -731,23 +741,36 @@ def optimal_multi_epoch_gram(
         (3.2681, True, True, True)
 
     Notes:
-        Cost per Newton iteration: two n x n eigendecompositions and about n^3 (number of kernel
-        terms, 10-20) / 2 flops of products, plus a Cholesky factorization of the dense Hessian over
-        ``b (1 + k(k-1)/2)`` dual variables. Above ``_MAX_NEWTON_VARS`` (4096) variables the
-        direction comes from Newton-CG (at most ``_CG_MAXITER`` Hessian-vector products of two
-        n x n matrix products each, preconditioned by the diagonal Hessian blocks) and no
-        cross-pattern multipliers can be added, so a workload whose Eq. (35) optimum needs them
-        may end with ``converged=False`` (use ``constraints="orthogonal"`` there). Measured on 2
-        cores: n = 128, k = 2 in 0.3 s; n = 512, k = 4 in 2-3 s (6 iterations, relative gap
-        < 1e-8); Newton-CG: n = 400, k = 20 in 8 iterations to a relative gap of 3e-7;
-        n = 1000, k = 10 in 6 iterations (62 s CPU) and n = 2000, k = 20 in 7 iterations (258 s
-        CPU, 625 s wall on the shared machine) to a relative gap below 1e-4 (the Table 1 rows).
+        Cost per Newton iteration, the Newton-CG switch and measured times: the module docstring
+        ("Cost").
 
     Raises:
         InvalidParameterError: A is not square, not finite or rank deficient; epochs does not
             divide n; min_sep inconsistent; unknown constraints; tol or max_iter out of range.
     """
     start = time.perf_counter()
+    A, k, b, tol, max_iter, svals = _gram_arguments(A, epochs, min_sep, constraints, tol, max_iter)
+    dual = _Dual(A, k, constraints)
+    # a feasible starting point: X = I / k (C = I / sqrt(k), DP-SGD noise), loss = k ||A||_F^2
+    run = _NewtonRun(dual, A.shape[0], best_X=np.eye(A.shape[0]) / k, best_loss=float(k * np.sum(A * A)))
+    try:
+        run.begin(float(svals.sum()))
+        while not run.record(tol, max_iter, callback):
+            run.iterate(constraints)
+    except KeyboardInterrupt:
+        run.converged = False
+
+    X = dual.unpermute(run.best_X)
+    return OptimizationResult(
+        X=X, C=strategy_from_gram(X), loss=float(run.best_loss), gap=float(run.gap()), iterations=run.iterations,
+        converged=bool(run.converged), seconds=time.perf_counter() - start, dual=float(run.best_dual),
+        constraints=constraints, epochs=k, min_sep=b,
+    )
+
+
+def _gram_arguments(A, epochs, min_sep, constraints, tol, max_iter):
+    """``(A, k, b, tol, max_iter, singular values of A)`` of :func:`optimal_multi_epoch_gram`,
+    validated (its Raises section)."""
     A = _workload(A)
     n = A.shape[0]
     k = _v.positive_int("epochs", epochs)
@@ -775,139 +798,160 @@ def optimal_multi_epoch_gram(
         )
     tol = _tol(tol)
     max_iter = _v.positive_int("max_iter", max_iter)
-    svals = _check_full_rank(A)
+    return A, k, b, tol, max_iter, _check_full_rank(A)
 
-    dual = _Dual(A, k, constraints)
-    # a feasible starting point: X = I / k (C = I / sqrt(k), DP-SGD noise), loss = k ||A||_F^2
-    best_X = np.eye(n) / k
-    best_loss = float(k * np.sum(A * A))
-    best_dual = -math.inf
-    iterations = 0
-    converged = False
 
-    def gap_now() -> float:
-        return best_loss - best_dual if math.isfinite(best_dual) else math.inf
+@dataclass
+class _NewtonRun:
+    """The state of :func:`optimal_multi_epoch_gram`'s Newton iteration on the dual: the best
+    feasible primal point and dual bound so far, the iterate ``theta`` and its evaluation ``ev``,
+    and the barrier ``mu log det U`` (switched on when Newton steps keep being damped -- the
+    iterates hug the boundary of the cone ``U > 0`` and would "jam" there -- or progress stalls;
+    pure Newton, ``mu = 0``, unless there are bounded multipliers)."""
 
-    try:
-        theta = dual.initial(float(svals.sum()))
-        ev = dual.evaluate(theta)
-        if ev is None:
+    dual: _Dual
+    n: int
+    best_X: np.ndarray
+    best_loss: float
+    best_dual: float = -math.inf
+    iterations: int = 0
+    converged: bool = False
+    theta: Optional[np.ndarray] = None
+    ev: Optional[dict] = None
+    barrier: bool = False
+    mu: float = 0.0
+    stalls: int = 0
+    no_step: bool = False
+    damped: int = 0
+    centered: bool = False
+    merit_gain: float = math.inf
+
+    def gap(self) -> float:
+        return self.best_loss - self.best_dual if math.isfinite(self.best_dual) else math.inf
+
+    def begin(self, alpha: float) -> None:
+        """The dual at ``U = alpha I``."""
+        self.theta = self.dual.initial(alpha)
+        self.ev = self.dual.evaluate(self.theta)
+        if self.ev is None:
             raise NumericalError("the dual function is not finite at the starting point U = alpha I")
-        best_dual = ev["phi"]
-        bounded = dual.bounded()
-        # pure Newton (mu = 0) unless there are bounded multipliers; a barrier mu log det U
-        # is switched on when Newton steps keep being damped (the iterates hug the boundary of
-        # the cone U > 0 and would "jam" there) or progress stalls.
-        barrier = bool(bounded.any())
-        mu = _SIGMA * gap_now() / (n + int(bounded.sum())) if barrier else 0.0
-        stalls, no_step, damped, centered, merit_gain = 0, False, 0, False, math.inf
-        while True:
-            previous = (best_loss, best_dual)
-            best_dual = max(best_dual, ev["phi"])
-            # primal candidates: X(U), and X(U) + mu U^{-1}, which is feasible at a barrier center
-            for Xc in (ev["X"], ev["X"] + mu * ev["Uinv"]) if mu > 0 else (ev["X"],):
-                loss, Xf = dual.primal(Xc)
-                if Xf is not None and loss < best_loss:
-                    best_loss, best_X = loss, Xf
-            converged = gap_now() <= tol * best_loss
-            # stalled: neither bound moved beyond rounding twice in a row, or no ascent step exists
-            moved = best_loss < previous[0] * (1 - _STALL_RTOL) or (
-                best_dual - previous[1] > _STALL_RTOL * abs(best_dual)
-            ) or (barrier and merit_gain > _STALL_RTOL * abs(ev["phi"]))
-            stalls = 0 if moved else stalls + 1
-            stop = iterations > 0 and callback is not None and bool(callback(iterations, best_loss, gap_now()))
-            if not barrier and (no_step or stalls >= 2 or damped >= _DAMPED_SWITCH):
-                barrier, no_step, stalls = True, False, 0
-            if converged or stop or no_step or stalls >= 2 or iterations >= max_iter:
-                break
-            nu = n + int(dual.bounded().sum())
-            if barrier:  # mu follows the certified gap down (never up), faster once centered
-                if mu == 0.0:
-                    mu = _SIGMA * gap_now() / nu
-                else:
-                    mu = min(mu * (_MU_SHRINK if centered else 1.0), _SIGMA * gap_now() / nu)
-            # cross-pattern multipliers for negative entries of X (Eq. 35 only)
-            if constraints == "nonneg":
-                m_before = dual.m
-                theta, ev = _maybe_add_off(dual, ev, theta, mu if barrier else _SIGMA * gap_now() / nu)
-                if dual.m > m_before and not barrier:
-                    barrier, mu = True, _SIGMA * gap_now() / (n + int(dual.bounded().sum()))
-            bounded = dual.bounded()
+        self.best_dual = self.ev["phi"]
+        bounded = self.dual.bounded()
+        self.barrier = bool(bounded.any())
+        self.mu = _SIGMA * self.gap() / (self.n + int(bounded.sum())) if self.barrier else 0.0
 
-            def merit(e: dict, th: np.ndarray) -> float:
-                return e["phi"] + mu * (e["logdet"] + float(np.log(th[bounded]).sum()))
+    def record(self, tol: float, max_iter: int, callback) -> bool:
+        """Take the bounds at the current iterate; True when the run stops here."""
+        ev, previous = self.ev, (self.best_loss, self.best_dual)
+        self.best_dual = max(self.best_dual, ev["phi"])
+        # primal candidates: X(U), and X(U) + mu U^{-1}, which is feasible at a barrier center
+        for Xc in (ev["X"], ev["X"] + self.mu * ev["Uinv"]) if self.mu > 0 else (ev["X"],):
+            loss, Xf = self.dual.primal(Xc)
+            if Xf is not None and loss < self.best_loss:
+                self.best_loss, self.best_X = loss, Xf
+        self.converged = self.gap() <= tol * self.best_loss
+        # stalled: neither bound moved beyond rounding twice in a row, or no ascent step exists
+        moved = self.best_loss < previous[0] * (1 - _STALL_RTOL) or (
+            self.best_dual - previous[1] > _STALL_RTOL * abs(self.best_dual)
+        ) or (self.barrier and self.merit_gain > _STALL_RTOL * abs(ev["phi"]))
+        self.stalls = 0 if moved else self.stalls + 1
+        stop = self.iterations > 0 and callback is not None and bool(
+            callback(self.iterations, self.best_loss, self.gap())
+        )
+        if not self.barrier and (self.no_step or self.stalls >= 2 or self.damped >= _DAMPED_SWITCH):
+            self.barrier, self.no_step, self.stalls = True, False, 0
+        return bool(self.converged or stop or self.no_step or self.stalls >= 2 or self.iterations >= max_iter)
 
-            def merit_grad(e: dict, th: np.ndarray) -> np.ndarray:
-                gr = e["grad"] + mu * e["bgrad"]
-                gr[bounded] += mu / th[bounded]
-                return gr
+    def iterate(self, constraints: str) -> None:
+        """One damped Newton step on the barrier merit ``phi + mu (log det U + sum log theta_bounded)``."""
+        dual = self.dual
+        nu = self.n + int(dual.bounded().sum())
+        if self.barrier:  # mu follows the certified gap down (never up), faster once centered
+            if self.mu == 0.0:
+                self.mu = _SIGMA * self.gap() / nu
+            else:
+                self.mu = min(self.mu * (_MU_SHRINK if self.centered else 1.0), _SIGMA * self.gap() / nu)
+        # cross-pattern multipliers for negative entries of X (Eq. 35 only)
+        if constraints == "nonneg":
+            m_before = dual.m
+            self.theta, self.ev = _maybe_add_off(
+                dual, self.ev, self.theta, self.mu if self.barrier else _SIGMA * self.gap() / nu
+            )
+            if dual.m > m_before and not self.barrier:
+                self.barrier, self.mu = True, _SIGMA * self.gap() / (self.n + int(dual.bounded().sum()))
+        merit = _Merit(self.mu, dual.bounded())
+        g, d = self.direction(merit)
+        step, slope, psi, new = self.line_search(merit, g, d)
+        self.iterations += 1
+        self.damped = self.damped + 1 if step < 1.0 else 0
+        # Newton decrement of psi / mu below 1: close to the barrier center for this mu
+        self.centered = self.mu > 0 and step == 1.0 and slope <= self.mu
+        if new is None:
+            self.no_step = True  # report this iteration, then stop (or switch the barrier on)
+        else:
+            self.merit_gain = merit(new[1], new[0]) - psi
+            self.theta, self.ev = new
 
-            g = merit_grad(ev, theta)
-            full = dual.m <= _MAX_NEWTON_VARS
-            H = dual.hessian(ev, full=full, extra=math.sqrt(mu) * ev["Uinv"] if mu > 0 else None)
-            curv = np.where(bounded, mu / np.where(bounded, theta, 1.0) ** 2, 0.0)
-            if bounded.any():
-                if full:
-                    H[np.diag_indices_from(H)] -= curv
-                else:
-                    H -= curv[: dual.m_in].reshape(dual.b, dual.nv)[:, :, None] * np.eye(dual.nv)
+    def direction(self, merit: "_Merit") -> tuple[np.ndarray, np.ndarray]:
+        """``(g, d)``: the merit's gradient and the Newton (or Newton-CG) ascent direction."""
+        dual, ev, theta, mu, bounded = self.dual, self.ev, self.theta, merit.mu, merit.bounded
+        g = merit.grad(ev, theta)
+        full = dual.m <= _MAX_NEWTON_VARS
+        H = dual.hessian(ev, full=full, extra=math.sqrt(mu) * ev["Uinv"] if mu > 0 else None)
+        curv = np.where(bounded, mu / np.where(bounded, theta, 1.0) ** 2, 0.0)
+        if bounded.any():
             if full:
-                d = _newton_direction(H, g, blockwise=False, nv=dual.nv)
+                H[np.diag_indices_from(H)] -= curv
             else:
-                # Newton-CG: exact Hessian-vector products, block-diagonal preconditioner; the
-                # forcing term follows the certified gap (superlinear convergence)
-                rel = gap_now() / best_loss if best_loss > 0 else 1.0
-                d, _ = _newton_cg(
-                    lambda p, ev=ev, mu=mu, curv=curv: curv * p - dual.hvp(ev, p, mu),
-                    H, g, dual.nv, rtol=min(0.1, math.sqrt(max(rel, 0.0))), maxiter=_CG_MAXITER,
-                )
-            # stay strictly inside the bounds (fraction to the boundary)
-            shrink = bounded & (d < 0)
-            step = min(1.0, 0.99 * float(np.min(-theta[shrink] / d[shrink]))) if shrink.any() else 1.0
-            psi, slope, gnorm = merit(ev, theta), float(g @ d), float(np.abs(g).max())
-            new = None
-            for _ in range(40):
-                cand = theta + step * d
-                ev_c = dual.evaluate(cand)
-                if ev_c is not None and slope > 0:
-                    if merit(ev_c, cand) >= psi + 1e-4 * step * slope:
-                        new = (cand, ev_c)
-                        break
-                    # the predicted increase is below the rounding error of the merit function:
-                    # judge the step by the gradient instead, as Newton's method near the optimum
-                    if step * slope <= _FLAT_RTOL * abs(psi) and (
-                        float(np.abs(merit_grad(ev_c, cand)).max()) < 0.5 * gnorm
-                    ):
-                        new = (cand, ev_c)
-                        break
-                step *= 0.5
-            iterations += 1
-            damped = damped + 1 if step < 1.0 else 0
-            # Newton decrement of psi / mu below 1: close to the barrier center for this mu
-            centered = mu > 0 and step == 1.0 and slope <= mu
-            if new is None:
-                no_step = True  # report this iteration, then stop (or switch the barrier on)
-            else:
-                merit_gain = merit(new[1], new[0]) - psi
-                theta, ev = new
-    except KeyboardInterrupt:
-        converged = False
+                H -= curv[: dual.m_in].reshape(dual.b, dual.nv)[:, :, None] * np.eye(dual.nv)
+        if full:
+            return g, _newton_direction(H, g, blockwise=False, nv=dual.nv)
+        # Newton-CG: exact Hessian-vector products, block-diagonal preconditioner; the
+        # forcing term follows the certified gap (superlinear convergence)
+        rel = self.gap() / self.best_loss if self.best_loss > 0 else 1.0
+        d, _ = _newton_cg(
+            lambda p, ev=ev, mu=mu, curv=curv: curv * p - dual.hvp(ev, p, mu),
+            H, g, dual.nv, rtol=min(0.1, math.sqrt(max(rel, 0.0))), maxiter=_CG_MAXITER,
+        )
+        return g, d
 
-    X = dual.unpermute(best_X)
-    C = strategy_from_gram(X)
-    return OptimizationResult(
-        X=X,
-        C=C,
-        loss=float(best_loss),
-        gap=float(gap_now()),
-        iterations=iterations,
-        converged=bool(converged),
-        seconds=time.perf_counter() - start,
-        dual=float(best_dual),
-        constraints=constraints,
-        epochs=k,
-        min_sep=b,
-    )
+    def line_search(self, merit: "_Merit", g: np.ndarray, d: np.ndarray):
+        """``(step, slope, psi, new)``: backtracking (Armijo) along ``d``, strictly inside the
+        bounds (fraction to the boundary); ``new = (theta, ev)`` or ``None`` when no step ascends."""
+        theta, bounded = self.theta, merit.bounded
+        shrink = bounded & (d < 0)
+        step = min(1.0, 0.99 * float(np.min(-theta[shrink] / d[shrink]))) if shrink.any() else 1.0
+        psi, slope, gnorm = merit(self.ev, theta), float(g @ d), float(np.abs(g).max())
+        for _ in range(40):
+            cand = theta + step * d
+            ev_c = self.dual.evaluate(cand)
+            if ev_c is not None and slope > 0:
+                if merit(ev_c, cand) >= psi + 1e-4 * step * slope:
+                    return step, slope, psi, (cand, ev_c)
+                # the predicted increase is below the rounding error of the merit function:
+                # judge the step by the gradient instead, as Newton's method near the optimum
+                if step * slope <= _FLAT_RTOL * abs(psi) and (
+                    float(np.abs(merit.grad(ev_c, cand)).max()) < 0.5 * gnorm
+                ):
+                    return step, slope, psi, (cand, ev_c)
+            step *= 0.5
+        return step, slope, psi, None
+
+
+@dataclass(frozen=True)
+class _Merit:
+    """The barrier merit ``phi + mu (log det U + sum log theta_bounded)`` and its gradient."""
+
+    mu: float
+    bounded: np.ndarray
+
+    def __call__(self, e: dict, th: np.ndarray) -> float:
+        return e["phi"] + self.mu * (e["logdet"] + float(np.log(th[self.bounded]).sum()))
+
+    def grad(self, e: dict, th: np.ndarray) -> np.ndarray:
+        gr = e["grad"] + self.mu * e["bgrad"]
+        gr[self.bounded] += self.mu / th[self.bounded]
+        return gr
 
 
 def _maybe_add_off(dual: _Dual, ev: dict, theta: np.ndarray, mu: float) -> tuple[np.ndarray, dict]:

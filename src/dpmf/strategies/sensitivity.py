@@ -165,7 +165,7 @@ class SensitivityResult:
 # validation and patterns
 
 
-def _check_participation(participation: object, n: int) -> tuple[int, int, bool]:
+def check_participation(participation: object, n: int) -> tuple[int, int, bool]:
     """(k, b, fixed_epoch) after validating against ``n`` steps."""
     if isinstance(participation, FixedEpochParticipation):
         k, b, fixed = participation.max_participations, participation.separation, True
@@ -197,7 +197,7 @@ def _check_data(data: str) -> str:
 def effective_participations(n: int, participation: object) -> int:
     """``k' = min(k, ceil(n / b))``: the most steps one pattern can hold."""
     n = _v.positive_int("n", n)
-    k, b, _ = _check_participation(participation, n)
+    k, b, _ = check_participation(participation, n)
     return min(k, -(-n // b))
 
 
@@ -208,7 +208,7 @@ def count_patterns(n: int, participation: object) -> int:
     ``N_c(j) = sum_{j' <= j-b} N_{c-1}(j')``. For fixed-epoch: arithmetic runs of step ``b``.
     """
     n = _v.positive_int("n", n)
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     if fixed:
         total = 0
         for r in range(b):
@@ -276,7 +276,7 @@ def participation_patterns(n: int, participation: object) -> list[tuple[int, ...
     (a zeroed step is the average of its ``+g`` and ``-g`` choices), so maximal ones suffice.
     """
     n = _v.positive_int("n", n)
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     arr = _fixed_epoch_pattern_array(n, k, b) if fixed else _min_sep_pattern_array(n, k, b)
     return [tuple(int(i) for i in row if i >= 0) for row in arr]
 
@@ -303,7 +303,7 @@ def _lambda_max(X: np.ndarray) -> float:
     return lam + 16.0 * n * _EPS * lam
 
 
-def _margin(value: float, m_rows: int, k: int) -> float:
+def rounding_margin(value: float, m_rows: int, k: int) -> float:
     """Inflate ``value`` so float rounding (in ``C^T C`` and the sums) cannot push it below."""
     return float(value) * (1.0 + 4.0 * (m_rows + k * k + 8) * _EPS)
 
@@ -513,16 +513,16 @@ def toeplitz_sensitivity_squared(coefs: object, participation: object, n: int | 
     if len(c) > n:
         raise InvalidParameterError(f"coefs must have at most n={n} entries, got {len(c)}")
     check_allocation(1, n, "the Toeplitz sensitivity's length-n columns", copies=4)
-    k, b, _ = _check_participation(participation, n)
+    k, b, _ = check_participation(participation, n)
     kk = min(k, -(-n // b))
     if _nonneg_nonincreasing(c):
         val = _toeplitz_closed_form(c, n, kk, b)
-        return SensitivityResult(_margin(val, n, kk), True, "toeplitz-nonneg-nonincreasing", val)
+        return SensitivityResult(rounding_margin(val, n, kk), True, "toeplitz-nonneg-nonincreasing", val)
     if len(c) <= b:
         # ||C[:, j b]||^2 = sum_{t < min(len(c), n - j b)} c_t^2, non-increasing in j
         col2 = np.array([np.sum(c[: min(len(c), n - j * b)] ** 2) for j in range(kk)])
         val = float(col2.sum())
-        return SensitivityResult(_margin(val, n, kk), True, "banded", val)
+        return SensitivityResult(rounding_margin(val, n, kk), True, "banded", val)
     lag = np.subtract.outer(np.arange(n), np.arange(n))
     col = np.zeros(n)
     col[: len(c)] = c
@@ -555,7 +555,7 @@ def banded_sensitivity_squared(C: object, participation: object) -> SensitivityR
     """
     C = _check_matrix(C)
     n = C.shape[1]
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     kk = min(k, -(-n // b))
     X = C.T @ C
     far = np.abs(np.subtract.outer(np.arange(n), np.arange(n))) >= b
@@ -565,7 +565,7 @@ def banded_sensitivity_squared(C: object, participation: object) -> SensitivityR
             "orthogonal (at most min_sep bands); use sensitivity_squared"
         )
     val, _ = _banded_value(X, kk, b, fixed)
-    return SensitivityResult(_margin(val, C.shape[0], kk), True, "banded", val)
+    return SensitivityResult(rounding_margin(val, C.shape[0], kk), True, "banded", val)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -673,7 +673,7 @@ def sensitivity_squared(
     C = _check_matrix(C)
     data = _check_data(data)
     m_rows, n = C.shape
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     max_patterns = _v.positive_int("max_patterns", max_patterns)
     max_sign_evaluations = _v.positive_int("max_sign_evaluations", max_sign_evaluations)
     kk = min(k, -(-n // b))
@@ -681,7 +681,7 @@ def sensitivity_squared(
     diag = np.diag(X)
 
     def done(val: float, exact: bool, method: str, lower: float) -> SensitivityResult:
-        return SensitivityResult(_margin(val, m_rows, kk), bool(exact), method, float(lower), data)
+        return SensitivityResult(rounding_margin(val, m_rows, kk), bool(exact), method, float(lower), data)
 
     if kk == 1:
         val = float(diag.max())
@@ -741,7 +741,7 @@ def scalar_sensitivity_squared(
     """
     C = _check_matrix(C)
     m_rows, n = C.shape
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     budget = _v.positive_int("max_sign_evaluations", max_sign_evaluations)
     kk = min(k, -(-n // b))
     work = count_patterns(n, participation) * 2 ** (kk - 1)
@@ -755,7 +755,7 @@ def scalar_sensitivity_squared(
     for sl in _chunks(len(P), P.shape[1], budget=max(1, 4_000_000 // 2 ** (kk - 1))):
         val, _ = _sign_enumeration(_gather(X, P[sl]))
         best = max(best, val)
-    return SensitivityResult(_margin(best, m_rows, kk), True, "sign enumeration (scalar)", best, "scalar")
+    return SensitivityResult(rounding_margin(best, m_rows, kk), True, "sign enumeration (scalar)", best, "scalar")
 
 
 def spectral_upper_bound(C: object, participation: object, *, max_patterns: int = 200_000) -> SensitivityResult:
@@ -766,7 +766,7 @@ def spectral_upper_bound(C: object, participation: object, *, max_patterns: int 
     """
     C = _check_matrix(C)
     m_rows, n = C.shape
-    k, b, fixed = _check_participation(participation, n)
+    k, b, fixed = check_participation(participation, n)
     kk = min(k, -(-n // b))
     X = C.T @ C
     if fixed or count_patterns(n, participation) <= _v.positive_int("max_patterns", max_patterns):
@@ -779,4 +779,4 @@ def spectral_upper_bound(C: object, participation: object, *, max_patterns: int 
     else:
         best = kk * _lambda_max(X)
     lower = float(np.diag(X).max())
-    return SensitivityResult(_margin(best, m_rows, kk), False, "spectral (Thm. 2.1)", lower)
+    return SensitivityResult(rounding_margin(best, m_rows, kk), False, "spectral (Thm. 2.1)", lower)

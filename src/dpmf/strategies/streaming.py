@@ -66,11 +66,12 @@ __all__ = [
 CHUNK = 1 << 15
 
 
-def resolve_rng(rng: np.random.Generator | int | None) -> np.random.Generator | None:
-    """``None`` (the caller feeds ``z`` with ``step``), a ``Generator`` as is, or an int seed."""
-    if rng is None or isinstance(rng, np.random.Generator):
+def resolve_rng(rng: np.random.Generator | int | None, *, required: bool = False) -> np.random.Generator | None:
+    """``None`` (the caller feeds ``z`` with ``step``; refused when ``required``), a ``Generator``
+    as is, or an int seed."""
+    if (rng is None and not required) or isinstance(rng, np.random.Generator):
         return rng
-    if isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
+    if rng is None or isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
         raise InvalidParameterError(
             f"rng must be a numpy.random.Generator or an integer seed (dpmf never draws hidden "
             f"seeds), got {rng!r}"
@@ -292,7 +293,7 @@ class IdentityNoise(StreamingNoise):
         return z
 
 
-def _bandwidth(C: np.ndarray) -> int:
+def bandwidth(C: np.ndarray) -> int:
     """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``C`` lower triangular)."""
     i, j = np.nonzero(C)
     return int(np.max(i - j)) + 1 if i.size else 1
@@ -315,7 +316,7 @@ class DenseNoise(StreamingNoise):
 
         C = lower_triangular(C, "C", invertible=True)
         super().__init__(C.shape[0], dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
-        self.band = _bandwidth(C)
+        self.band = bandwidth(C)
         self.history_rows = min(self.band - 1, self.n - 1)
         h = self.history_rows
         # lagged coefficients: lag[t, j] multiplies w_{t-1-j} (j = 0 .. h-1; zero before step 0)

@@ -310,27 +310,9 @@ class ToeplitzStrategy(ErrorMethods):
         check_allocation(self.n, self.n, "the Toeplitz strategy's dense noising matrix", copies=3)  # (before C^{-1})
         return materialize_lower_toeplitz(self.noising_coefficients(), self.n)
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ) -> "ToeplitzNoise":
-        """Per-step noise ``w = C^{-1} z`` one step at a time (:class:`ToeplitzNoise`; memory
-        ``(band - 1) * dim`` for a banded encoder, ``(n - 1) * dim`` for a dense one)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object) -> "ToeplitzNoise":
+        # streaming_noise (NoiseMethod): w = C^{-1} z one step at a time (ToeplitzNoise)
         return ToeplitzNoise(self, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype)
-
-def _rng(rng: np.random.Generator | int | None) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
-        return rng
-    if rng is None or isinstance(rng, bool) or not isinstance(rng, (int, np.integer)):
-        raise InvalidParameterError(
-            f"rng must be a numpy.random.Generator or an integer seed (dpmf never draws hidden "
-            f"seeds), got {rng!r}"
-        )
-    return np.random.default_rng(int(rng))
 
 
 class ToeplitzNoise(StreamingNoise):

@@ -243,7 +243,7 @@ class BinaryTree(ErrorMethods):
         Other schemas use the dense encoder (``(2n - 1) x n``) and the general dispatcher of
         :func:`~dpmf.strategies.sensitivity.sensitivity_squared`.
         """
-        from dpmf.strategies.sensitivity import FixedEpochParticipation, _margin, sensitivity_squared
+        from dpmf.strategies.sensitivity import FixedEpochParticipation, rounding_margin, sensitivity_squared
 
         n, k = self.n, int(participation.max_participations)
         if isinstance(participation, FixedEpochParticipation):
@@ -254,7 +254,7 @@ class BinaryTree(ErrorMethods):
         else:
             return sensitivity_squared(self.encoder(), participation).sensitivity
         # the sums are exact integers: the margin covers only the final products and the root
-        return float(np.sqrt(_margin(self.scale**2 * value, self.num_rows, 1)))
+        return float(np.sqrt(rounding_margin(self.scale**2 * value, self.num_rows, 1)))
 
     def prefix_sum_rmse(self, decoder: Literal["online", "optimal"] = "online") -> float:
         """RMSE over the ``n`` prefix sums per unit noise multiplier, ``||B||_F / sqrt(n)``, for
@@ -283,17 +283,8 @@ class BinaryTree(ErrorMethods):
         decoder's rows ``t`` and ``t - 1``; ``L C = I``. This is what training adds, ``L z``."""
         return np.diff(self.online_decoder(), axis=0, prepend=0.0)
 
-    def streaming_noise(
-        self,
-        dim: int,
-        rng: np.random.Generator | int | None = None,
-        *,
-        noise_multiplier: float = 1.0,
-        dtype: object = np.float64,
-    ):
-        """Per-step noise ``(L z)_t`` of the online Honaker decoder
-        (:class:`~dpmf.strategies.streaming.TreeNoise`; ``step`` takes the noises of the nodes
-        released at that step; ``memory_floats = levels * dim``)."""
+    def _streaming_noise(self, dim: int, rng: object, noise_multiplier: float, dtype: object):
+        # streaming_noise (NoiseMethod): (L z)_t of the online Honaker decoder (TreeNoise)
         from dpmf.strategies.streaming import TreeNoise
 
         return TreeNoise(self.n, dim, noise_multiplier=noise_multiplier, rng=rng, dtype=dtype, scale=self.scale)

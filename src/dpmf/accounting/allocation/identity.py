@@ -84,6 +84,7 @@ from dpmf import validation as _v
 from dpmf.accounting.allocation._compiled import two_point_rows
 from dpmf.errors import InvalidParameterError, NumericalError
 from dpmf.privacy.mixture import SPLIT_SLACK, TAIL_Z, GaussianMixture
+from dpmf.privacy import dp_pld
 from dpmf.privacy.pld import PrivacyLossDistribution, dense_pmf
 
 __all__ = [
@@ -483,12 +484,12 @@ def _composed(
         c0 = c1
     if len(parts) == 1:
         return parts[0]
-    width = max(len(p._probs) for p in parts)  # noqa: SLF001 - dp_accounting's documented fields
-    P = np.zeros((len(parts), width))
-    for r, p in enumerate(parts):
-        P[r, : len(p._probs)] = p._probs  # noqa: SLF001
-    lo = np.array([p._lower_loss for p in parts], dtype=np.int64)  # noqa: SLF001
-    inf = np.array([p._infinity_mass for p in parts], dtype=np.float64)  # noqa: SLF001
+    arrays = [dp_pld.dense_arrays(p) for p in parts]  # (lower, probs, infinity mass, disc)
+    P = np.zeros((len(parts), max(len(a[1]) for a in arrays)))
+    for r, a in enumerate(arrays):
+        P[r, : len(a[1])] = a[1]
+    lo = np.array([a[0] for a in arrays], dtype=np.int64)
+    inf = np.array([a[2] for a in arrays], dtype=np.float64)
     return dense_pmf(*_compose_rows(lo, P, inf, tail), disc)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger, _mu_array
+from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger, mu_array
 from dpmf.errors import InvalidParameterError
 
 
@@ -55,7 +55,7 @@ def filtered_step(
         raise InvalidParameterError(
             f"grad_norms must have one entry per example ({ledger.num_examples}), got shape {norms.shape}"
         )
-    norms = _mu_array("grad_norms", norms)  # finite and >= 0
+    norms = mu_array("grad_norms", norms)  # finite and >= 0
     mu = np.minimum(norms, c)
     mu *= 1.0 / (sigma * c)
     eff = ledger._step(mu, exhaust_budget)  # noqa: SLF001 - validated above

@@ -45,7 +45,7 @@ def _count(value) -> int:
     return value
 
 
-def _mu_array(name: str, mu, size: int | None = None) -> np.ndarray:
+def mu_array(name: str, mu, size: int | None = None) -> np.ndarray:
     arr = np.asarray(mu, dtype=np.float64)
     if arr.ndim != 1:
         raise InvalidParameterError(f"{name} must be a 1-d array, got shape {arr.shape}")
@@ -180,7 +180,7 @@ class IndividualGDPLedger:
     # ------------------------------------------------------------------ the filter
     def step(self, mu, *, exhaust_budget: bool = False) -> np.ndarray:
         """Admit one step; returns the effective mu per example (see class docstring)."""
-        return self._step(_mu_array("mu", mu, self.num_examples), exhaust_budget)
+        return self._step(mu_array("mu", mu, self.num_examples), exhaust_budget)
 
     def _step(self, mu: np.ndarray, exhaust_budget: bool) -> np.ndarray:
         """:meth:`step` on an already validated array."""

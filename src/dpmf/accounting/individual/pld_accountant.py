@@ -42,6 +42,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._lazy import LazyModule
 from dpmf.errors import InvalidParameterError
+from dpmf.privacy import dp_pld
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.gdp import gdp_delta_array
 from dpmf.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon, subsampled_gaussian_rdp
@@ -178,7 +179,7 @@ class IndividualPLDAccountant:
         result then dominates only there (an approximation, not a bound elsewhere).
         """
         pmfs = [self.pmf(counts, d) for d in ("remove", "add")]
-        slack = max(float(p._infinity_mass) for p in pmfs) + delta_floor  # noqa: SLF001
+        slack = max(dp_pld.infinity_mass(p) for p in pmfs) + delta_floor
         e_top = max(float(p.get_epsilon_for_delta(min(2 * slack, 0.5))) for p in pmfs)
         e_top = min(max(e_top, 1e-3), eps_max)
         grid = np.linspace(0.0, e_top, points) if eps_range is None else np.linspace(*eps_range, points)

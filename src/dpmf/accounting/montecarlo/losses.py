@@ -98,7 +98,7 @@ _MIN_CHUNK = 1024
 
 
 # ============================================================================ strategy -> bands
-def _bands(strategy) -> Bands:
+def strategy_bands(strategy) -> Bands:
     """The non-negative lower-triangular encoder as :class:`Bands`, or a DPMFError."""
     coefs = getattr(strategy, "coefs", None)
     n = getattr(strategy, "n", None)
@@ -122,9 +122,9 @@ def _bands(strategy) -> Bands:
         raise InvalidParameterError(
             f"strategy must be a dpmf strategy (ToeplitzStrategy, Identity, DenseStrategy, ...), got {type(strategy).__name__}"
         )
-    from dpmf.accounting.cost import _shape, check_dense_fits
+    from dpmf.accounting.cost import strategy_shape, check_dense_fits
 
-    rows, n_cols = _shape(strategy)
+    rows, n_cols = strategy_shape(strategy)
     if rows != n_cols:  # (e.g. the binary tree, (2n - 1) x n): refused without building it
         raise UnsupportedConfigurationError(f"Monte Carlo accounting needs a square encoder C, got shape ({rows}, {n_cols})")
     check_dense_fits(strategy, "Monte Carlo accounting")  # before numpy's MemoryError
@@ -256,7 +256,7 @@ def describe_loss_sampler(strategy, scheme) -> dict:
     delta estimates of the remove direction are then conservative and the add direction is not
     available. Raises a :class:`~dpmf.errors.DPMFError` when the pair is not supported.
     """
-    plan = _plan(_bands(strategy), scheme)
+    plan = _plan(strategy_bands(strategy), scheme)
     return {"method": plan.method, "exact": plan.exact, "directions": plan.directions, "note": plan.note}
 
 
@@ -269,7 +269,7 @@ def loss_sampler_support(strategy, scheme, direction: str | None = None) -> str 
     if direction is not None and direction not in DIRECTIONS:
         raise InvalidParameterError(f"direction must be 'remove', 'add' or None, got {direction!r}")
     try:
-        plan = _plan(_bands(strategy), scheme)
+        plan = _plan(strategy_bands(strategy), scheme)
     except (InvalidParameterError, UnsupportedConfigurationError) as exc:
         return str(exc)
     wanted = DIRECTIONS if direction is None else (direction,)
@@ -397,7 +397,7 @@ def log_likelihood_ratio(strategy, scheme, noise_multiplier: float, y, *, rest_b
     True
     """
     sigma = _v.positive("noise_multiplier", noise_multiplier)
-    bands = _bands(strategy)
+    bands = strategy_bands(strategy)
     plan = _plan(bands, scheme)
     Y = np.asarray(y, dtype=np.float64)
     one = Y.ndim == 1
@@ -562,7 +562,7 @@ def _compiled_ok(plan: _Plan, scheme) -> bool:
 
 def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarray:
     """The fused numba kernels (``_compiled.py``); ``S`` losses, xoshiro256++ seeded from ``rng``."""
-    from dpmf.accounting.montecarlo import _compiled
+    from dpmf.accounting.montecarlo._compiled import exponents, minsep_dp, minsep_outputs
     from dpmf.accounting.montecarlo._xoshiro import seed_state
 
     state = seed_state(rng)
@@ -580,12 +580,12 @@ def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarra
     F = np.empty((n + b, size))
     h = bands.sq / (2 * sigma**2) - math.log(p)
     for lo, m in _chunks_of(S, size):
-        _compiled.minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y[:m])
+        minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y[:m])
         X = bands.dots_sm(Y[:m])  # time-major (n, m)
-        _compiled.exponents(X, 1.0 / sigma**2, h)
+        exponents(X, 1.0 / sigma**2, h)
         with np.errstate(over="ignore"):  # e^{x} = inf sends a sample to the log-space fallback
             np.exp(X, out=E[:, :m])
-        _compiled.minsep_dp(X, E[:, :m], p, b, warm, F[:, :m], out[lo : lo + m])
+        minsep_dp(X, E[:, :m], p, b, warm, F[:, :m], out[lo : lo + m])
     if not remove:
         np.negative(out, out=out)
     return out
@@ -748,7 +748,7 @@ def privacy_loss_samples(
     if reduction is not None:  # equal in law, k times fewer steps (dpmf.accounting.reductions)
         strategy, scheme, sigma = reduction.strategy, reduction.scheme, sigma * reduction.noise_scale
     scheme = single_example_users_reduction(scheme) or scheme  # k_u = 1: the same pair (accounting.user_level)
-    bands = _bands(strategy)
+    bands = strategy_bands(strategy)
     plan = _plan(bands, scheme)
     if direction not in plan.directions:
         raise UnsupportedConfigurationError(f"the {direction} direction is not available: {plan.note}")

@@ -34,7 +34,7 @@ from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism, fft_sqrt_eigenvalues
 from dpmf.strategies.identity import Identity
 from dpmf.strategies.stamping import StampedEncoder, pseudo_inverse
-from dpmf.strategies.streaming import tree_nodes_released
+from dpmf.strategies.streaming import bandwidth, tree_nodes_released
 from dpmf.strategies.toeplitz import ToeplitzStrategy
 from dpmf.strategies.tree import BinaryTree
 from dpmf.training.torch._deps import require_torch
@@ -67,14 +67,6 @@ COLUMN_BLOCK = 1 << 16
 def _require(strategy: object, cls: type, kind: str) -> None:
     if not isinstance(strategy, cls):
         raise InvalidParameterError(f"strategy must be a {cls.__name__} for {kind}, got {type(strategy).__name__}")
-
-
-def _bandwidth(C: np.ndarray) -> int:
-    """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``C`` lower triangular): how many past
-    outputs row ``t`` reads, as :class:`~dpmf.strategies.streaming.DenseNoise` finds it (computed
-    here: ``strategies`` keeps its own helper private)."""
-    i, j = np.nonzero(C)
-    return int(np.max(i - j)) + 1 if i.size else 1
 
 
 class TorchIdentityNoise(TorchCorrelatedNoise):
@@ -258,7 +250,7 @@ class _ForwardSubstitution:
 
     def __init__(self, C: np.ndarray, numel: int, device, dtype) -> None:
         m = C.shape[0]
-        self.band = _bandwidth(C)
+        self.band = bandwidth(C)
         h = self.history_rows = min(self.band - 1, m - 1)
         lag = np.zeros((m, max(h, 1)))  # lag[t, j] multiplies w_{t-1-j}
         for t in range(1, m):
