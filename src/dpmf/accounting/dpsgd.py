@@ -18,11 +18,10 @@ import time
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
-from dpmf.accounting.report import PrivacyReport
+from dpmf.accounting.report import PrivacyReport, pld_report
 from dpmf.accounting.truncated import truncation_refusal
 from dpmf.privacy.gaussian_plds import discretization_diagnostics, step_discretization, subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION
-from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import PoissonSampling
 from dpmf.strategies.identity import Identity
 
@@ -75,20 +74,8 @@ def account_dpsgd(
     requested = _v.positive("discretization", discretization)
     discretization = step_discretization(requested, [(sigma, scheme.sampling_prob, 1.0)])
     pld = subsampled_gaussian(sigma, scheme.sampling_prob, discretization=discretization).self_compose(steps)
-    by_dir = pld.epsilon_by_direction(delta)
-    curve = PrivacyCurve.from_pld(
-        pld, epsilon=max(by_dir.values()), delta=delta,
+    return pld_report(
+        pld, delta=delta, noise_multiplier=sigma, method=NAME, strategy=strategy, scheme=scheme,
         note=f"pessimistic PLD of {steps} Poisson-subsampled Gaussian steps (q = {scheme.sampling_prob:g})",
-    )
-    return PrivacyReport(
-        epsilon=max(by_dir.values()),
-        delta=delta,
-        noise_multiplier=sigma,
-        method=NAME,
-        certified=True,
-        epsilon_by_direction=by_dir,
-        strategy=strategy.describe(),
-        scheme=scheme.describe(),
-        diagnostics={**discretization_diagnostics(requested, discretization), "seconds": time.perf_counter() - start},
-        curve=curve,
+        diagnostics=discretization_diagnostics(requested, discretization), start=start,
     )

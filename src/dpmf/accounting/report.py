@@ -191,3 +191,30 @@ def jsonable(obj):
     if hasattr(obj, "item"):  # numpy scalars
         return jsonable(obj.item())
     return obj
+
+
+def pld_report(pld, *, delta: float, noise_multiplier: float, method: str, strategy, scheme, note: str,
+               diagnostics: Mapping, start: float) -> PrivacyReport:
+    """The certified report of an accountant whose answer is one pessimistic PLD ``pld``:
+    ``epsilon = max over directions of eps(delta)``, the PLD carried as the report's curve (so
+    :func:`dpmf.compose` composes it as a PLD), ``diagnostics`` plus the seconds since ``start``
+    (a :func:`time.perf_counter` reading)."""
+    import time
+
+    from dpmf.privacy.tradeoff import PrivacyCurve
+
+    by_dir = pld.epsilon_by_direction(delta)
+    eps = max(by_dir.values())
+    curve = PrivacyCurve.from_pld(pld, epsilon=eps, delta=delta, note=note)
+    return PrivacyReport(
+        epsilon=eps,
+        delta=delta,
+        noise_multiplier=noise_multiplier,
+        method=method,
+        certified=True,
+        epsilon_by_direction=by_dir,
+        strategy=strategy.describe(),
+        scheme=scheme.describe(),
+        diagnostics={**diagnostics, "seconds": time.perf_counter() - start},
+        curve=curve,
+    )

@@ -48,11 +48,10 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
-from dpmf.accounting.report import PrivacyReport
+from dpmf.accounting.report import PrivacyReport, pld_report
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.privacy.gaussian_plds import discretization_diagnostics, gaussian, step_discretization, subsampled_gaussian
 from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
-from dpmf.privacy.tradeoff import PrivacyCurve
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
 
@@ -294,23 +293,9 @@ def account_truncated(
     pld = truncated_round_pld(
         sigma, a.sampling_prob, a.truncation_bound, a.sensitivity, discretization=discretization
     ).self_compose(a.rounds)
-    by_dir = pld.epsilon_by_direction(delta)
-    eps = max(by_dir.values())
-    curve = PrivacyCurve.from_pld(
-        pld, epsilon=eps, delta=delta,
+    return pld_report(
+        pld, delta=delta, noise_multiplier=sigma, method=NAME, strategy=strategy, scheme=scheme,
         note=f"pessimistic PLD of {a.rounds} truncated Poisson rounds (q = {a.sampling_prob:g}, max batch "
              f"{a.max_batch_size}, truncation probability <= {a.truncation_bound:.3g})",
-    )
-    return PrivacyReport(
-        epsilon=eps,
-        delta=delta,
-        noise_multiplier=sigma,
-        method=NAME,
-        certified=True,
-        epsilon_by_direction=by_dir,
-        strategy=strategy.describe(),
-        scheme=scheme.describe(),
-        diagnostics={**a.describe(), **discretization_diagnostics(requested, discretization),
-                     "seconds": time.perf_counter() - start},
-        curve=curve,
+        diagnostics={**a.describe(), **discretization_diagnostics(requested, discretization)}, start=start,
     )
