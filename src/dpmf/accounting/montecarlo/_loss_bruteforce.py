@@ -47,6 +47,13 @@ def minsep_patterns(n: int, b: int, p: float, warm: bool = False):
     if warm and b > 1:
         z = 1 + (b - 1) * p
         starts = [(1 / z, 0)] + [(p / z, s) for s in range(1, b)]
+    return _barred_patterns(n, b, starts, [(0, 1 - p), (1, p)] if p < 1 else [(1, p)])
+
+
+def _barred_patterns(n: int, b: int, starts, weights):
+    """Every ``(prob, x)`` of a chain that, when not barred, draws ``x_i = v`` with probability
+    ``w`` for each ``(v, w)`` in ``weights`` and is barred for the next ``b - 1`` steps after a
+    ``v > 0``; ``starts`` = ``(probability, steps still barred)`` of the initial state."""
     out = []
 
     def rec(i, barred, prob, x):
@@ -56,9 +63,8 @@ def minsep_patterns(n: int, b: int, p: float, warm: bool = False):
         if barred:
             rec(i + 1, barred - 1, prob, x + [0])
             return
-        if p < 1:
-            rec(i + 1, 0, prob * (1 - p), x + [0])
-        rec(i + 1, b - 1, prob * p, x + [1])
+        for v, w in weights:
+            rec(i + 1, b - 1 if v else 0, prob * w, x + [v])
 
     for w, s in starts:
         rec(0, s, w, [])
@@ -69,21 +75,7 @@ def multi_attribution_patterns(n: int, b: int, p: float, k: int):
     """Thm 6.1's dominating ``x``: ``x_i = 0`` if any of the previous ``b-1`` is > 0, else
     ``x_i ~ Binomial(k, p)`` (cold start)."""
     pmf = [math.comb(k, j) * p**j * (1 - p) ** (k - j) for j in range(k + 1)]
-    out = []
-
-    def rec(i, barred, prob, x):
-        if i == n:
-            out.append((prob, tuple(x)))
-            return
-        if barred:
-            rec(i + 1, barred - 1, prob, x + [0])
-            return
-        for j in range(k + 1):
-            if pmf[j] > 0:
-                rec(i + 1, b - 1 if j else 0, prob * pmf[j], x + [j])
-
-    rec(0, 0, 1.0, [])
-    return out
+    return _barred_patterns(n, b, [(1.0, 0)], [(j, pmf[j]) for j in range(k + 1) if pmf[j] > 0])
 
 
 def poisson_patterns(n: int, p: float):
