@@ -109,3 +109,49 @@ def test_no_import_cycle_between_modules():
     for m in sorted(leaves):
         if m not in state and (cycle := visit(m)):
             pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+# The house rules of docs/design.md ("One place for each idea"): what the redesign removed must not
+# come back unnoticed.
+
+
+def _private_imports() -> list[str]:
+    found = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    mod = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    mod = node.module or ""
+                if not mod.startswith("dpmf"):
+                    continue
+                found += [f"{name} imports {mod}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return sorted(found)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    assert _private_imports() == []
+
+
+def test_no_module_is_passed_as_a_value():
+    offenders = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", "") == "sys":
+                offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []
+
+
+def test_no_function_is_longer_than_150_lines():
+    long = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 150:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []
