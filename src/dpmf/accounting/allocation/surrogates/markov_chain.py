@@ -33,7 +33,7 @@ class MarkovSurrogate:
     the slot order (``order[pos]`` is the slot at chain position ``pos``). Implements
     :class:`~dpmf.accounting.allocation.surrogates.protocol.Surrogate`."""
 
-    #: (the chain's tables are serial kernels: callers run several on threads, :func:`on_threads`)
+    #: (the chain's tables are serial kernels: callers run several on threads, :func:`~.markov_programs.on_threads`)
     parallel_tables: ClassVar[bool] = False
 
     alpha: float
@@ -42,10 +42,10 @@ class MarkovSurrogate:
     s: float
     order: str  # "natural" or "zigzag"
     proxy: float
-    #: the shared factor on the ends of a cyclic Gram (:func:`fit_ring_surrogate`): ``(a, r, width)``
+    #: the shared factor on the ends of a cyclic Gram (:func:`~.markov_ring.fit_ring_surrogate`): ``(a, r, width)``
     #: in Gram units, loadings ``a r^j`` on the ``j``-th slot from either end (``j < width``)
     ring: tuple | None = None
-    #: the anchored variant (:func:`fit_ring_surrogate`): loadings ``e_j`` (Gram units) of the chain's
+    #: the anchored variant (:func:`~.markov_ring.fit_ring_surrogate`): loadings ``e_j`` (Gram units) of the chain's
     #: first state ``Z_0`` on the ``j``-th slot from the end (``anchor[j]``, ``j < len(anchor)``)
     anchor: tuple | None = None
     #: larger innovation loadings at the ends (Gram units): ``(start, end)``, ``beta_i = max(beta,
@@ -126,9 +126,9 @@ class MarkovSurrogate:
         return f"Markov surrogate (ARMA(1,1) rho {self.rho:.2g}, lag-1 corr. {g[1] / g[0]:.3g}{order})"
 
     def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
-        """The call or put bound table of a sum of ``n`` slots (:class:`~.surrogate.Surrogate`): with
-        the shared factor or anchor if the chain has one (:func:`ring_table`), else the plain
-        chain's (:func:`call_bound_table`, :func:`put_bound_table`)."""
+        """The call or put bound table of a sum of ``n`` slots (:class:`~.protocol.Surrogate`): with
+        the shared factor or anchor if the chain has one (:func:`~.markov_programs.ring_table`), else the plain
+        chain's (:func:`~.markov_programs.call_bound_table`, :func:`~.markov_programs.put_bound_table`)."""
         if self.ring is not None or self.anchor is not None:
             return ring_table(self, sigma, n, kind, k_max, w_half=factor_half_width(self, sigma, delta), **grid)
         return (call_bound_table if kind == "call" else put_bound_table)(self, sigma, n, k_max, **grid)

@@ -34,13 +34,13 @@ __all__ = [
 #: Half-width ``L`` of the innovation grid (standard units) and its number of cells.
 _XI_HALF = 7.0
 _XI_CELLS = 96
-#: Stretch of the innovation grid (points denser at 0; :func:`points`).
+#: Stretch of the innovation grid (points denser at 0; :func:`~.quadrature.points`).
 _XI_STRETCH = 2.0
 #: The chain's grid ``[z_lo, z_hi]`` (standard units) and its nodes.
 _Z_LO, _Z_HI, _Z_NODES = -6.0, 9.0, 90
 #: Partial-sum nodes per window.
 _U_NODES = 600
-#: The shared factor's grid (:func:`_ring_tables`): half-width (standard units) and cells.
+#: The shared factor's grid (:func:`ring_table`): half-width (standard units) and cells.
 _W_HALF, _W_CELLS, _W_STRETCH = 8.0, 12, 2.0
 #: ... centred at ``+-`` this many times the largest loading (over sigma): the tilt of ``W`` on the
 #: events that set delta (any centre is sound; measured on bsr(128, 4) over 2 epochs: 0 -> 2 moves
@@ -51,7 +51,6 @@ _W_SHIFT = 2.0
 #: ``_A_SCALE`` below zero and the half-width above (mirrored for the put); measured on bsr(256, 4)
 #: over 4 epochs at sigma 2 (any nodes are sound).
 _A_SHIFT, _A_SCALE, _A_STRETCH = 1.5, 3.0, 1.0
-#: The anchored-ring family (:func:`ring_family`): steps of ``rho`` around the fitted ring's, and
 
 
 def _compiled_step(name: str = "step"):
@@ -256,7 +255,7 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
 
     * call: convex and non-decreasing in ``w`` (``T`` is a sum of exponentials of ``w`` with
       non-negative coefficients): ``W`` spread onto the nodes ``x_k`` with each cell's mean kept
-      (:func:`spread`; the mass below ``-L`` at ``-L``), the mass above ``L`` charged with
+      (:func:`~.quadrature.spread`; the mass below ``-L`` at ``-L``), the mass above ``L`` charged with
       ``E[(T - K)_+; W > L] <= E[T; W > L] = sum_i E[X_i] Phi(a_i - L)`` (``E[X_i] <= 1``);
     * put: convex in ``eta = e^{kappa w}`` (``kappa = max a_i``; each ``e^{a_i w} = eta^{a_i/kappa}``
       is concave in ``eta``, so ``K - T`` is convex) and non-increasing: ``eta`` spread onto
@@ -360,7 +359,7 @@ def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: fl
     in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
 
     ``parts``: ``b`` (one sum of ``b`` slots) or ``[(n, weight), ...]`` (the Jensen mixture over
-    residue classes, :func:`class_grams`). remove: ``sum w C~_n(n e^eps) / n <= delta``; add:
+    residue classes, :func:`~.markov_fit.class_grams`). remove: ``sum w C~_n(n e^eps) / n <= delta``; add:
     ``sum w e^eps P~_n(n e^-eps) / n <= delta``. ``directions``: the ones to compute (the others are
     left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed)."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]

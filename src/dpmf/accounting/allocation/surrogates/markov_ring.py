@@ -27,6 +27,7 @@ from dpmf.accounting.allocation.surrogates.markov_programs import markov_epsilon
 
 __all__ = ["fit_ring_surrogate", "SurrogateFamily", "ring_family", "pick"]
 
+#: The anchored-ring family (:func:`ring_family`): steps of ``rho`` around the fitted ring's, and
 #: factors of the largest lag-1 entry for ``g_1``.
 _FAMILY_RHO_STEPS = (-0.08, -0.04, 0.0, 0.04, 0.08)
 _FAMILY_G1 = (0.9, 1.0, 1.1)
@@ -206,7 +207,7 @@ def _residuals(sur: MarkovSurrogate, grams) -> list[np.ndarray]:
 def _dominates(sur: MarkovSurrogate, grams) -> bool:
     """The float check that ``Cov(Y') - G`` is entrywise non-negative (Lemma K) or, failing that, splits
     as PSD + non-negative with the non-negative part the positive entries past a lag of ``0`` (every
-    off-diagonal one), ``n / 2`` (the corners) or none (Lemma P; :func:`psd_deficit`)."""
+    off-diagonal one), ``n / 2`` (the corners) or none (Lemma P; :func:`~.markov_fit.psd_deficit`)."""
     return all(deficit(sur, [g], (0, g.shape[0] // 2, None)) == 0.0 for g in grams)
 
 
