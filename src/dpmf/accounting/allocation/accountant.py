@@ -33,7 +33,7 @@ from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
 from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means, pair_problem
 from dpmf.accounting.allocation.identity import identity_conditional_cost, identity_conditional_epsilon
-from dpmf.accounting.allocation.noise_search import calibrate_with_report
+from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
@@ -353,7 +353,7 @@ def noise_and_report(
         return report(s).epsilon
 
     if which != "combined":
-        return calibrate_with_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, limit=limit)
+        return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, limit=limit)
     if limit is not None and report(limit, "renyi").epsilon > target:
         # (the Renyi bound fails at the limit: the combined one decides there)
         check_limit(epsilon, target, limit, callback=callback)
@@ -365,4 +365,4 @@ def noise_and_report(
         others += list(diag["conditional"]["epsilon_by_direction"].values())
     if min(others) > target:  # (they cannot help below renyi.value: the answer is the Renyi one)
         return renyi.value, at_renyi
-    return calibrate_with_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, initial=renyi.value)
+    return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, initial=renyi.value)

@@ -9,12 +9,12 @@ from typing import Callable, TypeVar
 
 from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
 
-__all__ = ["calibrate_with_report"]
+__all__ = ["smallest_noise_and_report"]
 
 R = TypeVar("R")
 
 
-def calibrate_with_report(
+def smallest_noise_and_report(
     epsilon_at: Callable[[float], float],
     report_at: Callable[[float], R],
     target: float,

@@ -90,7 +90,7 @@ from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError
 from dpmf.numerics import UNIT_ROUNDOFF
-from dpmf.accounting.allocation.noise_search import calibrate_with_report
+from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
 from dpmf.privacy.calibration import ProgressCallback
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -498,4 +498,4 @@ def noise_and_report(
     def report_at(s: float) -> PrivacyReport:
         return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s]), options=recorded_options(options))
 
-    return calibrate_with_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit)
+    return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit)
