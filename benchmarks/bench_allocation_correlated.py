@@ -4,9 +4,9 @@ For banded / Toeplitz encoders under balls-in-bins (slot reused), at sigma 2-4 a
 the Monte Carlo estimate of the exact pair's epsilon (importance sampled, ``exact_pair_mc.py``;
 point and z = 4 confidence interval, 10^6 samples), the orthogonal-groups bound, the
 spectral-groups family (the smallest over its members: ``allocation_pld`` before the Markov
-members), the best Markov member alone (``allocation/markov.py``) and ``allocation_pld`` now (each
+members), the best Markov member alone (``allocation/surrogates/markov_*.py``) and ``allocation_pld`` now (each
 direction the smallest over all members), each as a ratio to the Monte Carlo point estimate, with
-the accountant's time; and the band's own moving average (``allocation/moving_average.py``, bands of
+the accountant's time; and the band's own moving average (``allocation/surrogates/moving_average.py``, bands of
 order <= 3) alone.
 
     python benchmarks/bench_allocation_correlated.py [--samples 1000000] [--quick]

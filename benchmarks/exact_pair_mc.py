@@ -1,7 +1,7 @@
 """Monte Carlo estimate (not a bound) of the exact pair's epsilon under random allocation, the
 yardstick of ``bench_allocation_correlated.py`` and ``bench_allocation_fresh_correlated.py``.
 
-The pair (Lemma 2.8 of Schuchardt & Kalinin; :mod:`dpmf.accounting.allocation.markov`): remove
+The pair (Lemma 2.8 of Schuchardt & Kalinin; :mod:`dpmf.accounting.allocation.surrogates.markov_fit`): remove
 ``P = (1/b) sum_j N(m_j, sigma^2 I)`` against ``Q = N(0, sigma^2 I)``, add swapped. Everything is a
 function of ``y = M x / sigma^2 ~ N(shift, A)`` with ``A = G / sigma^2`` (``G = M M^T``): under ``Q``
 the shift is 0, under component ``j`` of ``P`` it is ``A_j`` (column ``j``), and the likelihood ratio

@@ -1,4 +1,4 @@
-"""Markov surrogate (``allocation/markov.py``): a member of ``allocation_pld``'s family for correlated C.
+"""Markov surrogate (``allocation/surrogates/markov_*.py``): a member of ``allocation_pld``'s family for correlated C.
 
 Oracles: (a) exact numerical integration (b = 2, 3) of both the exact pair and the surrogate's pair:
 the program's deltas are never below either (Kahane's inequality and the pessimistic grid), and
@@ -18,20 +18,16 @@ from test_allocation_correlated import GRAMS, _exact_deltas, _exact_deltas_low, 
 
 import dpmf
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.accounting.allocation.markov import (
-    MarkovSurrogate,
+from dpmf.accounting.allocation.surrogates.markov_chain import MarkovSurrogate
+from dpmf.accounting.allocation.surrogates.markov_fit import class_grams, fit_surrogate, lag_maxima, psd_deficit, solve
+from dpmf.accounting.allocation.surrogates.markov_programs import (
     _interp_call,
     _interp_put,
-    _solve,
     call_bound_table,
-    class_grams,
-    fit_ring_surrogate,
-    fit_surrogate,
-    lag_maxima,
     markov_epsilon,
-    psd_deficit,
     put_bound_table,
 )
+from dpmf.accounting.allocation.surrogates.markov_ring import fit_ring_surrogate
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import ToeplitzStrategy, bsr
 
@@ -69,7 +65,7 @@ def test_entrywise_domination_is_needed_by_integration():
     gram = GRAMS[2]
     sur = fit_surrogate(gram * (1 + 1e-12))
     g = sur.lags(2)
-    a, be, s = _solve(g[0], 0.3 * g[1], sur.rho)
+    a, be, s = solve(g[0], 0.3 * g[1], sur.rho)
     bad = MarkovSurrogate(a, be, sur.rho, s, sur.order, 0.0)
     assert np.any(_surrogate_gram(bad, 3) < gram)
     (rem, add), = _deltas(bad, 3, 1.2, (0.5,))
@@ -270,11 +266,11 @@ def test_pinned_tables_bound_the_chain_started_at_z0_by_monte_carlo(z0):
 def test_anchored_tables_with_zero_anchor_are_the_chain_tables(kind):
     """Mixing the pinned tables over ``Z_0``'s law gives back the chain's own table (which integrates
     ``Z_0`` itself): never below it, and close with enough mixing nodes."""
-    from dpmf.accounting.allocation.markov import _ring_table
+    from dpmf.accounting.allocation.surrogates.markov_programs import ring_table
 
     sur = fit_surrogate(GRAMS[2] * (1 + 1e-12))
     zero = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", 0.0, anchor=(1e-12,))
-    st, mixed = _ring_table(zero, 1.5, 3, kind, 6.0, w_cells=40, w_half=7.0)
+    st, mixed = ring_table(zero, 1.5, 3, kind, 6.0, w_cells=40, w_half=7.0)
     st0, plain = (call_bound_table if kind == "call" else put_bound_table)(sur, 1.5, 3, 6.0)
     assert np.array_equal(st, st0)
     assert np.all(mixed >= plain * (1 - 1e-6))
@@ -282,12 +278,12 @@ def test_anchored_tables_with_zero_anchor_are_the_chain_tables(kind):
 
 
 def test_ring_tables_with_zero_loadings_are_the_chain_tables():
-    from dpmf.accounting.allocation.markov import _ring_table
+    from dpmf.accounting.allocation.surrogates.markov_programs import ring_table
 
     sur = fit_surrogate(GRAMS[2] * (1 + 1e-12))
     zero = MarkovSurrogate(sur.alpha, sur.beta, sur.rho, sur.s, "natural", 0.0, (1e-7, 0.5, 1))  # (~no factor)
     for kind, plain in (("call", call_bound_table), ("put", put_bound_table)):
-        st, ring = _ring_table(zero, 1.5, 3, kind, 6.0, w_cells=4)
+        st, ring = ring_table(zero, 1.5, 3, kind, 6.0, w_cells=4)
         st0, chain = plain(sur, 1.5, 3, 6.0)
         assert np.array_equal(st, st0)
         assert np.all(ring >= chain * (1 - 1e-6)) and np.allclose(ring, chain, rtol=1e-5, atol=1e-12)
@@ -446,7 +442,7 @@ def test_psd_member_never_below_monte_carlo_and_the_unlifted_chain_is_caught(str
     # (Monte Carlo, the same samples) undercuts the exact pair, where the fitted chain's does not
     # (for bsr(32, 8) the unlifted chain happens to stay above the pair: the condition is sufficient)
     g1 = sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s
-    a, be, s = _solve(max(float(np.max(np.diag(gram))), 2 * g1 / (1 + sur.rho)), g1, sur.rho)
+    a, be, s = solve(max(float(np.max(np.diag(gram))), 2 * g1 / (1 + sur.rho)), g1, sur.rho)
     bad = dataclasses.replace(sur, alpha=a, beta=be, s=s)
     assert np.linalg.eigvalsh(_slot_cov(bad, b) - gram)[0] < -0.1
     bad_point, _ = _mc_epsilon_interval(np.linalg.cholesky(_slot_cov(bad, b)), sigma, delta, 200_000, seed=8)
@@ -498,7 +494,7 @@ def test_ring_family_members_split_as_psd_plus_non_negative_off_diagonal():
     linear map, minus the cyclic Gram is a PSD matrix plus non-negative off-diagonal entries (Lemma P
     with ``N`` the positive off-diagonal part); some members do undershoot the Gram (the split is
     used), and lowering a member's stationary variance by 10% breaks the split (negative control)."""
-    from dpmf.accounting.allocation.markov import ring_family
+    from dpmf.accounting.allocation.surrogates.markov_ring import ring_family
 
     grams = _class_grams(bsr(128, 4), 2, 1)
     g = grams[0]
@@ -521,14 +517,14 @@ def test_ring_family_members_split_as_psd_plus_non_negative_off_diagonal():
     sur = fam.members[len(fam.members) // 2]
     g0 = sur.alpha**2 + sur.beta**2
     g1 = sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s
-    a, be, s = _solve(0.9 * g0, g1, sur.rho)
+    a, be, s = solve(0.9 * g0, g1, sur.rho)
     assert kept_min_eig(dataclasses.replace(sur, alpha=a, beta=be, s=s))[0] < -1e-3
 
 
 def test_ring_family_pick_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo():
     """The member ``pick`` runs (ranked on the coarse grid) is certified on the default grid above
     the Monte Carlo lower ends of its own surrogate's pair and of the exact pair, and close to its own."""
-    from dpmf.accounting.allocation.markov import pick, ring_family
+    from dpmf.accounting.allocation.surrogates.markov_ring import pick, ring_family
 
     strategy, sigma, delta = bsr(32, 3), 2.0, 1e-3
     means = mixture_means(strategy, 2, strategy.n)
@@ -546,6 +542,6 @@ def test_ring_family_pick_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo
     # a rival that ranks as well (the pick itself) keeps the family from running; a worse one does not
     assert pick(dataclasses.replace(fam, rivals=(sur,)), sigma, b, delta, 3.0, ("remove", "add")) is None
     g0 = sur.alpha**2 + sur.beta**2
-    a, be, s = _solve(1.5 * g0, sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s, sur.rho)
+    a, be, s = solve(1.5 * g0, sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s, sur.rho)
     worse = dataclasses.replace(sur, alpha=a, beta=be, s=s)
     assert pick(dataclasses.replace(fam, rivals=(worse,)), sigma, b, delta, 3.0, ("remove", "add")) is sur

@@ -1,4 +1,4 @@
-"""The band's own moving average (``allocation/moving_average.py``), a member of ``allocation_pld``'s
+"""The band's own moving average (``allocation/surrogates/moving_average.py``), a member of ``allocation_pld``'s
 family for banded C under random allocation.
 
 Oracles: (a) exact numerical integration (b = 3) of the surrogate's own pair: the program's deltas are
@@ -17,9 +17,9 @@ import pytest
 from test_allocation_correlated import _exact_deltas, _exact_deltas_low, _mc_epsilon_interval
 
 import dpmf
-from dpmf.accounting.allocation import moving_average as ma
+from dpmf.accounting.allocation.surrogates import moving_average as ma
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.accounting.allocation.markov import _interp_call, _interp_put, markov_epsilon
+from dpmf.accounting.allocation.surrogates.markov_programs import _interp_call, _interp_put, markov_epsilon
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import Identity, ToeplitzStrategy, bsr
 

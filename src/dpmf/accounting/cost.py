@@ -354,7 +354,7 @@ _ALLOCATION_PLD_BASE = 2.0
 #: epochs of 100: 19 s).
 _MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.35, "fresh": 0.2}
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
-#: average (:mod:`~dpmf.accounting.allocation.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
+#: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
 #: over 4 epochs of 64 slots: ~5 s).
 _BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.08}
 #: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
@@ -367,9 +367,9 @@ _MARKOV_CALIBRATION_EVALS = 10
 def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
     """Random allocation PLD: for the identity 0.01-1.2 s for t = 8..10^4 (benchmarks/README.md);
     for a correlated C under one slot per epoch, plus the Markov members (skipped above
-    :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS` slots per epoch; k of t has none);
+    :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` slots per epoch; k of t has none);
     memory ``O(max_points)`` (a few 10^5 grid points, a few arrays of them)."""
-    from dpmf.accounting.allocation.markov import MAX_SLOTS
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
     from dpmf.sampling.schemes import BallsInBinsSampling
     from dpmf.strategies.identity import Identity
 
@@ -484,7 +484,7 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
     3.7 s, and the closed forms, PLD, cyclic Poisson and allocation rows 2.6 s (3.5 s for the whole
     command with ``--no-mmcc``). The optimal factorization is usually pruned by its closed-form bound
     (0 s); when it is the best row it is built to a 1% duality gap (~0.3 of a full optimization).
-    With at most :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS` steps per epoch the banded-MF
+    With at most :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` steps per epoch the banded-MF
     balls-in-bins rows run ``allocation_pld``'s Markov members: the default plan (100 steps per epoch,
     5 epochs) took 3 min 51 s, 3.5 min of it calibrating its best row (bsr-4, fresh slots, 12
     evaluations); counted as one such calibration and one check of the reused row."""
@@ -500,7 +500,7 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
         parts.append(("MMCC rows", m, 0.35 * _GIB + 0.8 * _GIB * (steps / 1000) ** 2))
     if montecarlo_samples:
         parts.append(("Monte Carlo rows", 12 * (0.5 + 4e-9 * montecarlo_samples * steps * 64), 8.0 * 10_000 * steps))
-    from dpmf.accounting.allocation.markov import MAX_SLOTS
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
 
     per_epoch = steps // max(int(epochs), 1)
     if per_epoch <= MAX_SLOTS:  # banded MF under balls-in-bins: the fresh-slot row calibrated, the reused one checked

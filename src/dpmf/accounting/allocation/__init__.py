@@ -8,7 +8,7 @@ For the identity (DP-SGD), :mod:`.pld` computes the PLD of the pair itself (Feld
 arXiv 2602.17284), tight up to a pessimistic discretization; fresh slots and k-of-t are
 compositions of it (:mod:`.pld_compose`). For any other non-negative ``C`` (dpmf's own arguments),
 ``allocation_pld`` takes the smallest of reductions to that pair or to Markov-chain surrogates:
-one reused slot :mod:`.correlated` and :mod:`.markov`; fresh slots :mod:`.fresh_correlated`;
+one reused slot :mod:`.correlated` and :mod:`.surrogates.markov_fit`; fresh slots :mod:`.fresh_correlated`;
 ``num_selected > 1`` :mod:`.k_of_t_correlated`.
 """
 

@@ -33,12 +33,13 @@ from dpmf.accounting.guard import guarded
 from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
 from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means, pair_problem
 from dpmf.accounting.allocation.identity import identity_conditional_cost, identity_conditional_epsilon
+from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
 from dpmf.accounting.allocation.renyi import DEFAULT_BUDGET, DEFAULT_MAX_BANDWIDTH, RenyiAllocation
 from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.numerics import UNIT_ROUNDOFF
-from dpmf.privacy.calibration import CalibrationResult, ProgressCallback, check_limit, smallest_noise
+from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -348,16 +349,15 @@ def noise_and_report(
         mode_option = {} if mode is None else {"which": mode}
         return account_allocation(strategy, scheme, s, d, problem=problem, **{**options, **mode_option})
 
-    def search(mode: str | None = None, **how) -> CalibrationResult:
-        return smallest_noise(lambda s: report(s, mode).epsilon, target, callback=callback, **how)
+    def epsilon(s: float) -> float:
+        return report(s).epsilon
 
-    if limit is not None and (which != "combined" or report(limit, "renyi").epsilon > target):
-        # (one bound alone, or the Renyi bound fails at the limit: the combined one decides there)
-        check_limit(lambda s: report(s).epsilon, target, limit, callback=callback)
     if which != "combined":
-        found = search(rel_tol=rel_tol)
-        return found.value, report(found.value)
-    renyi = search("renyi", rel_tol=rel_tol / 100)
+        return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, limit=limit)
+    if limit is not None and report(limit, "renyi").epsilon > target:
+        # (the Renyi bound fails at the limit: the combined one decides there)
+        check_limit(epsilon, target, limit, callback=callback)
+    renyi = smallest_noise(lambda s: report(s, "renyi").epsilon, target, callback=callback, rel_tol=rel_tol / 100)
     at_renyi = report(renyi.value)  # (the Renyi bound is memoized: this computes conditional composition only)
     diag = at_renyi.diagnostics
     others = [diag.get("gaussian_epsilon", math.inf)]
@@ -365,5 +365,4 @@ def noise_and_report(
         others += list(diag["conditional"]["epsilon_by_direction"].values())
     if min(others) > target:  # (they cannot help below renyi.value: the answer is the Renyi one)
         return renyi.value, at_renyi
-    found = search(rel_tol=rel_tol, initial=renyi.value)
-    return found.value, report(found.value)
+    return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, initial=renyi.value)

@@ -104,7 +104,7 @@ MARKOV_MAX_PERIOD = 4
 MARKOV_SLOT_BUDGET = 256
 #: Several epochs of reused slots make the Gram cyclic; ring members (the corners covered by the
 #: chain's own first state or a shared factor,
-#: :func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) are tried on residue classes of
+#: :func:`~dpmf.accounting.allocation.surrogates.markov_ring.fit_ring_surrogate`) are tried on residue classes of
 #: at most this many slots, and half as many (each costs ``~12x`` a chain: a table per factor node).
 MARKOV_RING_SLOTS = 64
 #: Periods ``1..this`` are all tried (then powers of two up to the orthogonal period).
@@ -220,7 +220,7 @@ class Reductions:
     orthogonal: "OrthogonalGroups | None"  # (dpmf.accounting.allocation.pld; None: fresh slots)
     spectral: tuple[SpectralGroup, ...]
     skipped: str | None = None
-    #: the Markov members of :mod:`.markov`: ``(q, surrogate, parts)`` per period ``q`` of the residue
+    #: the Markov members of :mod:`.surrogates.markov_fit`: ``(q, surrogate, parts)`` per period ``q`` of the residue
     #: classes (empty: skipped, ``markov_skipped`` says why)
     markov: tuple = ()
     markov_skipped: str | None = None
@@ -285,24 +285,25 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
 
 
 def markov_members(means: np.ndarray, period: int):
-    """The Markov members (:mod:`.markov`) of the ``b x N`` means -- first, for a band of order ``<= 3``
+    """The Markov members (:mod:`.surrogates.markov_fit`) of the ``b x N`` means -- first, for a band of order ``<= 3``
     (at most 4 diagonals), its own moving average (:mod:`.moving_average`; the ring's corners cut) on
     all slots -- then: for each period ``q`` in
     ``1..min(MARKOV_MAX_PERIOD, period - 1, b // 2)`` (at ``q = period`` the classes are orthogonal
     and the member is the orthogonal groups) a chain dominating every residue class's Gram
-    entrywise and one dominating it in the PSD sense (Lemma P of :mod:`.markov`; left out where its
+    entrywise and one dominating it in the PSD sense (Lemma P of :mod:`.surrogates.markov_fit`; left out where its
     second-moment proxy is no smaller), with the Jensen parts, tried in the order (1, PSD), (2, both),
     (1, entrywise), then 3, 4 while the slots stay within :data:`MARKOV_SLOT_BUDGET`; then, for a
     cyclic Gram (several epochs), the ring members (both dominations)
-    (:func:`~dpmf.accounting.allocation.markov.fit_ring_surrogate`) at the smallest period whose
+    (:func:`~dpmf.accounting.allocation.surrogates.markov_ring.fit_ring_surrogate`) at the smallest period whose
     classes have at most :data:`MARKOV_RING_SLOTS` slots and at twice it, and at the smallest one the
-    mixed-split ring family (:func:`~dpmf.accounting.allocation.markov.ring_family`, one member run
+    mixed-split ring family (:func:`~dpmf.accounting.allocation.surrogates.markov_ring.ring_family`, one member run
     per evaluation: the one a coarse program ranks best at its noise); or ``()`` and the reason."""
-    from dpmf.accounting.allocation import markov, moving_average
+    from dpmf.accounting.allocation.surrogates import markov_fit, markov_ring, moving_average
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
 
     b, n = means.shape
-    if b > markov.MAX_SLOTS:
-        return (), f"b = {b} > {markov.MAX_SLOTS} slots: the Markov members' O(b^2) program is skipped for cost"
+    if b > MAX_SLOTS:
+        return (), f"b = {b} > {MAX_SLOTS} slots: the Markov members' O(b^2) program is skipped for cost"
     gram = np.maximum(means @ means.T, 0.0) * (1 + 2 * (n + 2) * UNIT_ROUNDOFF)
     gram = np.maximum(gram, gram.T)
     out, work, skipped = [], 0, []
@@ -318,8 +319,8 @@ def markov_members(means: np.ndarray, period: int):
     # the entrywise chain on all slots, then q = 3, 4, while the members' slots fit the budget
     fits = {}
     for q in [q for q in (1, 2, 3, 4) if q <= top] + list(range(5, top + 1)):
-        grams, parts = markov.class_grams(gram, q)
-        ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_surrogate(grams, domination=d), grams)
+        grams, parts = markov_fit.class_grams(gram, q)
+        ent, psd = markov_fit.psd_member(lambda d, grams=grams: markov_fit.fit_surrogate(grams, domination=d), grams)
         fits[q] = (grams, tuple(parts), {"entrywise": ent, "psd": psd})
     order = [(1, "psd"), (2, "entrywise"), (2, "psd"), (1, "entrywise")]
     order += [(q, d) for q in sorted(fits) if q > 2 for d in ("entrywise", "psd")]
@@ -339,10 +340,10 @@ def markov_members(means: np.ndarray, period: int):
     for q in (q0, 2 * q0):
         if q > min(MARKOV_MAX_PERIOD, period - 1, b // 2):
             break
-        grams, parts = markov.class_grams(gram, q)
-        ent, psd = markov.psd_member(lambda d, grams=grams: markov.fit_ring_surrogate(grams, domination=d), grams)
+        grams, parts = markov_fit.class_grams(gram, q)
+        ent, psd = markov_fit.psd_member(lambda d, grams=grams: markov_ring.fit_ring_surrogate(grams, domination=d), grams)
         out += [(q, sur, tuple(parts)) for sur in (ent, psd) if sur is not None]
-        family = markov.ring_family(grams, ent, rivals=(ent, psd)) if q == q0 else None
+        family = markov_ring.ring_family(grams, ent, rivals=(ent, psd)) if q == q0 else None
         if family is not None:  # (the mixed-split rings around the fitted one, ranked at the call's noise)
             out.append((q, family, tuple(parts)))
     why = (f"periods q = {', '.join(map(str, skipped))} skipped for cost (the members' slots would exceed "
@@ -421,10 +422,11 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
 
 
 def _add_markov(out: dict, reductions: Reductions, sigma: float, delta: float) -> None:
-    """Offer the Markov members (:mod:`.markov`): each direction's epsilon is the smallest over the
+    """Offer the Markov members (:mod:`.surrogates.markov_fit`): each direction's epsilon is the smallest over the
     members (each a sound bound of that direction; the true deltas are non-increasing in epsilon),
     each searched below the best epsilon so far (above it, it cannot win)."""
-    from dpmf.accounting.allocation.markov import markov_epsilon, pick
+    from dpmf.accounting.allocation.surrogates.markov_programs import markov_epsilon
+    from dpmf.accounting.allocation.surrogates.markov_ring import pick
 
     names = {d: out["bound"] for d in out["epsilon_by_direction"]}
     by_dir = dict(out["epsilon_by_direction"])

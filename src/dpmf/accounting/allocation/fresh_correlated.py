@@ -45,7 +45,7 @@ correlation with the neighbouring epoch (for a ``p``-banded ``C``, the first and
 steps of each epoch).
 
 **Step 2' (Markov members, composed through their privacy profiles).** The Markov surrogates of
-:mod:`.markov` (Kahane's inequality on the residue classes of every epoch's Gram at once, Jensen over
+:mod:`.surrogates.markov_fit` (Kahane's inequality on the residue classes of every epoch's Gram at once, Jensen over
 the classes) bound each epoch's hockey-stick curve at *every* ``gamma`` from one call table (remove:
 ``H_gamma <= sum_r w_r C~_n(n gamma) / n``) and one put table (add: ``H_gamma <= gamma sum_r w_r
 P~_n(n / gamma) / n``; ``1`` beyond the table). A curve that is ``>= H_gamma`` everywhere is turned
@@ -53,7 +53,7 @@ into a dominating pair by connect-the-dots, and ``k`` dominating pairs compose
 (:func:`~dpmf.accounting.allocation.pld_compose.profile_composition_epsilon`, steps b-d of
 :mod:`.pld_compose`). Each member is a sound bound of each direction; the smallest is reported.
 Step 1's larger diagonal sits at an epoch's first and last ``p - 1`` positions only: the chains keep
-a stationary variance below it and raise their innovation loading there (*edges* in :mod:`.markov`),
+a stationary variance below it and raise their innovation loading there (*edges* in :mod:`.surrogates.markov_fit`),
 instead of paying the boundary's variance at every position; and since an epoch's pair is symmetric
 in its slots, every epoch is fitted with its raised end *last* (:func:`_raised_end_last`: a larger
 loading at a chain's start adds covariance to every later position, at its end only variance; with
@@ -61,7 +61,7 @@ two epochs no chain needs a raised start; with 3-4 short epochs a member with on
 epochs and one for the middle ones is offered too, whose epochs compose as two kinds of independent
 pairs, :func:`~dpmf.accounting.allocation.pld_compose.profiles_composition_epsilon`). Each period
 offers the entrywise chain
-(Lemma K of :mod:`.markov`) and the PSD-dominating one (Lemma P; where its second-moment proxy is
+(Lemma K of :mod:`.surrogates.markov_fit`) and the PSD-dominating one (Lemma P; where its second-moment proxy is
 smaller). For a band of order ``<= 3`` and at most :data:`_BAND_MAX_SLOTS` slots per epoch the band's
 own moving average (:mod:`.moving_average`) is offered first (one for every epoch, and with 3-4
 epochs the outer and middle ones' own): its stationary loadings follow the interior exactly and the
@@ -84,7 +84,7 @@ import numpy as np
 from dpmf.accounting.allocation import pld_compose
 from dpmf.accounting.allocation.correlated import Reductions, gram_problem, spectral_groups_of_grams
 from dpmf.accounting.allocation.dominating_pair import mixture_means
-from dpmf.accounting.allocation.surrogate import Surrogate
+from dpmf.accounting.allocation.surrogates.protocol import Surrogate
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
@@ -142,14 +142,15 @@ def fresh_slot_reductions(strategy, scheme) -> Reductions:
 def _markov_members(grams) -> tuple:
     """``(q, chains, parts)`` for ``q = 1.._MARKOV_PERIODS``, ``chains = ((surrogate, epochs), ...)``
     with each surrogate dominating the residue classes of the epochs it covers (step 2'): one chain for
-    every epoch, entrywise and in the PSD sense (Lemma P of :mod:`.markov`; where its second-moment
+    every epoch, entrywise and in the PSD sense (Lemma P of :mod:`.surrogates.markov_fit`; where its second-moment
     proxy is smaller); and with 3 or 4 epochs of at most 32 slots (q = 1) one chain for the first and
     last epochs and one for the middle ones (:data:`_SPLIT_EPOCHS`, :data:`_SPLIT_MAX_SLOTS`). ``()`` above
-    :data:`~dpmf.accounting.allocation.markov.MAX_SLOTS`."""
-    from dpmf.accounting.allocation import markov, moving_average
+    :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS`."""
+    from dpmf.accounting.allocation.surrogates import markov_fit, moving_average
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
 
     b = grams[0].shape[0]
-    if b > markov.MAX_SLOTS:
+    if b > MAX_SLOTS:
         return ()
     grams = [_raised_end_last(g) for g in grams]
     k = len(grams)
@@ -165,11 +166,11 @@ def _markov_members(grams) -> tuple:
                 if o is not None and m is not None:
                     out.append((1, ((o, outer), (m, middle)), ((b, 1.0),)))
     for q in range(1, min(_MARKOV_PERIODS, b // 2) + 1):
-        parts = tuple(markov.class_grams(grams[0], q)[1])  # (every epoch has b slots: the same classes)
+        parts = tuple(markov_fit.class_grams(grams[0], q)[1])  # (every epoch has b slots: the same classes)
 
         def fit(epochs, q=q):
-            classes = [c for e in epochs for c in markov.class_grams(grams[e], q)[0]]
-            return markov.psd_member(lambda d: markov.fit_surrogate(classes, edges=True, domination=d), classes)
+            classes = [c for e in epochs for c in markov_fit.class_grams(grams[e], q)[0]]
+            return markov_fit.psd_member(lambda d: markov_fit.fit_surrogate(classes, edges=True, domination=d), classes)
 
         ent, psd = fit(every)
         out += [(q, ((sur, every),), parts) for sur in (psd, ent) if sur is not None]
@@ -204,7 +205,7 @@ def _raised_end_last(gram: np.ndarray) -> np.ndarray:
     """``gram`` with its slots in reverse order if step 1 raised its diagonal more in the first half
     than in the second. An epoch's pair does not depend on the order of its slots (``S'_e`` is a
     symmetric sum), but a chain pays a raised diagonal at its *start* with a larger innovation
-    loading that adds covariance to every later position (*edges* in :mod:`.markov`), at its end with
+    loading that adds covariance to every later position (*edges* in :mod:`.surrogates.markov_fit`), at its end with
     variance only. Measured (Monte Carlo of the fitted surrogates' composed pairs): bsr(16, 4) over 2
     fresh epochs of 8 at sigma 2, 2.610 -> 2.451 (the decoupled pair 2.332, the exact pair 2.210)."""
     d = np.diag(gram)
@@ -230,7 +231,7 @@ _SHORT_CALL_REACHES = (0.5, 1.0, 2.0)
 
 def _profiles(sur: Surrogate, parts, sigma: float, eps_top: float, delta: float = 1e-6) -> dict:
     """Per direction ``(d, eps_lo, eps_hi)`` (step 2'): ``d(gamma) >= H_gamma`` of one epoch's pair."""
-    from dpmf.accounting.allocation.markov import calls_at, on_threads, puts_at
+    from dpmf.accounting.allocation.surrogates.markov_programs import calls_at, on_threads, puts_at
 
     call_k = [math.exp(t) * 1.02 for t in sorted({min(t, eps_top) for t in _SHORT_CALL_REACHES} | {eps_top})]
     put_k = [r * 1.0001 for r in _PUT_REACHES]

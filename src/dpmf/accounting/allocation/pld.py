@@ -90,7 +90,8 @@ from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError
 from dpmf.numerics import UNIT_ROUNDOFF
-from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
+from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
+from dpmf.privacy.calibration import ProgressCallback
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
 from dpmf.strategies.identity import Identity
@@ -494,8 +495,7 @@ def noise_and_report(
             seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return seen[s]["epsilon"]
 
-    if limit is not None:
-        check_limit(eps_of, target, limit, callback=callback)
-    sigma = smallest_noise(eps_of, target, rel_tol=rel_tol, callback=callback).value
-    report = _report(strategy, scheme, groups, sigma, d, seen[sigma])
-    return sigma, dataclasses.replace(report, options=recorded_options(options))
+    def report_at(s: float) -> PrivacyReport:
+        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s]), options=recorded_options(options))
+
+    return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit)

@@ -1,9 +1,9 @@
-"""The declared interface of an allocation surrogate (:mod:`.markov`, :mod:`.moving_average`).
+"""The declared interface of an allocation surrogate (:mod:`.markov_fit`, :mod:`.moving_average`).
 
 A surrogate is a Gaussian model of one epoch's slot sums whose covariance dominates the mechanism's
 Gram (entrywise, or in the PSD sense where its module says so), so that convex functions of its
 likelihood ratio bound the exact pair's hockey-stick divergences. The accountants
-(:func:`~dpmf.accounting.allocation.markov.markov_epsilon`, the fresh-slot compositions of
+(:func:`~dpmf.accounting.allocation.surrogates.markov_programs.markov_epsilon`, the fresh-slot compositions of
 :mod:`.fresh_correlated`) read a surrogate only through this protocol. Design note:
 ``docs/notes/allocation-surrogates.md``.
 """

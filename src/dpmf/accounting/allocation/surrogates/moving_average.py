@@ -1,10 +1,10 @@
 r"""Correlated ``C`` under random allocation: the band's own moving-average structure.
 
-dpmf's own argument (not from the papers), a sibling of :mod:`.markov`. The pair and the sum are
+dpmf's own argument (not from the papers), a sibling of :mod:`.markov_fit`. The pair and the sum are
 theirs: with ``x ~ Q`` the likelihood ratio of the remove pair is ``S = (1/b) T``,
 ``T = sum_s X_s``, ``X_s = exp(Y_s - Var(Y_s)/2)``, ``Y ~ N(0, G / sigma^2)``, ``G`` the ``b x b``
 Gram matrix of the mixture means, and both directions' deltas are ``E f(T)`` for a hinge ``f``
-(:mod:`.markov`, module docstring). A one-dimensional chain pays for a band's lags with a geometric
+(:mod:`.markov_fit`, module docstring). A one-dimensional chain pays for a band's lags with a geometric
 tail (Lemma K) or extra variance (Lemma P); for a ``p``-banded Toeplitz ``C`` the Gram is itself a
 moving average of order ``w = p - 1`` -- ``Y_s = sum_{j <= w} a_j xi_{s+j}`` with i.i.d. standard
 normal ``xi`` and ``a = sqrt(k) c`` over ``k`` reused epochs -- and this module runs a dynamic program
@@ -18,7 +18,7 @@ an upper-triangular block) and ``xi_b .. xi_{b+w-1}`` (the last ``w``, lower-tri
 
 **The ring cut (several epochs).** With reused slots the Gram is cyclic: the last ``w`` slots of an
 epoch share rows with the first ``w`` of the next, so ``G`` has corners ``R = G[b-w:, :w]``, which a
-moving average in slot order cannot carry. Lemma P of :mod:`.markov` (``Cov(Y') - G = P + N``,
+moving average in slot order cannot carry. Lemma P of :mod:`.markov_fit` (``Cov(Y') - G = P + N``,
 ``P`` positive semidefinite, ``N >= 0`` entrywise) takes them off with a rank-one ``P = p p^T``,
 ``p = (v`` on the first ``w`` slots, ``-u`` on the last ``w``, 0 elsewhere``)``: its corner entries are
 ``-u_i v_j``, so ``N`` is non-negative there as soon as ``u_i v_j >= R_ij`` (:func:`_cover`: the
@@ -66,7 +66,7 @@ charged with the strike (a put is at most ``K``: ``(b + w) Phi(x_0) K``); the no
 call's; summands and positions rounded down, ``W = 0`` at ``u' >= 0``, ``W~ = min(W~, (-u)_+)``.
 
 Every node value is a non-negative combination (each step multiplies by ``1 + 4 (m + 16) u`` and adds
-``1e-290``); the closed forms and charges are rounded up. Then, as in :mod:`.markov`,
+``1e-290``); the closed forms and charges are rounded up. Then, as in :mod:`.markov_fit`,
 ``delta_R(eps) <= C~(b e^eps) / b`` and ``delta_A(eps) <= e^eps P~(b e^-eps) / b``.
 
 **Cost and accuracy.** ``m^w`` states times ``m`` new nodes times ``n_u`` partial sums per slot:
@@ -78,7 +78,7 @@ epochs at sigma 3 (its surrogate 1.020x the exact pair), with the nodes on ``[-2
 their middle, ``m`` = 16 / 20 / 24 gave 1.082x / 1.062x / 1.053x, and the final grid (dense about
 ``1.2`` times the loadings' largest row sum) 1.052x at ``m = 20``; a symmetric grid on ``[-7.5, 7.5]``
 1.20x / 1.13x at ``m`` = 16 / 20. At larger loadings over sigma the cells cost more (4 reused epochs
-at sigma 2: 1.13x, where the anchored ring of :mod:`.markov` is 1.096x): the accountant keeps both.
+at sigma 2: 1.13x, where the anchored ring of :mod:`.markov_fit` is 1.096x): the accountant keeps both.
 
 **Raised ends (fresh slots).** Step 1 of :mod:`.fresh_correlated` raises an epoch's diagonal at its
 first and last ``w`` positions. The stationary lags are taken from the pairs not both inside one
@@ -97,7 +97,7 @@ from typing import ClassVar
 import numpy as np
 from scipy import special
 
-from dpmf.accounting.allocation.quadrature import mp_spread, spread_on
+from dpmf.accounting.allocation.surrogates.quadrature import mp_spread, spread_on
 from dpmf.numerics import UNIT_ROUNDOFF
 
 __all__ = ["MAX_ORDER", "MAX_SLOTS", "MovingAverageSurrogate", "fit_moving_average", "call_bound_table",
@@ -364,7 +364,7 @@ def _remaining_means(a: np.ndarray, c: np.ndarray, xs: np.ndarray, ps: np.ndarra
 
 
 def _program(sur: MovingAverageSurrogate, sigma: float, k_max: float, delta: float, kind: str, u_nodes: int):
-    from dpmf.accounting.allocation._moving_average_compiled import call_step, put_step  # (numba loads here)
+    from dpmf.accounting.allocation.surrogates._moving_average_compiled import call_step, put_step  # (numba loads here)
 
     b, p = sur.loadings.shape
     w = p - 1

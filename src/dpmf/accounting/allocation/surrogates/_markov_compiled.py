@@ -1,5 +1,5 @@
 """Compiled (numba) step of the Markov-surrogate dynamic program of
-:mod:`dpmf.accounting.allocation.markov` (private).
+:mod:`dpmf.accounting.allocation.surrogates.markov_fit` (private).
 
 One step maps the table ``V_{i+1}`` (chain nodes x partial-sum nodes) to the unnormalized
 ``sum_k w_k V_{i+1}(z', u + x)`` at every node: for each chain node and innovation point, the next
@@ -7,7 +7,7 @@ chain state ``z'`` and the summand ``x`` are computed (both rounded up), ``V_{i+
 bilinear interpolation at the rounded-up position (closed form ``w + R(z')`` beyond ``u = 0``, the
 bound ``w_+ + R(z')`` above the chain grid, the first row below it). Every term is a non-negative
 combination, so the caller's relative factor covers the rounding (module docstring of
-:mod:`~dpmf.accounting.allocation.markov`). In numpy the same pass needs ~10 temporaries of
+:mod:`~dpmf.accounting.allocation.surrogates.markov_fit`). In numpy the same pass needs ~10 temporaries of
 ``n_z m n_u`` floats per step.
 """
 

@@ -1,5 +1,5 @@
 """Compiled (numba) step of the moving-average program of
-:mod:`dpmf.accounting.allocation.moving_average` (private).
+:mod:`dpmf.accounting.allocation.surrogates.moving_average` (private).
 
 The table ``V`` holds, for every state (the ``w`` innovations the earlier slots still load on, each on
 the discrete law's nodes, flattened with the oldest as the most significant digit) and every

@@ -1,4 +1,4 @@
-"""Quadrature for the allocation surrogates (:mod:`.markov`, :mod:`.moving_average`): node
+"""Quadrature for the allocation surrogates (:mod:`.markov_fit`, :mod:`.moving_average`): node
 placement and convex-order spreading of a standard normal and of a lognormal onto given points.
 
 A *spread* of a law onto increasing points moves each cell's mass to the cell's two ends keeping its
