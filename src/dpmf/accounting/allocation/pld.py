@@ -363,7 +363,7 @@ def account_allocation_pld(
     """Epsilon of ``strategy`` under balls-in-bins ``scheme`` (module docstring): exact (up to the
     pessimistic grid) for DP-SGD (``Identity(N)``); for any other non-negative lower-triangular
     ``C`` the smallest bound, per direction, over the orthogonal groups (:func:`strategy_groups`),
-    the spectral groups and the Markov members (:mod:`.correlated`, :mod:`.markov`) -- with fresh
+    the spectral groups and the Markov members (:mod:`.correlated`, :mod:`.surrogates.markov_fit`) -- with fresh
     slots over the epochs' compositions (:mod:`.fresh_correlated`), with ``num_selected > 1`` the
     random-blocks bound (:mod:`.k_of_t_correlated`); the diagnostics' ``bound`` names the member
     used and ``reductions`` lists every member's epsilon.
