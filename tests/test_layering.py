@@ -25,6 +25,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def _from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module name of ``from <module> import ...`` inside ``package``."""
+    if node.level:
+        base = package.split(".")
+        base = base[: len(base) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
+
+
 def _imports(path: Path) -> set[str]:
     """Every dpmf module ``path`` imports (absolute names; ``from X import y`` yields ``X.y`` when
     that is a module, else ``X``)."""
@@ -36,12 +45,7 @@ def _imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("dpmf"))
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                mod = node.module or ""
+            mod = _from_module(node, package)
             if not mod.startswith("dpmf"):
                 continue
             for a in node.names:
@@ -122,12 +126,7 @@ def _private_imports() -> list[str]:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
+                mod = _from_module(node, package)
                 if not mod.startswith("dpmf"):
                     continue
                 found += [f"{name} imports {mod}.{a.name}" for a in node.names
