@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Mapping
 
@@ -199,9 +200,7 @@ def pld_report(pld, *, delta: float, noise_multiplier: float, method: str, strat
     ``epsilon = max over directions of eps(delta)``, the PLD carried as the report's curve (so
     :func:`dpmf.compose` composes it as a PLD), ``diagnostics`` plus the seconds since ``start``
     (a :func:`time.perf_counter` reading)."""
-    import time
-
-    from dpmf.privacy.tradeoff import PrivacyCurve
+    from dpmf.privacy.tradeoff import PrivacyCurve  # (lazy: report.py stays light)
 
     by_dir = pld.epsilon_by_direction(delta)
     eps = max(by_dir.values())

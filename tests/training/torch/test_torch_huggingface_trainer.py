@@ -21,6 +21,7 @@ from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # 
 from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity, bsr  # noqa: E402
 from dpmf.training.torch import make_private, per_example_causal_lm_loss  # noqa: E402
+from padded_tokens import PaddedTokens  # noqa: E402  (beside this file)
 from dpmf.training.torch.huggingface import DPTrainer  # noqa: E402
 
 V, T = 40, 8
@@ -34,20 +35,9 @@ def tiny_llama(seed=0):
     return transformers.LlamaForCausalLM(cfg)
 
 
-class Padded(torch.utils.data.Dataset):
-    def __init__(self, n=30, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(1, V, (n, T), generator=g)
-        lengths = torch.randint(2, T + 1, (n,), generator=g)
-        self.mask = (torch.arange(T)[None] < lengths[:, None]).long()
-        self.ids[self.mask == 0] = 0
-        self.labels = self.ids.masked_fill(self.mask == 0, -100)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+def Padded(n=30, seed=0):
+    """Right-padded sequences of lengths 2..T: pad id 0, attention 0 and label -100 on the padding."""
+    return PaddedTokens(n, vocab=V, length=T, min_length=2, seed=seed)
 
 
 def targs(tmp_path, **kw):

@@ -18,6 +18,7 @@ from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # 
 from dpmf.sampling import PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity  # noqa: E402
 from dpmf.training.torch import make_private, per_example_causal_lm_loss  # noqa: E402
+from padded_tokens import PaddedTokens  # noqa: E402  (beside this file)
 from dpmf.training.torch.clipping import clip_factors  # noqa: E402
 from dpmf.training.torch.losses import guard_model_loss, is_causal_lm  # noqa: E402
 
@@ -45,22 +46,9 @@ def tiny_gpt2(seed=0):
     return model
 
 
-class Padded(torch.utils.data.Dataset):
+def Padded(n=40, seed=0):
     """Right-padded sequences of lengths 3..T: pad id 0, attention 0 and label -100 on the padding."""
-
-    def __init__(self, n=40, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(1, V, (n, T), generator=g)
-        lengths = torch.randint(3, T + 1, (n,), generator=g)
-        self.mask = (torch.arange(T)[None] < lengths[:, None]).long()
-        self.ids[self.mask == 0] = 0
-        self.labels = self.ids.masked_fill(self.mask == 0, -100)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+    return PaddedTokens(n, vocab=V, length=T, min_length=3, seed=seed)
 
 
 def batch_of(ds, idx):
