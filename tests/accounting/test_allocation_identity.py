@@ -253,3 +253,48 @@ def test_one_step_per_epoch_has_no_divide_by_zero_warning():
                                                         method="unamplified").epsilon, rel=1e-3)
     assert r.epsilon == pytest.approx(dpmf.account(Identity(3), BallsInBinsSampling(3, 3), 1.0, 1e-5,
                                                    method="unamplified").epsilon, rel=2e-3)
+
+
+# ----------------------------------------------------------------------------- memory (issue 40 item 4)
+def _traced_conditional(b, sigma, delta):
+    import tracemalloc
+
+    ident.identity_conditional_epsilon(100, sigma, delta)  # (first-call caches and imports: not the work)
+    tracemalloc.start()
+    try:
+        eps = ident.identity_conditional_epsilon(b, sigma, delta)["epsilon"]
+        return eps, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_grouped_powering_at_1e4_steps_traces_little_memory_and_chunking_only_moves_float_noise(monkeypatch):
+    """Binary powering widens a chunk's rows; the chunk budget bounds its batched FFTs. At b = 10^4
+    the old 2^21-entry chunks traced 67 MiB (peak RSS of ``dpmf.account`` 297-305 MiB, goal 300);
+    2^17 traces ~26 MiB. A different chunking changes only which rows compose first, so the two
+    epsilons (each a sound bound) agree to float noise."""
+    eps, peak = _traced_conditional(10**4, 1.0, 1e-5)
+    assert peak < 40 * 2**20, f"conditional composition at b = 10^4 traced {peak / 2**20:.1f} MiB"
+    monkeypatch.setattr(ident, "_CHUNK_ENTRIES", 1 << 21)
+    eps_wide, peak_wide = _traced_conditional(10**4, 1.0, 1e-5)
+    assert peak_wide > peak
+    assert eps == pytest.approx(eps_wide, rel=1e-8)
+
+
+@pytest.mark.slow
+def test_dpsgd_allocation_at_1e4_steps_peaks_under_300_mib():
+    """Issue 40's goal, in a fresh process (imports included, ~170 MiB of it numpy, scipy,
+    dp_accounting and numba): ``dpmf.account`` with method auto (every allocation accountant)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, dpmf\n"
+        "from dpmf.strategies import Identity\n"
+        "from dpmf.sampling import BallsInBinsSampling\n"
+        "r = dpmf.account(Identity(10**4), BallsInBinsSampling(1, 10**4), 1.0, 1e-5)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    peak = float(out.stdout.split()[-1])
+    assert peak <= 300, f"peak RSS {peak:.0f} MiB"
