@@ -18,7 +18,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from dpmf._version import __version__
 
@@ -101,10 +101,8 @@ class PrivacyReport:
     #: proved in its strongest form -- its pessimistic PLD, an exact GDP mu, or ``None`` when it has
     #: only the (epsilon, delta) pair (:class:`~dpmf.privacy.tradeoff.PrivacyCurve`). Used by
     #: :meth:`tradeoff` and :func:`dpmf.compose`; a report read back from JSON has none until it is
-    #: recomputed from its description (:func:`dpmf.accounting.verify_report`). An accountant whose
-    #: curve costs as much as its epsilon (``allocation_pld``) may set a zero-argument function that
-    #: builds it instead: it is called on first use of :attr:`privacy_curve`, and its curve kept.
-    curve: "PrivacyCurve | Callable[[], PrivacyCurve] | None" = field(default=None, repr=False, compare=False)
+    #: recomputed from its description (:func:`dpmf.accounting.verify_report`).
+    curve: "PrivacyCurve | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a multi-attribution scheme's epsilon is user-level: say so unless an adjacency was given
@@ -127,8 +125,6 @@ class PrivacyReport:
         claim alone (a sound but weaker f-DP statement)."""
         from dpmf.privacy.tradeoff import PrivacyCurve
 
-        if self.curve is not None and not isinstance(self.curve, PrivacyCurve):  # (a builder: build it once)
-            object.__setattr__(self, "curve", self.curve())
         if self.curve is not None:
             return self.curve
         return PrivacyCurve.from_epsilon_delta(

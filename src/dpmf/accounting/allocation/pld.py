@@ -91,7 +91,6 @@ from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
-from dpmf.accounting.allocation.pld_curve import report_curve_builder
 from dpmf.privacy.calibration import ProgressCallback
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
@@ -386,15 +385,11 @@ def account_allocation_pld(
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
     groups = _reductions(strategy, scheme)
-    out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
-    return _report(strategy, scheme, groups, sigma, d, out, accuracy, max_points)
+    return _report(strategy, scheme, groups, sigma, d, _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points))
 
 
-def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accuracy: float,
-            max_points: int) -> PrivacyReport:
-    """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``, carrying
-    a builder of its PLD (valid at every delta; :mod:`.pld_curve`)."""
-    curve = report_curve_builder(scheme, groups is not None, sigma, d, out, rel_tol=accuracy, max_points=max_points)
+def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> PrivacyReport:
+    """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``."""
     out = dict(out)
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
@@ -441,7 +436,6 @@ def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accurac
         strategy=describe_strategy(strategy),
         scheme=scheme.describe(),
         diagnostics=out,
-        curve=curve,
     )
 
 
@@ -502,7 +496,6 @@ def noise_and_report(
         return seen[s]["epsilon"]
 
     def report_at(s: float) -> PrivacyReport:
-        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s], accuracy, max_points),
-                                   options=recorded_options(options))
+        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s]), options=recorded_options(options))
 
     return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit)

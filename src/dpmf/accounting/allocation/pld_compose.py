@@ -81,7 +81,7 @@ from dpmf.accounting.allocation.grid import CAP_MARGIN, CUT_BUDGET, Law, Plan, c
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
-__all__ = ["BUDGET", "composition_epsilon", "composition_loss_laws", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
+__all__ = ["BUDGET", "composition_epsilon", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
 
 
 #: Fraction of delta that the composition's window cuts and the profile's top may cost (tightness).
@@ -312,41 +312,36 @@ _MEMO: dict = {}
 _MEMO_SIZE = 512
 
 
-def _composed_law(direction: str, reach: int, step: float, eta: float, parts, delta: float, rel_tol: float,
-                  max_points: int, profiles: dict):
-    """Steps a-c for one direction, add reach and loss spacing: the composition's loss law (an
-    entrywise upper bound of a stochastically larger law) and its mass at ``+inf``. ``profiles``
-    caches one copy's profile per (direction, steps, reach): it does not depend on the spacing."""
-    total = sum(c for _, c in parts)
-    budget = BUDGET * delta / (4 * max(1, math.ceil(math.log2(total + 1))) * len(parts) + 4)
-    law_all, inf_all = None, 0.0
-    for m, copies in parts:
-        if (direction, m, reach) not in profiles:
-            profiles[direction, m, reach] = _profile_points(
-                direction, eta, m, budget, rel_tol, max_points, add_reach=reach or 4)
-        d, lo, hi = profiles[direction, m, reach]
-        law, p_inf = _connect_the_dots(d, lo, hi, step)
-        law, cut = _trim(law, budget)
-        p_inf = min(p_inf + cut, 1.0)
-        comp, c_inf = _self_compose(law, p_inf, copies, 0.0, budget)
-        if law_all is None:
-            law_all, inf_all = comp, c_inf
-        else:
-            law_all, cut = _conv(law_all, comp, 0.0, budget)
-            inf_all = min(inf_all + c_inf + cut, 1.0)
-    return law_all, inf_all
-
-
 def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max_points: int) -> dict:
+    total = sum(c for _, c in parts)
     by_dir, detail = {}, {}
-    profiles: dict = {}
+    profiles = {}  # one copy's profile does not depend on the loss spacing: computed once per part
     for direction, reach in (("remove", 0), ("add", _ADD_REACH[0]), ("add", _ADD_REACH[1])):
         if reach == _ADD_REACH[1] and by_dir["add"] <= by_dir["remove"]:
             break  # the add bound cannot decide the max: no need for the wider (costlier) window
         best = by_dir.get(direction, math.inf)
         tries = detail.get(direction, [])
         for step in _LOSS_STEPS:
-            law_all, inf_all = _composed_law(direction, reach, step, eta, parts, delta, rel_tol, max_points, profiles)
+            budget = BUDGET * delta / (4 * max(1, math.ceil(math.log2(total + 1))) * len(parts) + 4)
+            law_all, inf_all = None, 0.0
+            eps_guess = None
+            for m, copies in parts:
+                if (direction, m, reach) not in profiles:
+                    profiles[direction, m, reach] = _profile_points(
+                        direction, eta, m, budget, rel_tol, max_points, add_reach=reach or 4)
+                d, lo, hi = profiles[direction, m, reach]
+                law, p_inf = _connect_the_dots(d, lo, hi, step)
+                law, cut = _trim(law, budget)
+                p_inf = min(p_inf + cut, 1.0)
+                if eps_guess is None:
+                    eps_guess = float(np.sum(law.p * (law.lo + np.arange(law.p.size)) * step))
+                tilt = 0.0
+                comp, c_inf = _self_compose(law, p_inf, copies, tilt, budget)
+                if law_all is None:
+                    law_all, inf_all = comp, c_inf
+                else:
+                    law_all, cut = _conv(law_all, comp, tilt, budget)
+                    inf_all = min(inf_all + c_inf + cut, 1.0)
             eps = _query(law_all, inf_all, step, delta)
             tries.append({"loss_step": step, "points": int(law_all.p.size), "epsilon": eps,
                           **({"add_reach": reach} if direction == "add" else {})})
@@ -354,29 +349,6 @@ def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max
         by_dir[direction] = best
         detail[direction] = tries
     return {"epsilon": max(by_dir.values()), "epsilon_by_direction": by_dir, "compositions": detail}
-
-
-def composition_loss_laws(eta: float, parts, delta: float, *, rel_tol: float, max_points: int) -> dict:
-    """The pessimistic loss laws themselves (a PLD valid at *every* delta, not only at ``delta``):
-    ``{direction: (law, p_inf, loss_step)}`` of the composition of ``parts`` (as in
-    :func:`composition_epsilon`; one part with one copy is one epoch's pair, hull of its profile).
-
-    Every law is sound at every epsilon (steps a-c hold for all ``gamma``; ``delta`` only places the
-    windows and the cut budgets, i.e. where the law is tight). Per direction the loss spacing (and,
-    for add, the reach of the profile's window, :data:`_ADD_REACH`, both tried) whose epsilon at
-    ``delta`` is smallest is kept."""
-    out: dict = {}
-    profiles: dict = {}
-    for direction, reaches in (("remove", (0,)), ("add", _ADD_REACH)):
-        best = None
-        for reach in reaches:
-            for step in _LOSS_STEPS:
-                law, p_inf = _composed_law(direction, reach, step, eta, parts, delta, rel_tol, max_points, profiles)
-                eps = _query(law, p_inf, step, delta)
-                if best is None or eps < best[0]:
-                    best = (eps, law, p_inf, step)
-        out[direction] = best[1:]
-    return out
 
 
 def profile_composition_epsilon(profiles: dict, copies: int, delta: float) -> dict:
