@@ -81,7 +81,7 @@ from dpmf.accounting.allocation.grid import CAP_MARGIN, CUT_BUDGET, Law, Plan, c
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
-__all__ = ["BUDGET", "composition_epsilon", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
+__all__ = ["BUDGET", "composition_epsilon", "one_copy_law", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
 
 
 #: Fraction of delta that the composition's window cuts and the profile's top may cost (tightness).
@@ -208,6 +208,19 @@ def _connect_the_dots(d, eps_lo: float, eps_hi: float, step: float):
     lo_i, hi_i = (int(nz[0]), int(nz[-1])) if nz.size else (0, 0)
     law = Law(int(j[lo_i]), masses[lo_i : hi_i + 1].copy(), float(masses.sum()) + 1e-15)
     return law, min(p_inf * (1 + 4 * UNIT_ROUNDOFF) + 1e-300, 1.0)
+
+
+def one_copy_law(direction: str, eta: float, t: int, delta_small: float, step: float, *, rel_tol: float,
+                 max_points: int, add_reach: int = _ADD_REACH[1]) -> tuple[int, np.ndarray, float]:
+    """``(lower_index, masses, infinity_mass)``: steps a-b for one copy of 1-of-``t`` allocation at
+    ``eta = 1 / sigma^2`` in one direction -- the P-law of a pair that dominates the copy's pair at
+    *every* ``gamma > 0`` (module docstring), mass ``masses[i]`` at the loss
+    ``(lower_index + i) * step``. ``delta_small`` sets the profile's windows and cut budget (its
+    charges enter ``d(gamma)`` at every ``gamma``, so they appear in the infinity mass): the law is
+    sound for every delta, and useful down to deltas somewhat above ``delta_small``."""
+    d, lo, hi = _profile_points(direction, eta, t, delta_small, rel_tol, max_points, add_reach=add_reach)
+    law, p_inf = _connect_the_dots(d, lo, hi, step)
+    return int(law.lo), law.p, float(p_inf)
 
 
 # ----------------------------------------------------------------------------- composition
