@@ -136,6 +136,9 @@ def test_correlated_report_carries_its_member_pld():
     if best_member > r.epsilon:
         assert "no PLD" in r.diagnostics["pld_curve"]
     assert dpmf.compose([r], times=2).diagnostics["tight"] is True
+    if eps > 1.01 * r.epsilon:  # alone, the claim is tighter than the looser member's PLD: compose keeps it
+        one = dpmf.compose([r])
+        assert one.epsilon <= r.epsilon * 1.001 and one.diagnostics["tight"] is False
 
 
 @pytest.mark.slow

@@ -27,7 +27,9 @@ is a separate one valid at every delta (:mod:`~dpmf.accounting.allocation.pld_cu
 hockey-stick bound at every ``gamma``, turned into a dominating pair by connect-the-dots), built on
 first use (``report.privacy_curve``) so that accounting alone does not pay for it. For a correlated
 ``C`` it is the PLD of the identity-pair reduction member; when a Markov surrogate (no PLD) gave the
-report's epsilon, the best member that has one is carried (looser; ``diagnostics["pld_curve"]``).
+report's epsilon, the best member that has one is carried (looser; ``diagnostics["pld_curve"]``);
+the composition is then also computed with that part entering through its (epsilon, delta) claim,
+and the smaller epsilon kept (:func:`~dpmf.accounting.composed.composition_report`; both are sound).
 
 **Sound inputs only.** A report object made in this process carries its curve (attached by its
 accountant) and is used as is. A report read from disk (a path, JSON text or dict, as written by
