@@ -7,6 +7,7 @@ answer, and PLD_accounting 2.0's lower bound where installed (a benchmark peer).
 """
 
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -80,6 +81,7 @@ def test_carried_pld_close_to_report_and_lazy():
     r = dpmf.account(Identity(50), BallsInBinsSampling(1, 50), 2.0, 1e-5, method="allocation_pld")
     assert r.curve is None  # nothing built by account
     assert "curve_source" not in r.to_dict()
+    assert pickle.loads(pickle.dumps(r)).curve_source is not None  # (still picklable: no closure)
     eps = r.privacy_curve.epsilon_at(1e-5)
     assert r.curve is not None and r.curve_source is None  # built once
     assert r.epsilon * (1 - 1e-3) <= eps <= 1.01 * r.epsilon, (eps, r.epsilon)

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -415,19 +416,20 @@ def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict, st
 
 def _curve_source(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
     """A function building the report's curve on first use (:attr:`PrivacyReport.curve_source`): the
-    pessimistic PLD of the identity pair ``kw`` (:func:`_member`), valid at every delta (:mod:`.pld_curve`)."""
+    pessimistic PLD of the identity pair ``kw`` (:func:`_member`), valid at every delta
+    (:mod:`.pld_curve`). A ``functools.partial`` of a module function, so the report still pickles."""
+    return functools.partial(_build_curve, dict(kw), note, d, eps, accuracy, max_points)
 
-    def build():
-        from dpmf.privacy.tradeoff import PrivacyCurve  # (lazy, as report.pld_report)
 
-        pld = pld_curve.identity_pld(delta=d, rel_tol=accuracy, max_points=max_points, **kw)
-        if pld is None:
-            return None  # (the Gaussian mechanism's epsilon without a grid: the (epsilon, delta) claim)
-        return PrivacyCurve.from_pld(pld, epsilon=eps, delta=d, note=(
-            f"allocation_pld: pessimistic PLD valid at every delta (connect-the-dots hull of the grid's "
-            f"hockey-stick bound, loss step {pld_curve.LOSS_STEP:g}) of {note}"))
+def _build_curve(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
+    from dpmf.privacy.tradeoff import PrivacyCurve  # (lazy, as report.pld_report)
 
-    return build
+    pld = pld_curve.identity_pld(delta=d, rel_tol=accuracy, max_points=max_points, **kw)
+    if pld is None:
+        return None  # (the Gaussian mechanism's epsilon without a grid: the (epsilon, delta) claim)
+    return PrivacyCurve.from_pld(pld, epsilon=eps, delta=d, note=(
+        f"allocation_pld: pessimistic PLD valid at every delta (connect-the-dots hull of the grid's "
+        f"hockey-stick bound, loss step {pld_curve.LOSS_STEP:g}) of {note}"))
 
 
 def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accuracy: float = DEFAULT_REL_TOL,
