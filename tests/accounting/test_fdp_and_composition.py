@@ -87,7 +87,7 @@ def test_mmcc_curve_carries_delta1_and_matches_dpsgd_on_the_identity(dpsgd):
 
 
 def test_a_method_without_a_pld_falls_back_to_its_epsilon_delta():
-    r = dpmf.account(Identity(8), BallsInBinsSampling(1, 8), 1.0, 1e-6, method="allocation_pld")
+    r = dpmf.account(Identity(8), BallsInBinsSampling(1, 8), 1.0, 1e-6, method="allocation")  # (Renyi: no PLD)
     t = r.tradeoff(FPR)
     assert t.kind == "epsilon_delta" and "epsilon, delta" in t.bound and t.mu is None
     np.testing.assert_allclose(t.tpr, dpmf.privacy.tpr_epsilon_delta(r.epsilon, r.delta, FPR))
@@ -143,7 +143,7 @@ def test_gaussian_runs_compose_exactly():
 
 
 def test_parts_without_a_pld_are_named_and_bounded(dpsgd):
-    alloc = dpmf.account(Identity(8), BallsInBinsSampling(1, 8), 1.0, 1e-6, method="allocation_pld")
+    alloc = dpmf.account(Identity(8), BallsInBinsSampling(1, 8), 1.0, 1e-6, method="allocation")  # (Renyi: no PLD)
     c = dpmf.compose([dpsgd, alloc], 2e-6)
     assert not c.diagnostics["tight"]
     (why,) = c.diagnostics["not_tight"].values()

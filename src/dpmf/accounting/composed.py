@@ -93,6 +93,47 @@ def _number(x) -> float:
     return math.inf if x == "inf" else float(x)
 
 
+def _by_direction(composed, d: float) -> dict:
+    """Epsilon per direction of a composed curve at ``d`` (the worst over its PLDs)."""
+    if composed.kind == "gdp":
+        from dpmf.privacy.gdp import gdp_epsilon
+
+        eps = gdp_epsilon(composed.mu, d) if composed.mu > 0 else 0.0
+        return {"remove": eps, "add": eps}
+    by_dir = {"remove": -math.inf, "add": -math.inf}  # the worst over the curve's PLDs (usually one)
+    for pld, offset in composed.plds:
+        e = pld.epsilon_by_direction(d - offset) if d > offset else {"remove": math.inf, "add": math.inf}
+        by_dir = {key: max(by_dir[key], e[key]) for key in by_dir}
+    return by_dir
+
+
+#: A part whose PLD's epsilon at its own delta exceeds its (epsilon, delta) claim by more than this
+#: factor (an allocation_pld report whose epsilon came from a member without a PLD) is also tried
+#: through its claim.
+CLAIM_MARGIN = 1.01
+
+
+def _best_composition(curves: list, counts: list[int], discretization, d: float):
+    """``(curve, hows, epsilon by direction)``: :func:`_compose`, and -- when some part's PLD is looser
+    than its own (epsilon, delta) claim by more than :data:`CLAIM_MARGIN` (its PLD bounds a weaker
+    pair than the one its epsilon came from) -- also the composition with those parts entering
+    through their claim; the smaller epsilon at ``d`` is kept (each is a sound bound)."""
+    from dpmf.privacy.tradeoff import PrivacyCurve
+
+    composed, hows = _compose(curves, counts, discretization)
+    by_dir = _by_direction(composed, d)
+    looser = [c.kind == "pld" and len(c.plds) == 1 and c.epsilon is not None and c.delta
+              and c.epsilon_at(c.delta) > CLAIM_MARGIN * c.epsilon for c in curves]
+    if any(looser):
+        alt_curves = [PrivacyCurve.from_epsilon_delta(c.epsilon, c.delta, note=f"its claim (its PLD is looser: {c.note})")
+                      if lo else c for c, lo in zip(curves, looser)]
+        alt, alt_hows = _compose(alt_curves, counts, discretization)
+        alt_by = _by_direction(alt, d)
+        if max(alt_by.values()) < max(by_dir.values()):
+            return alt, alt_hows, alt_by
+    return composed, hows, by_dir
+
+
 def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: float | None = None, *,
                        discretization: float | None = None) -> PrivacyReport:
     """The :class:`PrivacyReport` of running each ``(report, times, info)`` part ``times`` times
@@ -101,7 +142,6 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
     curves = [rep.privacy_curve for rep, _, _ in parts]
     counts = [k for _, k, _ in parts]
     rows = [{"report": rep.to_dict(), "times": k, **info} for rep, k, info in parts]
-    composed, hows = _compose(curves, counts, discretization)
     if delta is None:
         d = math.fsum(k * float(r["report"]["delta"]) for r, k in zip(rows, counts))
         if not d < 1:
@@ -110,22 +150,13 @@ def composition_report(parts: list[tuple[PrivacyReport, int, dict]], delta: floa
     else:
         d = _v.open_unit("delta", delta)
         delta_note = "given"
+    composed, hows, by_dir = _best_composition(curves, counts, discretization, d)
     not_tight = {}
     for i, (r, how) in enumerate(zip(rows, hows), 1):
         r["composed_as"] = how
         if how.startswith("NOT tight"):
             not_tight[f"part {i}: {r['report']['method']} ({r.get('source', '?')})"] = how
 
-    if composed.kind == "gdp":
-        from dpmf.privacy.gdp import gdp_epsilon
-
-        eps = gdp_epsilon(composed.mu, d) if composed.mu > 0 else 0.0
-        by_dir = {"remove": eps, "add": eps}
-    else:
-        by_dir = {"remove": -math.inf, "add": -math.inf}  # the worst over the curve's PLDs (usually one)
-        for pld, offset in composed.plds:
-            e = pld.epsilon_by_direction(d - offset) if d > offset else {"remove": math.inf, "add": math.inf}
-            by_dir = {key: max(by_dir[key], e[key]) for key in by_dir}
     eps_parts = [_number(r["report"]["epsilon"]) for r in rows]
     diagnostics = {
         "parts": rows,

@@ -4,7 +4,8 @@ Runs with independent randomness on the same dataset compose (Dong, Roth & Su 20
 for PLDs, the convolution of the privacy-loss distributions per adjacency direction). Each part
 enters in the strongest form its report proves (:class:`~dpmf.privacy.tradeoff.PrivacyCurve`):
 
-* a method with a pessimistic PLD (``pld`` i.e. DP-SGD, ``truncated_pld``, ``mmcc``): **tight**,
+* a method with a pessimistic PLD (``pld`` i.e. DP-SGD, ``truncated_pld``, ``mmcc``,
+  ``allocation_pld``): **tight**,
   its PLD is composed (dp_accounting's FFT convolution, pessimistic; MMCC's ``delta_1`` of each part
   adds up: conditional composition). PLDs on different grids are first put on the coarsest grid with
   every loss rounded up. A curve that is the worst of several PLDs (MMCC with several phases: each
@@ -19,9 +20,16 @@ enters in the strongest form its report proves (:class:`~dpmf.privacy.tradeoff.P
   diagnostics name these parts and the bound used. These have no PLD to carry: ``allocation``
   proves Renyi-DP bounds (conditional composition), which give ``(epsilon, delta)`` but no loss
   distribution; ``montecarlo`` certifies one ``(epsilon, delta)`` by a hypothesis test on sampled
-  losses (Estimate-Verify-Release); ``allocation_pld`` computes the allocation pair's loss
-  distribution only on windows fitted to the report's delta (the tail outside them is charged to
-  that delta), so it proves the epsilon at that delta, not a PLD valid at every delta (open).
+  losses (Estimate-Verify-Release).
+
+``allocation_pld`` computes its epsilon on windows fitted to the report's delta; the PLD it carries
+is a separate one valid at every delta (:mod:`~dpmf.accounting.allocation.pld_curve`: the grid's
+hockey-stick bound at every ``gamma``, turned into a dominating pair by connect-the-dots), built on
+first use (``report.privacy_curve``) so that accounting alone does not pay for it. For a correlated
+``C`` it is the PLD of the identity-pair reduction member; when a Markov surrogate (no PLD) gave the
+report's epsilon, the best member that has one is carried (looser; ``diagnostics["pld_curve"]``);
+the composition is then also computed with that part entering through its (epsilon, delta) claim,
+and the smaller epsilon kept (:func:`~dpmf.accounting.composed.composition_report`; both are sound).
 
 **Sound inputs only.** A report object made in this process carries its curve (attached by its
 accountant) and is used as is. A report read from disk (a path, JSON text or dict, as written by

@@ -18,7 +18,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from dpmf._version import __version__
 
@@ -58,6 +58,8 @@ DIGEST_KEYS = (
     "target_epsilon",
 )
 DIGEST_PREFIX = "sha256:"
+#: The :class:`PrivacyReport` fields kept in memory only (never serialized, not in the digest).
+IN_MEMORY = ("curve", "curve_source")
 
 
 def report_digest(report: Mapping) -> str:
@@ -103,6 +105,10 @@ class PrivacyReport:
     #: :meth:`tradeoff` and :func:`dpmf.compose`; a report read back from JSON has none until it is
     #: recomputed from its description (:func:`dpmf.accounting.verify_report`).
     curve: "PrivacyCurve | None" = field(default=None, repr=False, compare=False)
+    #: In memory only, like :attr:`curve`: a function building the curve on first use of
+    #: :attr:`privacy_curve` (an accountant whose PLD costs more than its epsilon: ``allocation_pld``),
+    #: so a caller who never composes or asks for a trade-off never pays for it.
+    curve_source: "Callable[[], PrivacyCurve | None] | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a multi-attribution scheme's epsilon is user-level: say so unless an adjacency was given
@@ -115,7 +121,7 @@ class PrivacyReport:
         """A JSON-ready dict (infinite epsilons become the string ``"inf"``), with the ``digest`` of
         its description and claim (:func:`report_digest`; a caller that adds a claim such as
         ``target_epsilon`` recomputes it). The in-memory :attr:`curve` is not written."""
-        d = jsonable({f.name: getattr(self, f.name) for f in fields(self) if f.name != "curve"})
+        d = jsonable({f.name: getattr(self, f.name) for f in fields(self) if f.name not in IN_MEMORY})
         d["digest"] = report_digest(d)
         return d
 
@@ -125,6 +131,9 @@ class PrivacyReport:
         claim alone (a sound but weaker f-DP statement)."""
         from dpmf.privacy.tradeoff import PrivacyCurve
 
+        if self.curve is None and self.curve_source is not None:  # built once, on first use
+            object.__setattr__(self, "curve", self.curve_source())
+            object.__setattr__(self, "curve_source", None)
         if self.curve is not None:
             return self.curve
         return PrivacyCurve.from_epsilon_delta(

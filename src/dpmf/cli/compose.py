@@ -43,9 +43,9 @@ def compose(
 
     Each report file is recomputed from its description (strategy, sampler, noise, delta, method,
     options) -- a stored epsilon is never trusted; a file that cannot be recomputed is refused.
-    Reports with a privacy-loss distribution (DP-SGD, truncated_pld, MMCC with its phases) and
-    Gaussian ones (unamplified) compose tightly; the others (random allocation, Monte Carlo) only
-    through their (epsilon, delta), and the output says so.
+    Reports with a privacy-loss distribution (DP-SGD, truncated_pld, MMCC with its phases,
+    allocation_pld) and Gaussian ones (unamplified) compose tightly; the others (Renyi random
+    allocation, Monte Carlo) only through their (epsilon, delta), and the output says so.
 
     Example: dpmf account --sampling poisson --sampling-prob 0.01 --steps 1000
     --noise-multiplier 1.0 --delta 1e-6 --json > run.json; dpmf compose run.json --times 10 --delta 1e-5

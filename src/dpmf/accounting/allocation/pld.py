@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpmf import validation as _v
-from dpmf.accounting.allocation import pld_compose
+from dpmf.accounting.allocation import pld_compose, pld_curve
 from dpmf.accounting.allocation.grid import PILOT_POINTS, refine
 from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
 from dpmf.accounting.allocation.fresh_correlated import add_markov_compositions, fresh_slot_problem, fresh_slot_reductions
@@ -385,12 +386,61 @@ def account_allocation_pld(
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
     groups = _reductions(strategy, scheme)
-    return _report(strategy, scheme, groups, sigma, d, _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points))
+    out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
+    return _report(strategy, scheme, groups, sigma, d, out, accuracy, max_points)
 
 
-def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> PrivacyReport:
-    """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``."""
+def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict, str, bool]:
+    """``(identity_pld keyword arguments, note, whether it is the member reported)``: the identity pair whose PLD bounds this report's
+    pair at every delta (:mod:`.pld_curve`): the scheme's own for ``C = I``, else the reductions'
+    best identity-pair member (the one :func:`_epsilon` reported, or -- when a Markov member gave
+    the reported epsilon, which has no PLD -- the best member that has one)."""
+    fresh, sel = _fresh(scheme), getattr(scheme, "num_selected", 1)
+    if groups is None:
+        return ({"noise_multiplier": sigma, "steps": scheme.steps_per_epoch, "epochs": scheme.epochs,
+                 "num_selected": sel, "fresh_slots": fresh}, "the identity's allocation pair", True)
+    rows = [r for r in out.get("reductions", ()) if "noise_scale_sq" in r and r.get("epsilon") is not None]
+    row = min(rows, key=lambda r: r["epsilon"])
+    kw = {"noise_multiplier": sigma / math.sqrt(row["noise_scale_sq"]), "steps": row["slots"]}
+    if sel != 1:
+        kw.update(epochs=scheme.epochs if fresh else 1, fresh_slots=fresh, num_selected=sel)
+    elif fresh:
+        kw.update(epochs=scheme.epochs, fresh_slots=True)
+    note = f"the identity's pair of the reduction member '{row['bound']}'"
+    same = row["bound"] == out.get("bound")
+    if not same:
+        note += (f" (the reported epsilon came from '{out.get('bound')}', which has no PLD: this curve is the best "
+                 f"member that has one, epsilon {row['epsilon']:.6g} at delta {d:.3g})")
+    return kw, note, same
+
+
+def _curve_source(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
+    """A function building the report's curve on first use (:attr:`PrivacyReport.curve_source`): the
+    pessimistic PLD of the identity pair ``kw`` (:func:`_member`), valid at every delta
+    (:mod:`.pld_curve`). A ``functools.partial`` of a module function, so the report still pickles."""
+    return functools.partial(_build_curve, dict(kw), note, d, eps, accuracy, max_points)
+
+
+def _build_curve(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
+    from dpmf.privacy.tradeoff import PrivacyCurve  # (lazy, as report.pld_report)
+
+    pld = pld_curve.identity_pld(delta=d, rel_tol=accuracy, max_points=max_points, **kw)
+    if pld is None:
+        return None  # (the Gaussian mechanism's epsilon without a grid: the (epsilon, delta) claim)
+    return PrivacyCurve.from_pld(pld, epsilon=eps, delta=d, note=(
+        f"allocation_pld: pessimistic PLD valid at every delta (connect-the-dots hull of the grid's "
+        f"hockey-stick bound, loss step {pld_curve.LOSS_STEP:g}) of {note}"))
+
+
+def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accuracy: float = DEFAULT_REL_TOL,
+            max_points: int = DEFAULT_MAX_POINTS) -> PrivacyReport:
+    """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``, its PLD
+    built on first use (:func:`_curve_source`)."""
     out = dict(out)
+    kw, note, same = _member(scheme, groups, sigma, d, out)
+    source = _curve_source(kw, note, d, out["epsilon"], accuracy, max_points)
+    if not same:  # (a Markov member gave the epsilon: say which PLD is carried)
+        out["pld_curve"] = "the carried PLD (dpmf.compose, tradeoff) is " + note
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
     if groups is not None and groups.label == k_of_t_correlated.LABEL:
@@ -436,6 +486,7 @@ def _report(strategy, scheme, groups, sigma: float, d: float, out: dict) -> Priv
         strategy=describe_strategy(strategy),
         scheme=scheme.describe(),
         diagnostics=out,
+        curve_source=source,
     )
 
 
@@ -496,6 +547,7 @@ def noise_and_report(
         return seen[s]["epsilon"]
 
     def report_at(s: float) -> PrivacyReport:
-        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s]), options=recorded_options(options))
+        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s], accuracy, max_points),
+                                   options=recorded_options(options))
 
     return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit)

@@ -81,7 +81,7 @@ from dpmf.accounting.allocation.grid import CAP_MARGIN, CUT_BUDGET, Law, Plan, c
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
-__all__ = ["BUDGET", "composition_epsilon", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
+__all__ = ["BUDGET", "composition_epsilon", "one_copy_law", "profile_composition_epsilon", "profiles_composition_epsilon", "split_k_of_t"]
 
 
 #: Fraction of delta that the composition's window cuts and the profile's top may cost (tightness).
@@ -208,6 +208,28 @@ def _connect_the_dots(d, eps_lo: float, eps_hi: float, step: float):
     lo_i, hi_i = (int(nz[0]), int(nz[-1])) if nz.size else (0, 0)
     law = Law(int(j[lo_i]), masses[lo_i : hi_i + 1].copy(), float(masses.sum()) + 1e-15)
     return law, min(p_inf * (1 + 4 * UNIT_ROUNDOFF) + 1e-300, 1.0)
+
+
+def one_copy_law(direction: str, eta: float, t: int, delta_smalls, step: float, *, rel_tol: float,
+                 max_points: int, add_reach: int = _ADD_REACH[1]) -> tuple[int, np.ndarray, float]:
+    """``(lower_index, masses, infinity_mass)``: steps a-b for one copy of 1-of-``t`` allocation at
+    ``eta = 1 / sigma^2`` in one direction -- the P-law of a pair that dominates the copy's pair at
+    *every* ``gamma > 0`` (module docstring), mass ``masses[i]`` at the loss
+    ``(lower_index + i) * step``.
+
+    Each ``delta_small`` in ``delta_smalls`` gives one profile (step a), its windows and grid fitted
+    to that delta, its cut budget charged at every ``gamma`` (so it ends up in the infinity mass):
+    a small one reaches far into the tail, a larger one is finer where moderate deltas are decided.
+    Each profile bounds ``H_gamma`` at every ``gamma`` (beyond its window it is flat at its charge),
+    so their pointwise minimum does too, and its hull (step b) is taken."""
+    profiles = [_profile_points(direction, eta, t, ds, rel_tol, max_points, add_reach=add_reach)
+                for ds in sorted(set(float(x) for x in delta_smalls))]
+
+    def d(gam):
+        return np.minimum.reduce([p[0](gam) for p in profiles])
+
+    law, p_inf = _connect_the_dots(d, min(p[1] for p in profiles), max(p[2] for p in profiles), step)
+    return int(law.lo), law.p, float(p_inf)
 
 
 # ----------------------------------------------------------------------------- composition
