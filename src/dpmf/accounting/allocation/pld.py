@@ -390,8 +390,8 @@ def account_allocation_pld(
     return _report(strategy, scheme, groups, sigma, d, out, accuracy, max_points)
 
 
-def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict, str, bool]:
-    """``(identity_pld keyword arguments, note, whether it is the member reported)``: the identity pair whose PLD bounds this report's
+def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict | None, str, bool]:
+    """``(identity_pld keyword arguments or None, note, whether it is the member reported)``: the identity pair whose PLD bounds this report's
     pair at every delta (:mod:`.pld_curve`): the scheme's own for ``C = I``, else the reductions'
     best identity-pair member (the one :func:`_epsilon` reported, or -- when a Markov member gave
     the reported epsilon, which has no PLD -- the best member that has one)."""
@@ -400,6 +400,8 @@ def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict, st
         return ({"noise_multiplier": sigma, "steps": scheme.steps_per_epoch, "epochs": scheme.epochs,
                  "num_selected": sel, "fresh_slots": fresh}, "the identity's allocation pair", True)
     rows = [r for r in out.get("reductions", ()) if "noise_scale_sq" in r and r.get("epsilon") is not None]
+    if not rows:  # (no identity-pair member was computed: no PLD to carry, the report keeps its claim)
+        return None, "no identity-pair reduction member was computed", False
     row = min(rows, key=lambda r: r["epsilon"])
     kw = {"noise_multiplier": sigma / math.sqrt(row["noise_scale_sq"]), "steps": row["slots"]}
     if sel != 1:
@@ -438,8 +440,10 @@ def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accurac
     built on first use (:func:`_curve_source`)."""
     out = dict(out)
     kw, note, same = _member(scheme, groups, sigma, d, out)
-    source = _curve_source(kw, note, d, out["epsilon"], accuracy, max_points)
-    if not same:  # (a Markov member gave the epsilon: say which PLD is carried)
+    source = None if kw is None else _curve_source(kw, note, d, out["epsilon"], accuracy, max_points)
+    if kw is None:
+        out["pld_curve"] = f"none carried ({note}): dpmf.compose uses the (epsilon, delta) claim"
+    elif not same:  # (a Markov member gave the epsilon: say which PLD is carried)
         out["pld_curve"] = "the carried PLD (dpmf.compose, tradeoff) is " + note
     by_dir = dict(out.pop("epsilon_by_direction"))
     eps = out.pop("epsilon")
