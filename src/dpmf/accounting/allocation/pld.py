@@ -391,9 +391,9 @@ def account_allocation_pld(
 
 
 def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict | None, str, bool]:
-    """``(identity_pld keyword arguments or None, note, whether it is the member reported)``: the identity pair whose PLD bounds this report's
-    pair at every delta (:mod:`.pld_curve`): the scheme's own for ``C = I``, else the reductions'
-    best identity-pair member (the one :func:`_epsilon` reported, or -- when a Markov member gave
+    """``(identity_pld keyword arguments or None, note, whether it is the member reported)``: the
+    identity pair whose PLD bounds this report's pair at every delta (:mod:`.pld_curve`): the
+    scheme's own for ``C = I``, else the reductions' best identity-pair member (the one :func:`_epsilon` reported, or -- when a Markov member gave
     the reported epsilon, which has no PLD -- the best member that has one)."""
     fresh, sel = _fresh(scheme), getattr(scheme, "num_selected", 1)
     if groups is None:
@@ -416,14 +416,10 @@ def _member(scheme, groups, sigma: float, d: float, out: dict) -> tuple[dict | N
     return kw, note, same
 
 
-def _curve_source(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
-    """A function building the report's curve on first use (:attr:`PrivacyReport.curve_source`): the
-    pessimistic PLD of the identity pair ``kw`` (:func:`_member`), valid at every delta
-    (:mod:`.pld_curve`). A ``functools.partial`` of a module function, so the report still pickles."""
-    return functools.partial(_build_curve, dict(kw), note, d, eps, accuracy, max_points)
-
-
 def _build_curve(kw: dict, note: str, d: float, eps: float, accuracy: float, max_points: int):
+    """The report's curve (:attr:`PrivacyReport.curve_source` holds a ``functools.partial`` of this
+    module function, so the report still pickles): the pessimistic PLD of the identity pair ``kw``
+    (:func:`_member`), valid at every delta (:mod:`.pld_curve`)."""
     from dpmf.privacy.tradeoff import PrivacyCurve  # (lazy, as report.pld_report)
 
     pld = pld_curve.identity_pld(delta=d, rel_tol=accuracy, max_points=max_points, **kw)
@@ -437,10 +433,10 @@ def _build_curve(kw: dict, note: str, d: float, eps: float, accuracy: float, max
 def _report(strategy, scheme, groups, sigma: float, d: float, out: dict, accuracy: float = DEFAULT_REL_TOL,
             max_points: int = DEFAULT_MAX_POINTS) -> PrivacyReport:
     """The report of :func:`account_allocation_pld` from :func:`_epsilon`'s result ``out``, its PLD
-    built on first use (:func:`_curve_source`)."""
+    built on first use (:func:`_build_curve`)."""
     out = dict(out)
     kw, note, same = _member(scheme, groups, sigma, d, out)
-    source = None if kw is None else _curve_source(kw, note, d, out["epsilon"], accuracy, max_points)
+    source = None if kw is None else functools.partial(_build_curve, kw, note, d, out["epsilon"], accuracy, max_points)
     if kw is None:
         out["pld_curve"] = f"none carried ({note}): dpmf.compose uses the (epsilon, delta) claim"
     elif not same:  # (a Markov member gave the epsilon: say which PLD is carried)
