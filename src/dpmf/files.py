@@ -13,6 +13,12 @@ Writers check their destination *before* the work starts (:func:`check_output_fi
 :func:`check_output_dir`: the folder exists, is a folder and takes a new file -- tried for real,
 since permission bits do not tell for root or ``/proc``; the file is not a folder; a plot's
 extension is one matplotlib writes) and turn an ``OSError`` while writing into the same one-line error (:func:`writing`).
+
+Every file dpmf writes is replaced atomically (:func:`atomic_write`, and :func:`write_npz` for
+``.npz`` archives): the bytes go to a temporary file beside the destination, which is flushed,
+fsynced and renamed over it only once complete. A failed write (a full disk, a file-size limit,
+an interrupt) removes the temporary file and leaves the previous file byte-identical; a killed
+process leaves at most a ``.<name>.*.tmp`` beside it, never a damaged destination.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ __all__ = [
     "read_json",
     "reading",
     "writing",
+    "atomic_write",
+    "write_npz",
+    "save_figure",
     "check_output_file",
     "check_output_dir",
     "check_input_dir",
@@ -377,3 +386,106 @@ def writing(path, what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise InvalidParameterError(f"{label(path)}: cannot write the {what}: {_reason(exc)}") from None
+
+
+def _temporary_beside(path: Path) -> tuple[int, Path]:
+    """A new, empty file in ``path``'s folder (opened for writing; the mode a plain ``open`` would
+    give it, i.e. the umask applies, or the replaced file's mode): ``(fd, its path)``."""
+    import secrets
+    import stat
+
+    folder = path.parent if str(path.parent) else Path(".")
+    while True:
+        tmp = folder / f".{path.name[:200]}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:  # pragma: no cover - 32 random bits taken
+            continue
+        break
+    try:
+        os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+    except OSError:
+        pass  # a new destination (or a mode we may not set): keep the umask's
+    return fd, tmp
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (best effort: not every system opens a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def atomic_write(path, what: str, *, fsync: bool = True) -> Iterator[io.BufferedWriter]:
+    """Write ``path`` all or nothing: yields a binary file open on a temporary file in the same
+    folder; on a clean exit it is flushed (and with ``fsync`` synced to disk, the folder too) and
+    ``os.replace``-d over ``path``. On any failure -- an ``OSError`` (as one
+    :class:`InvalidParameterError` naming the file, like :func:`writing`), an exception of the
+    writer, an interrupt -- the temporary file is removed and ``path`` is left as it was. The one
+    way dpmf writes a file (a test guards it); ``fsync=False`` for caches, whose loss costs only
+    a recomputation."""
+    path = Path(path)
+    try:
+        fd, tmp = _temporary_beside(path)
+    except OSError as exc:
+        raise InvalidParameterError(f"{label(path)}: cannot write the {what}: {_reason(exc)}") from None
+    try:
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+                fh.flush()
+                if fsync:
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as exc:
+        raise InvalidParameterError(f"{label(path)}: cannot write the {what}: {_reason(exc)}") from None
+    if fsync:
+        _sync_folder(path.parent if str(path.parent) else Path("."))
+
+
+def write_npz(path, arrays: dict, what: str, *, compressed: bool = True, fsync: bool = True) -> None:
+    """Write ``arrays`` (name -> array) as an ``.npz`` archive at ``path`` through
+    :func:`atomic_write` (what ``np.savez`` / ``np.savez_compressed`` write, numeric arrays only:
+    ``allow_pickle=False``). A write that fails part-way leaves no half-written archive behind and
+    no zip object that would try to finish it later (numpy's own ``savez`` leaves one, whose
+    ``__del__`` prints ``Exception ignored ... seek of closed file``)."""
+    import numpy as np
+
+    compression = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+    with atomic_write(path, what, fsync=fsync) as fh:
+        archive = zipfile.ZipFile(fh, mode="w", compression=compression, allowZip64=True)
+        try:
+            for name, value in arrays.items():
+                with archive.open(f"{name}.npy", mode="w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+            archive.close()
+        except BaseException:
+            archive.fp = None  # abandoned: the temporary file is removed; nothing left to finish
+            raise
+
+
+def save_figure(fig, path, what: str = "plot"):
+    """Save a matplotlib ``fig`` to ``path`` (its extension is the format; 120 dpi, tight box)
+    through :func:`atomic_write`, close it (whatever happens) and return ``path``."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_write(path, what) as fh:
+            fig.savefig(fh, format=Path(path).suffix.lstrip(".").lower() or None, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return path

@@ -143,15 +143,8 @@ def tradeoff_plot(report, points=None, path=None, *, scale: str = "both", title:
 
 
 def save_figure(fig, path):
-    """Save ``fig`` to ``path`` (PNG at 120 dpi, tight box; write errors as one DPMFError), close it,
-    return ``path``."""
-    import matplotlib.pyplot as plt
+    """Save ``fig`` to ``path`` (its extension is the format, 120 dpi, tight box; written atomically,
+    write errors as one DPMFError), close it, return ``path`` (:func:`dpmf.files.save_figure`)."""
+    from dpmf.files import save_figure as save
 
-    from dpmf.files import writing
-
-    try:
-        with writing(path, "plot"):
-            fig.savefig(path, dpi=120, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
+    return save(fig, path)

@@ -126,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path} is out of date; regenerate it with: {REGENERATE}", file=sys.stderr)
             return 1
         return 0
-    path.write_text(page)
+    from dpmf.files import atomic_write
+
+    with atomic_write(path, "CLI reference") as fh:
+        fh.write(page.encode("utf-8"))
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -25,7 +25,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.errors import InvalidParameterError
-from dpmf.files import check_output_file, read_npz, reading, writing
+from dpmf.files import check_output_file, read_npz, reading, write_npz
 from dpmf.strategies import error as _err
 from dpmf.strategies.dense import DenseStrategy
 from dpmf.strategies.fft import FFTMechanism
@@ -217,8 +217,7 @@ def save(strategy, path: str | Path, *, workload: dict | None = None) -> None:
         if strategy.inverse_coefs is not None:
             arrays["inverse_coefs"] = np.asarray(strategy.inverse_coefs)
     check_output_file(path, "path")
-    with writing(path, "strategy file"), open(path, "wb") as fh:
-        np.savez_compressed(fh, metadata=np.array(json.dumps(meta)), **arrays)
+    write_npz(path, {"metadata": np.array(json.dumps(meta)), **arrays}, "strategy file")
 
 
 def _check_recorded_sha256(desc: dict, C: np.ndarray, where: str) -> None:

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.files import check_output_dir, read_npz, writing
+from dpmf.files import check_output_dir, read_npz, write_npz
 from dpmf.strategies.matrix_identity import INLINE_MAX_N, inline_matrix, matrix_sha256
 
 __all__ = [
@@ -217,8 +217,7 @@ def save_matrices(strategy: object, directory: str | Path) -> list[Path]:
     paths = []
     for arr in arrays:
         path = folder / f"{matrix_sha256(arr)}.npz"
-        with writing(path, "matrix archive"), open(path, "wb") as fh:
-            np.savez_compressed(fh, matrix=np.ascontiguousarray(arr, dtype=np.float64))
+        write_npz(path, {"matrix": np.ascontiguousarray(arr, dtype=np.float64)}, "matrix archive")
         paths.append(path)
     return paths
 

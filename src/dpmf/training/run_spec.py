@@ -179,18 +179,19 @@ class RunSpec:
         """Write ``make_report()`` (a training report of this run, made once ``path`` is checked) as JSON
         to ``path`` (its folder must exist), and next to it, as ``<sha256>.npz``, the dense matrix a
         large dense strategy's description names by hash only, so ``dpmf verify path --matrices <its
-        folder>`` re-checks it from the files alone. Returns the paths written."""
-        from dpmf.files import check_output_file, writing
+        folder>`` re-checks it from the files alone. Returns the paths written. Every file is replaced
+        atomically (:func:`dpmf.files.atomic_write`): a failed write leaves the previous report whole;
+        the matrix is written first, so a report never names a matrix that is not beside it."""
+        from dpmf.files import atomic_write, check_output_file
         from dpmf.strategies.serialization import save_matrices
 
         path = check_output_file(path, "path")
-        written = [path]
-        with writing(path, "privacy report"):
-            path.write_text(make_report().to_json(indent=1) + "\n", encoding="utf-8")
+        text = make_report().to_json(indent=1) + "\n"
         desc = self.strategy.describe()
-        if "matrix" not in desc and "sha256" in desc:
-            written += save_matrices(self.strategy, path.parent)
-        return written
+        matrices = save_matrices(self.strategy, path.parent) if "matrix" not in desc and "sha256" in desc else []
+        with atomic_write(path, "privacy report") as fh:
+            fh.write(text.encode("utf-8"))
+        return [path, *matrices]
 
     def check_checkpoint(self, state: dict) -> None:
         """Refuse a checkpoint ``state`` whose plan description no longer hashes to its stored

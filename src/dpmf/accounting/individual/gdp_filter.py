@@ -33,7 +33,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.errors import InvalidParameterError
-from dpmf.files import check_output_file, read_npz, reading, writing
+from dpmf.files import check_output_file, read_npz, reading, write_npz
 from dpmf.privacy.gdp import gdp_delta, gdp_epsilon, gdp_epsilon_array
 
 LEDGER_KIND = "dpmf.individual.gdp_ledger"
@@ -244,16 +244,12 @@ class IndividualGDPLedger:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write an ``.npz`` with the arrays and a JSON metadata record (the folder must exist)."""
+        """Write an ``.npz`` with the arrays and a JSON metadata record (the folder must exist),
+        atomically: a failed write leaves the previous ledger whole (:func:`dpmf.files.write_npz`)."""
         check_output_file(path, "path")
-        with writing(path, "GDP ledger"), open(path, "wb") as fh:
-            np.savez_compressed(
-                fh,
-                spent_sq=self.spent_sq,
-                dropped=self.dropped,
-                last_active=self.last_active,
-                metadata=np.array(json.dumps(self.metadata())),
-            )
+        arrays = {"spent_sq": self.spent_sq, "dropped": self.dropped, "last_active": self.last_active,
+                  "metadata": np.array(json.dumps(self.metadata()))}
+        write_npz(path, arrays, "GDP ledger")
 
     @classmethod
     def load(cls, path: str | Path, *, run_id: str | None = None) -> "IndividualGDPLedger":

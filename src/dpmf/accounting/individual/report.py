@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dpmf.accounting.individual.gdp_filter import IndividualGDPLedger
-from dpmf.files import check_output_file, writing
+from dpmf.files import check_output_file, save_figure
 from dpmf.privacy.gdp import gdp_epsilon
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -53,8 +53,4 @@ def plot_epsilons(eps: np.ndarray, summary: dict, path: str) -> None:
     ax2.legend(loc="lower right")
     fig.suptitle(f"{summary['num_examples']} examples, {summary['steps']} steps, {summary['exhausted']} exhausted")
     fig.tight_layout()
-    try:
-        with writing(path, "plot"):
-            fig.savefig(path, dpi=120, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -53,7 +52,7 @@ import numpy as np
 
 from dpmf import progress
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError
-from dpmf.files import check_output_dir, read_npz, reading, writing
+from dpmf.files import check_output_dir, read_npz, reading, write_npz
 from dpmf.privacy.gaussian_plds import subsampled_gaussian
 from dpmf.privacy.mixture import mixture_of_gaussians
 from dpmf.privacy.pld import PrivacyLossDistribution
@@ -152,7 +151,7 @@ def row_pld(
         sens, probs = dist.nonzero()
     if sens[-1] == 0:
         return None
-    return mixture_of_gaussians(sens, probs, noise_multiplier, discretization=discretization)
+    return mixture_of_gaussians(sens, probs, noise_multiplier, discretization=discretization, lattice=grid_step)
 
 
 class RowCache:
@@ -189,16 +188,7 @@ class RowCache:
 
     def save(self, job: tuple, pld: PrivacyLossDistribution | None) -> None:
         arrays = {"none": np.array(1)} if pld is None else pld.to_arrays()
-        with writing(self.directory, "MMCC row checkpoint"):
-            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    np.savez(fh, **arrays)
-                os.replace(tmp, self.path(job))
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
+        write_npz(self.path(job), arrays, "MMCC row checkpoint", compressed=False, fsync=False)
 
 
 def _job(args: tuple) -> PrivacyLossDistribution | None:

@@ -192,7 +192,7 @@ class Privacy:
 
     def save_checkpoint(self, path: str | os.PathLike, params, opt_state) -> None:
         """Write :meth:`state_dict` to ``path`` (``.npz``: the arrays, and the rest as JSON; no pickle)."""
-        from dpmf.files import check_output_file
+        from dpmf.files import check_output_file, write_npz
 
         path = check_output_file(path, "checkpoint path")
         state = self.state_dict(params, opt_state)
@@ -200,13 +200,7 @@ class Privacy:
         arrays.update({f"opt_{i}": a for i, a in enumerate(state.pop("opt_state"))})
         meta = {**state, "kind": "dpmf-jax-checkpoint", "num_params": sum(k.startswith("params_") for k in arrays),
                 "num_opt": sum(k.startswith("opt_") for k in arrays)}
-        tmp = path.with_name(path.name + ".tmp.npz")
-        try:
-            np.savez(tmp, metadata=np.array(json.dumps(meta)), **arrays)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise InvalidParameterError(f"cannot write the checkpoint {path}: {exc.strerror or exc} "
-                                        "(choose a writable folder)") from exc
+        write_npz(path, {"metadata": np.array(json.dumps(meta)), **arrays}, "checkpoint", compressed=False)
 
     def load_checkpoint(self, path: str | os.PathLike, params, opt_state):
         """Load a checkpoint written by :meth:`save_checkpoint` onto templates; ``(params, opt_state)``.

@@ -201,19 +201,15 @@ class Privacy:
 
     def save_checkpoint(self, path: str | os.PathLike) -> None:
         """Write :meth:`state_dict` to ``path`` atomically (a temporary file, then a rename; the folder
-        must exist and be writable). See :meth:`load_checkpoint` for what loading it checks."""
-        from dpmf.files import check_output_file
+        must exist and be writable; :func:`dpmf.files.atomic_write`). See :meth:`load_checkpoint` for
+        what loading it checks."""
+        from dpmf.files import atomic_write, check_output_file
 
         path = check_output_file(path, "checkpoint path")  # folder exists and takes a file, not a folder
         buf = io.BytesIO()
         torch.save(self.state_dict(), buf)
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_bytes(buf.getvalue())
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise InvalidParameterError(f"cannot write the checkpoint {path}: {exc.strerror or exc} "
-                                        "(choose a writable folder)") from exc
+        with atomic_write(path, "checkpoint") as fh:
+            fh.write(buf.getbuffer())
 
     def load_checkpoint(self, path: str | os.PathLike) -> None:
         """Load a checkpoint written by :meth:`save_checkpoint` (tensors only, ``weights_only=True``).
