@@ -36,13 +36,13 @@ def test_an_exhausted_budget_cuts_the_last_wave_only_and_the_cache_keeps_the_cut
     assert len(firsts) == 1 and firsts[0][1] == 1 and [r.rank for r in firsts[0][0]] == [1, 2]
     again = plan(RUN, only=picked(), budget=1e-9, cache=tmp_path)  # the same budget: the cut is reused
     assert [c.label for c in again.cut] == [c.label for c in res.cut] and all(r.cached for r in again)
-    full = plan(RUN, only=picked(), budget=None, cache=tmp_path)  # no budget: the cut is not reused
+    full = plan(RUN, only=picked(), thorough=True, cache=tmp_path)  # no budget: the cut is not reused
     assert full.complete and len(full) == 3
 
 
 def test_a_sufficient_budget_gives_the_rows_of_the_thorough_plan():
-    thorough = plan(RUN, only=picked())
-    budgeted = plan(RUN, only=picked(), budget=3600)
+    thorough = plan(RUN, only=picked(), thorough=True, cache=None)
+    budgeted = plan(RUN, only=picked(), budget=3600, cache=None)
     assert budgeted.complete and [values(r) for r in budgeted] == [values(r) for r in thorough]
 
 
@@ -75,7 +75,7 @@ def test_a_row_that_would_not_fit_in_memory_is_skipped_before_it_is_built(monkey
     assert optimal.memory_bytes() > 15 * 2**30  # the dual problem's k(k+1)/2 x (1 + k(k-1)/2) matrix
     small = next(c for c in candidates(run) if c.strategy_name == "identity" and c.scheme.name == "fixed-order")
     monkeypatch.setattr(dpmf.resources, "available_memory", lambda: 4.0 * 2**30)
-    res = plan(run, only=[small, optimal])
+    res = plan(run, only=[small, optimal], cache=None)
     assert [(r.strategy, r.sampling) for r in res] == [("identity", "fixed-order")]
     (skipped,) = res.cut
     assert skipped.strategy == "optimal-mf" and "15.2 GiB" in skipped.reason and "--force" in skipped.reason

@@ -256,7 +256,7 @@ def test_plan_json_rows_carry_specs_and_run(plan_json):
 def test_plan_export_writes_the_chosen_row(plan_json):
     data, folder, res = plan_json
     loaded = load_row(folder / "row2.json")
-    assert loaded.rank == 2 and loaded.to_dict() == data["rows"][1]
+    assert loaded.rank == 2 and {"rank": 2, **loaded.to_dict()} == data["rows"][1]
     assert "row 2 (" in res.stderr and "make_private(..., plan=" in res.stderr  # stdout stays JSON
 
 

@@ -60,8 +60,8 @@ def _evaluate_task(cand: Candidate, run: TrainingRun, threshold: float) -> PlanR
 
 class PlanResult(list):
     """The rows of :func:`plan` (a list, best first) and what its time budget left out: ``cut``
-    (:class:`~dpmf.planning.budget.Cut`: candidates stopped before they certified any noise),
-    ``budget`` (seconds, ``None``: none) and ``seconds`` (the plan's wall time)."""
+    (:class:`~dpmf.planning.budget.Cut`: candidates stopped before they certified any noise, or
+    skipped), ``budget`` (seconds, ``None``: none) and ``seconds`` (the plan's wall time)."""
 
     def __init__(self, rows=(), *, cut=(), budget=None, seconds=0.0):
         super().__init__(rows)
@@ -74,66 +74,119 @@ class PlanResult(list):
         """Every candidate calibrated or pruned (nothing cut by the budget)."""
         return not self.cut and not any(r.cut for r in self)
 
+    def counts(self) -> dict:
+        """How each candidate ended: ``certified`` (ranked, calibrated to the end), ``estimates``
+        (ranked Monte Carlo estimates), ``pruned``, ``cut`` (stopped by the time budget: a cut row
+        or a candidate with none), ``skipped`` (no row for another reason: memory, a worker that
+        died) and ``candidates`` (all of them)."""
+        ranked = [r for r in self if not r.pruned]
+        out = {
+            "certified": sum(1 for r in ranked if r.certified and not r.cut),
+            "estimates": sum(1 for r in ranked if not r.certified),
+            "pruned": sum(1 for r in self if r.pruned),
+            "cut": sum(1 for r in self if r.cut) + sum(1 for c in self.cut if c.by_budget),
+            "skipped": sum(1 for c in self.cut if not c.by_budget),
+        }
+        out["candidates"] = len(self) + len(self.cut)
+        return out
+
+    def summary(self) -> str:
+        """One line: ``"20 candidates: 12 certified, 2 pruned, 6 cut by the time budget (2 with a
+        certified noise, 4 not ranked)"`` (zero counts left out, except certified)."""
+        return _summary(self.counts(), sum(1 for r in self if r.cut))
+
+
+def _summary(n: dict, cut_rows: int) -> str:
+    parts = [f"{n['certified']} certified"]
+    if n["estimates"]:
+        parts.append(f"{n['estimates']} Monte Carlo estimates")
+    if n["pruned"]:
+        parts.append(f"{n['pruned']} pruned")
+    if n["cut"]:
+        unranked = n["cut"] - cut_rows
+        parts.append(f"{n['cut']} cut by the time budget ({cut_rows} with a certified noise, {unranked} not ranked)")
+    if n["skipped"]:
+        parts.append(f"{n['skipped']} skipped")
+    return f"{n['candidates']} candidates: " + ", ".join(parts)
+
 
 def plan(
     run: TrainingRun,
     *,
-    on_row: Callable[[PlanRow], None] | None = None,
-    cache=None,
+    budget: float | None = None,
+    thorough: bool = False,
+    cache=True,
+    workers: int | None = None,
     scheduler=None,
     prune: bool = True,
     only: list[Candidate] | None = None,
-    workers: int | None = None,
-    budget: float | None = None,
+    on_row: Callable[[PlanRow], None] | None = None,
     on_first: Callable[[list[PlanRow], int], None] | None = None,
     force: bool = False,
 ) -> PlanResult:
     """Calibrate every candidate to ``(run.epsilon, run.delta)``; rows sorted best first (pruned
-    rows, ``row.pruned``, last, with a lower bound on their prefix RMSE).
+    rows, ``row.pruned``, last, with a lower bound on their prefix RMSE). The defaults are those of
+    ``dpmf plan``, so ``plan(run)`` answers like the command, within the same time budget:
 
-    ``cache``: a folder (rows are kept in its ``plan/`` subfolder, :mod:`dpmf.planning.cache`) or a
-    :class:`~dpmf.planning.cache.PlanCache`; ``None``: no cache. ``scheduler``: a Dask scheduler
-    address or ``distributed.Client`` to run each wave's candidates on (same rows as locally).
+    * ``budget``: seconds (wall time from the call) after which the costly last wave
+      (:mod:`dpmf.planning.budget`) is stopped; ``None`` (default): the command's default,
+      :data:`~dpmf.planning.budget.DEFAULT_BUDGET` (25 s). Its candidates run in worker processes
+      (one per CPU, or ``workers``); one stopped after certifying a noise gives a *cut* row
+      (``row.cut``: certified, not yet the smallest noise), one stopped before gives an entry of
+      ``result.cut``. The earlier waves always run to the end (their amplified candidates also in
+      one process per CPU).
+    * ``thorough``: ``True``: no time budget, every candidate calibrated (``dpmf plan --thorough``).
+      A ``budget`` together with ``thorough=True`` is refused
+      (:class:`~dpmf.errors.InvalidParameterError`), as is a budget that is not a finite number > 0.
+    * ``cache``: ``True`` (default): the command's cache folder
+      (:func:`default_cache_dir`: ``$DPMF_CACHE_DIR``, ``$XDG_CACHE_HOME/dpmf`` or ``~/.cache/dpmf``;
+      an unwritable fallback folder means no cache, with a warning); a folder (rows are kept in its
+      ``plan/`` subfolder, :mod:`dpmf.planning.cache`) or a :class:`~dpmf.planning.cache.PlanCache`;
+      ``None`` or ``False``: no cache. A row cut under one budget is computed again under a larger
+      one (or thorough); under the same or a smaller budget the cached cut is reused.
+    * ``workers``: ``None`` (default): one process per CPU for the waves a budget runs in worker
+      processes, one process for the rest; a number: run each wave's candidates in this many local
+      processes (same rows as one; never more processes than candidates or CPUs:
+      :func:`dpmf.resources.usable_workers`).
+    * ``scheduler``: a Dask scheduler address or ``distributed.Client`` to run each wave's
+      candidates on (same rows as locally; the waves then run whole, so an explicit ``budget`` is
+      refused with it).
+
     ``prune``: ``True`` (default) prunes candidates that provably cannot beat the best row of an
     earlier wave (same best row, fewer calibrations); ``False`` calibrates every candidate
     precisely. ``only``: rank these candidates instead of :func:`candidates` ``(run)``.
-    ``workers``: run each wave's candidates in this many local processes (same rows as one; never
-    more processes than candidates or CPUs: :func:`dpmf.resources.usable_workers`).
-
-    ``budget``: seconds (wall time from the call) after which the costly last wave
-    (:mod:`dpmf.planning.budget`) is stopped; its candidates then run in worker processes (one per
-    CPU, or ``workers``), and a candidate stopped after certifying a noise gives a *cut* row
-    (``row.cut``: certified, not yet the smallest noise), one stopped before gives an entry of
-    ``result.cut``. ``None`` (default): no limit, every candidate calibrated (``dpmf plan
-    --thorough``). The earlier waves always run to the end (with a budget, their amplified candidates also in one process per CPU). A cached cut row is reused only for a
-    budget at most as large as the one it was cut by. ``on_first(rows, pending)``: called with the
-    ranked rows of the earlier waves when ``pending`` last-wave candidates are still to run (the CLI
-    prints them at once).
+    ``on_row(row)``: called as each row is found. ``on_first(rows, pending)``: called with the
+    ranked rows of the earlier waves when ``pending`` last-wave candidates are still to run under
+    the budget (the CLI prints them at once on a terminal).
 
     Memory: a candidate whose estimated peak (:meth:`~dpmf.planning.candidates.Candidate.memory_bytes`)
     exceeds half the memory available now is skipped before anything is built -- an entry of
-    ``result.cut`` whose ``reason`` gives the estimate -- unless ``force``.
+    ``result.cut`` whose ``reason`` gives the estimate -- unless ``force``. A plan left with no ranked
+    row at all is refused (:class:`~dpmf.errors.UnsupportedConfigurationError`, saying why), never an
+    empty answer. Progress: one :func:`dpmf.progress.task` whose count is the candidates calibrated
+    or pruned; when the budget cut some, its last line says ``stopped by the time budget`` (not
+    ``done``) and counts them (:meth:`PlanResult.summary`).
     """
     import time
 
     from dpmf import progress
-    from dpmf.planning.cache import PlanCache
+    from dpmf.planning.budget import resolve_budget
 
     started = time.monotonic()
-    if budget is not None:
-        budget = _v.positive("budget", budget)
-    deadline = None if budget is None else started + budget
-    if cache is not None and not isinstance(cache, PlanCache):
-        cache = PlanCache(cache)
+    if scheduler is not None and budget is not None:
+        from dpmf.errors import InvalidParameterError
+
+        raise InvalidParameterError("budget applies to a local plan: with a scheduler each wave runs whole on the "
+                                    "cluster; leave budget out (or pass thorough=True)")
+    budget = resolve_budget(budget, thorough)
+    cache = _plan_cache(cache)
     cands = candidates(run) if only is None else list(only)
-    rows: list[PlanRow | None] = [None] * len(cands)
-    cut_list = []
     client, own, pool = None, False, None
     if scheduler is not None:
         from dpmf.accounting._dask import connect
 
         client, own = connect(scheduler)
-        deadline = budget = None  # (a cluster runs the waves whole)
+        budget = None  # (a cluster runs the waves whole)
     elif workers is not None and usable_workers(_v.positive_int("workers", workers), len(cands)) > 1:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
@@ -141,35 +194,14 @@ def plan(
         # spawn: fresh processes (no copy of a live progress bar or of BLAS threads); never more
         # processes than candidates or CPUs
         pool = ProcessPoolExecutor(usable_workers(workers, len(cands)), mp_context=multiprocessing.get_context("spawn"))
-    if not force:  # (rows that would not fit in memory: skipped up front, saying so)
-        from dpmf.planning.budget import Cut
-        from dpmf.resources import available_memory, format_bytes
-
-        room = available_memory() / 2  # (one row of a plan never takes more than half of what is free)
-        keep = []
-        for c in cands:
-            need = c.memory_bytes()
-            if need > room:
-                cut_list.append(Cut(c.label, c.strategy_name, c.sampling_name, c.method, 0, 0.0, reason=(
-                    f"needs about {format_bytes(need)} of memory, more than half of the {format_bytes(2 * room)} "
-                    "available: skipped before it was built (plan fewer epochs or steps, or --force)")))
-            else:
-                keep.append(c)
-        cands = keep
-        rows = [None] * len(cands)
+    deadline = None if budget is None else started + budget
+    cands, cut_list = (cands, []) if force else _too_large(cands)
+    rows: list[PlanRow | None] = [None] * len(cands)
     waves = sorted({c.wave for c in cands})
     last = waves[-1] if deadline is not None and waves and waves[-1] > 0 else None
     try:
         with progress.task(f"plan candidates ({run.steps} steps)", total=len(cands), unit="candidates") as bar:
-
-            def done(i: int, row: PlanRow) -> None:
-                rows[i] = row
-                note = f"{row.strategy} / {row.sampling}" + (" (pruned)" if row.pruned else "")
-                note += " (cut by the budget)" if row.cut else ""
-                bar.update(completed=bar.completed + 1, note=note + (" (cached)" if row.cached else ""))
-                if on_row is not None:
-                    on_row(row)
-
+            tally = _Tally(bar, rows, cut_list, on_row)
             for wave in waves:
                 found = [r.prefix_sum_rmse for r in rows if r is not None and not r.pruned]
                 threshold = min(found, default=math.inf) if prune else math.inf
@@ -180,28 +212,27 @@ def plan(
                     hit = cache.get(cand.key(run), threshold, budget=budget) if cache is not None else None
                     stopped = cache.get_cut(cand.key(run), budget) if hit is None and wave == last and cache else None
                     if hit is not None:
-                        done(i, hit)
+                        tally.done(i, hit)
                     elif stopped is not None:  # (stopped by a budget at least this one before: instant)
-                        cut_list.append(stopped)
-                        bar.update(completed=bar.completed + 1, note=f"{stopped.strategy} / {stopped.sampling} (cut)")
+                        tally.cut(stopped)
                     else:
                         todo.append(i)
                 if wave == last:
                     if todo and on_first is not None:
                         on_first(_ranked(sort_rows([r for r in rows if r is not None])), len(todo))
-                    _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, done, cut_list, bar)
+                    _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tally)
                 elif pool is not None:
                     from concurrent.futures import as_completed as completed
 
                     futures = {pool.submit(_evaluate_task, cands[i], run, threshold): i for i in todo}
                     for fut in completed(list(futures)):
-                        _finish(futures[fut], fut.result(), cands, run, cache, threshold, done)
+                        _finish(futures[fut], fut.result(), cands, run, cache, threshold, tally.done)
                 elif client is None and deadline is not None and wave > 0 and len(todo) > 1:
-                    _budgeted(todo, cands, run, cache, threshold, None, budget, workers, done, cut_list, bar)
+                    _budgeted(todo, cands, run, cache, threshold, None, budget, workers, tally)
                 elif client is None:
                     for i in todo:
                         bar.update(note=f"calibrating {cands[i].strategy_name} / {cands[i].sampling_name}")
-                        _finish(i, evaluate(cands[i], run, threshold), cands, run, cache, threshold, done)
+                        _finish(i, evaluate(cands[i], run, threshold), cands, run, cache, threshold, tally.done)
                 else:
                     from distributed import as_completed
 
@@ -209,17 +240,103 @@ def plan(
                         client.submit(_evaluate_task, cands[i], run, threshold, pure=False): i for i in todo
                     }
                     for fut in as_completed(list(futures)):
-                        _finish(futures[fut], fut.result(), cands, run, cache, threshold, done)
+                        _finish(futures[fut], fut.result(), cands, run, cache, threshold, tally.done)
+            result = PlanResult(_ranked(sort_rows([r for r in rows if r is not None])), cut=cut_list, budget=budget,
+                                seconds=time.monotonic() - started)
+            tally.close(result)
     finally:
         if own:
             client.close()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-    ranked = _ranked(sort_rows([r for r in rows if r is not None]))
-    return PlanResult(ranked, cut=cut_list, budget=budget, seconds=time.monotonic() - started)
+    if not any(not r.pruned for r in result):
+        _refuse_empty(result)
+    return result
 
 
-def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, done, cut_list, bar) -> None:
+class _Tally:
+    """The plan's progress: the count is the candidates calibrated or pruned (a cut one is not
+    done), the note names the last one and, at the end, how every candidate ended; a plan the
+    budget cut ends ``stopped by the time budget``, never ``done``."""
+
+    def __init__(self, bar, rows: list, cut_list: list, on_row) -> None:
+        self.bar, self.rows, self.cut_list, self.on_row = bar, rows, cut_list, on_row
+        self.finished = 0
+
+    def done(self, i: int, row: PlanRow) -> None:
+        self.rows[i] = row
+        if not row.cut:
+            self.finished += 1
+        note = f"{row.strategy} / {row.sampling}" + (" (pruned)" if row.pruned else "")
+        note += " (cut by the budget)" if row.cut else ""
+        self.bar.update(completed=self.finished, note=note + (" (cached)" if row.cached else ""))
+        if self.on_row is not None:
+            self.on_row(row)
+
+    def cut(self, c) -> None:
+        self.cut_list.append(c)
+        self.bar.update(note=f"{c.strategy} / {c.sampling} (cut by the budget)" if c.by_budget else
+                        f"{c.strategy} / {c.sampling} (skipped)")
+
+    def close(self, result: PlanResult) -> None:
+        self.bar.update(note=result.summary())
+        if any(c.by_budget for c in result.cut) or any(r.cut for r in result):
+            self.bar.end_as("stopped by the time budget")
+
+
+def _plan_cache(cache):
+    """``plan``'s ``cache`` argument as a :class:`~dpmf.planning.cache.PlanCache` or ``None``."""
+    from dpmf.planning.cache import PlanCache, default_plan_cache
+
+    if cache is None or cache is False:
+        return None
+    if cache is True:
+        found, note = default_plan_cache()
+        if note:
+            import warnings
+
+            warnings.warn(note, stacklevel=3)
+        return found
+    return cache if isinstance(cache, PlanCache) else PlanCache(cache)
+
+
+def _too_large(cands: list[Candidate]) -> tuple[list[Candidate], list]:
+    """``(kept, skipped)``: the candidates whose estimated peak memory is more than half of what is
+    available now are skipped before anything is built, each a :class:`~dpmf.planning.budget.Cut`
+    giving the estimate."""
+    from dpmf.planning.budget import Cut
+    from dpmf.resources import available_memory, format_bytes
+
+    room = available_memory() / 2  # (one row of a plan never takes more than half of what is free)
+    keep, skipped = [], []
+    for c in cands:
+        need = c.memory_bytes()
+        if need > room:
+            skipped.append(Cut(c.label, c.strategy_name, c.sampling_name, c.method, 0, 0.0, reason=(
+                f"needs about {format_bytes(need)} of memory, more than half of the {format_bytes(2 * room)} "
+                "available: skipped before it was built (plan fewer epochs or steps, or --force)")))
+        else:
+            keep.append(c)
+    return keep, skipped
+
+
+def _refuse_empty(result: PlanResult) -> None:
+    """A plan with no ranked row is an error saying why (the first candidate's reason) and what to
+    change -- never an empty answer."""
+    from dpmf.errors import UnsupportedConfigurationError
+
+    n = len(result.cut)
+    if not n:
+        raise UnsupportedConfigurationError("the plan has no candidate to rank (only=[] or every candidate removed)")
+    c = result.cut[0]
+    more = f" (and {n - 1} more)" if n > 1 else ""
+    raise UnsupportedConfigurationError(
+        f"the plan has no row: none of its {n} candidates could be ranked ({result.summary()}); e.g. {c.strategy} / "
+        f"{c.sampling}{more}: {c.reason}"
+    )
+
+
+def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tally) -> None:
     """A wave's candidates in worker processes (one per CPU), the last one under the deadline
     (:func:`dpmf.planning.budget.run_until`; ``deadline=None``: run them whole)."""
     import os
@@ -234,20 +351,19 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, don
 
     def started(j: int) -> None:  # (the progress note names the rows being calibrated)
         running.append(f"{sub[j].strategy_name} / {sub[j].sampling_name}")
-        bar.update(note="calibrating " + ", ".join(running[-processes:]))
+        tally.bar.update(note="calibrating " + ", ".join(running[-processes:]))
 
     finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes, on_start=started)
     for j, row in finished.items():
-        _finish(todo[j], row, cands, run, cache, threshold, done)
+        _finish(todo[j], row, cands, run, cache, threshold, tally.done)
     for j, row in partial.items():
         if cache is not None:
             cache.put(cands[todo[j]].key(run), row, threshold, budget=budget)
-        done(todo[j], row)
+        tally.done(todo[j], row)
     for j, c in cut.items():
-        if cache is not None and not c.reason:  # a worker that died is not a property of the budget
+        if cache is not None and c.by_budget:  # a worker that died is not a property of the budget
             cache.put_cut(cands[todo[j]].key(run), c, budget)
-        cut_list.append(c)
-        bar.update(completed=bar.completed + 1, note=f"{c.strategy} / {c.sampling} (cut by the budget)")
+        tally.cut(c)
 
 
 def _ranked(rows: list[PlanRow]) -> list[PlanRow]:

@@ -68,6 +68,12 @@ class Task:
         self.note = ""
         self.outcome: Optional[str] = None
         self.started = time.monotonic()
+        self._ending: Optional[str] = None
+
+    def end_as(self, outcome: str) -> None:
+        """Say ``outcome`` instead of ``done`` if the task leaves its block normally (e.g. ``"stopped
+        by the time budget"``): a task that did not do all it counted never says done."""
+        self._ending = str(outcome)
 
     def advance(self, amount: float = 1.0) -> None:
         """``amount`` more units done."""
@@ -276,6 +282,6 @@ def task(description: str, total: Optional[float] = None, *, unit: str = "units"
         t.outcome = FAILED
         raise
     else:
-        t.outcome = DONE
+        t.outcome = t._ending or DONE
     finally:
         reporter.finish(t)

@@ -671,6 +671,7 @@ def _drop_above_limit(run: _CalibrationRun) -> None:
             limit,
             eps,
             lower_bound=partial,
+            method=name,
         )
 
 

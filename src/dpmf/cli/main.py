@@ -31,7 +31,7 @@ from dpmf.cli.specs import (
     check_options_used,
     is_strategy_file,
 )
-from dpmf.errors import DPMFError, InvalidParameterError
+from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError
 from dpmf.files import check_output_dir
 
 app = typer_app(
@@ -48,8 +48,8 @@ app = typer_app(
 )
 
 
-#: ``dpmf plan --budget`` default (seconds): the plan answers within about half a minute.
-DEFAULT_PLAN_BUDGET = 25.0
+#: ``dpmf plan --budget`` default (seconds): the library's, :data:`dpmf.planning.budget.DEFAULT_BUDGET`.
+DEFAULT_PLAN_BUDGET = 25.0  # (tests/cli check it equals the library's; a literal keeps `import dpmf.cli` light)
 
 
 class MethodName(str, Enum):
@@ -447,7 +447,24 @@ def calibrate(run: RunOptions, epsilon: float) -> None:
     _print_notes(cal.report, "at_smallest_noise", "discretization_note")
 
 
-@app.command()
+_PLAN_HELP = """Rank every mechanism dpmf supports for a training run (the main job).
+
+Each (strategy, sampler, accountant) is calibrated to the target (epsilon, delta) and ranked by the
+RMSE the noise causes in the prefix sums of the gradient sums (lower is better). The defaults
+describe a CIFAR-10-sized run: 50,000 examples, batch 500, 5 epochs, epsilon 2, delta 1e-6.
+
+The words of the output:
+
+"""
+
+
+def _plan_help() -> str:
+    from dpmf.planning.legend import legend_paragraphs
+
+    return _PLAN_HELP + "\n\n".join(legend_paragraphs())
+
+
+@app.command(help=_plan_help())
 def plan(
     dataset_size: int = typer.Option(50_000, "--dataset-size", help="Number of training examples."),
     batch_size: int = typer.Option(500, "--batch-size", help="(Expected) batch size."),
@@ -481,32 +498,34 @@ def plan(
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache."),
     scheduler: Optional[str] = typer.Option(
         None, "--scheduler",
-        help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there (same rows as a local run).",
+        help="Dask scheduler ADDRESS (tcp://host:port): run each wave's candidates there (same rows as a local run; "
+        "the waves run whole, so --budget does not apply).",
     ),
     workers: Optional[int] = typer.Option(None, "--workers", help="Local worker processes for each wave's candidates (same rows as one process)."),
-    budget: float = typer.Option(
-        DEFAULT_PLAN_BUDGET, "--budget", help="Seconds after which the costly candidates (MMCC, BandMF under "
-        "balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it certified so far "
-        "(a cut row, which can only move up), and the output names what was cut."
+    budget: Optional[float] = typer.Option(
+        None, "--budget", help=f"Seconds (default {DEFAULT_PLAN_BUDGET:g}) after which the costly candidates (MMCC, "
+        "BandMF under balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it "
+        "certified so far (a cut row, which can only move up), and the output names what was cut. Not with "
+        "--thorough.", show_default=False,
     ),
-    thorough: bool = typer.Option(False, "--thorough", help="No time budget: calibrate every candidate fully."),
+    thorough: bool = typer.Option(False, "--thorough", help="No time budget: calibrate every candidate fully (not "
+                                  "with --budget)."),
     force: bool = _FORCE,
     quiet: bool = _QUIET,
 ) -> None:
-    """Rank every mechanism dpmf supports for a training run (the main job).
-
-    Each (strategy, sampler, accountant) is calibrated to the target (epsilon, delta) and
-    ranked by the RMSE the noise causes in the prefix sums of the gradient sums (lower is better).
-    The defaults describe a CIFAR-10-sized run: 50,000 examples, batch 500, 5 epochs,
-    epsilon 2, delta 1e-6.
-    """
+    """Rank every mechanism dpmf supports for a training run (its help: :func:`_plan_help`)."""
     with cli_errors():
         from dpmf.planner import TrainingRun
+        from dpmf.planning.budget import resolve_budget
 
+        limit = resolve_budget(budget, thorough, names=("--budget", "--thorough"))
+        if scheduler is not None and budget is not None:
+            raise InvalidParameterError("--budget applies to a local plan: with --scheduler every wave runs whole on "
+                                        "the cluster (leave --budget out)")
         _check_plan_outputs(plot, export, rank)
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
         cache = _plan_cache(cache_dir, no_cache, workers)
-        limit = _check_plan_cost(run, budget, thorough, mmcc, montecarlo_samples, force)
+        _check_plan_cost(run, None if scheduler else limit, mmcc, montecarlo_samples, force)
         rows, shown = _plan_rows(run, cache, limit, as_json, quiet, scheduler=scheduler, prune=prune,
                                  workers=workers, force=force)
         exported = _plan_outputs(run, rows, cache, plot, export, rank)
@@ -553,49 +572,66 @@ def _plan_cache(cache_dir, no_cache: bool, workers):
     return cache
 
 
-def _check_plan_cost(run, budget: float, thorough: bool, mmcc: bool, montecarlo_samples, force: bool):
-    """The time budget (``None`` with ``--thorough``), after the up-front cost check (the costly
-    wave stops at the budget)."""
-    from dataclasses import replace as _replace
+def _check_plan_cost(run, limit, mmcc: bool, montecarlo_samples, force: bool) -> None:
+    """The up-front cost check: the quick waves always run whole, only the costly wave stops at the
+    budget (``limit``; ``None``: no budget), so the estimate checked is the quick part in full plus
+    the costly part up to the budget, and the note gives the full estimate when the budget cuts it."""
+    from dpmf.accounting.cost import check_cost, format_seconds, plan_cost
+    from dpmf.planning.budget import budgeted_cost
 
-    from dpmf import validation as _v
-    from dpmf.accounting.cost import check_cost, plan_cost
-
-    limit = None if thorough else _v.positive("--budget", budget)
-    est = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+    full = plan_cost(run.steps, epochs=run.epochs, mmcc=mmcc, montecarlo_samples=montecarlo_samples)
+    est = budgeted_cost(full, limit)
+    hint = "plan fewer steps (--epochs, or a larger --batch-size)"
     if limit is not None:
-        est = _replace(est, seconds=min(est.seconds, limit))
-    check_cost(est, force=force, hint="plan fewer steps (--epochs, or a larger --batch-size)")
-    _note_cost(est)
-    return limit
+        hint += "; --budget stops only the costly candidates, the quick ones always run whole"
+    check_cost(est, force=force, hint=hint)
+    if est.seconds < full.seconds and full.seconds > 60:
+        err.print(f"note: a full plan would take {full.describe()} (a rough estimate); --budget {limit:g} stops the "
+                  f"costly candidates, so this one takes about {format_seconds(est.seconds)}, and the output names "
+                  "what the budget cut", highlight=False)
+    else:
+        _note_cost(est)
 
 
 def _plan_rows(run, cache, limit, as_json: bool, quiet: bool, **options):
-    """``(rows, shown)``: the plan's rows (a ``PlanResult``) and the tables already printed (the
-    certified ranking of the quick waves, at once, while the costly candidates run)."""
+    """``(rows, shown)``: the plan's rows (a ``PlanResult``) and the tables already printed: on a
+    terminal, the certified ranking of the quick waves at once while the costly candidates run;
+    into a pipe or file nothing early (the table is printed once, at the end)."""
     from dpmf.planner import PlanResult, plan as _plan
 
     shown: list = []
 
     def first(rows, pending: int) -> None:
-        if as_json:
+        until = f"until {limit:g} s after the start (--budget; --thorough: no limit)"
+        if not _interactive():
+            err.print(f"{pending} costly candidates still running, {until}; the table follows when they end",
+                      highlight=False)
             return
         shown.append(list(rows))
         out.print(plan_table(run, rows))
-        err.print(f"{pending} costly candidates still running, until {limit:g} s after the start (--budget; "
-                  "--thorough: no limit); the table above is certified and is printed again if they change it",
-                  highlight=False)
+        err.print(f"{pending} costly candidates still running, {until}; the table above is certified, and the final "
+                  "one is printed below it (labelled) if they change it", highlight=False)
 
     try:
         with cli_progress(quiet):
-            rows = _plan(run, cache=cache, budget=limit, on_first=first if limit is not None else None, **options)
+            rows = _plan(run, cache=cache, budget=limit, thorough=limit is None,
+                         on_first=first if limit is not None and not as_json else None, **options)
         if not isinstance(rows, PlanResult):  # (a plain list of rows: nothing was cut)
             rows = PlanResult(rows, budget=limit)
     except KeyboardInterrupt:
         where = f"; finished rows are saved in {cache.folder}: run the same command again to resume" if cache else ""
         err.print(f"interrupted{where}", highlight=False)
         raise typer.Exit(code=130)
+    if not any(not r.pruned for r in rows):  # (the library refuses it too: never an empty success)
+        raise UnsupportedConfigurationError(
+            "the plan has no row: no candidate could be ranked" + "".join(f"; {c.strategy} / {c.sampling}: {c.reason}"
+                                                                          for c in rows.cut[:1]))
     return rows, shown
+
+
+def _interactive() -> bool:
+    """Whether standard output is a terminal (the early table is shown only there)."""
+    return out.is_terminal
 
 
 def _plan_outputs(run, rows, cache, plot, export, rank):
@@ -611,12 +647,15 @@ def _plan_outputs(run, rows, cache, plot, export, rank):
 
 
 def _print_plan_json(run, rows, exported) -> None:
+    from dataclasses import asdict
+
     payload = {
         "run": {**run.__dict__, "steps": run.steps, "sampling_prob": run.sampling_prob},
-        "rows": [r.to_dict() for r in rows if not r.pruned],
-        "pruned": [r.to_dict() for r in rows if r.pruned],
+        "rows": [{"rank": k, **r.to_dict()} for k, r in enumerate((r for r in rows if not r.pruned), 1)],
+        "pruned": [{"rank": None, **r.to_dict()} for r in rows if r.pruned],
         "budget": rows.budget,
-        "cut": [c.__dict__ for c in rows.cut],
+        "cut": [asdict(c) for c in rows.cut],
+        "counts": rows.counts() if hasattr(rows, "counts") else None,
         "seconds": rows.seconds,
     }
     out.print_json(json.dumps(payload))
@@ -626,6 +665,8 @@ def _print_plan_json(run, rows, exported) -> None:
 
 def _print_plan_text(run, rows, shown: list, cache, plot, exported) -> None:
     if not shown or shown[0] != list(rows):  # (the first table again only when the costly wave changed it)
+        if shown:
+            out.print("the final ranking, after the costly candidates (it replaces the table above):", highlight=False)
         out.print(plan_table(run, rows))
     estimate = any(not r.certified for r in rows if not r.pruned)
     out.print(
@@ -633,19 +674,17 @@ def _print_plan_text(run, rows, shown: list, cache, plot, exported) -> None:
         "RMSE/batch divides by the batch size." + (" ESTIMATE: Monte Carlo, not a proof." if estimate else ""),
         highlight=False,
     )
+    _print_legend(rows)
     for r in rows:
         if r.note and not r.pruned:
             out.print(f"{r.strategy}: {r.note}", highlight=False)
     if any(r.pruned for r in rows):
-        out.print(
-            "pruned (>): provably worse than the best row of an earlier wave, so not calibrated precisely; the "
-            "bounds shown are sound (--no-prune calibrates every row):",
-            highlight=False,
-        )
+        out.print("pruned, and the bound that rules each out:", highlight=False)
         for r in rows:
             if r.pruned:
-                out.print(f"  {r.strategy} / {r.sampling}: {r.note}", highlight=False)
+                out.print(f"  {r.strategy} / {r.sampling} ({r.method}): {r.note}", highlight=False)
     _print_cut(rows)
+    out.print(rows.summary(), highlight=False)
     hits = sum(r.cached for r in rows)
     if hits:
         out.print(f"{hits} of {len(rows)} rows from the cache ({cache.folder}; --no-cache recomputes)", highlight=False)
@@ -655,21 +694,38 @@ def _print_plan_text(run, rows, shown: list, cache, plot, exported) -> None:
         out.print(exported, highlight=False, markup=False, soft_wrap=True)  # (one line: a path to copy)
 
 
+def _print_legend(rows) -> None:
+    """The legend under the table (:mod:`dpmf.planning.legend`): the words it shows, each explained,
+    the explanations wrapped beside their terms."""
+    from rich.table import Table
+
+    from dpmf.planning.legend import LEGEND, terms_used
+
+    grid = Table.grid(padding=(0, 1, 0, 0))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for term in terms_used(rows, rows.cut):
+        grid.add_row(f"  {term}:", LEGEND[term])
+    out.print("legend:", highlight=False)
+    out.print(grid, highlight=False)
+
+
 def _print_cut(rows) -> None:
-    """What the time budget cut: the rows it stopped early (certified, can only move up) and the
-    candidates it stopped before any certified noise."""
+    """What has no calibrated row: candidates skipped (memory, a worker that died), the rows the
+    time budget stopped early (certified, can only move up) and the candidates it stopped before
+    any certified noise."""
     for c in rows.cut:
-        if c.reason:
+        if not c.by_budget:
             out.print(f"{c.strategy} / {c.sampling} ({c.method}): {c.reason}", highlight=False)
     cut_rows = [r for r in rows if r.cut]
-    if not cut_rows and not any(not c.reason for c in rows.cut):
+    if not cut_rows and not any(c.by_budget for c in rows.cut):
         return
     out.print(f"cut by the time budget ({rows.budget:g} s; dpmf plan --thorough calibrates everything, or raise "
               "--budget):", highlight=False)
     for r in cut_rows:
         out.print(f"  {r.strategy} / {r.sampling}: noise {r.noise_multiplier:.4g} certified, not yet the smallest "
                   "(a full calibration can only lower its RMSE and move it up)", highlight=False)
-    for c in (c for c in rows.cut if not c.reason):
+    for c in (c for c in rows.cut if c.by_budget):
         out.print(f"  {c.strategy} / {c.sampling} ({c.method}): not ranked, no noise certified within the budget "
                   f"({c.evaluations} evaluations); it could rank anywhere", highlight=False)
 
@@ -680,6 +736,8 @@ def _export_row(rows, path: Path, rank: Optional[int]) -> str:
 
     ranked = [r for r in rows if not r.pruned]
     k = 1 if rank is None else rank
+    if not ranked:
+        raise UnsupportedConfigurationError("--export: the plan has no ranked row to write")
     if not 1 <= k <= len(ranked):
         raise InvalidParameterError(f"--rank must be between 1 and {len(ranked)} (the ranked rows), got {k}")
     row = ranked[k - 1]

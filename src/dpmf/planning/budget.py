@@ -31,11 +31,58 @@ from dataclasses import dataclass, replace
 from dpmf.planning.candidates import Candidate, TrainingRun
 from dpmf.planning.rows import PlanRow
 
+#: The time budget of ``dpmf plan`` and of :func:`dpmf.planner.plan` when none is given (seconds):
+#: the plan answers within about half a minute. ``thorough=True`` (``--thorough``): no budget.
+DEFAULT_BUDGET = 25.0
+
+
+def resolve_budget(budget: float | None, thorough: bool, *, names=("budget", "thorough")) -> float | None:
+    """The budget a plan runs under: ``budget`` (seconds, finite, > 0), :data:`DEFAULT_BUDGET` when
+    it is ``None``, and ``None`` (no limit) with ``thorough``. Both a budget and ``thorough`` is a
+    contradiction, refused (:class:`~dpmf.errors.InvalidParameterError`) rather than one of them
+    silently ignored. ``names``: how the two are called in the message (the CLI's flags)."""
+    from dpmf import validation as _v
+    from dpmf.errors import InvalidParameterError
+
+    if not isinstance(thorough, bool):
+        raise InvalidParameterError(f"{names[1]} must be True or False, got {thorough!r}")
+    if budget is None:
+        return None if thorough else DEFAULT_BUDGET
+    if isinstance(budget, bool):
+        raise InvalidParameterError(f"{names[0]} must be a number of seconds > 0, got {budget!r}")
+    value = _v.positive(names[0], budget)
+    if thorough:
+        raise InvalidParameterError(
+            f"{names[0]} {value:g} and {names[1]} contradict each other: {names[1]} means no time budget; "
+            f"pass one of them (a larger {names[0]} gives the costly candidates more time)"
+        )
+    return value
+
+
+def budgeted_cost(estimate, budget: float | None):
+    """The up-front estimate (:class:`~dpmf.accounting.cost.CostEstimate` of
+    :func:`~dpmf.accounting.cost.plan_cost`) of a plan under ``budget``: its first part, the quick
+    waves, in full (they always run to the end, whatever the budget), the costly parts scaled down
+    to take at most ``budget`` seconds together. ``None``: no budget, ``estimate`` unchanged.
+    Memory is unchanged (a stopped worker has already used it)."""
+    from dpmf.accounting.cost import CostEstimate
+
+    if budget is None or not estimate.parts:
+        return estimate
+    quick, costly = estimate.parts[0], estimate.parts[1:]
+    total = sum(p[1] for p in costly)
+    scale = min(1.0, budget / total) if total > 0 else 1.0
+    parts = (quick,) + tuple((what + (" (until the budget)" if scale < 1 else ""), s * scale, m)
+                             for what, s, m in costly)
+    return CostEstimate(sum(p[1] for p in parts), estimate.memory_bytes, parts)
+
 
 @dataclass(frozen=True)
 class Cut:
-    """A candidate the budget stopped before it certified any noise (no row): its label, names,
-    the evaluations it made (none passing) and the seconds it ran."""
+    """A candidate with no row: the budget stopped it before it certified any noise
+    (``by_budget``), or it was skipped or lost for another ``reason`` (it would not fit in memory,
+    its worker died). Its label, names, the evaluations it made (none passing), the seconds it ran
+    and why it has no row."""
 
     label: str
     strategy: str
@@ -43,8 +90,10 @@ class Cut:
     method: str
     evaluations: int
     seconds: float
-    #: why it has no row when the budget is not the reason (e.g. it would not fit in memory)
+    #: why it has no row, in words (every cut has one)
     reason: str = ""
+    #: the time budget stopped it (a larger budget or ``thorough`` computes it; cached per budget)
+    by_budget: bool = False
 
 
 def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, queue) -> None:
@@ -142,10 +191,15 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
             eps = max(e for t, e in evals[i] if t == s)
             partial[i] = cut_row(cand, run, s, eps, len(evals[i]), seconds)
         else:
-            reason = (f"its worker process died (exit code {died[i][0]}, e.g. killed for memory) before it "
-                      "certified a noise" if i in died else "")
+            if i in died:
+                reason = (f"its worker process died (exit code {died[i][0]}, e.g. killed for memory) before it "
+                          "certified a noise")
+            else:
+                reason = (f"stopped by the time budget after {len(evals[i])} evaluations in {seconds:.0f} s, before "
+                          "any certified a noise: not ranked, it could rank anywhere (a larger budget, or a thorough "
+                          "plan, computes it)")
             cut[i] = Cut(cand.label, cand.strategy_name, cand.sampling_name, cand.method, len(evals[i]), seconds,
-                         reason)
+                         reason, by_budget=i not in died)
     return finished, partial, cut
 
 

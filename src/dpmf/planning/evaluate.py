@@ -147,9 +147,10 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
                 cand.strategy, cand.scheme, run.epsilon, run.delta, method=cand.method, rel_tol=REL_TOL,
                 max_noise_multiplier=limit, callback=callback, **(cand.options or {}),
             )
-        except NoiseLimitExceeded as exc:
+        except NoiseLimitExceeded as exc:  # (pruned: the row names the accountant that bounded it, not "auto")
+            method = getattr(exc, "method", None) or cand.method
             return make_row(
-                cand, run, method=cand.method, sigma=exc.limit, epsilon=exc.epsilon, certified=True,
+                cand, run, method=method, sigma=exc.limit, epsilon=exc.epsilon, certified=True,
                 rmse=exc.limit * per_sigma, start=start, pruned=True,
                 note=f"epsilon {'>= ' if exc.lower_bound else ''}{exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
             )

@@ -114,7 +114,8 @@ class PlanRow:
 
     @classmethod
     def from_dict(cls, data) -> "PlanRow":
-        """The row a :meth:`to_dict` dict (possibly through JSON) describes; every key checked
+        """The row a :meth:`to_dict` dict (possibly through JSON) describes, or a row of ``dpmf plan
+        --json`` (which also carries its ``rank``); every key checked
         (:class:`~dpmf.errors.InvalidParameterError` naming the key)."""
         return cls(**_checked(data))
 
@@ -261,12 +262,19 @@ def _number(key: str, v, *, positive: bool = False, finite: bool = True) -> floa
     return float(v)
 
 
+def _check_rank(rank, where: str):
+    """``rank`` (an integer >= 1, or ``None``), else an error naming ``where`` it was read."""
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise InvalidParameterError(f"{where}: key 'rank' must be an integer >= 1 or null, got {rank!r}")
+    return rank
+
+
 def _checked(data) -> dict:
     """The constructor arguments of the row ``data`` describes (every key and type checked)."""
     if not isinstance(data, dict):
         raise InvalidParameterError(f"a plan row must be a dict, got {type(data).__name__}")
     missing = [k for k in _VALUE_FIELDS if k not in data and k not in _OPTIONAL]
-    unknown = sorted(k for k in data if k not in _VALUE_FIELDS)
+    unknown = sorted(k for k in data if k not in _VALUE_FIELDS and k != "rank")  # (rank: a row of --json)
     if missing or unknown:
         old = " (a row written before plan rows carried their specs: plan again)" if "strategy_spec" in missing else ""
         raise InvalidParameterError(
@@ -276,6 +284,7 @@ def _checked(data) -> dict:
     out = {k: v for k, v in _OPTIONAL.items() if k not in data}
     out.update(data)
     data = out
+    _check_rank(data.get("rank"), "plan row")
     for k in ("strategy", "sampling", "method", "label", "note"):
         if not isinstance(data[k], str):
             raise _fail(k, f"must be text, got {data[k]!r}")
@@ -314,7 +323,7 @@ def _checked(data) -> dict:
 # ---------------------------------------------------------------------------------- files
 def row_from_json(data) -> tuple[PlanRow, int | None]:
     """``(row, rank)`` from a row file's JSON value (:func:`export_row`) or a bare row dict (a row of
-    ``dpmf plan --json``)."""
+    ``dpmf plan --json``, whose ``rank`` the row keeps)."""
     if isinstance(data, dict) and "format" in data:
         if data.get("format") != FORMAT:
             raise InvalidParameterError(f"not a dpmf plan row (format {data.get('format')!r}, expected {FORMAT!r})")
@@ -323,12 +332,11 @@ def row_from_json(data) -> tuple[PlanRow, int | None]:
                 f"a dpmf plan row of format_version {data.get('format_version')!r}; this dpmf reads "
                 f"{FORMAT_VERSION}: export the row again (dpmf plan --export FILE)"
             )
-        rank = data.get("rank")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise InvalidParameterError(f"plan row file: key 'rank' must be an integer >= 1 or null, got {rank!r}")
+        rank = _check_rank(data.get("rank"), "plan row file")
         row = PlanRow.from_dict(data.get("row"))
     else:
-        row, rank = PlanRow.from_dict(data), None
+        row = PlanRow.from_dict(data)
+        rank = row.rank
     from dataclasses import replace
 
     return replace(row, rank=rank if rank is not None else row.rank), rank

@@ -30,13 +30,16 @@ class NoiseLimitExceeded(CalibrationError):
     the noise): a search told to stop there (``smallest_noise(..., limit=...)``,
     ``dpmf.calibrate(..., max_noise_multiplier=...)``) gives up after that one evaluation."""
 
-    def __init__(self, message: str, limit: float, epsilon: float, *, lower_bound: bool = False) -> None:
+    def __init__(self, message: str, limit: float, epsilon: float, *, lower_bound: bool = False,
+                 method: Optional[str] = None) -> None:
         super().__init__(message)
         self.limit = float(limit)
         self.epsilon = float(epsilon)
         #: ``epsilon`` is a lower bound on the accountant's epsilon at ``limit`` (found from part
         #: of its work), not its value
         self.lower_bound = bool(lower_bound)
+        #: the accountant whose ``epsilon`` this is (the tightest at ``limit``), when known
+        self.method = method
 
 
 #: Where searches that were given no starting point start (see :func:`search_hint`).
