@@ -60,7 +60,14 @@ from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfin
 from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
-from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerCall, LayerGradients, call_batch, rule_for
+from dpmf.training.torch.ghost.registry import (
+    CALL_BATCH,
+    LayerCall,
+    LayerGradients,
+    apply_rule,
+    call_batch,
+    rule_for,
+)
 from dpmf.training.torch.ghost.sequence import F64, gram_cache
 
 torch = require_torch()
@@ -475,7 +482,7 @@ class GhostClipper(Clipper):
                                 f"the input of layer {u.name!r} was modified in place after the forward (an "
                                 "in-place operation such as ReLU(inplace=True) on it); use the out-of-place version"
                             )
-                    lg = u.rule(u.module, c, u.trainable) if u.rule is not None else None
+                    lg = apply_rule(u.rule, u.module, c, u.trainable, u.name) if u.rule is not None else None
                     if lg is not None and together and (lg.contributions is None
                                                         or set(lg.contributions) != set(u.trainable)):
                         lg = None  # the rule cannot give cross terms: per-example gradients of this call

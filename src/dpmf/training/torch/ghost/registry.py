@@ -54,14 +54,19 @@ True
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dpmf.errors import DPMFError, InvalidParameterError
 from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["LayerCall", "LayerGradients", "GHOST_RULES", "register_ghost_rule", "rule_for"]
+__all__ = ["LayerCall", "LayerGradients", "GHOST_RULES", "register_ghost_rule", "rule_for", "apply_rule"]
+
+_QUALIFIED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 @dataclass
@@ -129,18 +134,128 @@ def _qualified(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _rule_name(fn) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _check_layer_types(layer_types: tuple) -> None:
+    """At least one layer type, each a ``torch.nn.Module`` subclass or a dotted qualified name."""
+    if not layer_types:
+        raise InvalidParameterError(
+            "register_ghost_rule() needs the layer types the rule is for, e.g. @register_ghost_rule(MyLayer) "
+            "or @register_ghost_rule(\"package.module.MyLayer\"); got none"
+        )
+    for t in layer_types:
+        if isinstance(t, type) and issubclass(t, torch.nn.Module):
+            continue
+        if isinstance(t, str) and _QUALIFIED.fullmatch(t):
+            continue
+        hint = (" (write @register_ghost_rule(MyLayer) with the layer type, not @register_ghost_rule on the "
+                "function)") if callable(t) and not isinstance(t, type) else ""
+        raise InvalidParameterError(
+            f"register_ghost_rule: layer type {t!r} is not a torch.nn.Module subclass or a qualified class name "
+            f"such as 'transformers.pytorch_utils.Conv1D'{hint}"
+        )
+
+
+def _check_rule_signature(fn) -> None:
+    """``fn`` is callable as ``fn(module, call, trainable)``."""
+    if not callable(fn):
+        raise InvalidParameterError(
+            f"register_ghost_rule: the rule must be a function rule(module, call, trainable), got {fn!r}"
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature: checked at its call
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError as exc:
+        raise InvalidParameterError(
+            f"register_ghost_rule: the rule {_rule_name(fn)}{signature} cannot be called as rule(module, call, "
+            f"trainable) ({exc})"
+        ) from None
+
+
 def register_ghost_rule(*layer_types) -> Callable[[Rule], Rule]:
     """Decorator: ``@register_ghost_rule(torch.nn.Linear)`` makes the function the rule of those types.
 
     A type may also be given by its qualified name (``"transformers.pytorch_utils.Conv1D"``), so that a
-    rule for another library's layer needs no import of that library."""
+    rule for another library's layer needs no import of that library. The types and the rule's
+    signature ``rule(module, call, trainable)`` are checked here; what the rule returns is checked at
+    each call (:func:`apply_rule`), each mistake an :class:`~dpmf.errors.InvalidParameterError`
+    naming the rule and the layer."""
+    _check_layer_types(layer_types)
 
     def wrap(fn: Rule) -> Rule:
+        _check_rule_signature(fn)
         for t in layer_types:
             GHOST_RULES[t] = fn
         return fn
 
     return wrap
+
+
+def _junk(rule, layer: str, what: str) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"the ghost rule {_rule_name(rule)} returned {what} for layer {layer!r}; a rule returns None (use the "
+        "per-example fallback) or LayerGradients(sq=<float tensor of shape (batch,)>, weighted_sum=<f -> "
+        "{parameter name: tensor of the parameter's shape}>), e.g. from_contributions(...)"
+    )
+
+
+def _checked_sums(rule, layer: str, trainable: dict, weighted_sum: Callable) -> Callable:
+    """``weighted_sum`` whose result is checked: one tensor of the parameter's shape per trainable name."""
+
+    def checked(f):
+        sums = weighted_sum(f)
+        if not isinstance(sums, dict):
+            raise _junk(rule, layer, f"a weighted_sum giving {type(sums).__name__}, not a dict")
+        if set(sums) != set(trainable):
+            raise _junk(rule, layer, f"a weighted_sum with parameters {sorted(map(str, sums))}, expected "
+                                     f"{sorted(trainable)} (the layer's trainable parameters)")
+        for name, value in sums.items():
+            shape = tuple(trainable[name].shape)
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+                got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise _junk(rule, layer, f"a weighted_sum whose {name!r} is {got}, expected a tensor of shape {shape}")
+        return sums
+
+    return checked
+
+
+def apply_rule(rule: Rule, module, call: LayerCall, trainable: dict, layer: str) -> "LayerGradients | None":
+    """``rule(module, call, trainable)`` with its result checked: ``None`` or a :class:`LayerGradients`
+    whose ``sq`` is a real tensor of shape ``(call.batch,)`` and whose ``weighted_sum`` gives one
+    tensor of each trainable parameter's shape (checked when called). An exception inside a rule that
+    is not dpmf's own is one :class:`~dpmf.errors.InvalidParameterError` naming the rule and ``layer``."""
+    try:
+        out = rule(module, call, trainable)
+    except DPMFError:
+        raise
+    except Exception as exc:
+        if getattr(rule, "__module__", "").startswith("dpmf."):
+            raise
+        raise InvalidParameterError(
+            f"the ghost rule {_rule_name(rule)} failed on layer {layer!r} ({type(module).__name__}): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if out is None:
+        return None
+    if not isinstance(out, LayerGradients):
+        raise _junk(rule, layer, f"a {type(out).__name__}")
+    sq = out.sq
+    if not isinstance(sq, torch.Tensor) or tuple(sq.shape) != (call.batch,) or not sq.is_floating_point():
+        got = (f"a {sq.dtype} tensor of shape {tuple(sq.shape)}" if isinstance(sq, torch.Tensor)
+               else type(sq).__name__)
+        raise _junk(rule, layer, f"sq = {got} (batch {call.batch})")
+    if not callable(out.weighted_sum):
+        raise _junk(rule, layer, f"a weighted_sum that is not callable ({type(out.weighted_sum).__name__})")
+    if out.contributions is not None and not (isinstance(out.contributions, dict)
+                                              and set(out.contributions) <= set(trainable)):
+        raise _junk(rule, layer, f"contributions for {out.contributions!r}, expected a dict over {sorted(trainable)}")
+    out.weighted_sum = _checked_sums(rule, layer, trainable, out.weighted_sum)
+    return out
 
 
 def rule_for(module) -> Rule | None:
