@@ -52,6 +52,7 @@ import numpy as np
 
 from dpmf.errors import InvalidParameterError
 from dpmf.training.jax._deps import require_jax
+from dpmf.training.jax.checks import check_microbatch_size, check_params, checked_grad_fn
 from dpmf.training.jax.data import SchemeBatches
 from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
 from dpmf.training.run_spec import RunSpec, resolve_run_spec
@@ -272,7 +273,12 @@ def make_private(
         seed: one integer seed for the batches and the noise key (independent streams). JAX's
             keys are reproducible, not a secure source: there is no ``secure`` mode here.
         pad_multiple: batches are padded to a multiple of this (:class:`SchemeBatches`).
-        microbatch_size: passed to ``jax_privacy.clipped_grad`` (examples per ``vmap`` at once).
+        microbatch_size: passed to ``jax_privacy.clipped_grad`` (examples per ``vmap`` at once): a
+            positive integer dividing ``pad_multiple``, or ``None``.
+
+    Checked here: every parameter is a floating-point array and ``microbatch_size`` divides the padded
+    batches; checked the first time a batch of a new shape arrives (one abstract ``jax.eval_shape``
+    call, :mod:`~dpmf.training.jax.checks`): ``loss_fn`` runs on one example and returns a real scalar.
 
     Raises :class:`~dpmf.errors.UnsupportedConfigurationError` before any step for a (strategy,
     sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError`
@@ -283,8 +289,8 @@ def make_private(
     if optimizer is None or not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
         raise InvalidParameterError(f"optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.1)), "
                                     f"got {optimizer!r}")
-    if not jax.tree.leaves(params):
-        raise InvalidParameterError("params must be a non-empty pytree of arrays")
+    check_params(params)
+    microbatch_size = check_microbatch_size(microbatch_size, pad_multiple)
     if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
         raise InvalidParameterError(f"num_examples must be a positive integer (the dataset size), got {num_examples!r}")
     plan = resolve_run_spec(plan, strategy=strategy, sampling=sampling, num_examples=int(num_examples), delta=delta,
@@ -298,8 +304,9 @@ def make_private(
     noise = correlated_privatizer(plan.strategy, noise_multiplier=plan.noise_multiplier,
                                   max_grad_norm=plan.max_grad_norm, seed=_derived_seed(seed, 1))
     tx = optax.chain(noise, optax.scale(1.0 / plan.normalizer), optimizer)
-    grad_fn = jax_privacy.clipped_grad(loss_fn, l2_clip_norm=plan.max_grad_norm, batch_argnums=1,
-                                       keep_batch_dim=False, microbatch_size=microbatch_size)
+    grad_fn = checked_grad_fn(jax_privacy.clipped_grad(loss_fn, l2_clip_norm=plan.max_grad_norm, batch_argnums=1,
+                                                       keep_batch_dim=False, microbatch_size=microbatch_size),
+                              loss_fn, microbatch_size)
 
     @jax.jit
     def _step(params, opt_state, batch, is_padding):
