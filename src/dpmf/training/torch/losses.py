@@ -75,11 +75,15 @@ def per_example_causal_lm_loss(logits, labels, *, reduction: str = "mean", token
     if not isinstance(labels, torch.Tensor) or labels.shape != logits.shape[:2]:
         raise InvalidParameterError(f"labels must have shape {tuple(logits.shape[:2])} (B, T) like the logits, "
                                     f"got {_shape(labels)}")
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        raise InvalidParameterError(f"labels must be an integer tensor of token ids (e.g. torch.long), got {labels.dtype}; "
+                                    f"mark positions with nothing to predict with ignore_index={ignore_index}")
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     labels = labels.to(logits.device)
     if shift:
         logits, labels = logits[:, :-1], labels[:, 1:]
+    _check_label_range(labels, logits.shape[-1], ignore_index, 1 if shift else 0)
     B = logits.shape[0]
     tok = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=ignore_index,
                                             reduction="none")  # (B, T'), 0 where ignored
@@ -89,6 +93,21 @@ def per_example_causal_lm_loss(logits, labels, *, reduction: str = "mean", token
     if reduction == "none":
         return per
     return per.sum() / max(B, 1) if reduction == "mean" else per.sum()
+
+
+def _check_label_range(labels, vocab: int, ignore_index: int, offset: int) -> None:
+    """Every scored label is a token id in ``[0, vocab)`` or ``ignore_index`` (one error naming the first
+    other value, instead of a device assert or an ``IndexError`` inside ``cross_entropy``). ``offset``: the
+    shift dropped the first position."""
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))
+    if bool(bad.any()):
+        i, t = (int(k) for k in bad.nonzero()[0])
+        value, where = int(labels[i, t]), (i, t + offset)  # the position in the labels as given
+        raise InvalidParameterError(
+            f"labels hold {value} at (example, position) {where}: a label must be a token id in [0, {vocab}) (the "
+            f"logits' last dimension) or ignore_index={ignore_index}, which marks padding (Hugging Face's -100; "
+            "not -1 or the pad token's id unless you pass it as ignore_index)"
+        )
 
 
 def _shape(x) -> str:
