@@ -30,6 +30,15 @@ def _corner_weights(wk, ph, th):  # pragma: no cover - compiled
     return wk * (1.0 - ph) * th1, wk * (1.0 - ph) * th, wk * ph * th1, wk * ph * th
 
 
+@nb.njit(cache=True, nogil=True, inline="always")
+def _stencil(o, v0, v1, lim, c00, c10, c01, c11):  # pragma: no cover - compiled
+    """``o[l] += c00 v0[l] + c10 v1[l] + c01 v0[l + 1] + c11 v1[l + 1]`` for ``l < lim`` (rows ``a`` and
+    ``a + 1`` from the shift on): on 1-d row views the loop vectorizes (the 2-d indexing did not: ~7x
+    slower), and every element is the same sum in the same order as before (bit-identical)."""
+    for l in range(lim):
+        o[l] += c00 * v0[l] + c10 * v1[l] + c01 * v0[l + 1] + c11 * v1[l + 1]
+
+
 @nb.njit(cache=True, nogil=True)
 def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initial):  # pragma: no cover - compiled
     nz, nu = V.shape
@@ -38,6 +47,7 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
     z_hi = z_lo + (nz - 1) * dz
     for j in range(nout):
         z = 0.0 if initial else z_lo + j * dz
+        oj = out[j]  # (1-d row views: the loops over l vectorize; the same sums, bit-identical)
         for k in range(xs.size):
             wk = ws[k]
             xi = xs[k]
@@ -56,7 +66,7 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
                     if v < 0.0:
                         v = 0.0
                     v += 4 * UNIT_ROUNDOFF * (abs(uu) + x)
-                    out[j, l] += wk * (v + rz)
+                    oj[l] += wk * (v + rz)
                 continue
             if zp < z_lo:
                 zp = z_lo
@@ -82,12 +92,10 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
             lim = nu - 1 - fq  # l < lim: both nodes inside the table
             if lim < 0:
                 lim = 0
-            for l in range(lim):
-                f = l + fq
-                out[j, l] += c00 * V[a, f] + c10 * V[a + 1, f] + c01 * V[a, f + 1] + c11 * V[a + 1, f + 1]
+            _stencil(oj, V[a, fq:], V[a + 1, fq:], lim, c00, c10, c01, c11)
             for l in range(lim, nu):
                 pos = l + qb
-                out[j, l] += wk * ((pos - (nu - 1)) * h + rmix + 4 * UNIT_ROUNDOFF * (pos + 1.0) * h)
+                oj[l] += wk * ((pos - (nu - 1)) * h + rmix + 4 * UNIT_ROUNDOFF * (pos + 1.0) * h)
     return out
 
 
@@ -100,6 +108,7 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
     out = np.zeros((nw, nu))
     for j in range(nw):
         zj = z_lo + j * dz
+        oj = out[j]  # (a 1-d row view: the loops over l vectorize; bit-identical)
         for k in range(xs.size):
             wk = ws[k]
             xi = xs[k]
@@ -113,7 +122,7 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                     uu = (l - (nu - 1)) * h
                     v = -(uu + x)
                     if v > 0.0:
-                        out[j, l] += wk * (v + 4 * UNIT_ROUNDOFF * (abs(uu) + x))
+                        oj[l] += wk * (v + 4 * UNIT_ROUNDOFF * (abs(uu) + x))
                 continue
             if wp >= wn[nw - 1]:
                 a = nw - 2
@@ -145,7 +154,5 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
             lim = nu - 1 - fq  # l < lim: both nodes inside the table; beyond, u' >= 0 and the put is 0
             if lim < 0:
                 lim = 0
-            for l in range(lim):
-                f = l + fq
-                out[j, l] += c00 * P[a, f] + c10 * P[a + 1, f] + c01 * P[a, f + 1] + c11 * P[a + 1, f + 1]
+            _stencil(oj, P[a, fq:], P[a + 1, fq:], lim, c00, c10, c01, c11)
     return out
