@@ -114,3 +114,19 @@ def test_refusals(tmp_path):
     trainer = DPTrainer(tiny_llama(), targs(tmp_path), train_dataset=ds, **DP)
     with pytest.raises(UnsupportedConfigurationError, match="save_checkpoint"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def test_gradient_checkpointing_in_the_arguments_is_refused_at_construction(tmp_path):
+    with pytest.raises(UnsupportedConfigurationError, match=r"gradient_checkpointing=True is not supported by DPTrainer"
+                                                            r".*gradient_checkpointing=False"):
+        DPTrainer(tiny_llama(), targs(tmp_path, gradient_checkpointing=True), train_dataset=Padded(12), **DP)
+
+
+def test_a_model_with_checkpointing_enabled_is_refused_at_construction(tmp_path):
+    model = tiny_llama()
+    model.gradient_checkpointing_enable()
+    with pytest.raises(UnsupportedConfigurationError, match=r"model.is_gradient_checkpointing=True.*"
+                                                            r"gradient_checkpointing_disable\(\)"):
+        DPTrainer(model, targs(tmp_path), train_dataset=Padded(12), **DP)
+    model.gradient_checkpointing_disable()
+    DPTrainer(model, targs(tmp_path), train_dataset=Padded(12), **DP)  # accepted once it is off

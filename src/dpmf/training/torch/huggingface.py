@@ -27,7 +27,9 @@ max_grad_norm=..., seed=...)`` is a ``Trainer`` whose construction calls
 
 Refused (clear errors, before training): gradient accumulation (use ``chunk_size``; the batch of a
 step is the scheme's), more than one device process or GPU (``DataParallel``), label smoothing and
-``compute_loss_func`` (token means over the batch), ``resume_from_checkpoint`` (the noise and sampler
+``compute_loss_func`` (token means over the batch), gradient checkpointing (``gradient_checkpointing=True``
+or a model with it enabled: the recomputed forward is not the one ghost clipping recorded),
+``resume_from_checkpoint`` (the noise and sampler
 state live in ``privacy.save_checkpoint``). The training loss the Trainer logs is the plain
 (non-private) batch loss, as in every DP training loop: it is a statistic of the private data, so do
 not publish the logs as if they were private.
@@ -90,6 +92,7 @@ class DPTrainer(transformers.Trainer):
         if args is not None:
             args = copy.copy(args)
             _check_args(args)
+        _check_model(model)
         super().__init__(model=model, args=args, **kwargs)
         if args is None:
             self.args = copy.copy(self.args)
@@ -167,7 +170,26 @@ class DPTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
 
+_NO_CHECKPOINTING = ("ghost clipping records each layer's inputs and output gradients during the forward, and "
+                     "checkpointing recomputes the forward inside the backward; turn it off (to bound memory pass "
+                     "chunk_size=<examples per forward/backward> to DPTrainer)")
+
+
+def _check_model(model) -> None:
+    """A model whose gradient checkpointing is on (``model.gradient_checkpointing_enable()``) is refused."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        raise UnsupportedConfigurationError(
+            f"the model has gradient checkpointing enabled (model.is_gradient_checkpointing=True): {_NO_CHECKPOINTING}; "
+            "call model.gradient_checkpointing_disable()"
+        )
+
+
 def _check_args(args) -> None:
+    if getattr(args, "gradient_checkpointing", False):
+        raise UnsupportedConfigurationError(
+            f"gradient_checkpointing=True is not supported by DPTrainer: {_NO_CHECKPOINTING}; set "
+            "TrainingArguments(gradient_checkpointing=False)"
+        )
     if args.gradient_accumulation_steps != 1:
         raise UnsupportedConfigurationError(
             f"gradient_accumulation_steps={args.gradient_accumulation_steps}: the batch of a private step is the "
