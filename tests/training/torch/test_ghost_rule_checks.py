@@ -134,3 +134,31 @@ def test_an_error_inside_a_rule_names_the_rule_and_the_layer():
 
     with pytest.raises(InvalidParameterError, match=r"ghost rule .*broken failed on layer '1' \(Scale\): KeyError"):
         _run(broken)
+
+
+def test_plain_gives_ordinary_autograd_on_a_private_model():
+    """Ghost mode runs rule layers on detached parameters, so torch.autograd.grad with respect to them
+    fails; ``clipper.plain()`` is the documented way to plain gradients (the same as an unwrapped copy)."""
+    import copy
+
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+    from dpmf.training.torch import make_private
+
+    torch.manual_seed(0)
+    X, Y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    twin = copy.deepcopy(model)
+    run = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.utils.data.TensorDataset(X, Y),
+                       strategy=Identity(4), sampling=PoissonSampling(0.25, 4), noise_multiplier=1.0, delta=1e-5,
+                       max_grad_norm=1.0, seed=0, accountant="unamplified", grad_sample_mode="ghost")
+    loss = torch.nn.functional.cross_entropy(model(X[:4]), Y[:4])
+    with pytest.raises(RuntimeError, match="not have been used in the graph"):  # what plain() is for
+        torch.autograd.grad(loss, list(model.parameters()))
+    before = sum(len(u.calls) for u in run.optimizer.clipper.units)
+    with run.optimizer.clipper.plain():
+        got = torch.autograd.grad(torch.nn.functional.cross_entropy(model(X[:4]), Y[:4]), list(model.parameters()))
+    want = torch.autograd.grad(torch.nn.functional.cross_entropy(twin(X[:4]), Y[:4]), list(twin.parameters()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert sum(len(u.calls) for u in run.optimizer.clipper.units) == before  # nothing captured inside

@@ -38,7 +38,9 @@ Loop speed: inside the model's forward (and only when this is the model's only c
 built-in rules run on detached copies of their parameters, so the loop's ``backward()`` does not form
 the batch weight gradients that the book-keeping sums replace; ``.grad`` of those parameters stays
 ``None`` until ``optimizer.step()`` writes the noisy clipped sum. :meth:`GhostClipper.clipped_sum`
-does not detach (it differentiates with respect to the parameters).
+does not detach (it differentiates with respect to the parameters). For plain gradients of such a
+model (``torch.autograd.grad`` with respect to its parameters), run the forward inside
+``with clipper.plain():`` (``run.optimizer.clipper``).
 
 Refused rather than computed wrong (clear errors): a layer whose input has another number of rows
 than the model's batch (naming it), a captured input modified in place before the backward, a second
@@ -520,6 +522,15 @@ class GhostClipper(Clipper):
         return self._switched("_suspended", True)
 
     # ------------------------------------------------------------------ public
+    def plain(self):
+        """Ordinary (non-private) autograd inside: ``with run.optimizer.clipper.plain(): grads =
+        torch.autograd.grad(loss, model.parameters())``. Outside it, ghost mode runs layers with built-in
+        rules on detached parameters (module docstring), so ``torch.autograd.grad`` with respect to them
+        fails with torch's "appears to not have been used in the graph"; inside, the forward uses the
+        parameters themselves and nothing is captured for the private step. (``close()`` removes
+        ghost mode from the model for good.)"""
+        return self.suspended()
+
     def clipped_sum(self, inputs, targets=None, weights=None):
         """``(S_p for every trainable parameter, unclipped norms n_i)`` of a batch, from forward(s) and
         backward(s) run here (in chunks of ``chunk_size``); ``.grad`` is left untouched.
