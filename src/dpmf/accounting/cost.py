@@ -349,10 +349,13 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
 _ALLOCATION_PLD_BASE = 2.0
 #: Seconds per slot of an epoch of the Markov members of ``allocation_pld`` for a correlated C, per
 #: evaluation, measured on 2 shared cores (benchmarks/README.md, the default plan): one reused epoch
-#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members and the ranked family;
-#: bsr(128, 4) over 2 epochs: 20-22 s), fresh slots (members modulo 1 and 2, 8 tables each; 5 fresh
-#: epochs of 100: 19 s).
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.35, "fresh": 0.2}
+#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members and the ranked family), fresh slots
+#: (members modulo 1 and 2, 8 tables each; 5 fresh epochs of 100: 19 s). "ring" measured in CPU seconds
+#: after the compiled steps vectorized (issue 50; benchmarks/bench_accounting_speed.py): bsr(32, 4) and
+#: bsr(100, 4) over 2 epochs, 4.1 and 12.6 CPU-s per evaluation with the band's moving average (were
+#: 11 and 26.6: 0.35 per slot then). "reused" and "fresh" run the same kernels but were not re-measured
+#: (they now err high).
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.10, "fresh": 0.2}
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
 #: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
 #: over 4 epochs of 64 slots: ~5 s).

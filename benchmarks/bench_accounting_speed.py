@@ -1,0 +1,148 @@
+"""Accounting speed before / after (issue 50): CPU seconds of the same call on the code before the
+speed-up and on today's, medians of interleaved rounds, the answers checked equal, and the up-front
+cost estimate (``dpmf.accounting.cost.accounting_cost``) over the measured CPU time.
+
+    git worktree add /tmp/before 2cb94a5                      # the code before the speed-up
+    python benchmarks/bench_accounting_speed.py [--before /tmp/before/src] [--rounds 3] [--only NAME] [--quick]
+
+Each round runs every side in a fresh subprocess (so no in-process memo is reused; numba kernels load
+from their cache as they do for a user) that imports ``dpmf`` from the side's ``src`` and reports the
+CPU time (``time.process_time``: every thread of the process, not wall time) of the call alone, and
+its answer. Rounds alternate before/after, so a busy machine slows both alike.
+
+A case is one entry of :data:`CASES`: a name, a call (a code string that sets ``answer``: a tuple of
+floats), the setup (a code string building ``strategy``, ``scheme`` and the cost-estimate keywords),
+the rounds, and whether ``--quick`` skips it. Add cases to the list (MMCC cases go here too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the code before the speed-up (``git worktree add /tmp/before 2cb94a5``)
+BEFORE_SRC = "/tmp/before/src"
+#: relative agreement the answers must have (numbers equal to 1e-6, as the reference tests require)
+REL = 1e-6
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    name: str
+    setup: str  # builds ``strategy``, ``scheme`` and ``cost`` (accounting_cost keywords)
+    call: str  # sets ``answer`` (a tuple of floats)
+    rounds: int = 3
+    slow: bool = False
+
+
+_BSR32 = (
+    "from dpmf.sampling import BallsInBinsSampling\nfrom dpmf.strategies import bsr\n"
+    "strategy, scheme = bsr(32, 4), BallsInBinsSampling(epochs=2, steps=32)\n"
+)
+_BSR100 = (
+    "from dpmf.sampling import BallsInBinsSampling\nfrom dpmf.strategies import bsr\n"
+    "strategy, scheme = bsr(100, 4), BallsInBinsSampling(epochs=2, steps=100)\n"
+)
+
+CASES: list[SpeedCase] = [
+    SpeedCase(
+        "allocation: bsr(32, 4) balls-in-bins, 2 epochs, calibrate eps 4 (README PyTorch snippet)",
+        _BSR32 + "cost = dict(calibrate=True, target_epsilon=4.0, delta=1e-5)\n",
+        "import dpmf\ncal = dpmf.calibrate(strategy, scheme, 4.0, 1e-5)\n"
+        "answer = (cal.noise_multiplier, cal.report.epsilon)\n",
+    ),
+    SpeedCase(
+        "allocation: bsr(32, 4) balls-in-bins, 2 epochs, account allocation_pld at sigma 1.2679",
+        _BSR32 + "cost = dict(noise_multiplier=1.2679117273087428, method='allocation_pld')\n",
+        "from dpmf.accounting.allocation.pld import account_allocation_pld\n"
+        "r = account_allocation_pld(strategy, scheme, 1.2679117273087428, 1e-5)\n"
+        "answer = (r.epsilon, r.epsilon_by_direction['remove'], r.epsilon_by_direction['add'])\n",
+    ),
+    SpeedCase(
+        "allocation: bsr(100, 4) balls-in-bins, 2 epochs, calibrate eps 2 (README `dpmf calibrate` example)",
+        _BSR100 + "cost = dict(calibrate=True, target_epsilon=2.0, delta=1e-5)\n",
+        "import dpmf\ncal = dpmf.calibrate(strategy, scheme, 2.0, 1e-5)\n"
+        "answer = (cal.noise_multiplier, cal.report.epsilon)\n",
+        rounds=1,
+        slow=True,
+    ),
+]
+
+_CHILD = """
+import json, sys, time
+{setup}
+t0 = time.process_time()
+{call}
+cpu = time.process_time() - t0
+from dpmf.accounting.cost import accounting_cost
+est = accounting_cost(strategy, scheme, **cost).seconds
+print("@@" + json.dumps({{"cpu": cpu, "answer": list(answer), "estimate": est}}))
+"""
+
+
+def _run(case: SpeedCase, src: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=src)
+    code = _CHILD.format(setup=case.setup, call=case.call)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd="/tmp")
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("@@")), None)
+    if proc.returncode or line is None:
+        raise RuntimeError(f"{case.name} failed under {src}:\n{proc.stderr[-2000:]}")
+    return json.loads(line[2:])
+
+
+def _equal(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= REL * abs(y) for x, y in zip(a, b))
+
+
+def measure(case: SpeedCase, before: str, rounds: int | None = None) -> dict:
+    """Interleaved rounds (before, after, before, ...): the median CPU seconds of each side, whether
+    every answer agrees to :data:`REL`, and the estimate / measured ratio of today's code."""
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    answers: dict[str, list] = {"before": [], "after": []}
+    estimate = None
+    for _ in range(rounds or case.rounds):
+        for side, src in (("before", before), ("after", str(ROOT / "src"))):
+            out = _run(case, src)
+            times[side].append(out["cpu"])
+            answers[side].append(out["answer"])
+            if side == "after":
+                estimate = out["estimate"]
+    ref = answers["before"][0]
+    equal = all(_equal(a, ref) for side in answers for a in answers[side])
+    b, a = statistics.median(times["before"]), statistics.median(times["after"])
+    return {"case": case.name, "before_cpu_s": b, "after_cpu_s": a, "speedup": b / a, "equal": equal,
+            "answer": answers["after"][0], "estimate_s": estimate, "estimate_over_measured": estimate / a,
+            "rounds": len(times["after"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default=BEFORE_SRC, help="src directory of the code before (a git worktree)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per case (default: the case's)")
+    parser.add_argument("--only", default=None, help="run the cases whose name contains this")
+    parser.add_argument("--quick", action="store_true", help="skip the slow cases")
+    args = parser.parse_args(argv)
+    if not Path(args.before, "dpmf").is_dir():
+        parser.error(f"no dpmf under {args.before}: git worktree add /tmp/before 2cb94a5")
+    ok = True
+    for case in CASES:
+        if (args.quick and case.slow) or (args.only and args.only not in case.name):
+            continue
+        r = measure(case, args.before, args.rounds)
+        ok &= r["equal"]
+        print(f"{r['case']}\n  before {r['before_cpu_s']:8.2f} CPU-s   after {r['after_cpu_s']:8.2f} CPU-s   "
+              f"speed-up {r['speedup']:5.2f}x   answers {'equal' if r['equal'] else 'DIFFER'} {r['answer']}   "
+              f"estimate {r['estimate_s']:.1f} s = {r['estimate_over_measured']:.2f}x measured   "
+              f"(medians of {r['rounds']} interleaved rounds)", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
