@@ -178,3 +178,15 @@ def test_the_cost_note_gives_the_full_estimate_even_with_a_small_budget(monkeypa
                               "--epochs", "1", "--budget", "1"])
     assert res.exit_code == 0, res.output
     assert "note: this will take about 3 min" in res.stderr, res.stderr
+
+
+def test_the_cli_passes_its_budget_and_a_scheduler_runs_the_waves_whole(monkeypatch):
+    import dpmf.planner
+
+    seen = []
+    monkeypatch.setattr(dpmf.planner, "plan", lambda run, **kw: seen.append(kw) or _rows())
+    for extra in ([], ["--budget", "7"], ["--thorough"], ["--scheduler", "tcp://127.0.0.1:1"]):
+        res = runner.invoke(app, ["plan", "--no-cache", "--quiet", *extra])
+        assert res.exit_code == 0, res.output
+    assert [(kw["budget"], kw["thorough"]) for kw in seen] == [(25.0, False), (7.0, False), (None, True), (None, True)]
+    assert seen[-1]["scheduler"] == "tcp://127.0.0.1:1"

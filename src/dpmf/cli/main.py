@@ -519,13 +519,15 @@ def plan(
         from dpmf.planning.budget import resolve_budget
 
         limit = resolve_budget(budget, thorough, names=("--budget", "--thorough"))
-        if scheduler is not None and budget is not None:
-            raise InvalidParameterError("--budget applies to a local plan: with --scheduler every wave runs whole on "
-                                        "the cluster (leave --budget out)")
+        if scheduler is not None:  # (a cluster runs every wave whole: no budget)
+            if budget is not None:
+                raise InvalidParameterError("--budget applies to a local plan: with --scheduler every wave runs whole "
+                                            "on the cluster (leave --budget out)")
+            limit = None
         _check_plan_outputs(plot, export, rank)
         run = TrainingRun(dataset_size, batch_size, epochs, epsilon, delta, montecarlo_samples, mmcc)
         cache = _plan_cache(cache_dir, no_cache, workers)
-        _check_plan_cost(run, None if scheduler else limit, mmcc, montecarlo_samples, force)
+        _check_plan_cost(run, limit, mmcc, montecarlo_samples, force)
         rows, shown = _plan_rows(run, cache, limit, as_json, quiet, scheduler=scheduler, prune=prune,
                                  workers=workers, force=force)
         exported = _plan_outputs(run, rows, cache, plot, export, rank)
