@@ -68,18 +68,23 @@ class GaussianMixture:
     sensitivities: np.ndarray
     probabilities: np.ndarray
     noise_multiplier: float
+    lattice: float = 0.0  # > 0: the sensitivities are (nearly) multiples of it (a hint, checked)
 
     @classmethod
-    def create(cls, sensitivities, probabilities, noise_multiplier: float) -> "GaussianMixture":
-        """Validate and normalize: ``c_i >= 0`` finite, ``p_i in [0, 1]`` summing to 1, ``sigma > 0``."""
+    def create(cls, sensitivities, probabilities, noise_multiplier: float, lattice: float | None = None) -> "GaussianMixture":
+        """Validate and normalize: ``c_i >= 0`` finite, ``p_i in [0, 1]`` summing to 1, ``sigma > 0``.
+        ``lattice`` (optional): a step the sensitivities are multiples of (MMCC rows: the product
+        mixture's grid), which lets the PLD use the faster lattice evaluator
+        (:mod:`dpmf.privacy._mixture_compiled`); it is checked, and ignored when it does not hold."""
         sigma = _v.positive("noise_multiplier", noise_multiplier)
+        lattice = 0.0 if lattice is None else _v.positive("lattice", lattice)
         c, p = _v.distribution("sensitivities", sensitivities, "probabilities", probabilities)
         keep = p > 0
         c, p = c[keep], p[keep]
         uniq, inverse = np.unique(c, return_inverse=True)
         merged = np.bincount(inverse, weights=p, minlength=uniq.size)
         uniq, merged = _prune_upward(uniq, merged / merged.sum())
-        return cls(uniq, merged, sigma)
+        return cls(uniq, merged, sigma, lattice)
 
     # ------------------------------------------------------------- standardized units
     @property
@@ -171,9 +176,11 @@ class GaussianMixture:
         ja_lo, ja_hi = math.floor(-l_yhi / disc), min(math.ceil(-l_ylo / disc), -floor_idx)
         i0, i1 = min(jr_lo, -ja_hi), max(jr_hi, -ja_lo)
         levels = np.arange(i0, i1 + 1) * disc
-        u = _inverse_loss(a, s, levels, table_range=(min(lo_u, y_lo), max(hi_u, y_hi)))
+        lo, hi = min(lo_u, y_lo), max(hi_u, y_hi)
+        evaluate = _compiled_loss(a, s, self.lattice / self.noise_multiplier, lo, hi)
+        u = _inverse_loss(a, s, levels, table_range=(lo, hi), evaluate=evaluate)
         _, g_mid, _ = _gaussian_interval_masses(u)
-        m_mid = _mixture_interval_masses(u, s, p)
+        m_mid = _quadrature_masses(u, float(s[-1]), evaluate)
 
         # remove: P = mixture, Q = N(0, 1), grid j in [jr_lo, jr_hi] = union block [r0, r1]
         r0, r1 = jr_lo - i0, jr_hi - i0
@@ -213,18 +220,20 @@ def mixture_of_gaussians(
     noise_multiplier: float,
     *,
     discretization: float = DEFAULT_DISCRETIZATION,
+    lattice: float | None = None,
 ) -> PrivacyLossDistribution:
     """Pessimistic PLD of the mixture-of-Gaussians mechanism, both adjacency directions.
 
     Parameters mirror dp_accounting's ``from_mixture_gaussian_mechanism(standard_deviation,
     sensitivities, sampling_probs)``: ``sensitivities`` ``c_i >= 0``, ``probabilities`` ``p_i``
-    summing to 1, Gaussian noise with standard deviation ``noise_multiplier``.
+    summing to 1, Gaussian noise with standard deviation ``noise_multiplier``. ``lattice``: a step
+    the sensitivities are multiples of, if known (a speed hint, checked; :meth:`GaussianMixture.create`).
 
     >>> pld = mixture_of_gaussians([0, 1], [0.99, 0.01], 1.0).self_compose(1000)
     >>> round(pld.epsilon(1e-6), 3)   # DP-SGD, q = 0.01, sigma = 1, 1000 steps
     2.125
     """
-    mech = GaussianMixture.create(sensitivities, probabilities, noise_multiplier)
+    mech = GaussianMixture.create(sensitivities, probabilities, noise_multiplier, lattice)
     return mech.pld(discretization)
 
 
@@ -280,21 +289,26 @@ _TABLE_POINTS = 2049
 
 
 def _inverse_loss(
-    a: np.ndarray, s: np.ndarray, target: np.ndarray, table_range: tuple[float, float] | None = None
+    a: np.ndarray, s: np.ndarray, target: np.ndarray, table_range: tuple[float, float] | None = None,
+    evaluate=None,
 ) -> np.ndarray:
     """Solve ``L(u) = target`` for every entry (standardized units), vectorized Newton.
 
     Start: chord interpolation in a monotone table of ``L`` (left of the root, by convexity),
     then Newton steps: the first overshoots to the right of the root, later ones decrease
-    monotonically onto it. Each step is clamped to the table bracket.
+    monotonically onto it. Each step is clamped to the table bracket. ``evaluate(u) -> (L, L')``
+    (default :func:`_lse`; :func:`_compiled_loss` for PLDs).
     """
     target = np.asarray(target, dtype=np.float64)
+    if evaluate is None:
+        def evaluate(x):
+            return _lse(x, a, s)
     if s.size == 1 or np.all(s == s[0]):  # single Gaussian: L is linear
         return (target - _logsumexp(np.ravel(a))) / s[0]
     lo, hi = table_range if table_range is not None else _bracket(a, s, target)
     lo, hi = _widen(a, s, target, lo, hi)
     grid = np.linspace(lo, hi, _TABLE_POINTS)
-    table = _lse(grid, a, s)[0]
+    table = evaluate(grid)[0]
     table = np.maximum.accumulate(table)  # enforce monotone against round-off
     u = np.interp(target, table, grid)
     idx = np.clip(np.searchsorted(table, target, side="left"), 1, grid.size - 1)
@@ -302,7 +316,7 @@ def _inverse_loss(
     active = np.ones(target.shape, dtype=bool)
     for _ in range(60):
         ua = u[active]
-        val, der = _lse(ua, a, s)
+        val, der = evaluate(ua)
         resid = val - target[active]
         with np.errstate(divide="ignore", invalid="ignore"):
             new = ua - resid / der
@@ -395,26 +409,83 @@ def _gaussian_interval_masses(z: np.ndarray) -> tuple[float, np.ndarray, float]:
     return below, mid, above
 
 
-def _mixture_interval_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Masses of the mixture ``sum_i p_i N(s_i, 1)`` in each ``[u_j, u_{j+1}]`` (``u`` increasing).
+#: Largest ``(lattice span + 1) / components`` at which :func:`_compiled_loss` uses Horner's rule
+#: (one fused multiply-add per lattice point against one exponential per component).
+_LATTICE_DENSITY = 8
+#: Most centers x lattice points (the coefficient table of the lattice evaluator, float64).
+_LATTICE_TABLE = 1 << 22
 
-    Same small-tail arithmetic as :func:`_gaussian_interval_masses`, but using that ``u - s_i``
-    is increasing: its negative part is a prefix, so each component costs one ``ndtr`` pass and a
-    difference, with no masks.
-    """
-    mid = np.zeros(u.size - 1)
-    for si, pi in zip(s, p):
-        z = u - si
-        k = int(np.searchsorted(z, 0.0, side="left"))  # z[:k] < 0 <= z[k:]
-        if k > 1:  # intervals inside the negative part: Phi(z_{j+1}) - Phi(z_j)
-            lower = special.ndtr(z[:k])
-            mid[: k - 1] += pi * np.maximum(np.diff(lower), 0.0)
-        if k < z.size - 1:  # intervals inside the non-negative part: Q(z_j) - Q(z_{j+1})
-            upper = special.ndtr(-z[k:])
-            mid[k:] -= pi * np.minimum(np.diff(upper), 0.0)
-        if 0 < k < z.size:  # the interval straddling 0
-            mid[k - 1] += pi * max(0.0, 1.0 - special.ndtr(z[k - 1]) - special.ndtr(-z[k]))
-    return mid
+
+def _compiled_loss(a: np.ndarray, s: np.ndarray, h: float, lo: float, hi: float):
+    """``evaluate(u) -> (L(u), L'(u))`` by the compiled kernels (:mod:`._mixture_compiled`): Horner's
+    rule on the lattice ``s_i = s_0 + d_i h`` when ``h > 0`` fits the sensitivities (to 1e-9
+    relative) densely enough, with centers covering ``[lo, hi]``; else one exponential per
+    component. Both agree with :func:`_lse` to rounding (tests)."""
+    from dpmf.privacy._mixture_compiled import direct_loss, lattice_loss
+
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    s = np.ascontiguousarray(s, dtype=np.float64)
+    plan, h = _lattice_plan(a, s, h, lo, hi) if h > 0 and s.size > 1 else (None, h)
+
+    def evaluate(u):
+        u = np.ascontiguousarray(u, dtype=np.float64)
+        flat = u.ravel()
+        loss, slope = np.empty_like(flat), np.empty_like(flat)
+        if plan is None:
+            direct_loss(flat, a, s, loss, slope)
+        else:
+            centers, beta, mc = plan
+            lattice_loss(flat, centers, beta, mc, h, float(s[0]), a, s, loss, slope)
+        return loss.reshape(u.shape), slope.reshape(u.shape)
+
+    return evaluate
+
+
+def _lattice_plan(a: np.ndarray, s: np.ndarray, h: float, lo: float, hi: float):
+    """``((centers, beta, M) or None, step)`` of the lattice evaluator (``None`` when the lattice does
+    not fit; module :mod:`._mixture_compiled`): ``beta[c, d] = exp(a_d + d step centers[c] - M_c)``,
+    ``step`` the coarsest lattice of the points that is a multiple of ``h`` (so a mixture gives
+    the same numbers whichever multiple of its lattice the caller names)."""
+    from dpmf.privacy._mixture_compiled import SPAN
+
+    d = np.rint((s - s[0]) / h)
+    if not np.all(np.abs(s - s[0] - d * h) <= 1e-9 * max(1.0, float(s[-1]))):
+        return None, h
+    di = d.astype(np.int64)
+    step = int(np.gcd.reduce(di))  # the coarsest lattice of these points: the same PLD on any finer one
+    if step > 1:
+        di //= step
+        h *= step
+    dmax = int(di[-1])
+    if dmax < 1 or dmax + 1 > _LATTICE_DENSITY * s.size:
+        return None, h
+    reach = SPAN / (h * dmax)
+    count = max(1, int(math.ceil((hi - lo) / reach)) + 1)
+    if count * (dmax + 1) > _LATTICE_TABLE:
+        return None, h
+    centers = lo + reach * np.arange(count)
+    z = a[None, :] + (di * h)[None, :] * centers[:, None]
+    mc = z.max(axis=1)
+    beta = np.zeros((count, dmax + 1))
+    beta[:, di] = np.exp(z - mc[:, None])
+    return (centers, beta, mc), h
+
+
+def _quadrature_masses(u: np.ndarray, smax: float, evaluate) -> np.ndarray:
+    """Masses of the mixture in each ``[u_j, u_{j+1}]`` (``u`` increasing): ``int phi e^L`` by
+    Gauss-Legendre on sub-intervals, each raised by its error bound (:mod:`._mixture_compiled`)."""
+    from dpmf.privacy._mixture_compiled import accumulate_masses, quadrature_nodes, quadrature_size
+
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    out = np.zeros(max(0, u.size - 1))
+    if u.size < 2:
+        return out
+    size = int(quadrature_size(u, smax))
+    nodes, weights = np.empty(size), np.empty(size)
+    count, owner = quadrature_nodes(u, smax, nodes, weights)
+    loss, _ = evaluate(nodes[:count])
+    accumulate_masses(nodes, weights, loss, owner, count, out)
+    return out
 
 
 def _point_tails(u: float, s: np.ndarray, p: np.ndarray) -> tuple[float, float]:

@@ -68,6 +68,26 @@ def _check_self_compose_fits(pmf, count: int, tail: float) -> None:
                      f"{points:.3g} points)", copies=2, hint="use a smaller times (fewer runs)")
 
 
+def _compose_pmfs(a, b, tail: float):
+    """dp_accounting's composition of two PMFs; dense ones by :mod:`.dense_convolution` (the same
+    numbers, without its Python loop over the tails)."""
+    if dp_pld.is_dense(a) and dp_pld.is_dense(b):
+        from dpmf.privacy.dense_convolution import compose_dense
+
+        return compose_dense(a, b, tail)
+    return pld_pmf.compose_pmfs(a, b, tail)
+
+
+def _self_compose_pmf(pmf, count: int, tail: float):
+    """dp_accounting's ``count``-fold self-composition; dense PMFs by :mod:`.dense_convolution`
+    (real FFTs, vectorized Chernoff bounds)."""
+    if dp_pld.is_dense(pmf):
+        from dpmf.privacy.dense_convolution import self_compose_dense
+
+        return self_compose_dense(pmf, count, tail)
+    return pmf.self_compose(count, tail)
+
+
 @dataclass(frozen=True)
 class PrivacyLossDistribution:
     """A pessimistic PLD for both adjacency directions.
@@ -166,10 +186,10 @@ class PrivacyLossDistribution:
                 f"{self.discretization!r} and {other.discretization!r}"
             )
         tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
-        remove = pld_pmf.compose_pmfs(self.remove, other.remove, tail)
+        remove = _compose_pmfs(self.remove, other.remove, tail)
         if self.symmetric and other.symmetric:
             return PrivacyLossDistribution(remove, remove)
-        return PrivacyLossDistribution(remove, pld_pmf.compose_pmfs(self.add, other.add, tail))
+        return PrivacyLossDistribution(remove, _compose_pmfs(self.add, other.add, tail))
 
     def self_compose(
         self, count: int, tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
@@ -182,9 +202,9 @@ class PrivacyLossDistribution:
         for direction in ("remove", "add") if not self.symmetric else ("remove",):
             _check_self_compose_fits(self._direction(direction), count, tail)
         try:
-            remove = self.remove.self_compose(count, tail)
+            remove = _self_compose_pmf(self.remove, count, tail)
             if not self.symmetric:
-                add = self.add.self_compose(count, tail)
+                add = _self_compose_pmf(self.add, count, tail)
         except MemoryError:
             raise InvalidParameterError(
                 f"composing {count:,} runs needs more memory than this machine has (dp_accounting's privacy loss "
@@ -247,6 +267,49 @@ class PrivacyLossDistribution:
         if direction == "add":
             return self.add
         raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+
+
+def _grid_size(pld: "PrivacyLossDistribution") -> int:
+    """Grid points of a PLD's larger direction (what one convolution with it costs)."""
+    sizes = []
+    for direction in ("remove", "add"):
+        pmf = pld._direction(direction)
+        sizes.append(dp_pld.dense_arrays(pmf)[1].size if dp_pld.is_dense(pmf) else len(dp_pld.loss_probs(pmf)))
+    return max(sizes)
+
+
+def compose_many(
+    plds, counts=None, tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
+) -> "PrivacyLossDistribution | None":
+    """The composition of ``plds[i]`` run ``counts[i]`` times each (default once; ``None`` if there
+    is nothing to compose), on one grid.
+
+    Each part is self-composed, then the parts are convolved two at a time, always the two with the
+    fewest grid points (as a Huffman code merges): an FFT convolution costs about the size of its
+    result, so merging small parts first costs ``O(N log k)`` points for ``k`` parts totalling ``N``
+    instead of ``O(N k)`` in a fixed order (MMCC: the composed ramp-up rows of BandMF-16 x 500 are
+    ~20 parts of ~2.5e5 points next to one part of ~4.5e6). Convolution is associative, so only
+    floating-point rounding and the per-convolution tail truncation (``tail_mass_truncation`` moved
+    to +inf each time, pessimistic) depend on the order."""
+    import heapq
+
+    plds = list(plds)
+    counts = [1] * len(plds) if counts is None else [int(k) for k in counts]
+    heap = []
+    for i, (pld, k) in enumerate(zip(plds, counts)):
+        part = pld.self_compose(k, tail_mass_truncation) if k > 1 else pld
+        heap.append((_grid_size(part), i, part))
+    if not heap:
+        return None
+    heapq.heapify(heap)
+    order = len(heap)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        ab = a.compose(b, tail_mass_truncation)
+        heapq.heappush(heap, (_grid_size(ab), order, ab))
+        order += 1
+    return heap[0][2]
 
 
 def from_probability_mass_functions(

@@ -481,7 +481,7 @@ def compose_curves(
     :data:`~dpmf.privacy.pld.DEFAULT_DISCRETIZATION` when no part has a grid), convolved per
     direction, ``delta_offset`` summed; a part's "how" starts with ``"NOT tight"`` when it entered
     only through its (epsilon, delta) claim (module docstring)."""
-    from dpmf.privacy.pld import DEFAULT_TAIL_MASS_TRUNCATION
+    from dpmf.privacy.pld import DEFAULT_TAIL_MASS_TRUNCATION, compose_many
 
     curves = list(curves)
     if not curves:
@@ -505,13 +505,13 @@ def compose_curves(
         disc = _v.positive("discretization", discretization)
     tail = DEFAULT_TAIL_MASS_TRUNCATION if tail_mass_truncation is None else _v.non_negative(
         "tail_mass_truncation", tail_mass_truncation)
-    total, offset, hows = None, 0.0, []
+    parts, offset, hows = [], 0.0, []
     for c, k in zip(curves, counts):
         p, o, how = c.as_pld(disc)
         hows.append(how)
-        part = p.self_compose(k, tail) if k > 1 else p
-        total = part if total is None else total.compose(part, tail)
+        parts.append(p)
         offset += k * o
+    total = compose_many(parts, counts, tail)
     return PrivacyCurve.from_pld(total, offset, note="composition: " + "; ".join(hows)), hows
 
 

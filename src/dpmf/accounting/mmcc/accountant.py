@@ -108,7 +108,7 @@ from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gaussian_plds import discretization_diagnostics
-from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution
+from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, compose_many
 from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
@@ -591,7 +591,6 @@ class MMCCAccountant:
                     ahead[v] = (c, p)
                 yield ahead.pop(u)
 
-        total: PrivacyLossDistribution | None = None
         info: dict = {}
         for j, pld in iter_row_plds(
             tasks(),
@@ -608,15 +607,11 @@ class MMCCAccountant:
             info=info,
         ):
             known[todo[j]] = pld
-        # composed after the rows, in group order (row PLDs are small next to the rows' inputs:
+        # composed after the rows, smallest first, :func:`~dpmf.privacy.pld.compose_many` (row PLDs are small next to the rows' inputs:
         # a few KiB each for sqrt-Toeplitz n = 2048; composing while the row processes run would
         # only compete with them for the cores)
-        for k, (_, count) in enumerate(groups):
-            pld = known.get(k)
-            if pld is None:
-                continue
-            part = pld.self_compose(count)
-            total = part if total is None else total.compose(part)
+        parts = [(known[k], count) for k, (_, count) in enumerate(groups) if known.get(k) is not None]
+        total = compose_many([p for p, _ in parts], [c for _, c in parts])
         if total is None and only is None:
             total = PrivacyLossDistribution.identity(disc)
         return total, info, ratio[0]
