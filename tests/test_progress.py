@@ -115,6 +115,22 @@ def test_a_task_stopped_by_an_error_says_so():
     assert "MMCC rows: stopped by an error, 2/10 rows" in last and "done" not in last
 
 
+def test_a_task_that_did_not_do_all_it_counted_ends_as_it_says_not_done():
+    stream = io.StringIO()
+    with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+        with progress.task("plan candidates (20 steps)", total=3, unit="candidates") as bar:
+            bar.advance(2)
+            bar.end_as("stopped by the time budget")
+    last = stream.getvalue().splitlines()[-1]
+    assert "plan candidates (20 steps): stopped by the time budget, 2/3 candidates" in last and "done" not in last
+    with pytest.raises(ValueError):  # an error still says so
+        with progress.reporting("log", stream=stream, interval=0.0, delay=0.0):
+            with progress.task("plan candidates (20 steps)", total=3, unit="candidates") as bar:
+                bar.end_as("stopped by the time budget")
+                raise ValueError("boom")
+    assert "stopped by an error" in stream.getvalue().splitlines()[-1]
+
+
 def test_counts_carry_their_unit_and_are_written_whole():
     lines = _log(lambda bar: bar.advance(10))
     assert "calibrating noise (pld): done, 10 evaluations," in lines[-1], lines

@@ -23,6 +23,9 @@ that provably cannot beat the best row so far is *pruned* after one evaluation (
 never a reported epsilon: :mod:`dpmf.planning.evaluate`); finished rows are cached on disk
 (:mod:`dpmf.planning.cache`), so a rerun is instant; a wave's candidates can run on a Dask cluster
 (``scheduler``), with the same rows as a local run. Progress: one :func:`dpmf.progress.task`.
+:func:`plan`'s defaults are the command's (a 25 s budget for the costly wave, the default cache,
+workers), so ``plan(run)`` answers like ``dpmf plan``; the words of the output are explained once,
+in :mod:`dpmf.planning.legend`.
 """
 
 from __future__ import annotations
