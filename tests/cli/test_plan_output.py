@@ -190,3 +190,17 @@ def test_the_cli_passes_its_budget_and_a_scheduler_runs_the_waves_whole(monkeypa
         assert res.exit_code == 0, res.output
     assert [(kw["budget"], kw["thorough"]) for kw in seen] == [(25.0, False), (7.0, False), (None, True), (None, True)]
     assert seen[-1]["scheduler"] == "tcp://127.0.0.1:1"
+
+
+@pytest.mark.parametrize("where", ["env", "option"])
+def test_a_cache_folder_name_too_long_for_the_system_is_one_line(monkeypatch, tmp_path, where):
+    import dpmf.planner
+
+    monkeypatch.setattr(dpmf.planner, "plan", lambda *a, **k: pytest.fail("the plan ran"))
+    long = str(tmp_path / ("a" * 5000))
+    if where == "env":
+        res = runner.invoke(app, ["plan"], env={"DPMF_CACHE_DIR": long})
+        line = one_line_error(res, "DPMF_CACHE_DIR", "(5,0", "unset it")
+    else:
+        line = one_line_error(runner.invoke(app, ["plan", "--cache-dir", long]), "--cache-dir", "characters)")
+    assert len(line) < 300

@@ -556,7 +556,7 @@ def _plan_cache(cache_dir, no_cache: bool, workers):
     """The plan cache (``None`` with ``--no-cache``): ``--cache-dir`` checked before the work; a bad
     DPMF_CACHE_DIR is refused; an unwritable default folder is noted once. (``--workers`` is
     checked and noted first.)"""
-    from dpmf.planning.cache import PlanCache, default_plan_cache
+    from dpmf.planning.cache import PlanCache, check_cache_dir, default_plan_cache
 
     if workers is not None:
         from dpmf import validation as _v
@@ -566,7 +566,7 @@ def _plan_cache(cache_dir, no_cache: bool, workers):
     if no_cache:
         return None
     if cache_dir is not None:
-        check_output_dir(cache_dir, "--cache-dir")  # before the work
+        check_cache_dir(cache_dir, "--cache-dir")  # before the work
         return PlanCache(cache_dir)
     cache, note = default_plan_cache()
     if note:

@@ -49,14 +49,27 @@ def default_cache_dir() -> Path:
     :func:`default_plan_cache`)."""
     value = os.environ.get("DPMF_CACHE_DIR")
     if value:
-        from dpmf.files import check_output_dir
-
         try:
-            return check_output_dir(value, "environment variable DPMF_CACHE_DIR")
+            return check_cache_dir(value, "environment variable DPMF_CACHE_DIR")
         except DPMFError as exc:
             raise type(exc)(f"{exc} (point it to a writable folder, or unset it)") from None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dpmf"
+
+
+def check_cache_dir(value, name: str) -> Path:
+    """``value`` as a cache folder (:func:`dpmf.files.check_output_dir`: created if missing, must be
+    writable); a path the system refuses outright (a name longer than the file system takes) is an
+    :class:`~dpmf.errors.InvalidParameterError` naming ``name``, never a traceback."""
+    from dpmf.errors import InvalidParameterError
+    from dpmf.files import check_output_dir
+
+    try:
+        return check_output_dir(value, name)
+    except OSError as exc:  # (e.g. ENAMETOOLONG from the checks' stat calls)
+        text = str(value)
+        shown = repr(text) if len(text) <= 80 else f"{text[:40]!r}... ({len(text):,} characters)"
+        raise InvalidParameterError(f"{name} {shown} cannot be used as a folder: {exc.strerror or exc}") from None
 
 
 def default_plan_cache() -> "tuple[PlanCache | None, str | None]":
@@ -65,13 +78,11 @@ def default_plan_cache() -> "tuple[PlanCache | None, str | None]":
     (``$XDG_CACHE_HOME/dpmf`` or ``~/.cache/dpmf``, which nobody asked for) cannot be written,
     ``(None, note)``: the plan runs without a cache and the caller shows the note once -- refusing
     would be wrong, the cache only saves time."""
-    from dpmf.files import check_output_dir
-
     folder = default_cache_dir()
     if os.environ.get("DPMF_CACHE_DIR"):
         return PlanCache(folder), None
     try:
-        check_output_dir(folder, "the default cache folder")
+        check_cache_dir(folder, "the default cache folder")
     except DPMFError as exc:
         return None, f"{exc}: rows will not be cached (set DPMF_CACHE_DIR or --cache-dir to a writable folder)"
     return PlanCache(folder), None
