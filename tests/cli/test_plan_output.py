@@ -204,3 +204,10 @@ def test_a_cache_folder_name_too_long_for_the_system_is_one_line(monkeypatch, tm
     else:
         line = one_line_error(runner.invoke(app, ["plan", "--cache-dir", long]), "--cache-dir", "characters)")
     assert len(line) < 300
+
+
+def test_force_help_gives_the_limit_the_cost_check_uses():
+    from dpmf.accounting.cost import DEFAULT_MAX_SECONDS
+
+    text = _flat(runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "100"}).stdout)
+    assert f"more than {DEFAULT_MAX_SECONDS / 60:g} minutes" in text and "a few minutes" not in text

@@ -114,7 +114,7 @@ def _build(strategy: str, sampling: SamplingName, steps, bands, force: bool, **s
 
 def _check_run_cost(strat, scheme, noise_multiplier, method, samples, force, *, target_epsilon=None,
                     delta=None) -> None:
-    """Refuse, before it starts, a run estimated to take more than a few minutes or more memory
+    """Refuse, before it starts, a run estimated to take more than 10 minutes or more memory
     than the machine has (unless --force); say what to expect when it takes over a minute. For a
     calibration the estimate follows the search to where ``target_epsilon`` and ``delta`` end it."""
     from dpmf.accounting.cost import accounting_cost, check_cost
@@ -223,7 +223,7 @@ _MIN_SEP = typer.Option(
 )
 _WARM = WARM_START
 _FORCE = typer.Option(
-    False, "--force", help="Run even when the up-front estimate says it would take more than a few minutes "
+    False, "--force", help="Run even when the up-front estimate says it would take more than 10 minutes "
     "or more memory than this machine has."
 )
 _MAXB = typer.Option(

@@ -104,7 +104,7 @@ def build(
     ),
     out_path: str = typer.Option(..., "--out", help="Where to write the strategy (.npz; its folder must exist)."),
     force: bool = typer.Option(
-        False, "--force", help="Build even when the up-front estimate says it would take more than a few minutes "
+        False, "--force", help="Build even when the up-front estimate says it would take more than 10 minutes "
         "or more memory than this machine has."
     ),
 ) -> None:
