@@ -25,7 +25,8 @@ ACCOUNT_CASES = [
     ("bsr100x4 reused 2 epochs", 100, 4, 2, 100, False, [1.6]),
 ]
 #: (name, bsr n, bands, epochs, steps, target epsilon, delta): the README's snippet (make_private's calibration)
-CALIBRATIONS = [("README snippet bsr32x4 eps 4", 32, 4, 2, 32, 4.0, 1e-5)]
+CALIBRATIONS = [("README snippet bsr32x4 eps 4", 32, 4, 2, 32, 4.0, 1e-5),
+                ("README CLI bsr100x4 eps 2", 100, 4, 2, 100, 2.0, 1e-5)]  # (dpmf calibrate --strategy bsr --bands 4 ...)
 
 
 def main() -> None:
