@@ -164,3 +164,26 @@ def test_calibration_without_a_fallback_is_refused():
     # noise, Algorithm 5 has no M_k and must refuse rather than guess
     with pytest.raises(InvalidParameterError, match="fallback"):
         calibrate_montecarlo(Identity(1), PoissonSampling(1.0, 1), 1.0, 1e-2, sampler=dpsgd_loss_samples)
+
+
+@pytest.mark.parametrize(
+    "warm, eps, remove, add, point",
+    [
+        (False, 5.334402322769165, 5.334402322769165, 2.3265503644943237, 4.7416927218437195),
+        (True, 5.233397424221039, 5.233397424221039, 2.3168509006500244, 4.653442859649658),
+    ],
+)
+def test_bminsep_estimates_for_a_fixed_seed_are_unchanged_by_the_speed_up(warm, eps, remove, add, point):
+    """Values computed on eb60cda (before the fused kernel and the histogram fast path):
+    the same random stream, so the same epsilons to the last bit (1e-12 allowed for the order of
+    the band's sums, which BLAS does not fix)."""
+    from dpmf.sampling import MinSepSampling
+    from dpmf.strategies import catalog
+
+    strat = catalog.build("banded-toeplitz", 64, bands=4)
+    scheme = MinSepSampling.from_participation_rate(0.05, 64, 4, warm_start=warm)
+    r = account_montecarlo(strat, scheme, 0.8, 1e-3, num_samples=20_000, seed=11, chunk_size=5_000)
+    assert r.epsilon == pytest.approx(eps, rel=1e-12)
+    assert r.epsilon_by_direction["remove"] == pytest.approx(remove, rel=1e-12)
+    assert r.epsilon_by_direction["add"] == pytest.approx(add, rel=1e-12)
+    assert r.diagnostics["epsilon_point_estimate"] == pytest.approx(point, rel=1e-12)

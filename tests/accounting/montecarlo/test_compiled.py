@@ -174,3 +174,36 @@ def test_identity_single_band():
 def test_backend_is_validated():
     with pytest.raises(InvalidParameterError, match="backend"):
         privacy_loss_samples(Identity(4), MinSepSampling(0.3, 4, 2), 1.0, 10, np.random.default_rng(0), backend="gpu")
+
+
+# ============================================================================ the fused first stage (issue 50)
+@pytest.mark.parametrize("toeplitz", [True, False])
+@pytest.mark.parametrize("remove", [True, False])
+@pytest.mark.parametrize("S", [1, 7, 8, 21])
+def test_fused_exponents_equal_outputs_then_blas_then_exponents(toeplitz, remove, S):
+    """minsep_exponents draws the same outputs as minsep_outputs (same state, same stream) and
+    gives the exponents of the blocked BLAS path to rounding (different order of the sums)."""
+    from dpmf.accounting.montecarlo._loss_kernels import Bands
+
+    n, b, p, sigma = 75, 6, 0.2, 0.7
+    rng = np.random.default_rng(4)
+    if toeplitz:
+        bands = Bands.from_coefs(np.array([1.0, 0.6, 0.3, 0.2, 0.1]), n)
+        colsT, coefs = np.zeros((1, 1)), np.ascontiguousarray(bands.toeplitz)
+    else:
+        C = np.tril(np.triu(rng.random((n, n)), -4))  # 5 bands, every entry different
+        bands = Bands.from_dense(C)
+        colsT, coefs = np.ascontiguousarray(bands.cols.T), np.zeros(1)
+    h = bands.sq / (2 * sigma**2) - math.log(p)
+    state = seed_state(np.random.default_rng(9))
+    Y = np.empty((S, n))
+    _compiled.minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, False, remove, state.copy(), Y)
+    ref = bands.dots_sm(Y)
+    _compiled.exponents(ref, 1 / sigma**2, h)
+    X = np.empty((n, S))
+    fused_state = state.copy()
+    _compiled.minsep_exponents(colsT, coefs, toeplitz, sigma, p, b, False, remove, fused_state, 1 / sigma**2, h, X)
+    np.testing.assert_allclose(X, ref, rtol=1e-12, atol=1e-12)
+    after = state.copy()
+    _compiled.minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, False, remove, after, np.empty((S, n)))
+    np.testing.assert_array_equal(fused_state, after)  # the stream advanced by exactly the same draws

@@ -562,7 +562,7 @@ def _compiled_ok(plan: _Plan, scheme) -> bool:
 
 def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarray:
     """The fused numba kernels (``_compiled.py``); ``S`` losses, xoshiro256++ seeded from ``rng``."""
-    from dpmf.accounting.montecarlo._compiled import exponents, minsep_dp, minsep_outputs
+    from dpmf.accounting.montecarlo._compiled import minsep_dp, minsep_exponents
     from dpmf.accounting.montecarlo._xoshiro import seed_state
 
     state = seed_state(rng)
@@ -575,17 +575,16 @@ def _sample_compiled(bands, scheme, plan, sigma, S, rng, direction) -> np.ndarra
     colsT, coefs, toeplitz = _kernel_bands(bands)
     n = bands.n
     size = int(min(S, max(64, _KERNEL_CHUNK_ELEMENTS // n)))
-    Y = np.empty((size, n))
+    X = np.empty((n, size))
     E = np.empty((n, size))
     F = np.empty((n + b, size))
     h = bands.sq / (2 * sigma**2) - math.log(p)
     for lo, m in _chunks_of(S, size):
-        minsep_outputs(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, Y[:m])
-        X = bands.dots_sm(Y[:m])  # time-major (n, m)
-        exponents(X, 1.0 / sigma**2, h)
+        # outputs, d = C^T y and the exponents in one compiled pass (time-major (n, m))
+        minsep_exponents(colsT, coefs, toeplitz, sigma, p, b, warm, remove, state, 1.0 / sigma**2, h, X[:, :m])
         with np.errstate(over="ignore"):  # e^{x} = inf sends a sample to the log-space fallback
-            np.exp(X, out=E[:, :m])
-        minsep_dp(X, E[:, :m], p, b, warm, F[:, :m], out[lo : lo + m])
+            np.exp(X[:, :m], out=E[:, :m])
+        minsep_dp(X[:, :m], E[:, :m], p, b, warm, F[:, :m], out[lo : lo + m])
     if not remove:
         np.negative(out, out=out)
     return out
