@@ -149,3 +149,44 @@ def test_calibrate_certifies_a_private_noise(dpsgd_sampler):
     sigma = data["noise_multiplier"]
     a = 1 / (2 * sigma)
     assert norm.cdf(a - sigma) - math.e * norm.cdf(-a - sigma) <= 1e-2
+
+
+# ---------------------------------------------------------------- progress when stderr is a pipe (issue 49 item 3)
+_BMINSEP = ["--strategy", "banded-toeplitz", "--bands", "4", "--steps", "32", "--sampling", "b-min-sep",
+            "--min-sep", "4", "--participation-rate", "0.05", "--seed", "2", "--chunk-size", "2000"]
+_ESTIMATE = r"\d[\d,]*/[\d,]+ samples \(\d+\.\d%\), \d+ s elapsed, about \d+ (s|min) left"
+
+
+def test_run_prints_progress_lines_with_time_left_into_a_pipe():
+    """The real command in a subprocess, stderr a pipe: timestamped lines, one with an estimate."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DPMF_PROGRESS_INTERVAL="0")  # every update (the default is one line per 10 s)
+    env.pop("DPMF_PROGRESS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dpmf", "montecarlo", "run", *_BMINSEP, "--noise-multiplier", "1", "--delta", "1e-2",
+         "--samples", "20000"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] sampling privacy losses: started \(40,000 samples\)", lines[0])
+    assert any(re.search("sampling privacy losses: " + _ESTIMATE, line) for line in lines), proc.stderr
+    assert "sampling privacy losses: done, 40,000/40,000 samples" in lines[-1]
+    assert "samples per CPU-second" in proc.stdout
+
+
+def test_calibrate_prints_pilot_and_verification_progress_with_time_left(monkeypatch):
+    import re
+
+    monkeypatch.setenv("DPMF_PROGRESS_INTERVAL", "0")
+    monkeypatch.delenv("DPMF_PROGRESS", raising=False)
+    res = runner.invoke(app, ["calibrate", *_BMINSEP, "--epsilon", "2", "--delta", "1e-2", "--candidates", "5"])
+    assert res.exit_code == 0, res.output
+    err_lines = res.stderr.splitlines()
+    assert any(re.search("pilot estimate .*: " + _ESTIMATE, line) for line in err_lines), res.stderr
+    assert any(re.search("verification .*: " + _ESTIMATE + r" \[candidate 1 of at most \d", line) for line in err_lines)
+    assert "certified by Algorithm 5" in res.stdout and "samples per CPU-second" in res.stdout

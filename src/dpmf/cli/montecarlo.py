@@ -72,6 +72,20 @@ def _execute(run_fn, description: str, total: int, done: int, checkpoint):
         raise typer.Exit(code=130)
 
 
+def _sample_and_report(mc, description, checkpoint, scheduler, workers, delta, confidence):
+    """Sample the run's missing chunks with progress shown, then its report with the samples per
+    CPU-second of this command."""
+    import time
+
+    from dpmf.accounting.montecarlo.accountant import montecarlo_report, throughput_diagnostics
+
+    before, cpu0 = mc.samples_done, time.process_time()
+    _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), description, mc.samples_total,
+             mc.samples_done, checkpoint)
+    extra = throughput_diagnostics(mc.samples_done - before, time.process_time() - cpu0, scheduler, workers)
+    return montecarlo_report(mc, delta, confidence, extra=extra)
+
+
 def _report_settings(mc, delta, confidence):
     """--delta / --confidence given on the command line, else the ones the run was started with."""
     saved = getattr(mc, "report_defaults", {}) or {}
@@ -107,10 +121,18 @@ def _print_report(report, as_json: bool, checkpoint=None) -> None:
         highlight=False,
     )
     out.print(f"  seed entropy: {d['seed_entropy']}", highlight=False)
+    if "samples_drawn" in d:
+        out.print(f"  {_throughput_line(d)}", highlight=False)
     if d.get("warning"):
         out.print(f"  warning: {d['warning']}", highlight=False)
     if checkpoint is not None:
         out.print(f"  checkpoint: {checkpoint}", highlight=False)
+
+
+def _throughput_line(d: dict) -> str:
+    rate = d.get("samples_per_cpu_second")
+    text = f"{d['samples_drawn']:,} samples drawn in {d['cpu_seconds']:.1f} CPU-s"
+    return text + (f" ({rate:,.0f} samples per CPU-second)" if rate else " (in other processes)")
 
 
 @app.command()
@@ -177,9 +199,7 @@ def run(
         mc.report_defaults = {"delta": delta, "confidence": confidence}  # what 'resume FILE' reports
         if checkpoint is not None and not mc.samples_done:
             mc.save(checkpoint)  # the seed is on disk before the first chunk
-        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "sampling privacy losses",
-                 mc.samples_total, mc.samples_done, checkpoint)
-        report = montecarlo_report(mc, delta, confidence)
+        report = _sample_and_report(mc, "sampling privacy losses", checkpoint, scheduler, workers, delta, confidence)
     _print_report(report, as_json, checkpoint)
 
 
@@ -215,9 +235,7 @@ def resume(
         mc = MonteCarloRun.load(checkpoint)
         delta, confidence = _report_settings(mc, delta, confidence)
         note_workers(workers)
-        _execute(lambda cb: mc.run(callback=cb, scheduler=scheduler, workers=workers), "resuming", mc.samples_total,
-                 mc.samples_done, checkpoint)
-        report = montecarlo_report(mc, delta, confidence)
+        report = _sample_and_report(mc, "resuming", checkpoint, scheduler, workers, delta, confidence)
     _print_report(report, as_json, checkpoint)
 
 
@@ -299,17 +317,12 @@ def calibrate(
         strat = build_strategy(strategy, steps, epochs=epochs, bands=bands)
         scheme = _scheme(sampling, steps, sampling_prob, participation_rate, min_sep, warm_start, max_batch_size, epochs,
                          num_selected, fresh_slots)
-        from dpmf import progress as _progress
         from dpmf.cli.console import cli_progress
 
-        with cli_progress(), _progress.task("Algorithm 5: pilot estimate and verification", unit="samples") as bar:
-
-            def progress(done: int, total: int) -> None:
-                bar.update(completed=done, total=total, note="verifying a candidate")
-
+        with cli_progress():  # the library shows its stages: the pilot, then the verifications
             cal = calibrate_montecarlo(
                 strat, scheme, epsilon, delta, num_candidates=candidates, num_samples=samples, seed=seed,
-                scheduler=scheduler, workers=workers, callback=progress, chunk_size=chunk_size,
+                scheduler=scheduler, workers=workers, chunk_size=chunk_size,
                 dataset_size=dataset_size, fallback=certified_fallback,
             )
     except KeyboardInterrupt:
@@ -336,4 +349,5 @@ def calibrate(
         f"  fallback {d['fallback_noise_multiplier']:.6g} ({d['fallback_method']}); seed entropy {d['seed_entropy']}",
         highlight=False,
     )
+    out.print(f"  {_throughput_line(d)}", highlight=False)
     out.print(f"  adjacency: {cal.report.adjacency}", highlight=False)

@@ -137,9 +137,9 @@ def test_calibration_default_candidates_come_from_the_pilot():
     exact_at_base = brentq(lambda x: gaussian_delta(eps, x) - delta / 2, 0.3, 20)
     cal = calibrate_montecarlo(
         Identity(1), PoissonSampling(1.0, 1), eps, delta, seed=4, sampler=dpsgd_loss_samples,
-        fallback_noise_multiplier=2 * exact_at_base,
+        fallback_noise_multiplier=2 * exact_at_base, pilot_samples=minimum_samples(delta),
     )
-    # s = 5788 samples see ~29 events at delta' = 5e-3: delta~ has relative sd ~ 19%; delta has
+    # s = 5788 pilot samples (as many as a verification) see ~29 events at delta' = 5e-3: delta~ has relative sd ~ 19%; delta has
     # elasticity ~ -6.8 in sigma here, so 3 sd is ~ 9% in sigma
     d = cal.report.diagnostics
     assert d["pilot_noise_multiplier"] == pytest.approx(exact_at_base, rel=0.1)
@@ -187,3 +187,27 @@ def test_bminsep_estimates_for_a_fixed_seed_are_unchanged_by_the_speed_up(warm, 
     assert r.epsilon_by_direction["remove"] == pytest.approx(remove, rel=1e-12)
     assert r.epsilon_by_direction["add"] == pytest.approx(add, rel=1e-12)
     assert r.diagnostics["epsilon_point_estimate"] == pytest.approx(point, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_default_pilot_and_ladder_release_a_private_noise_near_the_exact_one(seed):
+    """The defaults (pilot with s // 4 samples on a common stream, candidates up to ratio**3 above
+    it): the release is truly (eps, delta)-DP (the certified claim; false with probability <= q)
+    and, when not the fallback, within the pilot's error of the exact noise at delta': s // 4 =
+    1447 samples see ~7 events at delta' (delta~ relative sd ~38%, i.e. ~5.6% in sigma at elasticity
+    -6.8; 3 sd ~17%), plus the ladder's top step of 3%."""
+    from scipy.optimize import brentq
+
+    eps, delta = 1.0, 1e-2
+    exact_at_base = brentq(lambda x: gaussian_delta(eps, x) - delta / 2, 0.3, 20)
+    cal = calibrate_montecarlo(
+        Identity(1), PoissonSampling(1.0, 1), eps, delta, seed=100 + seed, sampler=dpsgd_loss_samples,
+        fallback_noise_multiplier=2 * exact_at_base,
+    )
+    d = cal.report.diagnostics
+    assert gaussian_delta(eps, cal.noise_multiplier) <= delta
+    assert d["pilot_samples_used"] > 0 and d["samples_drawn"] >= d["pilot_samples_used"] + 2 * minimum_samples(delta)
+    assert max(cal.candidates) == pytest.approx(d["pilot_noise_multiplier"] * 1.01**3)
+    assert len(cal.candidates) == 12
+    if not cal.fallback:
+        assert cal.noise_multiplier <= exact_at_base * (1.17 + 0.0304)

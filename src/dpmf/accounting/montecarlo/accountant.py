@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from dpmf import progress
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
 from dpmf.accounting.montecarlo import certify as _cert
@@ -137,14 +138,17 @@ def account_montecarlo(
         sampler_options=_options(dataset_size),
     )
     run.report_defaults = {"delta": delta, "confidence": conf}
+    before, cpu0 = run.samples_done, time.process_time()
     run.run(callback=callback, scheduler=scheduler, workers=workers)
-    return montecarlo_report(run, delta, conf, seconds=time.perf_counter() - start)
+    throughput = throughput_diagnostics(run.samples_done - before, time.process_time() - cpu0, scheduler, workers)
+    return montecarlo_report(run, delta, conf, seconds=time.perf_counter() - start, extra=throughput)
 
 
 def montecarlo_report(
-    run: MonteCarloRun, delta: float, confidence: float, *, seconds: float | None = None
+    run: MonteCarloRun, delta: float, confidence: float, *, seconds: float | None = None, extra: dict | None = None
 ) -> PrivacyReport:
-    """The (uncertified) report of a finished or partial run (used by the CLI ``report``)."""
+    """The (uncertified) report of a finished or partial run (used by the CLI ``report``);
+    ``extra`` entries join its diagnostics (e.g. the samples per CPU-second of the call)."""
     delta = _v.open_unit("delta", delta)
     conf = _v.open_unit("confidence", confidence)
     alpha = (1.0 - conf) / len(run.config.directions)
@@ -187,6 +191,7 @@ def montecarlo_report(
         )
     if seconds is not None:
         diagnostics["seconds"] = seconds
+    diagnostics.update(extra or {})
     if set(by_dir) != set(DIRECTIONS):
         diagnostics["warning"] = f"only the {sorted(by_dir)} direction(s) were sampled: not an epsilon for both"
     return PrivacyReport(
@@ -265,6 +270,15 @@ PILOT_KEY = 2**31 - 1
 """Spawn key of the pilot run (candidate ``i`` uses key ``i``; no calibration has 2**31 candidates)."""
 
 
+#: Bisection steps of the pilot once its bracket is a factor 2 wide: 2^(1/2^8) < 1.003.
+PILOT_BISECTIONS = 8
+#: Candidates at or above the pilot in the default ladder (``pilot * ratio**j``, ``j = 0 .. 3``: the
+#: top one 3% above it at ratio 1.01; the pilot's own error at delta 1e-6, a few tenths of a percent
+#: of sigma, is well inside). Every candidate above the released one is verified (``2 s`` samples
+#: each), so the ladder's height above the pilot is the verification's cost.
+CANDIDATES_ABOVE_PILOT = 4
+
+
 def pilot_noise(
     strategy,
     scheme,
@@ -279,34 +293,53 @@ def pilot_noise(
     sampler_options: dict | None = None,
     scheduler=None,
     workers: int | None = None,
+    callback: Callable[[int, int], None] | None = None,
 ) -> float:
     """Point estimate (NOT a guarantee) of the smallest noise whose estimated delta(target_epsilon),
-    worst direction, is <= ``base_delta``: log-bisection below ``upper`` with ``num_samples``-sample
-    runs on the pilot stream (spawn key :data:`PILOT_KEY`, common to all evaluations). Only used to
-    place the candidates of Algorithm 5.
+    worst direction, is <= ``base_delta``; only used to place the candidates of Algorithm 5.
+
+    Common random numbers: every evaluation uses the pilot stream (spawn key :data:`PILOT_KEY`),
+    so the estimates of two noises differ by the noise, not by the draws. The bracket is found by
+    halving from ``upper`` with ``num_samples // 4`` samples per evaluation (the noises it passes
+    are far from the answer: a coarse estimate places them), then :data:`PILOT_BISECTIONS`
+    log-bisections with ``num_samples``. ``callback(done, total)`` counts samples over both
+    directions (``total`` known once the bracket is: halving steps so far plus the bisections).
     """
     eps = _v.positive("target_epsilon", target_epsilon)
+    coarse = max(1, num_samples // 4)
+    done = [0]
+    bisections_left = [PILOT_BISECTIONS]
 
-    def estimate(sig: float) -> float:
+    def estimate(sig: float, m: int, bisecting: bool) -> float:
+        base = done[0]
+        if bisecting:
+            bisections_left[0] -= 1
+        after = bisections_left[0] * num_samples * len(DIRECTIONS)  # the bisections still to come
+
+        def cb(d: int, total: int) -> None:
+            if callback is not None:
+                callback(base + d, base + total + after)
+
         run = MonteCarloRun(
-            strategy, scheme, sig, num_samples, seed=seed, chunk_size=chunk_size, sampler=sampler,
+            strategy, scheme, sig, m, seed=seed, chunk_size=chunk_size, sampler=sampler,
             spawn_key=(PILOT_KEY,), sampler_options=sampler_options,
-        ).run(scheduler=scheduler, workers=workers)
+        ).run(scheduler=scheduler, workers=workers, callback=cb)
+        done[0] += run.samples_done
         return max(h.delta_estimate(eps) for h in run.histograms.values())
 
     hi = _v.positive("upper", upper)
-    if estimate(hi) > base_delta:
+    if estimate(hi, coarse, False) > base_delta:
         return hi
     lo = hi / 2
     for _ in range(30):
-        if estimate(lo) > base_delta:
+        if estimate(lo, coarse, False) > base_delta:
             break
         hi, lo = lo, lo / 2
     else:
         return lo
-    while hi / lo > 1.004:
+    for _ in range(PILOT_BISECTIONS):
         mid = math.sqrt(lo * hi)
-        if estimate(mid) <= base_delta:
+        if estimate(mid, num_samples, True) <= base_delta:
             hi = mid
         else:
             lo = mid
@@ -350,30 +383,24 @@ def calibrate_montecarlo(
     ``fallback_noise_multiplier`` you pass instead is the *caller's* claim of
     (target_epsilon, delta_i)-DP. One of the two is required.
     Candidates default to ``num_candidates`` powers of ``ratio`` (1.01 as in the paper) around a
-    pilot estimate, ``pilot * ratio**j`` for ``j = -2 .. num_candidates - 3``, kept below the
-    fallback (:func:`pilot_noise` with ``pilot_samples`` per evaluation, default ``s``; the pilot
+    pilot estimate, ``pilot * ratio**j`` for ``j = a - num_candidates .. a - 1`` with ``a =``
+    :data:`CANDIDATES_ABOVE_PILOT` (= 4, the top one ``ratio**3`` above the pilot: every verification
+    costs ``2 s`` samples, and all those above the released one are verified; before 2026-12-02 the
+    ladder reached ``ratio**9`` above, about 10 verifications where 4-6 are made now),
+    kept below the fallback (:func:`pilot_noise` with ``pilot_samples`` per evaluation, default
+    ``s // 4``; the pilot
     uses its own random stream, independent of every
     verification, so choosing candidates with it does not affect Thm. A.1). Each candidate uses independent randomness (spawn key = its index). ``callback(done,
-    total)`` reports the samples of the candidate being verified; verification goes from the largest
+    total)`` reports the samples of the candidate being verified (progress is also shown as
+    :mod:`dpmf.progress` tasks: the pilot, then the verifications); verification goes from the largest
     candidate down and stops at the first failure (:func:`~dpmf.accounting.montecarlo.certify.
     estimate_verify_release`).
     """
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     eps = _v.positive("target_epsilon", target_epsilon)
     dt = _v.open_unit("delta", delta)
     check_supported(strategy, scheme, sampler)
-    if num_samples is None:
-        dp = dt / 2 if base_delta is None else _v.open_unit("base_delta", base_delta)
-        s = _cert.minimum_samples(dt, dp)
-    else:
-        s = _v.positive_int("num_samples", num_samples)
-        dp = _cert.base_delta_for(s, dt) if base_delta is None else _v.open_unit("base_delta", base_delta)
-    od = _cert.overall_delta(s, dp)
-    if od.overall > dt:
-        raise InvalidParameterError(
-            f"num_samples={s} with base_delta={dp!r} certifies only delta={od.overall:.4g} > {dt!r}; "
-            f"use at least {_cert.minimum_samples(dt, dp)} samples"
-        )
+    s, dp, od = _evr_samples(dt, num_samples, base_delta)
     if fallback_noise_multiplier is None:
         if fallback is None:
             raise InvalidParameterError(
@@ -385,40 +412,30 @@ def calibrate_montecarlo(
     else:
         sigma_fb, fb_method = _v.positive("fallback_noise_multiplier", fallback_noise_multiplier), "given by caller"
     entropy = new_entropy() if seed is None else int(seed)
-    options = _options(dataset_size)
-    pilot = None
+    job = dict(chunk_size=chunk_size, sampler=sampler, sampler_options=_options(dataset_size), scheduler=scheduler,
+               workers=workers)
+    pilot, pilot_samples_used = None, 0
     if candidates is None:
         k = _v.positive_int("num_candidates", num_candidates)
         r = _v.positive("ratio", ratio)
         if r <= 1:
             raise InvalidParameterError(f"ratio must be > 1, got {ratio!r}")
-        n_pilot = s if pilot_samples is None else _v.positive_int("pilot_samples", pilot_samples)
-        pilot = pilot_noise(
-            strategy, scheme, eps, dp, sigma_fb, num_samples=n_pilot, seed=entropy, sampler=sampler,
-            chunk_size=chunk_size, sampler_options=options, scheduler=scheduler, workers=workers,
-        )
-        cands = tuple(c for c in (pilot * r**j for j in range(-2, k - 2)) if c < sigma_fb)
+        n_pilot = max(1, s // 4) if pilot_samples is None else _v.positive_int("pilot_samples", pilot_samples)
+        with progress.task("Algorithm 5: pilot estimate (places the candidates)", unit="samples") as bar:
+            def pilot_progress(done: int, total: int) -> None:
+                bar.update(completed=done, total=total)
+
+            pilot = pilot_noise(strategy, scheme, eps, dp, sigma_fb, num_samples=n_pilot, seed=entropy,
+                                callback=pilot_progress, **job)
+            pilot_samples_used = int(bar.completed)
+        above = min(CANDIDATES_ABOVE_PILOT, k)
+        cands = tuple(c for c in (pilot * r**j for j in range(above - k, above)) if c < sigma_fb)
     else:
         cands = tuple(float(c) for c in candidates)
-    runs: dict[int, MonteCarloRun] = {}
-
-    def verifier(i: int, sigma_i: float) -> bool:
-        run = MonteCarloRun(
-            strategy, scheme, sigma_i, s, seed=entropy, chunk_size=chunk_size, sampler=sampler, spawn_key=(i,),
-            sampler_options=options,
-        ).run(callback=callback, scheduler=scheduler, workers=workers)
-        runs[i] = run
-        return _cert.verify(run.histograms, eps, dp)
-
-    outcome = _cert.estimate_verify_release(cands, verifier)
+    outcome, runs = _verify_candidates(strategy, scheme, cands, s, eps, dp, entropy, callback, job)
     sigma = sigma_fb if outcome.fallback else cands[outcome.index]
-    verified = {
-        f"{cands[i]:.10g}": {
-            "passed": ok,
-            "delta_estimate": {d: h.delta_estimate(eps) for d, h in runs[i].histograms.items()},
-        }
-        for i, ok in sorted(outcome.verdicts.items())
-    }
+    samples = pilot_samples_used + sum(run.samples_done for run in runs.values())
+    cpu = time.process_time() - cpu0
     report = PrivacyReport(
         epsilon=eps,
         delta=dt,
@@ -437,17 +454,88 @@ def calibrate_montecarlo(
             "samples_per_direction_per_candidate": s,
             "samples_used": s * 2 * len(outcome.verdicts),
             "samples_needed_for_certification": s,
+            "pilot_samples_used": pilot_samples_used,
             "candidates": list(cands),
             "pilot_noise_multiplier": pilot,
-            "verified": verified,
+            "verified": _verdicts(cands, outcome, runs, eps),
             "released_fallback": outcome.fallback,
             "fallback_noise_multiplier": sigma_fb,
             "fallback_method": fb_method,
             "seed_entropy": entropy,
             "seconds": time.perf_counter() - start,
+            **throughput_diagnostics(samples, cpu, scheduler, workers),
         },
     )
     return MonteCarloCalibration(sigma, report, len(outcome.verdicts), cands, dict(outcome.verdicts), outcome.fallback)
+
+
+def _evr_samples(dt: float, num_samples, base_delta):
+    """``(s, delta', overall delta)`` of Algorithm 5 (see :func:`calibrate_montecarlo`)."""
+    if num_samples is None:
+        dp = dt / 2 if base_delta is None else _v.open_unit("base_delta", base_delta)
+        s = _cert.minimum_samples(dt, dp)
+    else:
+        s = _v.positive_int("num_samples", num_samples)
+        dp = _cert.base_delta_for(s, dt) if base_delta is None else _v.open_unit("base_delta", base_delta)
+    od = _cert.overall_delta(s, dp)
+    if od.overall > dt:
+        raise InvalidParameterError(
+            f"num_samples={s} with base_delta={dp!r} certifies only delta={od.overall:.4g} > {dt!r}; "
+            f"use at least {_cert.minimum_samples(dt, dp)} samples"
+        )
+    return s, dp, od
+
+
+def _verify_candidates(strategy, scheme, cands, s, eps, dp, entropy, callback, job):
+    """Algorithm 5's verifications (fresh, independent stream per candidate: spawn key = its index),
+    from the largest candidate down to the first failure, shown as one progress task whose total is
+    the most it can take (every candidate)."""
+    runs: dict[int, MonteCarloRun] = {}
+    per = s * len(DIRECTIONS)
+    with progress.task("Algorithm 5: verification (stops at the first failure)", total=per * len(cands),
+                       unit="samples") as bar:
+
+        def verifier(i: int, sigma_i: float) -> bool:
+            base = per * len(runs)
+            bar.update(completed=base, note=f"candidate {len(runs) + 1} of at most {len(cands)}, sigma {sigma_i:.6g}")
+
+            def cb(done: int, total: int) -> None:
+                bar.update(completed=base + done)
+                if callback is not None:
+                    callback(done, total)
+
+            run = MonteCarloRun(strategy, scheme, sigma_i, s, seed=entropy, chunk_size=job["chunk_size"],
+                                sampler=job["sampler"], spawn_key=(i,), sampler_options=job["sampler_options"])
+            runs[i] = run.run(callback=cb, scheduler=job["scheduler"], workers=job["workers"])
+            return _cert.verify(run.histograms, eps, dp)
+
+        outcome = _cert.estimate_verify_release(cands, verifier)
+        bar.update(total=bar.completed)  # what it took (the total was the most it could take)
+        if not all(outcome.verdicts.values()):
+            bar.end_as(f"done, stopped at the first failure ({len(runs)} of {len(cands)} candidates verified)")
+    return outcome, runs
+
+
+def _verdicts(cands, outcome, runs, eps) -> dict:
+    return {
+        f"{cands[i]:.10g}": {
+            "passed": ok,
+            "delta_estimate": {d: h.delta_estimate(eps) for d, h in runs[i].histograms.items()},
+        }
+        for i, ok in sorted(outcome.verdicts.items())
+    }
+
+
+def throughput_diagnostics(samples: int, cpu: float, scheduler, workers) -> dict:
+    """Samples drawn and their rate per CPU-second of this process (the measure of the kernel on
+    this machine); with worker processes or a cluster the work ran elsewhere, so only the count."""
+    out = {"samples_drawn": int(samples), "cpu_seconds": cpu}
+    if scheduler is None and (workers is None or workers <= 1) and cpu > 0:
+        out["samples_per_cpu_second"] = samples / cpu
+    else:
+        out["samples_per_cpu_second"] = None
+        out["throughput_note"] = "sampled in other processes: this process's CPU time does not measure it"
+    return out
 
 
 __all__ = [
@@ -460,5 +548,6 @@ __all__ = [
     "check_supported",
     "calibrate_montecarlo",
     "pilot_noise",
+    "throughput_diagnostics",
     "MonteCarloCalibration",
 ]
