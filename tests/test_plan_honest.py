@@ -94,6 +94,13 @@ def test_progress_never_says_done_when_the_budget_cut_candidates():
     assert ": done, 3/3 candidates (100.0%)" in last and "3 candidates: " in last and "cut" not in last, last
 
 
+def test_the_budget_never_stops_the_quick_waves_even_when_they_are_the_last():
+    quick = [c for c in picked() if c.wave < 2]
+    assert {c.wave for c in quick} == {0, 1}
+    res = plan(RUN, only=quick, budget=1e-9, cache=None)
+    assert res.complete and len(res) == 2 and not any(r.cut for r in res)
+
+
 def test_a_cut_is_retried_under_a_larger_budget_and_reused_under_the_same(tmp_path):
     cut = plan(RUN, only=picked(), budget=1e-9, cache=tmp_path)
     assert [c.strategy for c in cut.cut] == ["banded-toeplitz-4"]

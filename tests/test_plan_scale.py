@@ -1,7 +1,8 @@
 """``dpmf plan`` at real sizes (issue 13, items 5 and 6): the on-disk cache, sound pruning, Dask
 equal to local, progress off-terminal, and calibration from a cheap bracket.
 
-The plan tests rank a few cheap candidates of a 20-step run (``plan(..., only=...)``); the full
+The plan tests rank a few cheap candidates of a 20-step run (``plan(..., only=...)``, thorough: rows
+that do not depend on the load of the machine); the full
 candidate list is exercised by ``tests/cli/test_cli.py`` and ``benchmarks/bench_plan.py``."""
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ def values(row) -> tuple:
 
 @pytest.fixture(scope="module")
 def unpruned():
-    return plan(RUN, only=cheap(), prune=False)
+    return plan(RUN, only=cheap(), prune=False, thorough=True, cache=None)
 
 
 # ---------------------------------------------------------------------------------- pruning
 def test_pruning_keeps_the_best_row_and_every_calibrated_value(unpruned):
-    pruned = plan(RUN, only=cheap(), prune=True)
+    pruned = plan(RUN, only=cheap(), prune=True, thorough=True, cache=None)
     assert not any(r.pruned for r in unpruned)
     assert any(r.pruned for r in pruned), "this case must prune something, or the test proves nothing"
     assert values(pruned[0]) == values(unpruned[0]) and not pruned[0].pruned
@@ -78,12 +79,12 @@ def test_pruning_keeps_the_best_row_and_every_calibrated_value(unpruned):
 
 # ------------------------------------------------------------------------------------ cache
 def test_cache_hit_returns_the_identical_rows_fast(tmp_path, unpruned):
-    first = plan(RUN, only=cheap(), prune=False, cache=tmp_path)
+    first = plan(RUN, only=cheap(), prune=False, cache=tmp_path, thorough=True)
     assert [values(r) for r in first] == [values(r) for r in unpruned]
     files = sorted((tmp_path / "plan").iterdir())
     assert len(files) == len(CHEAP)
     start = time.perf_counter()
-    second = plan(RUN, only=cheap(), prune=False, cache=tmp_path)
+    second = plan(RUN, only=cheap(), prune=False, cache=tmp_path, thorough=True)
     elapsed = time.perf_counter() - start
     assert all(r.cached for r in second) and not any(r.cached for r in first)
     assert [values(r) for r in second] == [values(r) for r in first]  # floats round-trip exactly
@@ -164,10 +165,10 @@ def test_cli_notes_an_ignored_cache_file(tmp_path, monkeypatch):
 def test_dask_equals_local(unpruned):
     distributed = pytest.importorskip("distributed")
     with distributed.Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0") as client:
-        remote = plan(RUN, only=cheap(), prune=False, scheduler=client)
-        remote_pruned = plan(RUN, only=cheap(), prune=True, scheduler=client)
+        remote = plan(RUN, only=cheap(), prune=False, scheduler=client, cache=None)
+        remote_pruned = plan(RUN, only=cheap(), prune=True, scheduler=client, cache=None)
     assert [values(r) for r in remote] == [values(r) for r in unpruned]
-    local_pruned = plan(RUN, only=cheap(), prune=True)
+    local_pruned = plan(RUN, only=cheap(), prune=True, thorough=True, cache=None)
     assert [values(r) for r in remote_pruned] == [values(r) for r in local_pruned]
 
 
@@ -311,7 +312,7 @@ def test_readme_plan_is_estimated_under_the_limit():
 
 
 def test_local_workers_equal_one_process(unpruned):
-    rows = plan(RUN, only=cheap(), prune=False, workers=2)
+    rows = plan(RUN, only=cheap(), prune=False, workers=2, thorough=True, cache=None)
     assert [values(r) for r in rows] == [values(r) for r in unpruned]
 
 

@@ -173,7 +173,7 @@ def plan(
     import time
 
     from dpmf import progress
-    from dpmf.planning.budget import resolve_budget
+    from dpmf.planning.budget import COSTLY_WAVE, resolve_budget
 
     started = time.monotonic()
     if scheduler is not None and budget is not None:
@@ -201,7 +201,7 @@ def plan(
     cands, cut_list = (cands, []) if force else _too_large(cands)
     rows: list[PlanRow | None] = [None] * len(cands)
     waves = sorted({c.wave for c in cands})
-    last = waves[-1] if deadline is not None and waves and waves[-1] > 0 else None
+    last = COSTLY_WAVE if deadline is not None and COSTLY_WAVE in waves else None  # (quick waves run whole)
     try:
         with progress.task(f"plan candidates ({run.steps} steps)", total=len(cands), unit="candidates") as bar:
             tally = _Tally(bar, rows, cut_list, on_row)

@@ -31,6 +31,9 @@ from dataclasses import dataclass, replace
 from dpmf.planning.candidates import Candidate, TrainingRun
 from dpmf.planning.rows import PlanRow
 
+#: The costly wave (:mod:`dpmf.planning.candidates`), the only one a budget stops: the earlier,
+#: quick waves always run to the end (also in a plan of ``only`` some candidates).
+COSTLY_WAVE = 2
 #: The time budget of ``dpmf plan`` and of :func:`dpmf.planner.plan` when none is given (seconds):
 #: the plan answers within about half a minute. ``thorough=True`` (``--thorough``): no budget.
 DEFAULT_BUDGET = 25.0
