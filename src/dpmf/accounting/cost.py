@@ -393,14 +393,51 @@ def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
     return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
 
 
-def _montecarlo_part(strategy, scheme, num_samples) -> tuple[float, float]:
-    """Monte Carlo: ~1 s per 10^5 samples per direction at n = 64..256 with 8 bands (compiled);
-    the losses need ``C^T y``, so the cost grows like samples x n x bandwidth."""
+#: Monte Carlo CPU time per sample and direction: ``n (a + b w) + c`` ns (``n`` steps, ``w`` bands),
+#: measured 2026-12-02 on the compiled b-min-sep path (fused outputs + ``C^T y`` + DP): n = 64..1024,
+#: w = 4..64 at 5.9-11.9 ns per step (benchmarks/README.md, "Certified Monte Carlo").
+_MC_NS_PER_STEP, _MC_NS_PER_STEP_BAND, _MC_NS_PER_SAMPLE = 5.5, 0.1, 200.0
+#: The numpy reference path (schemes without a compiled kernel: Poisson, cyclic Poisson, truncated,
+#: multi-attribution) is ~3x slower per step.
+_MC_NUMPY_FACTOR = 3.0
+#: Algorithm 5's samples per direction, in units of ``s`` (the samples of one verification): the
+#: pilot's halvings (~5 x s/16) and 8 bisections (s/4 each), then ~5 verifications (the ladder's
+#: 4 candidates at or above the pilot and the first below it).
+_MC_CALIBRATION_UNITS = 5 / 16 + 8 / 4 + 5
+
+
+def _montecarlo_part(strategy, scheme, num_samples, *, calibrate: bool = False, delta: float | None = None
+                     ) -> tuple[float, float]:
+    """Monte Carlo: ``2 directions x samples x (n (a + b w) + c)`` ns (the compiled path; the
+    numpy one ``_MC_NUMPY_FACTOR`` times more). With ``calibrate`` (Algorithm 5) the samples of one
+    verification are the fewest that certify ``delta`` (:func:`~dpmf.accounting.montecarlo.certify.
+    minimum_samples`, unless given) and the work is :data:`_MC_CALIBRATION_UNITS` of them."""
     n = int(strategy.n)
-    width = _bandwidth(strategy)
-    s = 100_000 if num_samples is None else int(num_samples)
-    secs = 0.5 + 2 * s * n * max(width, 1) * 2e-9
-    return secs, 8.0 * n * max(width, 1) * 4 + 8.0 * 10_000 * n
+    width = max(_bandwidth(strategy), 1)
+    if num_samples is not None:
+        s = int(num_samples)
+    elif calibrate and delta is not None and 0 < delta < 1:
+        from dpmf.accounting.montecarlo.certify import minimum_samples
+
+        s = minimum_samples(delta)
+    else:
+        s = 100_000
+    per_sample = (n * (_MC_NS_PER_STEP + _MC_NS_PER_STEP_BAND * width) + _MC_NS_PER_SAMPLE) * 1e-9
+    if not _montecarlo_compiled(scheme):
+        per_sample *= _MC_NUMPY_FACTOR
+    units = _MC_CALIBRATION_UNITS if calibrate else 1.0
+    secs = 0.2 + 2 * s * units * per_sample
+    return secs, 8.0 * n * width * 4 + 8.0 * 10_000 * n
+
+
+def _montecarlo_compiled(scheme) -> bool:
+    """Whether the sampler runs the compiled kernels (b-min-sep untruncated, single attribution;
+    balls-in-bins), decided from the scheme's fields as the sampler's plan does."""
+    name = getattr(scheme, "name", "")
+    if name == "balls-in-bins":
+        return True
+    return (name == "b-min-sep" and getattr(scheme, "max_batch_size", None) is None
+            and getattr(scheme, "max_user_examples", None) is None)
 
 
 def _methods(strategy, scheme, method: str) -> list[str]:
@@ -467,10 +504,9 @@ def accounting_cost(
             secs, mem = _allocation_pld_part(strategy, scheme)
             if calibrate and secs > _ALLOCATION_PLD_BASE:  # (the Markov members' searches run longer)
                 secs *= _MARKOV_CALIBRATION_EVALS / evals
-        elif m == "montecarlo":
-            secs, mem = _montecarlo_part(strategy, scheme, num_samples)
-            if calibrate:  # Algorithm 5: ~12 candidates at the samples that certify delta
-                secs *= 12
+        elif m == "montecarlo":  # (calibrate: Algorithm 5's pilot and verifications, whole)
+            secs, mem = _montecarlo_part(strategy, scheme, num_samples, calibrate=calibrate, delta=delta)
+            secs /= evals
         else:
             continue
         total = total + CostEstimate(evals * secs, mem, ((m, evals * secs, mem),))
