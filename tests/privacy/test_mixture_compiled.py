@@ -84,7 +84,7 @@ def test_quadrature_masses_match_exact_normal_cdf_differences(seed):
     lo, hi = -12.0, float(s[-1]) + 12.0
     evaluate = M._compiled_loss(a, s, h, lo, hi)
     u = M._inverse_loss(a, s, levels, table_range=(lo, hi), evaluate=evaluate)
-    got = M._quadrature_masses(u, float(s[-1]), evaluate)
+    got = M._quadrature_masses(u, s, p, evaluate)
     want = _exact_interval_masses(u, s, p)
     big = want > 1e-280
     # the former construction carries ~1e-11 relative cancellation error in the middle

@@ -224,19 +224,25 @@ def _mmcc_noise_factor(sigma: float) -> float:
 
 
 def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
-    """MMCC rows + composition (refitted 2026-11-23 after the structured tail bounds).
+    """MMCC rows + composition (refitted 2026-12-02 after the compiled row kernels: Horner's rule,
+    Gauss-Legendre masses, vectorized compositions; ~3-30x faster than the 2026-11-28 fit).
 
-    Time: ``a (n / 64)^k`` at sigma = 10, q = 0.02, times ``(10 / sigma)^2`` above sigma = 10
-    (narrower loss grids) but only ``(10 / sigma)^0.1`` below it (small sigma drives the posterior
-    bounds to 1 and the rows become single Gaussians: wider grids, not more components), times
-    ``sqrt(q / 0.02)`` for the tree. Measured (2 cores shared with other jobs, so rather high): tree 2.2 / 33 s
-    CPU at n = 64 / 256 (sigma = 10, q = 0.02), 18.7 s at n = 2048 (sigma = 72, q = 1/2048);
-    square-root Toeplitz 20 / 104 s at n = 512 / 2048 (sigma = 20 x column norm, q = 1/n, two
-    processes); the issue's ``--steps 1000 --strategy tree --sampling-prob 0.01
-    --noise-multiplier 1`` ~2 min (estimate ~4 min); 4-banded 0.05-0.08 s (n = 32..256); banded
-    under cyclic Poisson (bands <= cycle) 0.02-0.35 s. Strategies without a structured path
-    (dense matrices, BandMF, cyclic Poisson for the tree) keep the dense ``O(m n^2)`` setup
-    (``k = 2.4``).
+    Time (CPU seconds, second call in a process; ``benchmarks/README.md``, "MMCC cost model"):
+
+    * banded Toeplitz under Poisson: ``0.3 + 3.0 (w / 4)^0.9 (n / 64)^0.12 g(sigma)`` with
+      ``g = sigma^-1.3`` up to sigma = 2, then ``(2 / sigma)^2.5`` lower (the loss grids narrow):
+      bsr(64, 4) 3.5 / 1.5 / 0.84 s at sigma 1 / 2 / 4 (q = 0.05), bsr(500, 16) 21 / 7.1 / 0.80 s
+      (q = 0.01), bsr(500, 4) 6.0 / 1.4 s at sigma 1 / 2, bsr(256, 8) 15 / 2.5 s at sigma 0.5 / 2,
+      bsr(1000, 16) 7.9 s at sigma 2 -- all within 0.6-1.6x of the model;
+    * the binary tree: ``0.3 + 10 (n / 16)^1.7 h(sigma) sqrt(q / 0.0625)`` with ``h = sigma^-1.3``
+      up to sigma = 1, then ``sigma^-1.8``: n = 16 9.4 / 3.8 / 0.89 s at sigma 1 / 2 / 4, n = 64
+      90 / 37 / 9.7 s at sigma 1 / 2 / 4, n = 256 101 s at sigma 4 (q = 1/16);
+    * dense (square-root) Toeplitz, structured: ``0.3 + 7.8 (n / 64)^1.5 (4 / sigma)^2.3`` (above
+      sigma = 2; ``sigma^-1.3`` below): n = 48 5.0 s at sigma 4, n = 128 22.5 / 4.4 s at sigma 4 / 8;
+    * banded under cyclic Poisson (bands <= cycle): 0.02-0.6 s; dense strategies without a
+      structured path keep the dense ``O(m n^2)`` setup (``n^2.4``, not re-measured).
+
+    Above sigma = 10 every family falls a further ``(10 / sigma)^2`` (narrow grids).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
@@ -253,31 +259,29 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     width = _bandwidth(strategy)
     cycle = getattr(scheme, "cycle_length", 1) if isinstance(scheme, CyclicPoissonSampling) else 1
     structured = isinstance(scheme, PoissonSampling) and isinstance(strategy, (Identity, ToeplitzStrategy, BinaryTree))
+    sig = max(1.0 if sigma is None else float(sigma), 0.05)
+
+    def falling(knee: float, below: float, above: float) -> float:
+        """``sig^-below`` up to ``knee``, then ``(knee / sig)^above`` lower; ``(10 / sig)^2`` past 10."""
+        s = min(sig, 10.0)
+        out = s**-below if s <= knee else knee**-below * (knee / s) ** above
+        return out * (min(1.0, (10.0 / sig) ** 2))
+
+    old_factor = _mmcc_noise_factor(sig) / _mmcc_noise_factor(10.0)  # (the 2026-11-23 fits, at sigma = 10)
     if width <= 1 or (cycle > 1 and width <= cycle):
-        a, k = 0.02, 0.3
-    elif isinstance(strategy, BinaryTree):  # (fitted at sigma = 1, q = 1/16, n = 16: 22.4 s CPU; n = 64 at
-        # sigma = 4 took 6.0x n = 16's: n^1.3 -- the 2026-11-23 fit at sigma = 10 said n^1.9 between 64 and 256)
-        a, k = 22.4 * _mmcc_noise_factor(10.0) * 4**1.3, 1.3
-    elif width < n and structured:  # banded Toeplitz under Poisson (re-measured 2026-11-28, bsr(n, 4),
-        # q = 1/16, CPU: 9.8 / 5.4 s at sigma = 0.5 / 1 (n = 16), 11.2 s at sigma 0.5 (n = 64), 0.46 / 0.52 s at sigma = 4 (n = 16 / 64):
-        # ~sigma^-1.8 and ~n^0.1; the earlier "0.05-0.08 s" held at sigma = 10 only)
-        b = 5.4 * (width / 4) ** 1.5 * (n / 16) ** 0.1
-        sig = max(1.0 if sigma is None else float(sigma), 0.05)
-        secs = _MMCC_WARMUP + b * (sig**-1.8 if sig <= 10.0 else 10.0**-1.8 * (10.0 / sig) ** 2)
-        a, k = None, None
-    elif width < n:
-        a, k = 0.05 * (width / 4) ** 1.5, 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
-    elif structured:
-        a, k = 3.0, 1.75
-    else:
-        a, k = 7.9, 2.4
-    sig = 1.0 if sigma is None else float(sigma)
-    if a is not None:
-        factor = _mmcc_noise_factor(sig) / _mmcc_noise_factor(10.0)  # (the fits above are at sigma = 10)
-        if isinstance(strategy, BinaryTree):  # (the Toeplitz fit has q = 1/n built in)
-            q = float(getattr(scheme, "sampling_prob", 0.02) or 0.02)
-            factor *= min(max(math.sqrt(q / 0.0625), 0.1), 10.0)
-        secs = _MMCC_WARMUP + a * (n / 64) ** k * factor
+        secs = _MMCC_WARMUP + 0.02 * (n / 64) ** 0.3 * old_factor
+    elif isinstance(strategy, BinaryTree):
+        q = float(getattr(scheme, "sampling_prob", 0.0625) or 0.0625)
+        secs = 0.3 + 10.0 * (n / 16) ** 1.7 * falling(1.0, 1.3, 1.8) * min(max(math.sqrt(q / 0.0625), 0.1), 10.0)
+    elif width < n and structured:  # banded Toeplitz under Poisson
+        secs = 0.3 + 3.0 * (width / 4) ** 0.9 * (n / 64) ** 0.12 * falling(2.0, 1.3, 2.5)
+    elif width < n:  # banded without a structured path (not re-measured)
+        k = 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
+        secs = _MMCC_WARMUP + 0.05 * (width / 4) ** 1.5 * (n / 64) ** k * old_factor
+    elif structured:  # dense Toeplitz (the square root), structured: 1 at sigma = 4
+        secs = 0.3 + 7.8 * (n / 64) ** 1.5 * falling(2.0, 1.3, 2.3) / (2.0**-1.3 * 0.5**2.3)
+    else:  # dense matrices (not re-measured)
+        secs = _MMCC_WARMUP + 7.9 * (n / 64) ** 2.4 * old_factor
     # largest row sum S (total sensitivity of the widest row)
     if isinstance(strategy, BinaryTree):
         row_sum = n * float(getattr(strategy, "scale", 1.0))

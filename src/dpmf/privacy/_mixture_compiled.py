@@ -29,7 +29,9 @@ likelihood ratio times the Gaussian density), so the mass between thresholds is
 ``|g(z)| <= e^2 g(x)`` on the disk of radius ``r = 1 / (|x| + s_max + 1)`` (``L' <= s_max``), so
 Cauchy's estimate bounds ``|g^(8)| <= 8! e^2 g / r^8`` and the rule's error is at most
 ``0.043 tau^8 (1 + 2 tau)`` relative: ``< 3e-14`` at ``TAU_MAX = 0.03``; each mass is then raised
-by ``GL_SLACK = 1e-13`` relative (pessimistic). Previously each mass was a difference of normal
+by ``GL_SLACK = 1e-13`` relative (pessimistic). An interval that would need more than
+``MAX_PARTS`` sub-intervals (far in a tail, or at a huge noise) is summed exactly instead, per
+component from the smaller normal tails (:func:`exact_masses`; no cancellation on a wide interval). Previously each mass was a difference of normal
 CDFs per component (``K`` ``ndtr`` calls per point), whose cancellation in the middle of the
 distribution left ~1e-12 relative error; the quadrature is more accurate and ~10x cheaper.
 """
@@ -47,8 +49,11 @@ BLOCK = 256
 SPAN = 100.0
 #: Largest ``tau`` of a Gauss-Legendre sub-interval (relative error ``< 3e-14``, module docstring).
 TAU_MAX = 0.03
-#: Relative amount every quadrature mass is raised by (covers the rule's error bound).
+#: Relative amount every interval mass is raised by (covers the rule's error bound).
 GL_SLACK = 1e-13
+#: Most sub-intervals of one interval; a wider one (a wide interval far in a tail, or every interval
+#: at a huge noise, where the loss grid has a few levels) is summed exactly per component.
+MAX_PARTS = 64
 
 _GL_NODES = np.array([-0.8611363115940526, -0.3399810435848563, 0.3399810435848563, 0.8611363115940526])
 _GL_WEIGHTS = np.array([0.3478548451374538, 0.6521451548625461, 0.6521451548625461, 0.3478548451374538])
@@ -138,50 +143,71 @@ def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma:
 
 
 @nb.njit(cache=True, nogil=True)
-def quadrature_nodes(u, smax, nodes, weights):  # pragma: no cover - compiled
-    """Fill ``nodes`` / ``weights`` (Gauss-Legendre, 4 per sub-interval) for every interval
-    ``[u_j, u_{j+1}]``; returns ``(count, owner)``: the nodes used and the interval of each
-    sub-interval's first node (``owner[k]`` for node ``4k``). Call :func:`quadrature_size` first."""
-    k = 0
-    owner = np.empty(nodes.size // 4, dtype=np.int64)
+def _parts(a, b, smax):  # pragma: no cover - compiled
+    tau = 0.5 * (b - a) * (max(abs(a), abs(b)) + smax + 1.0)
+    return max(1.0, math.ceil(tau / TAU_MAX))
+
+
+@nb.njit(cache=True, nogil=True)
+def quadrature_parts(u, smax):  # pragma: no cover - compiled
+    """Sub-intervals of every ``[u_j, u_{j+1}]`` (module docstring); 0 where more than ``MAX_PARTS``
+    would be needed (a wide interval far in a tail: its mass is summed exactly instead,
+    :func:`exact_masses`)."""
+    parts = np.zeros(u.size - 1, dtype=np.int64)
     for j in range(u.size - 1):
-        a = u[j]
-        b = u[j + 1]
-        parts = _parts(a, b, smax)
-        width = (b - a) / parts
+        k = _parts(u[j], u[j + 1], smax)
+        parts[j] = int(k) if k <= MAX_PARTS else 0
+    return parts
+
+
+@nb.njit(cache=True, nogil=True)
+def quadrature_nodes(u, parts, nodes, weights, owner):  # pragma: no cover - compiled
+    """Fill ``nodes`` / ``weights`` (Gauss-Legendre, 4 per sub-interval) and ``owner`` (the interval
+    of each node) for the intervals with ``parts > 0``; ``4 sum(parts)`` nodes."""
+    k = 0
+    for j in range(u.size - 1):
+        m = parts[j]
+        if m == 0:
+            continue
+        width = (u[j + 1] - u[j]) / m
         half = 0.5 * width
-        for q in range(parts):
-            lo = a + q * width
-            mid = lo + half
-            owner[k // 4] = j
+        for q in range(m):
+            mid = u[j] + q * width + half
             for r in range(4):
                 nodes[k] = mid + half * _GL_NODES[r]
                 weights[k] = half * _GL_WEIGHTS[r]
+                owner[k] = j
                 k += 1
-    return k, owner
 
 
 @nb.njit(cache=True, nogil=True)
-def _parts(a, b, smax):  # pragma: no cover - compiled
-    tau = 0.5 * (b - a) * (max(abs(a), abs(b)) + smax + 1.0)
-    return max(1, int(math.ceil(tau / TAU_MAX)))
-
-
-@nb.njit(cache=True, nogil=True)
-def quadrature_size(u, smax):  # pragma: no cover - compiled
-    """Number of nodes :func:`quadrature_nodes` will place."""
-    total = 0
+def exact_masses(u, parts, s, p, out):  # pragma: no cover - compiled
+    """``out[j] = sum_i p_i (Phi(u_{j+1} - s_i) - Phi(u_j - s_i))`` for the intervals with
+    ``parts == 0``, each difference formed from the smaller tails (no ``1 - 1`` cancellation)."""
+    r2 = 1.0 / math.sqrt(2.0)
     for j in range(u.size - 1):
-        total += 4 * _parts(u[j], u[j + 1], smax)
-    return total
+        if parts[j] != 0:
+            continue
+        total = 0.0
+        for i in range(s.size):
+            za = u[j] - s[i]
+            zb = u[j + 1] - s[i]
+            if zb <= 0.0:  # both below: Phi(zb) - Phi(za)
+                d = 0.5 * math.erfc(-zb * r2) - 0.5 * math.erfc(-za * r2)
+            elif za >= 0.0:  # both above: Q(za) - Q(zb)
+                d = 0.5 * math.erfc(za * r2) - 0.5 * math.erfc(zb * r2)
+            else:  # straddling 0
+                d = 1.0 - 0.5 * math.erfc(-za * r2) - 0.5 * math.erfc(zb * r2)
+            total += p[i] * max(d, 0.0)
+        out[j] = total
 
 
 @nb.njit(cache=True, nogil=True)
-def accumulate_masses(nodes, weights, loss, owner, count, out):  # pragma: no cover - compiled
-    """``out[j] += sum_nodes w phi(x) e^{L(x)}`` over the nodes of interval ``j``, then each mass is
+def accumulate_masses(nodes, weights, loss, owner, out):  # pragma: no cover - compiled
+    """``out[j] += sum_nodes w phi(x) e^{L(x)}`` over the nodes of interval ``j``, then every mass is
     raised by ``GL_SLACK`` relative."""
-    for k in range(count):
+    for k in range(nodes.size):
         x = nodes[k]
-        out[owner[k // 4]] += weights[k] * math.exp(loss[k] - 0.5 * x * x) * _INV_SQRT_2PI
+        out[owner[k]] += weights[k] * math.exp(loss[k] - 0.5 * x * x) * _INV_SQRT_2PI
     for j in range(out.size):
         out[j] *= 1.0 + GL_SLACK

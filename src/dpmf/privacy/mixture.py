@@ -180,7 +180,7 @@ class GaussianMixture:
         evaluate = _compiled_loss(a, s, self.lattice / self.noise_multiplier, lo, hi)
         u = _inverse_loss(a, s, levels, table_range=(lo, hi), evaluate=evaluate)
         _, g_mid, _ = _gaussian_interval_masses(u)
-        m_mid = _quadrature_masses(u, float(s[-1]), evaluate)
+        m_mid = _quadrature_masses(u, s, p, evaluate)
 
         # remove: P = mixture, Q = N(0, 1), grid j in [jr_lo, jr_hi] = union block [r0, r1]
         r0, r1 = jr_lo - i0, jr_hi - i0
@@ -471,20 +471,23 @@ def _lattice_plan(a: np.ndarray, s: np.ndarray, h: float, lo: float, hi: float):
     return (centers, beta, mc), h
 
 
-def _quadrature_masses(u: np.ndarray, smax: float, evaluate) -> np.ndarray:
-    """Masses of the mixture in each ``[u_j, u_{j+1}]`` (``u`` increasing): ``int phi e^L`` by
-    Gauss-Legendre on sub-intervals, each raised by its error bound (:mod:`._mixture_compiled`)."""
-    from dpmf.privacy._mixture_compiled import accumulate_masses, quadrature_nodes, quadrature_size
+def _quadrature_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray, evaluate) -> np.ndarray:
+    """Masses of the mixture ``sum_i p_i N(s_i, 1)`` in each ``[u_j, u_{j+1}]`` (``u`` increasing):
+    ``int phi e^L`` by Gauss-Legendre on sub-intervals, or exactly per component for an interval too
+    wide for them; each raised by the rule's error bound (:mod:`._mixture_compiled`)."""
+    from dpmf.privacy._mixture_compiled import accumulate_masses, exact_masses, quadrature_nodes, quadrature_parts
 
     u = np.ascontiguousarray(u, dtype=np.float64)
     out = np.zeros(max(0, u.size - 1))
     if u.size < 2:
         return out
-    size = int(quadrature_size(u, smax))
-    nodes, weights = np.empty(size), np.empty(size)
-    count, owner = quadrature_nodes(u, smax, nodes, weights)
-    loss, _ = evaluate(nodes[:count])
-    accumulate_masses(nodes, weights, loss, owner, count, out)
+    parts = quadrature_parts(u, float(s[-1]))
+    size = 4 * int(parts.sum())
+    nodes, weights, owner = np.empty(size), np.empty(size), np.empty(size, dtype=np.int64)
+    quadrature_nodes(u, parts, nodes, weights, owner)
+    exact_masses(u, parts, np.ascontiguousarray(s, dtype=np.float64), np.ascontiguousarray(p, dtype=np.float64), out)
+    loss, _ = evaluate(nodes)
+    accumulate_masses(nodes, weights, loss, owner, out)
     return out
 
 
