@@ -151,9 +151,13 @@ METHODS: dict[str, AccountingMethod] = {
             frozenset(),
             allocation.accountant.noise_and_report,  # (calibrate_allocation, with the report at its answer)
             _ALLOCATION_OPTIONS,
-            # (for C != I allocation_pld's reductions -- groups, Markov members -- cost seconds per noise,
-            # the Renyi search a fraction of that; for DP-SGD allocation_pld is exact and cheap)
-            search_first=lambda strategy, scheme: not isinstance(strategy, Identity),
+            # (for C != I without Markov members -- b > 256 slots, k of t -- allocation_pld's groups cost more
+            # per noise than a Renyi evaluation, so the Renyi search goes first; with Markov members one
+            # allocation_pld evaluation costs seconds and usually wins, so allocation_pld is searched first in
+            # registry order and this one probed once at its noise: the Renyi search then runs only where it
+            # passes there -- README snippet 28.3 -> ~19 CPU-s; for DP-SGD allocation_pld is exact and cheap)
+            search_first=lambda strategy, scheme: (not isinstance(strategy, Identity)
+                                                   and not allocation_pld.searches_markov_members(strategy, scheme)),
             calibration_limit=True,
         ),
         AccountingMethod(
@@ -579,9 +583,12 @@ def _search_method(run: _CalibrationRun, i: int, memo: dict, evaluate, best) -> 
     cap = None if best is None else best.noise_multiplier  # it must beat this to matter
     # where its search starts: the best noise of the methods that run before it in the registry
     # order (closed forms and methods before it), so running a search_first method earlier
-    # changes only the bound it is probed at, not its search or its answer
-    hint = min((c.noise_multiplier for j, c in run.results.items() if j < i or run.closed_form(run.methods[j])),
-               default=None)
+    # changes only the bound it is probed at, not its search or its answer; a method that may be
+    # moved first (it has a search_first rule) starts from the closed forms' noise whatever ran
+    # before it, so its answer does not depend on the order either
+    movable = m.search_first is not None
+    hint = min((c.noise_multiplier for j, c in run.results.items()
+                if (j < i and not movable) or run.closed_form(run.methods[j])), default=None)
     searches = m.fast_calibration is None or m.calibration_searches
     # one evaluation at each bound tells whether the method can get below it at all; the
     # search itself is then the same as without a limit (so is its answer). A method whose

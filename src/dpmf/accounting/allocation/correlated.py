@@ -93,6 +93,7 @@ __all__ = [
     "MARKOV_SLOT_BUDGET",
     "MARKOV_RING_SLOTS",
     "identity_pair_epsilon_lower_bound",
+    "markov_members_tried",
 ]
 
 #: Largest ``b * max(b, N)`` for which the Gram matrix is built and the spectral family is tried.
@@ -282,6 +283,17 @@ def strategy_reductions(strategy, scheme, orthogonal) -> Reductions:
     means = mixture_means(strategy, k, n)
     members, why = markov_members(means, og.period)
     return Reductions(og, tuple(spectral_groups(means, max_period=og.period)), None, members, why)
+
+
+def markov_members_tried(slots: int, steps: int) -> bool:
+    """Whether the Markov members are tried for ``slots`` slots per epoch of ``steps`` (the bounds of
+    :func:`strategy_reductions` and :func:`markov_members`; fresh slots use the same slot bound): the
+    Gram matrix fits :data:`MAX_GRAM_ENTRIES` and ``slots <= MAX_SLOTS``. Cheap (no Gram, no fit): the
+    dispatcher orders a calibration's searches by it."""
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
+
+    b, n = int(slots), int(steps)
+    return b <= MAX_SLOTS and b * max(b, n) <= MAX_GRAM_ENTRIES
 
 
 def markov_members(means: np.ndarray, period: int):

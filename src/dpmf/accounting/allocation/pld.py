@@ -77,7 +77,7 @@ import numpy as np
 from dpmf import validation as _v
 from dpmf.accounting.allocation import pld_compose, pld_curve
 from dpmf.accounting.allocation.grid import PILOT_POINTS, refine
-from dpmf.accounting.allocation.correlated import reduced_epsilon, strategy_reductions
+from dpmf.accounting.allocation.correlated import markov_members_tried, reduced_epsilon, strategy_reductions
 from dpmf.accounting.allocation.fresh_correlated import add_markov_compositions, fresh_slot_problem, fresh_slot_reductions
 from dpmf.accounting.allocation import k_of_t_correlated
 from dpmf.accounting.allocation.k_of_t_correlated import k_of_t_problem, k_of_t_reductions
@@ -108,6 +108,7 @@ __all__ = [
     "orthogonal_groups",
     "toeplitz_orthogonal_groups",
     "strategy_groups",
+    "searches_markov_members",
 ]
 
 NAME = "allocation_pld"
@@ -333,6 +334,17 @@ def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_
         return out
     # the smallest epsilon over orthogonal and spectral groups, each a sound reduction (correlated.py)
     return reduced_epsilon(groups, sigma, d, allocation_pld_epsilon, rel_tol=accuracy, max_points=max_points)
+
+
+def searches_markov_members(strategy, scheme) -> bool:
+    """Whether an evaluation of ``strategy`` under ``scheme`` runs Markov members (:mod:`.correlated`,
+    :mod:`.fresh_correlated`): ``C != I``, one slot per epoch (``k``-of-``t`` has none), and the slots
+    within :func:`~.correlated.markov_members_tried`'s bounds. Then one evaluation costs seconds (the
+    members' tables), the Renyi/conditional accountant's a fraction of one: the dispatcher searches this
+    accountant first and probes that one once at its noise (``dispatch.METHODS``). Cheap: no Gram, no fit."""
+    if isinstance(strategy, Identity) or getattr(scheme, "num_selected", 1) != 1:
+        return False
+    return markov_members_tried(scheme.steps_per_epoch, scheme.steps)
 
 
 def _fresh(scheme) -> bool:
