@@ -325,3 +325,18 @@ def test_bad_input():
     with pytest.raises(UnsupportedConfigurationError, match="b-min-sep"):
         account_mmcc(np.array([[1.0, 0.5, 0.2], [0.3, 1.0, 0.5], [0.0, 0.4, 1.0]]),
                      CyclicPoissonSampling(0.2, 3, 2), 1.0, DELTA, adaptive=False)
+
+
+def test_a_loose_mmcc_bound_says_so_and_a_tight_one_does_not():
+    """Issue 50: MMCC 12.56 against an independent-rows estimate of 1.26 (bsr(64, 4), q = 0.05, sigma 2)
+    carries a note (the CLI prints it); at a large noise, where MMCC is near-tight, no note."""
+    from dpmf.accounting.mmcc.accountant import LOOSE_RATIO
+    from dpmf.strategies import bsr
+
+    loose = account_mmcc(bsr(64, 4), PoissonSampling(0.05, 64), 2.0, 1e-3)
+    h = loose.diagnostics["independent_rows_heuristic_epsilon"]
+    assert loose.epsilon > LOOSE_RATIO * h
+    assert "10.0x its independent-rows estimate" in loose.diagnostics["looseness_note"]
+    tight = account_mmcc(bsr(64, 4), PoissonSampling(0.05, 64), 20.0, 1e-3)
+    assert tight.epsilon <= LOOSE_RATIO * tight.diagnostics["independent_rows_heuristic_epsilon"]
+    assert "looseness_note" not in tight.diagnostics

@@ -395,7 +395,7 @@ def account(run: RunOptions, noise_multiplier: float, plot: Optional[str]) -> No
     out.print(report.summary(), highlight=False)
     d = report.epsilon_by_direction
     out.print(f"  remove direction: {d['remove']:.6g}   add direction: {d['add']:.6g}", highlight=False)
-    _print_notes(report, "warning", "noise_ceiling", "discretization_note")
+    _print_notes(report, "warning", "noise_ceiling", "discretization_note", "looseness_note")
     if plot is not None:
         out.print(plotted, highlight=False, markup=False)
 

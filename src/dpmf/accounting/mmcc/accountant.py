@@ -425,6 +425,25 @@ def _default_grid(analyses: list) -> float:
     return DEFAULT_GRID_FRACTION * max(m for m, _ in summaries)
 
 
+#: MMCC's epsilon over its independent-rows estimate above which a report says MMCC is loose.
+LOOSE_RATIO = 3.0
+
+
+def looseness_note(epsilon: float, heuristic: float, ratio: float, cycle_length: int) -> str | None:
+    """A note when MMCC's (sound) epsilon is over :data:`LOOSE_RATIO` times its independent-rows
+    estimate (not a bound): most of such a gap is the theorem's posterior tail bounds (``p~`` up to
+    ``max_probability_ratio`` times ``q``; MMCC is near-tight only as epsilon -> 0, paper Sec. 4),
+    which no accountant option removes (``docs/notes/mmcc-slack.md`` measures it). For a banded
+    ``C``, cyclic Poisson sampling with cycle >= bands is accounted without tail bounds."""
+    if not (heuristic > 0 and epsilon > LOOSE_RATIO * heuristic):
+        return None
+    hint = ("" if cycle_length > 1 else "; for a banded strategy, cyclic Poisson sampling (cycle >= bands) is "
+            "accounted without tail bounds, and `dpmf plan` compares the samplers")
+    return (f"MMCC's bound is {epsilon / heuristic:.1f}x its independent-rows estimate ({heuristic:.4g}, an estimate, "
+            f"not a bound): the posterior tail bounds (up to {ratio:.3g}x the sampling probability) make it loose "
+            f"at this noise{hint}")
+
+
 class MMCCAccountant:
     """MMCC for one ``(C, scheme, delta)``, reusable across noise multipliers.
 
@@ -718,6 +737,10 @@ class MMCCAccountant:
             diagnostics["heuristic_note"] = (
                 "independent-rows heuristic (p~ = q): an estimate of the true epsilon, not a bound"
             )
+            note = looseness_note(worst["epsilon"], diagnostics["independent_rows_heuristic_epsilon"],
+                                  worst["max_probability_ratio"], self.cycle_length)
+            if note:
+                diagnostics["looseness_note"] = note
         if len(results) > 1:
             diagnostics["epsilon_by_phase"] = {r["label"]: r["epsilon"] for r in results}
         curve = _curve(results, worst["epsilon"], self.delta)
