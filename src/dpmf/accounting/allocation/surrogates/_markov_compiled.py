@@ -156,3 +156,54 @@ def step_put(P, wn, z_lo, dz, xs, ws, alpha, beta, c, rho, s, h):  # pragma: no 
                 lim = 0
             _stencil(oj, P[a, fq:], P[a + 1, fq:], lim, c00, c10, c01, c11)
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def finish_call(acc, factor, charge, R):  # pragma: no cover - compiled
+    """In place, the call program's end of a step (``markov_programs.call_bound_table``): ``acc factor +
+    charge_j + 1e-290``, capped at ``R_j``, then made non-decreasing in ``u`` (axis 1) and in ``z``
+    (axis 0) by running maxima -- the same float operations, in the same order per element, as the
+    numpy expression it replaces (max is exact), so the table is bit-identical; one pass, no
+    temporaries."""
+    nz, nu = acc.shape
+    for j in range(nz):
+        row = acc[j]
+        cj, rj = charge[j], R[j]
+        run = -np.inf
+        for l in range(nu):
+            v = row[l] * factor + cj + 1e-290
+            if v > rj:
+                v = rj
+            if v > run:
+                run = v
+            row[l] = run
+    for j in range(1, nz):
+        row, prev = acc[j], acc[j - 1]
+        for l in range(nu):
+            if prev[l] > row[l]:
+                row[l] = prev[l]
+    return acc
+
+
+@nb.njit(cache=True, nogil=True)
+def finish_put(acc, factor, low_tail, neg_u):  # pragma: no cover - compiled
+    """In place, the put program's end of a step (``markov_programs.put_bound_table``): ``acc factor +
+    low_tail (-u)_+ + 1e-290``, capped at ``(-u)_+``, then made non-increasing in ``u`` and in ``w`` by
+    running maxima from the high ends (bit-identical to the numpy expression, as :func:`finish_call`)."""
+    nw, nu = acc.shape
+    for j in range(nw):
+        row = acc[j]
+        run = -np.inf
+        for l in range(nu - 1, -1, -1):
+            v = row[l] * factor + low_tail * neg_u[l] + 1e-290
+            if v > neg_u[l]:
+                v = neg_u[l]
+            if v > run:
+                run = v
+            row[l] = run
+    for j in range(nw - 2, -1, -1):
+        row, nxt = acc[j], acc[j + 1]
+        for l in range(nu):
+            if nxt[l] > row[l]:
+                row[l] = nxt[l]
+    return acc

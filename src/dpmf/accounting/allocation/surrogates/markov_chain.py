@@ -125,12 +125,14 @@ class MarkovSurrogate:
             order += ", PSD domination"
         return f"Markov surrogate (ARMA(1,1) rho {self.rho:.2g}, lag-1 corr. {g[1] / g[0]:.3g}{order})"
 
-    def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid):
+    def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, *, stop=None, **grid):
         """The call or put bound table of a sum of ``n`` slots (:class:`~.protocol.Surrogate`): with
-        the shared factor or anchor if the chain has one (:func:`~.markov_programs.ring_table`), else the plain
-        chain's (:func:`~.markov_programs.call_bound_table`, :func:`~.markov_programs.put_bound_table`)."""
+        the shared factor or anchor if the chain has one (:func:`~.markov_programs.ring_table`, which
+        honours ``stop``), else the plain chain's (:func:`~.markov_programs.call_bound_table`,
+        :func:`~.markov_programs.put_bound_table`; one backward program, no partial bound: ``stop`` ignored)."""
         if self.ring is not None or self.anchor is not None:
-            return ring_table(self, sigma, n, kind, k_max, w_half=factor_half_width(self, sigma, delta), **grid)
+            return ring_table(self, sigma, n, kind, k_max, w_half=factor_half_width(self, sigma, delta), stop=stop,
+                              **grid)
         return (call_bound_table if kind == "call" else put_bound_table)(self, sigma, n, k_max, **grid)
 
 def toeplitz(lags: np.ndarray, n: int) -> np.ndarray:

@@ -54,10 +54,11 @@ _A_SHIFT, _A_SCALE, _A_STRETCH = 1.5, 3.0, 1.0
 
 
 def _compiled_step(name: str = "step"):
-    """The compiled kernel ``step`` or ``step_put`` (imported here: numba loads only when a program runs)."""
-    from dpmf.accounting.allocation.surrogates._markov_compiled import step, step_put
+    """The compiled kernel ``step``, ``step_put``, ``finish_call`` or ``finish_put`` (imported here: numba
+    loads only when a program runs)."""
+    from dpmf.accounting.allocation.surrogates._markov_compiled import finish_call, finish_put, step, step_put
 
-    return {"step": step, "step_put": step_put}[name]
+    return {"step": step, "step_put": step_put, "finish_call": finish_call, "finish_put": finish_put}[name]
 
 
 def _chain_constants(alpha: float, beta: float, rho: float, s: float, b: int):
@@ -123,7 +124,7 @@ def call_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = 
     :func:`ring_table`). ``z0``: the chain started at ``Z_0 = z0`` (the anchored ring given its
     anchor) instead of ``Z_0 ~ N(0, 1)``: ``V_0`` read at ``z0`` by linear interpolation (an upper
     bound: ``V_0`` is convex and non-decreasing in ``z``; above the grid, ``V_0 <= R_0(z0)``)."""
-    step = _compiled_step()
+    step, finish = _compiled_step(), _compiled_step("finish_call")
     alpha, betas = sur.alpha / sigma, sur.betas(b) / sigma
     rho, s = sur.rho, sur.s
     xs, ws = spread(_XI_HALF, xi_cells, _XI_STRETCH)
@@ -152,10 +153,9 @@ def call_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = 
         a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * UNIT_ROUNDOFF)
         offs = np.concatenate([[-ci], off_next])
         charge = _tail_charge(zc_lo, zc_hi, a, offs, z)
-        V = acc * factor + charge[:, None] + 1e-290
         R = _remaining_mean(alpha, pw_lo, pw_hi, _shifted(offset, lm, i, b - i), z, b - i)
-        V = np.minimum(V, R[:, None])
-        V = np.maximum.accumulate(np.maximum.accumulate(V, axis=1), axis=0)
+        # acc factor + charge + 1e-290, capped at R, running maxima along u then z (compiled, in place)
+        V = finish(acc, factor, charge, R)
         R_next = R
     off0 = _shifted(offset, lm, 0, b)
     if z0 is not None:
@@ -181,7 +181,7 @@ def put_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = _
     :func:`call_bound_table`. ``z0``: the chain started at ``Z_0 = z0``: ``W_0`` read at
     ``w = e^{alpha z0}`` by linear interpolation in ``w`` (``W_0`` is convex and non-increasing in
     ``w``; the position rounded down; below the grid the bound ``(-u)_+``, above it the last row)."""
-    step = _compiled_step("step_put")
+    step, finish = _compiled_step("step_put"), _compiled_step("finish_put")
     alpha, betas = sur.alpha / sigma, sur.betas(b) / sigma
     rho, s = sur.rho, sur.s
     xs, _ = spread(_XI_HALF, xi_cells, _XI_STRETCH)
@@ -203,10 +203,9 @@ def put_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = _
         c = c_pos[i]
         ci = c - lm[i] + 4 * UNIT_ROUNDOFF * (c + abs(lm[i]))  # (rounded up)
         acc = step(P, wn, z_lo, dz, xs, ws, alpha, float(betas[i]), ci, rho, s, h)
-        P = acc * factor + low_tail * neg_u[None, :] + 1e-290
-        P = np.minimum(P, neg_u[None, :])
-        # non-increasing in u (axis 1) and in w (axis 0): running maxima from the high ends
-        P = np.maximum.accumulate(np.maximum.accumulate(P[::-1, ::-1], axis=1), axis=0)[::-1, ::-1].copy()
+        # acc factor + low_tail (-u)_+ + 1e-290, capped at (-u)_+, non-increasing in u (axis 1) and in w
+        # (axis 0): running maxima from the high ends (compiled, in place)
+        P = finish(acc, factor, low_tail, neg_u)
     if z0 is not None:
         w_read = math.exp(alpha * float(z0)) * (1 - 4 * UNIT_ROUNDOFF)
         j = int(np.searchsorted(wn, w_read, side="right")) - 1  # wn[j] <= w_read < wn[j + 1]
@@ -247,7 +246,7 @@ def on_threads(fn, items) -> list:
 
 
 def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: int = _W_CELLS,
-                w_half: float = _W_HALF, w_stretch: float = _W_STRETCH, w_shift: float = _W_SHIFT, **grid):
+                w_half: float = _W_HALF, w_stretch: float = _W_STRETCH, w_shift: float = _W_SHIFT, stop=None, **grid):
     """The call (``kind = "call"``) or put table (as :func:`call_bound_table`, :func:`put_bound_table`)
     of the surrogate with its shared factor ``W ~ N(0, 1)``: given ``W = w`` the summand at position
     ``i`` is the chain's times ``e^{a_i w - a_i^2 / 2}`` (``a_i`` the loadings over ``sigma``), and
@@ -260,7 +259,11 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
     * put: convex in ``eta = e^{kappa w}`` (``kappa = max a_i``; each ``e^{a_i w} = eta^{a_i/kappa}``
       is concave in ``eta``, so ``K - T`` is convex) and non-increasing: ``eta`` spread onto
       ``e^{kappa x_k}`` with ``E[eta; cell]`` kept, the mass above the top node at the top, the mass
-      below ``-L`` charged with the strike ``K`` (a put is at most its strike)."""
+      below ``-L`` charged with the strike ``K`` (a put is at most its strike).
+
+    ``stop = (strike, value)``: ``None`` is returned as soon as the mixing nodes computed so far prove
+    that the table's bound at ``strike`` (:func:`calls_at` / :func:`puts_at` of the returned table)
+    exceeds ``value`` (:func:`_mixed_tables`); otherwise the table is the same, bit for bit."""
     anchored = sur.anchor is not None
     if anchored:  # the mixing variable is the chain's own Z_0: its covariance with log X_i is c_i + e_i
         a = sur.anchor_loadings(n) / sigma * (1 + 4 * UNIT_ROUNDOFF)
@@ -297,7 +300,9 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
             return call_bound_table(sur, sigma, n, k_max, log_mult=lm - a * c_lo + err, **pinned, **grid)
         return put_bound_table(sur, sigma, n, k_max, log_mult=lm - a * c_hi - err, **pinned, **grid)
 
-    results = on_threads(node, xs)
+    results = on_threads(node, xs) if stop is None else _mixed_tables(node, xs, ps, kind, stop)
+    if results is None:
+        return None
     table, strikes = None, results[0][0]
     for p, (_, vals) in zip(ps, results):  # (summed in node order: the same on any number of threads)
         table = p * vals if table is None else table + p * vals
@@ -305,6 +310,45 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
     if kind == "call":  # (above the last point xs[-1]: E[X_i; x > L] = Phi(Cov(log X_i, x) - L))
         return strikes, table + float(np.sum(special.ndtr(cov - xs[-1]))) * (1 + 1e-9) * (1 + 32 * UNIT_ROUNDOFF) + 1e-300
     return strikes, table + float(special.ndtr(xs[0])) * (1 + 1e-9) * strikes * (1 + 2 * UNIT_ROUNDOFF) + 1e-290
+
+
+#: Relative margin of an early exit (:func:`_mixed_tables`, :func:`markov_epsilon`): far above the float
+#: error of the partial sums it compares (a few dozen ``u``), far below any margin that matters.
+_EXIT_MARGIN = 1e-9
+
+
+def _mixed_tables(node, xs, ps, kind: str, stop) -> list | None:
+    """``[node(x) for x in xs]`` (the tables given each mixing node), or ``None`` once the nodes
+    computed so far prove that the mixed table's bound at ``strike`` exceeds ``value``
+    (``stop = (strike, value)``). Nodes run a batch (one per CPU) at a time, the heaviest weight
+    first (they set most of the mixture at the strikes of interest).
+
+    Why the partial sum is a lower bound of the final bound: :func:`ring_table` returns
+    ``T = (sum_k p_k t_k)(1 + g) + c`` with every weight ``p_k >= 0``, every node table ``t_k >= 0``,
+    ``g >= 0`` and the charge ``c >= 0``; :func:`calls_at` / :func:`puts_at` read a table at a strike
+    by the same linear interpolation (weights ``1 - f, f >= 0``, from the strike grid, which every node
+    shares) times ``1 + 4u`` (or the last node, or ``inf`` beyond a put table), so the reading of ``T``
+    is at least ``sum_k p_k (reading of t_k)`` over *all* nodes, hence over those computed so far. The
+    float sums of a few dozen non-negative terms are within ``~30 u`` of the exact ones:
+    :data:`_EXIT_MARGIN` covers them. So ``None`` only where the whole table's reading is above
+    ``value`` -- where the caller would find the member cannot win (tests: the same answers with and
+    without ``stop``)."""
+    from dpmf.resources import available_cpus
+
+    strike, value = stop
+    read = calls_at if kind == "call" else puts_at
+    order = sorted(range(len(xs)), key=lambda k: (-float(ps[k]), k))
+    batch = max(1, min(available_cpus(), len(order)))
+    results: list = [None] * len(xs)
+    lower = 0.0
+    for start in range(0, len(order), batch):
+        part = order[start : start + batch]
+        for k, res in zip(part, on_threads(node, [xs[k] for k in part])):
+            results[k] = res
+            lower += float(ps[k]) * float(read(res[0], res[1], strike))
+        if lower * (1 - _EXIT_MARGIN) > value:
+            return None
+    return results
 
 
 def factor_half_width(sur, sigma: float, delta: float) -> float:
@@ -353,6 +397,29 @@ def _interp_call(strikes: np.ndarray, calls: np.ndarray, k: float, b: int) -> fl
     return float(calls_at(strikes, calls, k))
 
 
+def _tables_below(sur: Surrogate, sigma: float, parts, delta: float, kind: str, *, n_fn, mult: float, k_max, grid):
+    """``[(n, w, table), ...]`` of the ``kind`` tables of ``parts`` for :func:`markov_epsilon`, or ``None``
+    once the tables computed (whole or in part) prove that its check at ``eps_hi`` fails:
+    ``sum_parts w mult reading(table, n_fn(n)) / n > delta`` (``mult``: ``1`` for the call, ``e^eps_hi``
+    for the put; then the direction is ``inf``, the member cannot win). The sum's terms are non-negative,
+    so the parts done are a lower bound of it, and each table is told (``stop``) how much of ``delta``
+    is left (a surrogate whose table mixes nodes stops it early, :func:`_mixed_tables`; the others
+    ignore it). Where no exit is proved the tables are those computed without it, bit for bit."""
+    read = calls_at if kind == "call" else puts_at
+    out, lower = [], 0.0
+    for n, w in parts:
+        if lower * (1 - _EXIT_MARGIN) > delta:
+            return None
+        strike = n_fn(n)
+        value = (delta - lower * (1 - _EXIT_MARGIN)) * n / (w * mult) if w > 0 else math.inf
+        table = sur.table(sigma, n, kind, k_max(n), delta, stop=(strike, value), **grid)
+        if table is None:
+            return None
+        out.append((n, w, table))
+        lower += w * mult * float(read(table[0], table[1], strike)) / n
+    return out
+
+
 def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: float, *,
                    directions=("remove", "add"), **grid) -> dict:
     """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
@@ -363,9 +430,10 @@ def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: fl
     ``sum w e^eps P~_n(n e^-eps) / n <= delta``. ``directions``: the ones to compute (the others are
     left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed)."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
-    calls = ([(n, w, sur.table(sigma, n, "call", n * math.exp(eps_hi) * 1.02, delta, **grid)) for n, w in parts]
-             if "remove" in directions else [])
-    puts = [(n, w, sur.table(sigma, n, "put", n * 1.0001, delta, **grid)) for n, w in parts] if "add" in directions else []
+    calls = (_tables_below(sur, sigma, parts, delta, "call", n_fn=lambda n: n * math.exp(eps_hi), mult=1.0,
+                           k_max=lambda n: n * math.exp(eps_hi) * 1.02, grid=grid) if "remove" in directions else [])
+    puts = (_tables_below(sur, sigma, parts, delta, "put", n_fn=lambda n: n / math.exp(eps_hi), mult=math.exp(eps_hi),
+                          k_max=lambda n: n * 1.0001, grid=grid) if "add" in directions else [])
 
     def rem(e):
         return sum(w * _interp_call(st, ca, n * math.exp(e), n) / n for n, w, (st, ca) in calls) * (1 + 4 * (len(calls) + 1) * UNIT_ROUNDOFF)
@@ -378,7 +446,7 @@ def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: fl
     for name, fn in (("remove", rem), ("add", add)):
         if name not in directions:
             continue
-        if fn(eps_hi) > delta:
+        if (calls if name == "remove" else puts) is None or fn(eps_hi) > delta:  # (None: proved above, tables cut short)
             out[name] = math.inf
             continue
         lo, hi = 0.0, eps_hi

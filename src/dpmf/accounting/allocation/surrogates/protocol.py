@@ -35,5 +35,8 @@ class Surrogate(Protocol):
     def table(self, sigma: float, n: int, kind: str, k_max: float, delta: float, **grid) -> tuple[np.ndarray, np.ndarray]:
         """The ``kind`` (``"call"`` or ``"put"``) bound table of a sum of ``n`` slots at noise
         ``sigma``: strikes ``0 .. k_max`` and upper bounds on ``E[(sum X - k)_+]`` (call) or
-        ``E[(k - sum X)_+]`` (put) at them; ``grid`` keys a surrogate does not use are ignored."""
+        ``E[(k - sum X)_+]`` (put) at them; ``grid`` keys a surrogate does not use are ignored. A
+        ``stop = (strike, value)`` key lets it return ``None`` instead, once part of its work proves
+        that the table's reading at ``strike`` (``calls_at`` / ``puts_at``) exceeds ``value`` (a
+        surrogate that cannot prove it early ignores the key and returns the table)."""
         ...

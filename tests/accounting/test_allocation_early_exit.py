@@ -1,0 +1,104 @@
+"""Early exits of the Markov members (``surrogates/markov_programs.py``): a ring's table mixed over
+its factor / anchor nodes stops once the nodes computed so far prove its reading at the strike of
+interest is above what the member must beat (``stop``), and ``markov_epsilon`` then reports the
+direction as ``inf`` (the member cannot win) -- what the whole table gives.
+
+Oracles: the whole table (no ``stop``): the partial sums the exit trusts are never above its reading
+(a ``stop`` at exactly that reading never fires, for calls and puts, at several noises); with and
+without exits every member's result and every ``allocation_pld`` epsilon are the same, bit for bit.
+Negative controls: a ``stop`` below the reading fires, after fewer node tables than the whole.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpmf.accounting.allocation import pld
+from dpmf.accounting.allocation.surrogates import markov_programs
+from dpmf.accounting.allocation.surrogates.markov_chain import MarkovSurrogate
+from dpmf.accounting.allocation.surrogates.markov_programs import calls_at, markov_epsilon, puts_at
+from dpmf.sampling import BallsInBinsSampling
+from dpmf.strategies import bsr
+
+DELTA = 1e-5
+
+
+def _rings(n: int = 24):
+    """The ring members (factor or anchor) of bsr(n, 4) over 2 epochs of reused slots (24: both kinds,
+    on 12 and 6 slots)."""
+    groups = pld._reductions(bsr(n, 4), BallsInBinsSampling(epochs=2, steps=n))
+    out = [(q, m, parts) for q, m, parts in groups.markov
+           if isinstance(m, MarkovSurrogate) and (m.ring is not None or m.anchor is not None)]
+    assert {m.ring is not None for _, m, _ in out} == {True, False}  # (both kinds: shared factor and anchored)
+    return out
+
+
+def _counting(monkeypatch) -> list:
+    runs: list = []
+    for name in ("call_bound_table", "put_bound_table"):
+        real = getattr(markov_programs, name)
+        monkeypatch.setattr(markov_programs, name, lambda *a, real=real, **k: runs.append(1) or real(*a, **k))
+    return runs
+
+
+@pytest.mark.parametrize("sigma", [1.0, 2.0])
+@pytest.mark.parametrize("kind", ["call", "put"])
+def test_a_stop_at_the_reading_never_fires_and_below_it_fires_early(monkeypatch, kind, sigma):
+    runs = _counting(monkeypatch)
+    for q, sur, parts in _rings():
+        n = parts[0][0]
+        strike = n * math.exp(3.0) if kind == "call" else n * math.exp(-0.5)
+        k_max = strike * 1.02 if kind == "call" else n * 1.0001
+        read = calls_at if kind == "call" else puts_at
+        runs.clear()
+        strikes, table = sur.table(sigma, n, kind, k_max, DELTA)
+        whole = len(runs)
+        value = float(read(strikes, table, strike))
+        assert value > 0 and whole >= 8
+        # the partial sums are lower bounds of the reading: a stop exactly there never fires
+        again = sur.table(sigma, n, kind, k_max, DELTA, stop=(strike, value))
+        assert again is not None and np.array_equal(again[1], table) and np.array_equal(again[0], strikes)
+        # negative control: a stop at a tenth of the reading fires, before the last node
+        runs.clear()
+        assert sur.table(sigma, n, kind, k_max, DELTA, stop=(strike, 0.1 * value)) is None
+        assert len(runs) < whole
+
+
+def test_markov_epsilon_is_the_same_with_and_without_exits(monkeypatch):
+    """Each ring member searched below a range of bounds (members that win, members that cannot): the
+    same result with exits as with every table whole; the exits skip node tables."""
+    cases = []
+    for q, sur, parts in _rings():
+        for sigma in (1.0, 1.6):
+            ref = markov_epsilon(sur, sigma, parts, DELTA, 50.0)["epsilon_by_direction"]
+            for d in ("remove", "add"):
+                cases += [(sur, sigma, parts, d, ref[d] * f) for f in (0.9, 1.001)]
+    runs = _counting(monkeypatch)
+    with_exits = []
+    for sur, sigma, parts, d, top in cases:
+        with_exits.append(markov_epsilon(sur, sigma, parts, DELTA, top, directions=(d,)))
+    fewer = len(runs)
+    runs.clear()
+    real = MarkovSurrogate.table
+    monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, stop=None, **k: real(self, *a, **k))
+    whole = [markov_epsilon(sur, sigma, parts, DELTA, top, directions=(d,)) for sur, sigma, parts, d, top in cases]
+    assert with_exits == whole
+    assert any(math.isinf(r["epsilon"]) for r in whole) and any(math.isfinite(r["epsilon"]) for r in whole)
+    assert fewer < len(runs)
+
+
+@pytest.mark.parametrize("sigma", [0.9326489806331935, 2.0])
+def test_allocation_pld_epsilon_is_the_same_with_and_without_exits(monkeypatch, sigma):
+    """The whole evaluation (bsr(24, 4), 2 epochs): every reduction row equal, bit for bit."""
+    monkeypatch.setattr(pld, "_MEMO", {})
+    strategy, scheme = bsr(24, 4), BallsInBinsSampling(epochs=2, steps=24)
+    fast = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
+    monkeypatch.setattr(pld, "_MEMO", {})
+    real = MarkovSurrogate.table
+    monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, stop=None, **k: real(self, *a, **k))
+    whole = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
+    assert fast.epsilon_by_direction == whole.epsilon_by_direction
+    assert fast.diagnostics["reductions"] == whole.diagnostics["reductions"]
