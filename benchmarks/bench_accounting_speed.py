@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -44,6 +45,7 @@ class SpeedCase:
     slow: bool = False
     samples: int = 0  # privacy-loss samples the call draws (both directions): samples per CPU-second printed
     rel: float = 0.0  # agreement the answers must have (0: REL); a case says why it needs more
+    after_only: bool = False  # measure today's code only (the code before would take too long)
 
 
 _BSR32 = (
@@ -84,6 +86,17 @@ CASES: list[SpeedCase] = [
         slow=True,
     ),
     SpeedCase(
+        # (issue 50's "bsr(64, 4) fresh slots 5 epochs": 5 epochs of 64 slots, a fresh slot each epoch)
+        "allocation: bsr(320, 4) balls-in-bins, 5 fresh epochs of 64 slots, account allocation_pld at sigma 2",
+        "from dpmf.sampling import BallsInBinsSampling\nfrom dpmf.strategies import bsr\n"
+        "strategy, scheme = bsr(320, 4), BallsInBinsSampling(epochs=5, steps=320, fresh_slots=True)\n"
+        "cost = dict(noise_multiplier=2.0, method='allocation_pld')\n",
+        "from dpmf.accounting.allocation.pld import account_allocation_pld\n"
+        "r = account_allocation_pld(strategy, scheme, 2.0, 1e-5)\n"
+        "answer = (r.epsilon, r.epsilon_by_direction['remove'], r.epsilon_by_direction['add'])\n",
+        rounds=2,
+    ),
+    SpeedCase(
         "montecarlo: b-min-sep BandMF-16 x 500, p0 0.01, sigma 1, 200,000 samples per direction (samples/s)",
         _MC + "cost = dict(noise_multiplier=1.0, method='montecarlo', num_samples=200_000)\n",
         "from dpmf.accounting.montecarlo import account_montecarlo\n"
@@ -103,6 +116,44 @@ CASES: list[SpeedCase] = [
         # the released sigmas differ by the pilot's error and the ladder's 1% steps: agree within 3%
         rel=0.03,
     ),
+]
+
+
+_MMCC_BSR16 = (
+    "from dpmf.sampling import PoissonSampling\nfrom dpmf.strategies import bsr\n"
+    "strategy, scheme = bsr(500, 16), PoissonSampling(0.01, 500)\n"
+)
+_MMCC_TREE = (
+    "from dpmf.sampling import PoissonSampling\nfrom dpmf.strategies import BinaryTree\n"
+    "strategy, scheme = BinaryTree({n}), PoissonSampling(1 / 16, {n})\n"
+)
+_MMCC_SQRT = (
+    "from dpmf.sampling import PoissonSampling\nfrom dpmf.strategies import ToeplitzStrategy\n"
+    "strategy, scheme = ToeplitzStrategy.sqrt_prefix_sum(48), PoissonSampling(0.05, 48)\n"
+)
+
+
+def _mmcc_call(sigma: float, delta: float) -> str:
+    return ("import dpmf\n"
+            f"r = dpmf.account(strategy, scheme, {sigma!r}, {delta!r}, method='mmcc')\n"
+            "answer = (r.epsilon, r.diagnostics['independent_rows_heuristic_epsilon'])\n")
+
+
+CASES += [
+    SpeedCase("mmcc: BandMF bsr(500, 16), Poisson q 0.01, sigma 2, account",
+              _MMCC_BSR16 + "cost = dict(noise_multiplier=2.0, method='mmcc')\n", _mmcc_call(2.0, 1e-6), rounds=2),
+    SpeedCase("mmcc: BandMF bsr(500, 16), Poisson q 0.01, sigma 1, account",
+              _MMCC_BSR16 + "cost = dict(noise_multiplier=1.0, method='mmcc')\n", _mmcc_call(1.0, 1e-6), rounds=1,
+              slow=True),
+    SpeedCase("mmcc: binary tree T = 64, Poisson q 1/16, sigma 2, account",
+              _MMCC_TREE.format(n=64) + "cost = dict(noise_multiplier=2.0, method='mmcc')\n", _mmcc_call(2.0, 1e-5),
+              rounds=1, slow=True),
+    SpeedCase("mmcc: square-root Toeplitz n = 48, Poisson q 0.05, sigma 4, account",
+              _MMCC_SQRT + "cost = dict(noise_multiplier=4.0, method='mmcc')\n", _mmcc_call(4.0, 1e-6), rounds=1,
+              slow=True),
+    SpeedCase("mmcc: binary tree T = 256, Poisson q 1/16, sigma 4, account (today's code only)",
+              _MMCC_TREE.format(n=256) + "cost = dict(noise_multiplier=4.0, method='mmcc')\n", _mmcc_call(4.0, 1e-5),
+              rounds=1, slow=True, after_only=True),
 ]
 
 _CHILD = """
@@ -137,16 +188,18 @@ def measure(case: SpeedCase, before: str, rounds: int | None = None) -> dict:
     times: dict[str, list[float]] = {"before": [], "after": []}
     answers: dict[str, list] = {"before": [], "after": []}
     estimate = None
+    sides = (("after", str(ROOT / "src")),) if case.after_only else (("before", before), ("after", str(ROOT / "src")))
     for _ in range(rounds or case.rounds):
-        for side, src in (("before", before), ("after", str(ROOT / "src"))):
+        for side, src in sides:
             out = _run(case, src)
             times[side].append(out["cpu"])
             answers[side].append(out["answer"])
             if side == "after":
                 estimate = out["estimate"]
-    ref = answers["before"][0]
+    ref = answers["after" if case.after_only else "before"][0]
     equal = all(_equal(a, ref, case.rel or REL) for side in answers for a in answers[side])
-    b, a = statistics.median(times["before"]), statistics.median(times["after"])
+    b = statistics.median(times["before"]) if times["before"] else math.nan
+    a = statistics.median(times["after"])
     return {"case": case.name, "before_cpu_s": b, "after_cpu_s": a, "speedup": b / a, "equal": equal,
             "answer": answers["after"][0], "estimate_s": estimate, "estimate_over_measured": estimate / a,
             "rounds": len(times["after"]), "samples": case.samples, "rel": case.rel or REL}
