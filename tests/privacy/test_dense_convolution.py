@@ -80,3 +80,17 @@ def test_pld_composition_epsilons_match_dp_accountings_engine():
     ref = pld.to_dp_accounting().self_compose(40).compose(other.to_dp_accounting().self_compose(25))
     for delta in (1e-3, 1e-6, 1e-9):
         assert ours.epsilon(delta) == ref.get_epsilon_for_delta(delta)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_epsilon_for_delta_is_bit_for_bit_dp_accountings(seed):
+    from dpmf.privacy.pld import _epsilon_for_delta
+
+    rng = np.random.default_rng(40 + seed)
+    pmf = _random_pmf(rng, 20000 + 5000 * seed, -3000 + 2000 * seed, inf=[0.0, 1e-12, 1e-7, 0.2][seed])
+    for delta in (0.5, 1e-2, 1e-5, 1e-9, 1e-14):
+        assert _epsilon_for_delta(pmf, delta) == pmf.get_epsilon_for_delta(delta)
+    pld = mixture_of_gaussians([0.0, 0.5, 1.0], [0.9, 0.07, 0.03], 0.9).self_compose(60)
+    for direction in ("remove", "add"):
+        for delta in (1e-3, 1e-6, 1e-10):
+            assert _epsilon_for_delta(pld._direction(direction), delta) == pld._direction(direction).get_epsilon_for_delta(delta)

@@ -88,6 +88,19 @@ def _self_compose_pmf(pmf, count: int, tail: float):
     return pmf.self_compose(count, tail)
 
 
+def _epsilon_for_delta(pmf, delta: float) -> float:
+    """dp_accounting's ``get_epsilon_for_delta``; for a dense PMF its loop compiled, bit for bit
+    (:mod:`._pld_compiled`)."""
+    if dp_pld.is_dense(pmf):
+        from dpmf.privacy._pld_compiled import epsilon_for_delta
+
+        lower, probs, inf, disc = dp_pld.dense_arrays(pmf)
+        upper = (lower + len(probs) - 1) * disc
+        return float(epsilon_for_delta(float(upper), -float(disc), np.ascontiguousarray(probs[::-1], dtype=np.float64),
+                                       float(inf), float(delta)))
+    return float(pmf.get_epsilon_for_delta(delta))
+
+
 @dataclass(frozen=True)
 class PrivacyLossDistribution:
     """A pessimistic PLD for both adjacency directions.
@@ -246,7 +259,7 @@ class PrivacyLossDistribution:
     def epsilon_by_direction(self, delta: float) -> dict[str, float]:
         """Smallest epsilon >= 0 with hockey-stick divergence <= delta, per direction."""
         delta = _v.open_unit("delta", delta)
-        return {d: float(self._direction(d).get_epsilon_for_delta(delta)) for d in DIRECTIONS}
+        return {d: _epsilon_for_delta(self._direction(d), delta) for d in DIRECTIONS}
 
     def delta_by_direction(self, epsilon: float) -> dict[str, float]:
         """Hockey-stick divergence at ``epsilon``, per direction."""
