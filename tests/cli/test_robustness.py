@@ -776,12 +776,15 @@ def test_cost_estimate_covers_what_auto_runs_and_the_markov_members():
             "allocation_pld"]
 
     fresh = [pld_secs(bsr(2 * b, 4), BallsInBinsSampling(2, 2 * b, fresh_slots=True)) for b in (32, 64, 128)]
-    assert fresh[0] < fresh[1] < fresh[2]
+    # (32 slots per epoch also run the band's moving average, 8 tables: bsr(64, 4) over 2 fresh epochs of 32
+    # measured 9.7 CPU-s at sigma 2, bsr(128, 4) over 2 of 64 without it 5.0 CPU-s)
+    assert fresh[1] < fresh[2]
     base = pld_secs(Identity(256), BallsInBinsSampling(2, 256, fresh_slots=True))
     assert base == pld_secs(bsr(256, 4), BallsInBinsSampling(2, 256, num_selected=2)) < fresh[0]
     assert pld_secs(bsr(1024, 4), BallsInBinsSampling(2, 1024)) == base  # 512 slots per epoch: no members
-    # a calibration with the members takes about ten evaluations (the default plan's fresh bsr-4 row: 12)
-    assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) > 9 * fresh[1]
+    # a calibration with the members takes several evaluations: 6-9 measured (README snippet 6, the README's
+    # `dpmf calibrate` bsr example 7, 5 fresh epochs of 64 slots 9; benchmarks/README.md), counted as 7
+    assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) > 6 * fresh[1]
 
 
 def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):

@@ -349,17 +349,18 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
     return 0.5 + 6e-4 * n * epochs / 10 + conditional, 6 * 8.0 * per_epoch * per_epoch + 1e8
 
 
-#: ``allocation_pld`` for the identity (and the part of every call outside the Markov members), s.
-_ALLOCATION_PLD_BASE = 2.0
+#: ``allocation_pld`` for the identity (0.01-1.2 s for t = 8..10^4) and the part of every call outside
+#: the Markov members (groups, fits: 0.3-0.8 s on bsr(32/100, 4)), s.
+_ALLOCATION_PLD_BASE = 1.0
 #: Seconds per slot of an epoch of the Markov members of ``allocation_pld`` for a correlated C, per
-#: evaluation, measured on 2 shared cores (benchmarks/README.md, the default plan): one reused epoch
-#: (bsr(64, 4): 3-6 s), several reused epochs (two ring members and the ranked family), fresh slots
-#: (members modulo 1 and 2, 8 tables each; 5 fresh epochs of 100: 19 s). "ring" measured in CPU seconds
-#: after the compiled steps vectorized (issue 50; benchmarks/bench_accounting_speed.py): bsr(32, 4) and
-#: bsr(100, 4) over 2 epochs, 4.1 and 12.6 CPU-s per evaluation with the band's moving average (were
-#: 11 and 26.6: 0.35 per slot then). "reused" and "fresh" run the same kernels but were not re-measured
-#: (they now err high).
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.08, "ring": 0.10, "fresh": 0.2}
+#: evaluation, CPU seconds on 2 shared cores, re-measured after the early exits of the ring members and
+#: the compiled envelopes (issue 50; benchmarks/README.md, bench_accounting_speed.py): one reused epoch
+#: (bsr(64, 4) at sigma 1 and 2: 6.6-7.2 CPU-s, most of it the band's moving average), several reused
+#: epochs (ring members and the ranked family: bsr(32, 4) / bsr(100, 4) over 2 epochs, ~1.6 / ~5.9 s of
+#: 16 / 50 slots; one evaluation 2.5-3.3 / 8.3-8.9 CPU-s with the moving average), fresh slots (members
+#: modulo 1 and 2, 8 tables each, plus their fits: 5 fresh epochs of 64 at sigma 2, 9.5 CPU-s). Were
+#: 0.08 / 0.10 / 0.2 (1.6-1.8x high after the kernels vectorized).
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.04, "ring": 0.11, "fresh": 0.13}
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
 #: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
 #: over 4 epochs of 64 slots: ~5 s).
@@ -367,8 +368,13 @@ _BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.08}
 #: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
 #: with 3-4 epochs; bench_allocation_fresh_correlated.py: +3 to +7 s per evaluation).
 _BAND_FRESH_SECONDS = 6.0
-#: Evaluations of a calibration with the Markov members (the default plan's bsr-4 fresh row: 12).
-_MARKOV_CALIBRATION_EVALS = 10
+#: Evaluations of ``dpmf.calibrate`` with the Markov members, measured (allocation_pld searched first,
+#: the Renyi accountant probed once): 6 (README snippet, bsr(32, 4) over 2 epochs), 7 (README CLI example,
+#: bsr(100, 4)), 9 cheaper ones after the fits (5 fresh epochs of 64 slots); was 10.
+_MARKOV_CALIBRATION_EVALS = 7
+#: ... and in ``dpmf plan``, which calibrates its best row (the default plan's bsr-4 fresh row: 12
+#: evaluations, measured 2026-11-26; not re-measured since).
+_PLAN_MARKOV_EVALS = 12
 
 
 def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
@@ -548,7 +554,7 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
     per_epoch = steps // max(int(epochs), 1)
     if per_epoch <= MAX_SLOTS:  # banded MF under balls-in-bins: the fresh-slot row calibrated, the reused one checked
         m = _MARKOV_SECONDS_PER_SLOT
-        secs = _MARKOV_CALIBRATION_EVALS * (_ALLOCATION_PLD_BASE + m["fresh"] * per_epoch) + (
+        secs = _PLAN_MARKOV_EVALS * (_ALLOCATION_PLD_BASE + m["fresh"] * per_epoch) + (
             m["ring"] if epochs > 1 else m["reused"]) * per_epoch
         parts.append(("banded MF under balls-in-bins (Markov members)", secs, 16 * 8.0 * 400_000))
     out = CostEstimate(0.0, 0.0)
