@@ -208,6 +208,10 @@ def plan(
             for wave in waves:
                 found = [r.prefix_sum_rmse for r in rows if r is not None and not r.pruned]
                 threshold = min(found, default=math.inf) if prune else math.inf
+                if wave > 0 and last is not None and client is None:  # (a budget: the rest together)
+                    _together([i for i, c in enumerate(cands) if c.wave > 0], cands, run, cache, threshold,
+                              deadline, budget, workers, tally, prune, on_first)
+                    break
                 todo = []
                 for i, cand in enumerate(cands):
                     if cand.wave != wave:
@@ -339,9 +343,10 @@ def _refuse_empty(result: PlanResult) -> None:
     )
 
 
-def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tally) -> None:
+def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tally, quick=()) -> None:
     """A wave's candidates in worker processes (one per CPU), the last one under the deadline
-    (:func:`dpmf.planning.budget.run_until`; ``deadline=None``: run them whole)."""
+    (:func:`dpmf.planning.budget.run_until`; ``deadline=None``: run them whole; ``quick``: indices
+    that run whole whatever the deadline; ``threshold``: a number or a function of nothing)."""
     import os
 
     from dpmf.planning.budget import run_until
@@ -349,6 +354,8 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tal
     if not todo:
         return
     processes = usable_workers(workers if workers is not None else (os.cpu_count() or 1), len(todo))
+    if quick and len(todo) > len(quick):  # (the worker kept for the costly candidates comes on top)
+        processes = min(processes + 1, len(todo))
     sub = [cands[i] for i in todo]
     running: list[str] = []
 
@@ -356,17 +363,73 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tal
         running.append(f"{sub[j].strategy_name} / {sub[j].sampling_name}")
         tally.bar.update(note="calibrating " + ", ".join(running[-processes:]))
 
-    finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes, on_start=started)
-    for j, row in finished.items():
-        _finish(todo[j], row, cands, run, cache, threshold, tally.done)
+    def lookup(j: int, thr: float):
+        return None if cache is None else cache.get(sub[j].key(run), thr, budget=budget)
+
+    def found(j: int, row: PlanRow, thr: float) -> None:
+        if row.cached:
+            tally.done(todo[j], row)
+        else:
+            _finish(todo[j], row, cands, run, cache, thr, tally.done)
+
+    quick_set = set(quick)
+    finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes, on_start=started,
+                                       quick=[j for j, i in enumerate(todo) if i in quick_set], lookup=lookup,
+                                       on_row=found)
     for j, row in partial.items():
         if cache is not None:
-            cache.put(cands[todo[j]].key(run), row, threshold, budget=budget)
+            cache.put(cands[todo[j]].key(run), row, threshold() if callable(threshold) else threshold, budget=budget)
         tally.done(todo[j], row)
     for j, c in cut.items():
         if cache is not None and c.by_budget:  # a worker that died is not a property of the budget
             cache.put_cut(cands[todo[j]].key(run), c, budget)
         tally.cut(c)
+
+
+def win_order(cand: Candidate) -> tuple:
+    """How likely a costly candidate is to be the best row, most likely first (the order a budgeted
+    plan starts them in). From the thorough plans measured (benchmarks/README.md, "dpmf plan"): BandMF
+    under balls-in-bins with fresh slots each epoch ranked first whenever it was a candidate; the
+    reused slot next; MMCC under Poisson sampling (looser than generalized MMCC under cyclic Poisson,
+    which is a quick candidate) was pruned by its first evaluation, the fewest bands first being the
+    cheapest to decide; the tree, the optimal factorization and Monte Carlo estimates last."""
+    from dpmf.sampling.schemes import BallsInBinsSampling
+
+    s = cand.scheme
+    if isinstance(s, BallsInBinsSampling):
+        return (0 if s.fresh_slots else 1, 0)
+    if cand.method == "mmcc":
+        return (2 if cand.spec.kind != "tree" else 3, cand.spec.bands or 0)
+    return (4 if cand.spec.kind == "optimal" else 5, 0)
+
+
+def _together(todo, cands, run, cache, base, deadline, budget, workers, tally, prune, on_first) -> None:
+    """The waves after the first under a budget, in one set of worker processes (one per CPU): the
+    quick ones run to the end, the costly ones (:func:`win_order`, most likely to win first) until
+    the deadline, one worker kept for them from the start, on top of the one per CPU
+    (:func:`dpmf.planning.budget.run_until`), each started against the best row certified so far
+    (``base``: the first wave's)."""
+    from dpmf.planning.budget import COSTLY_WAVE
+
+    quick = [i for i in todo if cands[i].wave < COSTLY_WAVE]
+    costly = sorted((i for i in todo if cands[i].wave >= COSTLY_WAVE), key=lambda i: win_order(cands[i]))
+    kept = []
+    for i in costly:  # stopped by a budget at least this one before, and no row since: instant
+        stopped = None
+        if cache is not None and cache.get(cands[i].key(run), base, budget=budget) is None:
+            stopped = cache.get_cut(cands[i].key(run), budget)
+        if stopped is not None:
+            tally.cut(stopped)
+        else:
+            kept.append(i)
+    if kept and on_first is not None:
+        on_first(_ranked(sort_rows([r for r in tally.rows if r is not None])), len(kept))
+
+    def threshold() -> float:
+        found = [r.prefix_sum_rmse for r in tally.rows if r is not None and not r.pruned and not r.cut]
+        return min([base, *found]) if prune else math.inf
+
+    _budgeted(quick + kept, cands, run, cache, threshold, deadline, budget, workers, tally, quick=quick)
 
 
 def _ranked(rows: list[PlanRow]) -> list[PlanRow]:

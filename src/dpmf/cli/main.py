@@ -488,7 +488,7 @@ def plan(
     ),
     prune: bool = typer.Option(
         True, "--prune/--no-prune", help="Skip the precise calibration of a candidate that provably cannot beat "
-        "the best row of an earlier wave (one evaluation decides; shown as a lower bound). --no-prune calibrates "
+        "a row already certified (one evaluation decides; shown as a lower bound). --no-prune calibrates "
         "every one (slower; same best row)."
     ),
     cache_dir: Optional[Path] = typer.Option(

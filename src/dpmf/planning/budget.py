@@ -99,17 +99,20 @@ class Cut:
     by_budget: bool = False
 
 
-def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, queue) -> None:
-    """A worker: calibrate ``cand`` and report each evaluation, then the row (or the error)."""
+def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn) -> None:
+    """A worker: calibrate ``cand`` and report each evaluation, then the row (or the error), on its
+    own pipe ``conn`` (one per worker: stopping one mid-message cannot garble another's)."""
     from dpmf import progress
     from dpmf.planning.evaluate import evaluate
 
     try:
         with progress.reporting("off"):
-            row = evaluate(cand, run, threshold, callback=lambda s, e: queue.put(("eval", i, float(s), float(e))))
-        queue.put(("row", i, row))
+            row = evaluate(cand, run, threshold, callback=lambda s, e: conn.send(("eval", i, float(s), float(e))))
+        conn.send(("row", i, row))
     except BaseException as exc:  # (reported to the parent, which raises it there)
-        queue.put(("error", i, f"{type(exc).__name__}: {exc}"))
+        conn.send(("error", i, f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
 
 
 def _context():
@@ -120,55 +123,106 @@ def _context():
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
-def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadline: float | None, *,
-              processes: int, on_eval=None, on_start=None) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
-    """Calibrate ``cands`` (indices into the list) against ``threshold`` in up to ``processes``
-    worker processes until ``deadline`` (a :func:`time.monotonic` value; ``None``: no deadline).
+def run_until(cands: list[Candidate], run: TrainingRun, threshold, deadline: float | None, *,
+              processes: int, on_eval=None, on_start=None, quick=(), lookup=None, on_row=None
+              ) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
+    """Calibrate ``cands`` (indices into the list, started in list order) against ``threshold`` in up
+    to ``processes`` worker processes until ``deadline`` (a :func:`time.monotonic` value; ``None``:
+    no deadline).
 
     Returns ``(finished, partial, cut)``: the rows of the candidates that finished, the rows of those
     the deadline stopped after a passing evaluation (``cut=True``; module docstring), and the ones it
     stopped before any (:class:`Cut`). ``on_eval(i, sigma, epsilon)`` after each evaluation,
-    ``on_start(i)`` when a worker starts on candidate ``i`` (the CLI's progress names it)."""
-    import queue as _queue
+    ``on_start(i)`` when a worker starts on candidate ``i`` (the CLI's progress names it),
+    ``on_row(i, row, threshold)`` when candidate ``i`` finishes (with the threshold it ran against).
+
+    Running quick and costly candidates together (:func:`dpmf.planner.plan` under a budget):
+    ``quick`` (indices) run to the end whatever the deadline (only the others are stopped by it);
+    while costly candidates wait and none runs, the next free worker takes the first of them (one
+    worker is kept for the costly ones: the quick ones never starve them). ``threshold`` may be a
+    function, called when a candidate starts: the best prefix RMSE certified so far (pruning
+    against any certified row is sound). ``lookup(i, threshold)``: a row found without running
+    (the cache), or ``None``."""
+    from multiprocessing.connection import wait as wait_any
 
     ctx = _context()
-    q = ctx.Queue()
+    pipes: dict[int, object] = {}  # i -> the parent's end of its worker's pipe
+    quick = set(quick)
     pending = list(range(len(cands)))
     active: dict[int, tuple] = {}  # i -> (process, start)
     evals: dict[int, list[tuple[float, float]]] = {i: [] for i in pending}
     finished: dict[int, PlanRow] = {}
+    used: dict[int, float] = {}  # i -> the threshold it ran against
     died: dict[int, tuple[int, float]] = {}  # i -> (exit code, seconds) of a worker that died
+    stopped: dict[int, float] = {}  # i -> seconds, costly candidates stopped at the deadline
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    def next_index() -> int | None:
+        allowed = [i for i in pending if i in quick or not late()]
+        if not allowed:
+            return None
+        costly = [i for i in allowed if i not in quick]
+        if quick and costly and not any(j not in quick for j in active):
+            return costly[0]  # (the reserved worker)
+        return allowed[0]
+
+    def done(i: int, row: PlanRow) -> None:
+        finished[i] = row
+        if on_row is not None:
+            on_row(i, row, used[i])
+
     try:
         while pending or active:
-            while pending and len(active) < max(1, processes) and (deadline is None or time.monotonic() < deadline):
-                i = pending.pop(0)
-                p = ctx.Process(target=_child, args=(i, cands[i], run, threshold, q), daemon=True)
+            while len(active) < max(1, processes) and (i := next_index()) is not None:
+                pending.remove(i)
+                used[i] = threshold() if callable(threshold) else threshold
+                hit = None if lookup is None else lookup(i, used[i])
+                if hit is not None:
+                    done(i, hit)
+                    continue
+                reader, writer = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(i, cands[i], run, used[i], writer), daemon=True)
                 p.start()
+                writer.close()  # (the child holds it: its end closes when the child does)
+                pipes[i] = reader
                 active[i] = (p, time.perf_counter())
                 if on_start is not None:
                     on_start(i)
+            if late():  # stop the costly candidates; the quick ones run on
+                for i in [i for i in active if i not in quick]:
+                    p, start = active.pop(i)
+                    p.terminate()
+                    p.join()
+                    stopped[i] = time.perf_counter() - start
+                if not active and not any(i in quick for i in pending):
+                    break
             if not active:
+                if pending and next_index() is not None:
+                    continue
                 break
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                break
-            try:
-                msg = q.get(timeout=1.0 if wait is None else min(wait, 1.0))
-            except _queue.Empty:
-                for i, (p, start) in list(active.items()):  # a worker killed from outside (e.g. memory)
-                    if not p.is_alive() and p.exitcode not in (0, None):
-                        active.pop(i)  # treated as stopped: only its certified evaluations count
-                        died[i] = (p.exitcode, time.perf_counter() - start)
+            wait = 1.0 if deadline is None or late() else min(deadline - time.monotonic(), 1.0)
+            ready = wait_any([pipes[i] for i in active], timeout=max(wait, 0.01))
+            if not ready:
                 continue
-            kind, i = msg[0], msg[1]
+            i = next(j for j in active if pipes[j] in ready)
+            try:
+                msg = pipes[i].recv()
+            except (EOFError, OSError):  # a worker that ended without its row (killed from outside: memory)
+                p, start = active.pop(i)
+                p.join()
+                died[i] = (p.exitcode, time.perf_counter() - start)  # (only its certified evaluations count)
+                continue
+            kind = msg[0]
             if kind == "eval":
                 evals[i].append((msg[2], msg[3]))
                 if on_eval is not None:
                     on_eval(i, msg[2], msg[3])
             elif kind == "row":
-                finished[i] = msg[2]
                 p, _ = active.pop(i)
                 p.join()
+                done(i, msg[2])
             else:
                 p, _ = active.pop(i)
                 p.join()
@@ -177,13 +231,21 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
                 raise DPMFError(f"calibrating {cands[i].label!r}: {msg[2]}")
     finally:
         now = time.perf_counter()
-        stopped = {i: now - start for i, (p, start) in active.items()}
+        stopped.update({i: now - start for i, (p, start) in active.items()})
         stopped.update({i: seconds for i, (_, seconds) in died.items()})
         for p, _ in active.values():
             p.terminate()
         for p, _ in active.values():
             p.join()
-        q.close()
+        for c in pipes.values():
+            c.close()
+    partial, cut = _stopped_rows(cands, run, evals, stopped, died, pending)
+    return finished, partial, cut
+
+
+def _stopped_rows(cands, run, evals, stopped, died, pending) -> tuple[dict[int, PlanRow], dict[int, Cut]]:
+    """The cut rows (a certified noise) and cut entries (none) of the candidates stopped or never
+    started (:func:`run_until`)."""
     partial: dict[int, PlanRow] = {}
     cut: dict[int, Cut] = {}
     for i in list(stopped) + pending:
@@ -203,7 +265,7 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold: float, deadli
                           "plan, computes it)")
             cut[i] = Cut(cand.label, cand.strategy_name, cand.sampling_name, cand.method, len(evals[i]), seconds,
                          reason, by_budget=i not in died)
-    return finished, partial, cut
+    return partial, cut
 
 
 def cut_row(cand: Candidate, run: TrainingRun, sigma: float, epsilon: float, evaluations: int,

@@ -211,6 +211,8 @@ class Candidate:
         """The row's sampler: the scheme's name, with the balls-in-bins variant spelled out
         (``balls-in-bins-fresh``, ``balls-in-bins-2-of-46-fresh``) so that rows stay distinct."""
         s = self.scheme
+        if isinstance(s, MinSepSampling):  # (min-sep in the name: two rows may differ only there)
+            return f"{s.name}-{s.min_sep}"
         if not isinstance(s, BallsInBinsSampling) or s.reused_single_slot:
             return s.name
         name = s.name + (f"-{s.num_selected}-of-{s.steps_per_epoch}" if s.num_selected > 1 else "")
@@ -312,6 +314,7 @@ def candidates(run: TrainingRun) -> list[Candidate]:
                     wave=1,
                 )
             )
+    out += _min_sep_candidates(run, banded)
     out.append(Candidate("DP-SGD, balls-in-bins", identity, balls, _dpsgd_allocation_method(), wave=1))
     if k > 1:  # fresh slots: the epochs compose (reused slots cost like one epoch at sigma / sqrt(k))
         out.append(Candidate("DP-SGD, balls-in-bins, fresh slots each epoch", identity,
@@ -350,6 +353,31 @@ def candidates(run: TrainingRun) -> list[Candidate]:
                 wave=2,
             )
         )
+    return out
+
+
+def min_sep_values(run: TrainingRun, bands: int) -> list[int]:
+    """The min-sep values the plan tries for BandMF with ``bands`` bands under b-min-sep sampling:
+    ``bands`` itself (the paper's choice, min-sep = bands) and ``2 * bands`` where it fits (a larger
+    separation, fewer participations), each only while ``min_sep * q < 1`` (else no example is ever
+    available) and below the steps per epoch."""
+    q, spe = run.sampling_prob, run.steps_per_epoch
+    return [m for m in (bands, 2 * bands) if 1 < m < spe and m * q < 1]
+
+
+def _min_sep_candidates(run: TrainingRun, banded) -> list[Candidate]:
+    """BandMF under b-min-sep sampling (seed 001's scheme), one candidate per band count of the sweep
+    and min-sep of :func:`min_sep_values`, with the same expected batch size (participation rate
+    ``q``, warm start). Their only proved accountant that finishes in seconds is the unamplified
+    min-sep sensitivity bound (``ceil(n / min_sep)`` participations, no credit for the sampling);
+    Algorithm 5 (certified Monte Carlo) is the tighter one and its cost is in the row's note
+    (:func:`dpmf.planning.evaluate.min_sep_note`). Closed forms: wave 0."""
+    out = []
+    for b in band_sweep(run):
+        for m in min_sep_values(run, b):
+            scheme = MinSepSampling.from_participation_rate(run.sampling_prob, run.steps, m, warm_start=True)
+            out.append(Candidate(f"banded Toeplitz ({b} bands), b-min-sep (min-sep {m}), unamplified bound",
+                                 banded(b), scheme, "unamplified"))
     return out
 
 

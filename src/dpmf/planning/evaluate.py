@@ -29,6 +29,7 @@ import time
 
 from dpmf.planning.candidates import REL_TOL, Candidate, TrainingRun, optimal_strategy
 from dpmf.planning.rows import PlanRow, dense_arrays
+from dpmf.sampling.schemes import MinSepSampling
 
 
 def fixed_order_rmse_bound(n: int, epochs: int) -> float:
@@ -79,6 +80,28 @@ def make_row(cand: Candidate, run: TrainingRun, *, method, sigma, epsilon, certi
         epsilon_by_direction={} if report is None else {k: float(v) for k, v in report.epsilon_by_direction.items()},
         run=run.describe(),
         matrices=() if built is None else dense_arrays(built),
+    )
+
+
+def min_sep_note(cand: Candidate, run: TrainingRun) -> str:
+    """The note of a b-min-sep row certified by the unamplified min-sep sensitivity bound: what it
+    credits (nothing of the sampling) and what certifying the tighter Monte Carlo bound would cost
+    (Algorithm 5 at this delta: the samples of one verification, from
+    :func:`dpmf.accounting.montecarlo.certify.minimum_samples`, and the CPU time of a calibration,
+    from :func:`dpmf.accounting.cost.accounting_cost`; both rough estimates)."""
+    from dpmf.accounting.cost import accounting_cost
+    from dpmf.accounting.montecarlo.certify import minimum_samples
+    from dpmf.resources import format_seconds
+
+    s = cand.scheme
+    samples = minimum_samples(run.delta)
+    cpu = accounting_cost(cand.strategy, s, method="montecarlo", calibrate=True, delta=run.delta).seconds
+    return (
+        f"certified by the min-sep sensitivity bound ({s.max_participations} participations at least {s.min_sep} "
+        "steps apart; no credit for the sampling's randomness, the only proved b-min-sep bound that finishes in "
+        f"seconds). Certifying the tighter Monte Carlo bound (Algorithm 5: dpmf montecarlo calibrate) would take "
+        f"about {samples:,} samples per direction per verification and ~{format_seconds(cpu)} of CPU (an estimate; "
+        "divide by the workers, Dask cluster or GPU it runs on)"
     )
 
 
@@ -154,6 +177,8 @@ def evaluate(cand: Candidate, run: TrainingRun, threshold: float = math.inf, *, 
                 rmse=exc.limit * per_sigma, start=start, pruned=True,
                 note=f"epsilon {'>= ' if exc.lower_bound else ''}{exc.epsilon:.4g} > {run.epsilon:g} already at sigma {exc.limit:.4g}",
             )
+    if cal.report.method == "unamplified" and isinstance(cand.scheme, MinSepSampling):
+        note = min_sep_note(cand, run)
     return make_row(
         cand, run, method=cal.report.method, sigma=cal.noise_multiplier, epsilon=cal.report.epsilon,
         certified=cal.report.certified, rmse=cal.noise_multiplier * per_sigma, start=start, note=note,
