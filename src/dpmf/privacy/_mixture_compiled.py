@@ -28,7 +28,9 @@ likelihood ratio times the Gaussian density), so the mass between thresholds is
 ``tau = width (max|u| + s_max + 1) / 2 <= TAU_MAX``. Error: ``g = phi e^L`` is analytic with
 ``|g(z)| <= e^2 g(x)`` on the disk of radius ``r = 1 / (|x| + s_max + 1)`` (``L' <= s_max``), so
 Cauchy's estimate bounds ``|g^(8)| <= 8! e^2 g / r^8`` and the rule's error is at most
-``0.043 tau^8 (1 + 2 tau)`` relative: ``< 3e-14`` at ``TAU_MAX = 0.03``; each mass is then raised
+``0.043 tau^8 (1 + 2 tau)`` relative: ``< 3e-14`` at ``TAU_MAX = 0.03``; an interval with
+``tau <= TAU_GL2 = 4e-4`` (most of them on fine loss grids) takes the 2-point rule, whose bound by
+the same argument is ``0.66 tau^4 (1 + 2 tau) < 2e-14`` (half the nodes); each mass is then raised
 by ``GL_SLACK = 1e-13`` relative (pessimistic). An interval that would need more than
 ``MAX_PARTS`` sub-intervals (far in a tail, or at a huge noise) is summed exactly instead, per
 component from the smaller normal tails (:func:`exact_masses`; no cancellation on a wide interval). Previously each mass was a difference of normal
@@ -49,6 +51,8 @@ BLOCK = 256
 SPAN = 100.0
 #: Largest ``tau`` of a Gauss-Legendre sub-interval (relative error ``< 3e-14``, module docstring).
 TAU_MAX = 0.03
+#: Largest ``tau`` integrated by the 2-point rule (relative error ``<= 0.66 tau^4 (1 + 2 tau) < 2e-14``).
+TAU_GL2 = 4e-4
 #: Relative amount every interval mass is raised by (covers the rule's error bound).
 GL_SLACK = 1e-13
 #: Most sub-intervals of one interval; a wider one (a wide interval far in a tail, or every interval
@@ -57,6 +61,7 @@ MAX_PARTS = 64
 
 _GL_NODES = np.array([-0.8611363115940526, -0.3399810435848563, 0.3399810435848563, 0.8611363115940526])
 _GL_WEIGHTS = np.array([0.3478548451374538, 0.6521451548625461, 0.6521451548625461, 0.3478548451374538])
+_GL2_NODES = np.array([-1.0 / math.sqrt(3.0), 1.0 / math.sqrt(3.0)])  # (weights 1)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
@@ -143,31 +148,53 @@ def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma:
 
 
 @nb.njit(cache=True, nogil=True)
-def _parts(a, b, smax):  # pragma: no cover - compiled
-    tau = 0.5 * (b - a) * (max(abs(a), abs(b)) + smax + 1.0)
-    return max(1.0, math.ceil(tau / TAU_MAX))
+def _tau(a, b, smax):  # pragma: no cover - compiled
+    return 0.5 * (b - a) * (max(abs(a), abs(b)) + smax + 1.0)
 
 
 @nb.njit(cache=True, nogil=True)
 def quadrature_parts(u, smax):  # pragma: no cover - compiled
-    """Sub-intervals of every ``[u_j, u_{j+1}]`` (module docstring); 0 where more than ``MAX_PARTS``
-    would be needed (a wide interval far in a tail: its mass is summed exactly instead,
-    :func:`exact_masses`)."""
+    """How every ``[u_j, u_{j+1}]`` is integrated (module docstring): ``-1`` one 2-point rule
+    (``tau <= TAU_GL2``), ``k > 0`` ``k`` sub-intervals of the 4-point rule (``tau / k <= TAU_MAX``),
+    0 where more than ``MAX_PARTS`` would be needed (a wide interval far in a tail: its mass is
+    summed exactly instead, :func:`exact_masses`)."""
     parts = np.zeros(u.size - 1, dtype=np.int64)
     for j in range(u.size - 1):
-        k = _parts(u[j], u[j + 1], smax)
+        tau = _tau(u[j], u[j + 1], smax)
+        if tau <= TAU_GL2:
+            parts[j] = -1
+            continue
+        k = max(1.0, math.ceil(tau / TAU_MAX))
         parts[j] = int(k) if k <= MAX_PARTS else 0
     return parts
 
 
 @nb.njit(cache=True, nogil=True)
+def quadrature_size(parts):  # pragma: no cover - compiled
+    """Nodes :func:`quadrature_nodes` places for ``parts``."""
+    total = 0
+    for m in parts:
+        total += 2 if m < 0 else 4 * m
+    return total
+
+
+@nb.njit(cache=True, nogil=True)
 def quadrature_nodes(u, parts, nodes, weights, owner):  # pragma: no cover - compiled
-    """Fill ``nodes`` / ``weights`` (Gauss-Legendre, 4 per sub-interval) and ``owner`` (the interval
-    of each node) for the intervals with ``parts > 0``; ``4 sum(parts)`` nodes."""
+    """Fill ``nodes`` / ``weights`` (Gauss-Legendre: 2 nodes for ``parts == -1``, 4 per
+    sub-interval for ``parts > 0``) and ``owner`` (the interval of each node)."""
     k = 0
     for j in range(u.size - 1):
         m = parts[j]
         if m == 0:
+            continue
+        if m < 0:
+            half = 0.5 * (u[j + 1] - u[j])
+            mid = u[j] + half
+            for r in range(2):
+                nodes[k] = mid + half * _GL2_NODES[r]
+                weights[k] = half
+                owner[k] = j
+                k += 1
             continue
         width = (u[j + 1] - u[j]) / m
         half = 0.5 * width

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numba as nb
+import numpy as np
 
 
 @nb.njit(cache=True, nogil=True)
@@ -39,3 +40,31 @@ def epsilon_for_delta(upper_loss, step, probs, infinity_mass, delta):  # pragma:
     if mass_upper <= mass_lower + delta:
         return 0.0
     return math.log((mass_upper - delta) / mass_lower)
+
+
+@nb.njit(cache=True, nogil=True)
+def log_mgfs(probs, orders):  # pragma: no cover - compiled
+    """``log sum_i p_i e^{i j / n}`` for ``j = 1..orders`` (first half) and ``j = -1..-orders``
+    (second half), ``n = len(probs)``, in one pass: per point the powers of ``e^{(i - (n - 1)) / n}``
+    and ``e^{-i / n}`` (both <= 1: scaled by the largest term, so nothing overflows), summed in index
+    order; the ``(n - 1) j / n`` scale is added back to the positive side. Rounding: ``j`` roundings
+    per power and ``n`` per running sum of non-negative terms; the caller raises each value by them."""
+    n = probs.size
+    up = np.zeros(orders)
+    down = np.zeros(orders)
+    for i in range(n):
+        p = probs[i]
+        bu = math.exp((i - (n - 1)) / n)
+        bd = math.exp(-i / n)
+        pu = 1.0
+        pd = 1.0
+        for j in range(orders):
+            pu *= bu
+            pd *= bd
+            up[j] += p * pu
+            down[j] += p * pd
+    out = np.empty(2 * orders)
+    for j in range(orders):
+        out[j] = (j + 1) * (n - 1) / n + math.log(up[j]) if up[j] > 0 else -math.inf
+        out[orders + j] = math.log(down[j]) if down[j] > 0 else -math.inf
+    return out

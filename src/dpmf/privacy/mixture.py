@@ -475,14 +475,15 @@ def _quadrature_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray, evaluate) ->
     """Masses of the mixture ``sum_i p_i N(s_i, 1)`` in each ``[u_j, u_{j+1}]`` (``u`` increasing):
     ``int phi e^L`` by Gauss-Legendre on sub-intervals, or exactly per component for an interval too
     wide for them; each raised by the rule's error bound (:mod:`._mixture_compiled`)."""
-    from dpmf.privacy._mixture_compiled import accumulate_masses, exact_masses, quadrature_nodes, quadrature_parts
+    from dpmf.privacy._mixture_compiled import (accumulate_masses, exact_masses, quadrature_nodes, quadrature_parts,
+                                                quadrature_size)
 
     u = np.ascontiguousarray(u, dtype=np.float64)
     out = np.zeros(max(0, u.size - 1))
     if u.size < 2:
         return out
     parts = quadrature_parts(u, float(s[-1]))
-    size = 4 * int(parts.sum())
+    size = int(quadrature_size(parts))
     nodes, weights, owner = np.empty(size), np.empty(size), np.empty(size, dtype=np.int64)
     quadrature_nodes(u, parts, nodes, weights, owner)
     exact_masses(u, parts, np.ascontiguousarray(s, dtype=np.float64), np.ascontiguousarray(p, dtype=np.float64), out)
