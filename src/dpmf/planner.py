@@ -387,19 +387,24 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tal
 
 
 def win_order(cand: Candidate) -> tuple:
-    """How likely a costly candidate is to be the best row, most likely first (the order a budgeted
-    plan starts them in). From the thorough plans measured (benchmarks/README.md, "dpmf plan"): BandMF
-    under balls-in-bins with fresh slots each epoch ranked first whenever it was a candidate; the
-    reused slot next; MMCC under Poisson sampling (looser than generalized MMCC under cyclic Poisson,
-    which is a quick candidate) was pruned by its first evaluation, the fewest bands first being the
-    cheapest to decide; the tree, the optimal factorization and Monte Carlo estimates last."""
+    """The order a budgeted plan starts its costly candidates in: those its first evaluation usually
+    decides first, then the most likely to win. From the thorough plans measured (benchmarks/README.md,
+    "dpmf plan"): MMCC under Poisson sampling (looser than generalized MMCC under cyclic Poisson, a
+    quick candidate) was pruned by its first evaluation, which the compiled MMCC rows (issue 50) made
+    0.2-2 CPU-s -- the fewest bands first; BandMF under balls-in-bins with fresh slots each epoch
+    ranked first whenever it was a candidate, the reused slot next; then the tree under MMCC (its
+    first evaluation at 500 steps outlasted a 25 s budget at load 7); the optimal factorization and
+    Monte Carlo estimates last. (Starting with balls-in-bins, whose first evaluation took 21-41
+    CPU-s in a fresh process, left every MMCC candidate queued behind it unranked at load 6-8.)"""
     from dpmf.sampling.schemes import BallsInBinsSampling
 
     s = cand.scheme
+    if cand.method == "mmcc" and cand.spec.kind != "tree":
+        return (0, cand.spec.bands or 0)
     if isinstance(s, BallsInBinsSampling):
-        return (0 if s.fresh_slots else 1, 0)
-    if cand.method == "mmcc":
-        return (2 if cand.spec.kind != "tree" else 3, cand.spec.bands or 0)
+        return (1 if s.fresh_slots else 2, 0)
+    if cand.method == "mmcc":  # the tree: its first MMCC evaluation is the costliest of the rows
+        return (3, 0)
     return (4 if cand.spec.kind == "optimal" else 5, 0)
 
 
