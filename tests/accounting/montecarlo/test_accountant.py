@@ -191,11 +191,12 @@ def test_bminsep_estimates_for_a_fixed_seed_are_unchanged_by_the_speed_up(warm, 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_default_pilot_and_ladder_release_a_private_noise_near_the_exact_one(seed):
-    """The defaults (pilot with s // 4 samples on a common stream, candidates up to ratio**3 above
-    it): the release is truly (eps, delta)-DP (the certified claim; false with probability <= q)
-    and, when not the fallback, within the pilot's error of the exact noise at delta': s // 4 =
-    1447 samples see ~7 events at delta' (delta~ relative sd ~38%, i.e. ~5.6% in sigma at elasticity
-    -6.8; 3 sd ~17%), plus the ladder's top step of 3%."""
+    """The defaults at few samples (s = 5788 < PRECISE_PILOT_SAMPLES: a pilot of s samples on a common
+    stream, candidates up to ratio**9 above it): the release is truly (eps, delta)-DP (the certified
+    claim; false with probability <= q) and, when not the fallback, within the pilot's error of the
+    exact noise at delta': s = 5788 samples see ~29 events at delta' (delta~ relative sd ~19%, i.e.
+    ~2.8% in sigma at elasticity -6.8; 3 sd ~8.4%), times the ladder's top step of 1.01**9. (A pilot of
+    s // 4 with a ladder 3% high released the fallback on the tutorial's pair.)"""
     from scipy.optimize import brentq
 
     eps, delta = 1.0, 1e-2
@@ -207,7 +208,7 @@ def test_default_pilot_and_ladder_release_a_private_noise_near_the_exact_one(see
     d = cal.report.diagnostics
     assert gaussian_delta(eps, cal.noise_multiplier) <= delta
     assert d["pilot_samples_used"] > 0 and d["samples_drawn"] >= d["pilot_samples_used"] + 2 * minimum_samples(delta)
-    assert max(cal.candidates) == pytest.approx(d["pilot_noise_multiplier"] * 1.01**3)
+    assert max(cal.candidates) == pytest.approx(d["pilot_noise_multiplier"] * 1.01**9)
     assert len(cal.candidates) == 12
     if not cal.fallback:
-        assert cal.noise_multiplier <= exact_at_base * (1.17 + 0.0304)
+        assert cal.noise_multiplier <= exact_at_base * 1.084 * 1.01**9

@@ -277,6 +277,11 @@ PILOT_BISECTIONS = 8
 #: of sigma, is well inside). Every candidate above the released one is verified (``2 s`` samples
 #: each), so the ladder's height above the pilot is the verification's cost.
 CANDIDATES_ABOVE_PILOT = 4
+#: Below this many samples per direction the pilot runs with all of them and the ladder reaches
+#: ``ratio**(num_candidates - 3)`` above it (the 2026-11 ladder: 9.4% at the defaults): with few
+#: samples (large delta) the pilot's own error is several percent, and a ladder 3% high released the
+#: fallback (docs/tutorials/montecarlo.md: 3.87 where 1.39 verifies). Such runs are cheap either way.
+PRECISE_PILOT_SAMPLES = 10**6
 
 
 def pilot_noise(
@@ -386,9 +391,10 @@ def calibrate_montecarlo(
     pilot estimate, ``pilot * ratio**j`` for ``j = a - num_candidates .. a - 1`` with ``a =``
     :data:`CANDIDATES_ABOVE_PILOT` (= 4, the top one ``ratio**3`` above the pilot: every verification
     costs ``2 s`` samples, and all those above the released one are verified; before 2026-12-02 the
-    ladder reached ``ratio**9`` above, about 10 verifications where 4-6 are made now),
-    kept below the fallback (:func:`pilot_noise` with ``pilot_samples`` per evaluation, default
-    ``s // 4``; the pilot
+    ladder reached ``ratio**9`` above, about 10 verifications where 4-6 are made now; below
+    :data:`PRECISE_PILOT_SAMPLES` samples it still does, with a pilot of ``s`` samples, since a pilot
+    that imprecise can miss a 3% ladder), kept below the fallback (:func:`pilot_noise` with
+    ``pilot_samples`` per evaluation, default ``s // 4``, or ``s`` below that size; the pilot
     uses its own random stream, independent of every
     verification, so choosing candidates with it does not affect Thm. A.1). Each candidate uses independent randomness (spawn key = its index). ``callback(done,
     total)`` reports the samples of the candidate being verified (progress is also shown as
@@ -420,7 +426,9 @@ def calibrate_montecarlo(
         r = _v.positive("ratio", ratio)
         if r <= 1:
             raise InvalidParameterError(f"ratio must be > 1, got {ratio!r}")
-        n_pilot = max(1, s // 4) if pilot_samples is None else _v.positive_int("pilot_samples", pilot_samples)
+        cheap = s < PRECISE_PILOT_SAMPLES  # (the pilot's error can exceed the short ladder: the long one)
+        n_pilot = (s if cheap else max(1, s // 4)) if pilot_samples is None else _v.positive_int(
+            "pilot_samples", pilot_samples)
         with progress.task("Algorithm 5: pilot estimate (places the candidates)", unit="samples") as bar:
             def pilot_progress(done: int, total: int) -> None:
                 bar.update(completed=done, total=total)
@@ -428,7 +436,7 @@ def calibrate_montecarlo(
             pilot = pilot_noise(strategy, scheme, eps, dp, sigma_fb, num_samples=n_pilot, seed=entropy,
                                 callback=pilot_progress, **job)
             pilot_samples_used = int(bar.completed)
-        above = min(CANDIDATES_ABOVE_PILOT, k)
+        above = min(CANDIDATES_ABOVE_PILOT if not cheap else k - 2, k)
         cands = tuple(c for c in (pilot * r**j for j in range(above - k, above)) if c < sigma_fb)
     else:
         cands = tuple(float(c) for c in candidates)
