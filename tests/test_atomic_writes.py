@@ -345,8 +345,6 @@ def test_a_plot_is_replaced_atomically(tmp_path, monkeypatch):
 _BY_HAND = {
     "accounting/montecarlo/run.py": "its checkpoint is atomic by hand (tempfile + os.replace); owned elsewhere",
     "planning/cache.py": "plan cache entries: atomic by hand (tmp + os.replace); planning is owned elsewhere",
-    "planning/rows.py": "export_row is atomic by hand; save_row_matrices still writes in place (open: planning)",
-    "planner.py": "the plan plot still calls savefig on the path (open: planning)",
 }
 _WRITES = re.compile(
     r"np\.savez|savez_compressed|\.write_text\(|\.write_bytes\(|os\.replace\(|\.savefig\(|mkstemp\("

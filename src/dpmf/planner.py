@@ -488,14 +488,7 @@ def plan_figure(run: TrainingRun, rows: list[PlanRow]):
 def plot_plan(run: TrainingRun, rows: list[PlanRow], path: str) -> None:
     """Save a PNG: each configuration's noise-induced RMSE, best first, at the target epsilon
     (``path``'s folder must exist; checked before drawing)."""
-    import matplotlib.pyplot as plt
-
-    from dpmf.files import check_output_file, writing
+    from dpmf.files import check_output_file, save_figure
 
     check_output_file(path, "path", plot=True)
-    fig = plan_figure(run, rows)
-    try:
-        with writing(path, "plot"):
-            fig.savefig(path, dpi=120, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    save_figure(plan_figure(run, rows), path)

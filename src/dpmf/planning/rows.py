@@ -237,14 +237,13 @@ def save_row_matrices(row: PlanRow, folder) -> list[Path]:
     """Write ``row.matrices`` to ``folder/<sha256>.npz`` (key ``matrix``); the paths written."""
     import numpy as np
 
-    from dpmf.files import writing
+    from dpmf.files import write_npz
     from dpmf.strategies.matrix_identity import matrix_sha256
 
     out = []
     for arr in row.matrices:
         path = Path(folder) / f"{matrix_sha256(arr)}.npz"
-        with writing(path, "matrix archive"), open(path, "wb") as fh:
-            np.savez_compressed(fh, matrix=np.ascontiguousarray(arr, dtype=np.float64))
+        write_npz(path, {"matrix": np.ascontiguousarray(arr, dtype=np.float64)}, "matrix archive")
         out.append(path)
     return out
 
@@ -346,7 +345,7 @@ def export_row(row: PlanRow, path, *, rank: int | None = None) -> list[Path]:
     """Write ``row`` to ``path`` as JSON (``{"format", "format_version", "rank", "row"}``), and the
     dense matrices its strategy names by hash next to it (``<sha256>.npz``). Returns the paths
     written. ``path``'s folder must exist (checked before writing)."""
-    from dpmf.files import check_output_file, writing
+    from dpmf.files import atomic_write, check_output_file
 
     if not isinstance(row, PlanRow):
         raise InvalidParameterError(f"row must be a PlanRow, got {type(row).__name__}")
@@ -359,10 +358,8 @@ def export_row(row: PlanRow, path, *, rank: int | None = None) -> list[Path]:
     path = check_output_file(path, "path")
     payload = {"format": FORMAT, "format_version": FORMAT_VERSION, "rank": rank, "row": row.to_dict()}
     written = save_row_matrices(row, path.parent)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path, "plan row"):
-        tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(path)
+    with atomic_write(path, "plan row") as fh:
+        fh.write((json.dumps(payload, indent=1) + "\n").encode("utf-8"))
     return [path, *written]
 
 
