@@ -40,6 +40,96 @@ def test_a_spec_built_by_the_old_name_is_the_new_one():
     assert isinstance(old, run_spec.RunSpec)
     # the checkpoint keys hold this description: the same before and after the rename
     assert old.describe() == new.describe() and old.fingerprint() == new.fingerprint()
-    # and what a checkpoint written before the rename stores (main at 585a4c0, ExecutionPlan): an old
-    # checkpoint's "plan" / "plan_fingerprint" still match a spec of the same run
-    assert new.fingerprint() == "b2db9e7706a4fd01"
+    # the fingerprint of the run's inputs only (issue 51 item 5): the same on every machine and numpy.
+    # (It pinned "b2db9e7706a4fd01" before, a hash that held the accountant's epsilon to the last digit
+    # and so differed on other machines; checkpoints that store such a hash still resume:
+    # test_checkpoint_written_before_issue_51_resumes in torch/ and jax/.)
+    assert new.fingerprint() == "04b44f00f01aa4f0"
+
+
+# ----------------------------------------------------------------------- issue 51 item 5: the identity
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from dpmf.errors import InvalidParameterError  # noqa: E402
+
+ARGS = (Identity(10), PoissonSampling(0.1, 10))
+KW = dict(num_examples=100, noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return run_spec.build_run_spec(*ARGS, **KW)
+
+
+def _with_epsilon(spec, epsilon, method=None):
+    """The same run whose accountant (another numpy, machine or dpmf) answered ``epsilon``."""
+    report = dataclasses.replace(spec.report, epsilon=epsilon, method=method or spec.report.method)
+    return dataclasses.replace(spec, report=report)
+
+
+def test_the_fingerprint_is_the_hash_of_the_inputs_written_canonically(spec):
+    text = ('{"delta":1e-05,"max_grad_norm":1.0,"noise_multiplier":1.0,"normalizer":10.0,"num_examples":100,'
+            '"scheme":{"name":"poisson","sampling_prob":0.1,"steps":10},"strategy":{"n":10,"name":"identity"}}')
+    assert spec.fingerprint() == hashlib.sha256(text.encode()).hexdigest()[:16] == "04b44f00f01aa4f0"
+    # numpy scalars where Python numbers were (another numpy, a value computed in numpy) change nothing
+    desc = {**spec.describe(), "noise_multiplier": np.float64(1.0), "num_examples": np.int64(100),
+            "normalizer": np.float32(10.0)}
+    assert run_spec.description_fingerprint(desc) == spec.fingerprint()
+
+
+def test_the_accountants_last_digits_method_and_plan_row_are_not_the_identity(spec):
+    eps = spec.epsilon
+    for other in (_with_epsilon(spec, eps * (1 + 1e-10)), _with_epsilon(spec, eps * (1 - 1e-10)),
+                  _with_epsilon(spec, eps, method="allocation_pld"),
+                  dataclasses.replace(spec, plan_row={"epsilon": 1.2345678901234})):
+        assert other.fingerprint() == spec.fingerprint()
+        other.check_checkpoint(spec.checkpoint_entries())  # a checkpoint moves across these
+        spec.check_checkpoint(other.checkpoint_entries())
+    changed = run_spec.build_run_spec(*ARGS, **{**KW, "noise_multiplier": 1.1})
+    assert changed.fingerprint() != spec.fingerprint()
+    with pytest.raises(InvalidParameterError, match="another training plan .noise_multiplier: 1.1 in the checkpoint, 1.0 here"):
+        spec.check_checkpoint(changed.checkpoint_entries())
+
+
+def _legacy(entries: dict) -> dict:
+    """The same entries as a checkpoint written before issue 51 stores them."""
+    return {**entries, "plan_fingerprint": run_spec.legacy_description_fingerprint(entries["plan"])}
+
+
+def test_a_checkpoint_of_the_old_format_with_other_last_digits_resumes(spec):
+    moved = _with_epsilon(spec, spec.epsilon * (1 + 3e-11))  # the machine it was written on
+    old = _legacy(moved.checkpoint_entries())
+    assert old["plan_fingerprint"] != spec.fingerprint()
+    spec.check_checkpoint(old)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_claim_that_no_longer_holds_is_refused_a_weaker_one_resumes(spec, legacy):
+    fmt = _legacy if legacy else dict
+    low = fmt(_with_epsilon(spec, spec.epsilon * 0.99).checkpoint_entries())
+    with pytest.raises(InvalidParameterError, match=r"the checkpoint claims epsilon .* \(pld\) for this run, but the "
+                                                    r"accountant gives .*: the claim no longer holds"):
+        spec.check_checkpoint(low)
+    spec.check_checkpoint(fmt(_with_epsilon(spec, spec.epsilon * 1.5).checkpoint_entries()))
+
+
+@pytest.mark.parametrize("value", [None, "2.8", float("nan"), -1.0, True])
+def test_a_checkpoint_without_a_valid_claim_is_refused(spec, value):
+    entries = spec.checkpoint_entries()
+    entries["plan"]["epsilon"] = value
+    with pytest.raises(InvalidParameterError, match="no valid epsilon claim"):
+        spec.check_checkpoint(entries)
+
+
+def test_a_claim_of_another_accountant_is_rechecked_by_that_accountant(spec):
+    """A run resumed with a looser accountant than the one that wrote the checkpoint: the
+    checkpoint's accountant is evaluated once at the run's noise and delta, and confirms it."""
+    loose = run_spec.build_run_spec(*ARGS, **KW, accountant="unamplified")
+    assert loose.fingerprint() == spec.fingerprint() and loose.epsilon > 2 * spec.epsilon
+    loose.check_checkpoint(spec.checkpoint_entries())
+    wrong = _with_epsilon(spec, spec.epsilon * 0.9).checkpoint_entries()
+    with pytest.raises(InvalidParameterError, match="unamplified.*its own accountant pld gives .*no longer holds"):
+        loose.check_checkpoint(wrong)

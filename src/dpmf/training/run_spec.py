@@ -55,7 +55,8 @@ from dpmf.sampling.schemes import (
 )
 
 __all__ = ["RunSpec", "build_run_spec", "run_spec_from_row", "as_plan_row", "training_summary", "expected_batch_size",
-           "StepOutOfPlanError", "description_fingerprint", "resolve_run_spec"]
+           "StepOutOfPlanError", "description_fingerprint", "legacy_description_fingerprint", "IDENTITY_KEYS",
+           "resolve_run_spec"]
 
 
 class StepOutOfPlanError(UnsupportedConfigurationError):
@@ -95,10 +96,51 @@ def expected_batch_size(scheme, num_examples: int) -> float:
     raise InvalidParameterError(f"scheme must be a dpmf sampling scheme, got {type(scheme).__name__}")
 
 
+#: The keys of :meth:`RunSpec.describe` that are the run's *inputs* (what the user chose, or what
+#: follows from it by exact arithmetic: the normalizer from the dataset size), hence a checkpoint's
+#: identity (:func:`description_fingerprint`). Not in it: the accountant's ``epsilon`` and ``method``
+#: (derived; they differ in the last digits between numpy versions and machines, and ``auto`` may
+#: pick another method after an upgrade: a checkpoint's claim is re-checked instead,
+#: :meth:`RunSpec.check_checkpoint`) and the ``dpmf plan`` row's own numbers (its strategy, scheme
+#: and noise are already here). The seed lives in the framework's noise and sampler states.
+IDENTITY_KEYS = ("strategy", "scheme", "noise_multiplier", "max_grad_norm", "normalizer", "num_examples", "delta")
+
+
+def _canonical(value):
+    """``value`` with every number as a Python ``int`` / ``float`` (numpy scalars included) and
+    tuples as lists, so its JSON (floats by ``repr``: the shortest digits that round-trip) is the
+    same on every machine, numpy and Python."""
+    import numbers
+
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
 def description_fingerprint(description: dict) -> str:
-    """The short hash :meth:`RunSpec.fingerprint` gives a :meth:`RunSpec.describe` dict
-    (16 hex digits of the SHA-256 of its sorted JSON): a checkpoint stores both, and loading
-    recomputes this one to catch a description edited after saving."""
+    """The short hash :meth:`RunSpec.fingerprint` gives a :meth:`RunSpec.describe` dict: 16 hex digits
+    of the SHA-256 of the sorted, canonical JSON (:func:`_canonical`) of its *inputs* only
+    (:data:`IDENTITY_KEYS`; a missing key counts as ``null``), so the same run has the same
+    fingerprint on every machine and numpy. A checkpoint stores both; loading recomputes this one to
+    catch a description edited after saving (:meth:`RunSpec.check_checkpoint`)."""
+    identity = {k: _canonical(description.get(k)) for k in IDENTITY_KEYS}
+    text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def legacy_description_fingerprint(description: dict) -> str:
+    """The fingerprint checkpoints stored before issue 51 (dpmf main up to 5518073): the hash of the
+    *whole* description, the accountant's epsilon to the last digit included. Loading still accepts
+    it (recomputed from the stored description, which it protects against edits), then compares the
+    inputs as for a new checkpoint."""
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -132,7 +174,8 @@ class RunSpec:
         return self.noise_multiplier * self.max_grad_norm
 
     def describe(self) -> dict:
-        """JSON-ready description; with :attr:`report` it is what a checkpoint must match."""
+        """JSON-ready description: the run's inputs (:data:`IDENTITY_KEYS`, what a checkpoint must
+        match) and the report's claim (``epsilon``, ``method``: re-checked on resume, not matched)."""
         return {
             "strategy": self.strategy.describe(),
             "scheme": self.scheme.describe(),
@@ -147,7 +190,8 @@ class RunSpec:
         }
 
     def fingerprint(self) -> str:
-        """A short hash of :meth:`describe` (checkpoints compare it)."""
+        """A short hash of the run's inputs in :meth:`describe` (:func:`description_fingerprint`;
+        checkpoints compare it): the same on every machine and numpy, whatever the accountant's last digits."""
         return description_fingerprint(self.describe())
 
     def training_report(self, steps_done: int, **fields):
@@ -195,21 +239,61 @@ class RunSpec:
 
     def check_checkpoint(self, state: dict) -> None:
         """Refuse a checkpoint ``state`` whose plan description no longer hashes to its stored
-        ``plan_fingerprint`` (edited or damaged after saving) or that belongs to another plan (the
-        differences named). Every framework's ``load_state_dict`` runs this first."""
+        ``plan_fingerprint`` (edited or damaged after saving), that belongs to another run (its inputs,
+        :data:`IDENTITY_KEYS`, differ: the differences named) or whose epsilon claim no longer holds
+        (:meth:`_check_claim`). Every framework's ``load_state_dict`` runs this first. A checkpoint
+        written before issue 51 (its fingerprint hashes the whole description,
+        :func:`legacy_description_fingerprint`) is checked the same way."""
         there, stored = state.get("plan"), state.get("plan_fingerprint")
         recomputed = description_fingerprint(there) if isinstance(there, dict) else None
-        if recomputed is None or stored != recomputed:
+        if recomputed is None or stored not in (recomputed, legacy_description_fingerprint(there)):
             raise InvalidParameterError(
                 f"the checkpoint's plan description does not match its plan_fingerprint (stored {stored!r}, "
                 f"recomputed from the description {recomputed!r}): the description was edited or damaged after "
                 "saving, so the checkpoint cannot say which plan it belongs to; resume from an unedited checkpoint"
             )
-        if stored != self.fingerprint():
+        if recomputed != self.fingerprint():
             here = self.describe()
-            diff = sorted(k for k in set(here) | set(there) if here.get(k) != there.get(k))
+            diff = [k for k in IDENTITY_KEYS if _canonical(here.get(k)) != _canonical(there.get(k))]
             detail = "; ".join(f"{k}: {there.get(k)!r} in the checkpoint, {here.get(k)!r} here" for k in diff[:4])
             raise InvalidParameterError(f"the checkpoint belongs to another training plan ({detail or 'fingerprint differs'})")
+        self._check_claim(there)
+
+    def _check_claim(self, there: dict) -> None:
+        """The epsilon a checkpoint of this run claims must still hold: this spec's report (the
+        accountant evaluated on this machine, with this dpmf, when the spec was built) confirms it up
+        to :data:`~dpmf.accounting.verify.REL_SLACK` (floating-point noise between machines and
+        numpy versions is not a difference); failing that, the checkpoint's own accountant, where it
+        is another, is evaluated once at the run's noise and delta. A claim neither confirms is refused."""
+        from dpmf.accounting import account
+        from dpmf.accounting.verify import REL_SLACK
+        from dpmf.errors import DPMFError
+
+        claim, method = there.get("epsilon"), there.get("method")
+        if isinstance(claim, bool) or not isinstance(claim, (int, float)) or not claim >= 0:
+            raise InvalidParameterError(
+                f"the checkpoint's plan description has no valid epsilon claim (epsilon={claim!r}): it was edited or "
+                "damaged after saving; resume from an unedited checkpoint"
+            )
+        r = self.report
+        holds = lambda eps: eps <= claim + REL_SLACK * abs(claim)  # noqa: E731
+        if holds(r.epsilon):
+            return
+        again = None
+        if isinstance(method, str) and method != r.method:
+            try:
+                again = account(self.strategy, self.scheme, self.noise_multiplier, self.delta, method).epsilon
+            except DPMFError:
+                again = None
+            if again is not None and holds(again):
+                return
+        by_theirs = f"; its own accountant {method} gives {again!r}" if again is not None else ""
+        raise InvalidParameterError(
+            f"the checkpoint claims epsilon {claim!r} ({method}) for this run, but the accountant gives {r.epsilon!r} "
+            f"({r.method}) at noise multiplier {self.noise_multiplier!r} and delta {self.delta!r}{by_theirs}: the "
+            "claim no longer holds (the description was edited, or the dpmf that wrote it certified too little): the run, "
+            "and the models it saved, are covered only by the recomputed epsilon; report that one, or start a new run"
+        )
 
     def check_step(self, step: int) -> None:
         """Raise :class:`StepOutOfPlanError` unless ``0 <= step < steps``."""

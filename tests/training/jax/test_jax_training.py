@@ -205,3 +205,24 @@ def test_plan_is_reused_without_accounting(trained):
     with pytest.raises(InvalidParameterError, match="plan= fixes"):
         make_private(loss, _params(), M, optimizer=optax.sgd(0.1), plan=run.privacy.plan, seed=1,
                      strategy=Identity(8))
+
+
+def test_checkpoint_written_before_issue_51_resumes():
+    """A JAX checkpoint written by main at 5518073 (tests/training/data/make_old_checkpoints.py),
+    whose fingerprint hashes the accountant's epsilon of that machine: it resumes and runs on."""
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).parent.parent / "data"
+    sys.path.insert(0, str(data))
+    try:
+        from make_old_checkpoints import jax_data, jax_run
+    finally:
+        sys.path.remove(str(data))
+    run, params = jax_run()
+    p, s = run.privacy.load_checkpoint(data / "checkpoint_5518073_jax.npz", params, run.tx.init(params))
+    assert run.privacy.steps_done == run.privacy.noise_steps(s) == 3
+    x, y = jax_data()
+    for b in run.batches:
+        p, s = run.step(p, s, (x[b.indices], y[b.indices]), b.is_padding)
+    assert run.privacy.report(s).diagnostics["training"]["steps_done"] == 6

@@ -94,13 +94,52 @@ def test_an_older_checkpoint_of_the_same_run_is_accepted(saved):
 
 # ----------------------------------------------------------------------- (a) edited description
 @pytest.mark.parametrize("key,value", [
-    ("noise_multiplier", 2.0), ("delta", 1e-6), ("num_examples", M + 1), ("epsilon", 0.5), ("method", "pld"),
+    ("noise_multiplier", 2.0), ("delta", 1e-6), ("num_examples", M + 1),
     ("max_grad_norm", 1.0), ("normalizer", 1.0), ("strategy", {"name": "identity", "n": N}),
 ])
 def test_a_plan_description_edited_after_saving_is_refused(saved, key, value):
     state = _load(saved / "at4.pt")
     state["plan"][key] = value
     _refused(state, "plan description does not match its plan_fingerprint")
+
+
+def test_an_edited_claim_is_rechecked_not_hashed(saved):
+    """Issue 51 item 5: the fingerprint holds the run's inputs, not the accountant's epsilon; an
+    epsilon claim lowered after saving is refused by recomputation, a method label changed with
+    the claim still holding is only a label."""
+    state = _load(saved / "at4.pt")
+    state["plan"]["epsilon"] = 0.5
+    _refused(state, r"the checkpoint claims epsilon 0.5 \(unamplified\) for this run, but the accountant gives "
+                    r".*: the claim no longer holds")
+    state = _load(saved / "at4.pt")
+    state["plan"]["method"] = "pld"
+    fresh = _run()
+    fresh.privacy.load_state_dict(state)
+    assert fresh.privacy.steps_done == 4
+
+
+def test_checkpoint_written_before_issue_51_resumes():
+    """A checkpoint written by main at 5518073 (tests/training/data/make_old_checkpoints.py): its
+    fingerprint hashes the whole description, the accountant's epsilon of that machine included."""
+    import sys
+    from pathlib import Path
+
+    from dpmf.training.run_spec import legacy_description_fingerprint
+
+    data = Path(__file__).parent.parent / "data"
+    sys.path.insert(0, str(data))
+    try:
+        from make_old_checkpoints import torch_run
+    finally:
+        sys.path.remove(str(data))
+    state = _load(data / "checkpoint_5518073.pt")
+    assert state["plan_fingerprint"] == legacy_description_fingerprint(state["plan"]) == "4962d7fefb245d99"
+    run = torch_run()
+    assert run.privacy.plan.fingerprint() != state["plan_fingerprint"]
+    run.privacy.load_checkpoint(data / "checkpoint_5518073.pt")
+    assert run.privacy.steps_done == run.optimizer.noise.steps_done == 3
+    _train(run, 3)  # and it runs to the end of its plan
+    assert run.privacy.steps_done == 6
 
 
 def test_an_edited_fingerprint_or_a_description_that_is_not_a_dict_is_refused(saved):

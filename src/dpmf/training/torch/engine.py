@@ -163,8 +163,9 @@ class Privacy:
 
     def load_state_dict(self, state) -> None:
         """Restore a :meth:`state_dict`; refuses, before anything is loaded, one from another plan
-        (strategy, sampler, sigma, clip norm, dataset size, delta) naming what differs, one whose
-        plan description no longer matches its stored fingerprint, step counters that disagree or
+        (strategy, sampler, sigma, clip norm, normalizer, dataset size, delta) naming what differs, one
+        whose plan description no longer matches its stored fingerprint, one whose epsilon claim no
+        longer holds (:meth:`~dpmf.training.run_spec.RunSpec.check_checkpoint`), step counters that disagree or
         were changed after saving (the noise state's digest), and model weights of another
         architecture or with NaN/inf. What this does and does not protect against:
         :meth:`load_checkpoint`."""
