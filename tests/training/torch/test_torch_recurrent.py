@@ -19,10 +19,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dpmf.errors import DPMFError, UnsupportedConfigurationError  # noqa: E402
-from dpmf.training.torch.clipping import clip_factors  # noqa: E402
+from dpmf.training.torch.clipping import clip_factors, clip_margin  # noqa: E402
 from dpmf.training.torch.ghost import GhostClipper  # noqa: E402
 from dpmf.training.torch.grad_sample import PerExampleClipper  # noqa: E402
-from dpmf.training.torch.recurrent import recurrent_forward  # noqa: E402
+from dpmf.errors import InvalidParameterError  # noqa: E402
+from dpmf.training.torch.recurrent import recurrent_forward, time_first  # noqa: E402
 
 F = torch.nn.functional
 CELLS = {"RNN": torch.nn.RNN, "GRU": torch.nn.GRU, "LSTM": torch.nn.LSTM}
@@ -293,6 +294,7 @@ def test_non_finite_example_skipped_or_raised(batch_first):
 
 def test_non_finite_skip_refused_where_the_batch_dimension_is_ambiguous():
     model, inputs, y = make("GRU", B=4, T=4, batch_first=False)  # the layer's input is (T=4, B=4, d)
+    time_first(model.rnn)  # past the layout check: the rows to zero are still ambiguous
     x = inputs[0].clone()
     x[1, 0, 0] = float("nan")
     ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
@@ -332,3 +334,152 @@ def test_recurrent_layer_called_twice_in_one_forward(mode):
         ghost = GhostClipper(model, F.cross_entropy, 1.0)
         assert ghost.covered_layers()["rnn"] == "ghost"
         ghost.close()
+
+
+# ------------------------------------------------------------------ layouts shapes cannot tell (issue 51, item 6)
+class Untransposed(torch.nn.Module):
+    """Feeds its (B, T, d) batch to the layer as it is: right with batch_first=True; with
+    batch_first=False a user's mistake, which mixes examples inside the layer when T = B."""
+
+    def __init__(self, cell, batch_first):
+        super().__init__()
+        self.rnn = CELLS[cell](3, 4, batch_first=batch_first)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out.mean(1))  # the user reads (B, T, H) back either way
+
+
+def clip_once(mode, model, x, y, nonfinite="raise"):
+    if mode == "ghost":
+        clipper = GhostClipper(model, F.cross_entropy, 1.0, nonfinite=nonfinite)
+    else:
+        clipper = PerExampleClipper(model, F.cross_entropy, 1.0, nonfinite=nonfinite,
+                                    chunk_size=3 if mode == "functorch-chunked" else None)
+    try:
+        return clipper.clipped_sum((x,), y)
+    finally:
+        clipper.close()
+
+
+LAYOUT_MODES = ["ghost", "functorch", "functorch-chunked"]
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "skip"])
+@pytest.mark.parametrize("mode", LAYOUT_MODES)
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("model_kind", ["transposes", "untransposed"])
+def test_time_first_layer_with_as_many_steps_as_examples_refused_in_every_mode(model_kind, cell, mode, nonfinite):
+    """batch_first=False and T = B: (time, batch) or an untransposed (batch, time) batch, shapes cannot
+    tell; one InvalidParameterError naming the layer, the shape and both fixes, before any sum."""
+    torch.manual_seed(0)
+    model = (Net(cell, batch_first=False) if model_kind == "transposes" else Untransposed(cell, False)).double()
+    x, y = torch.randn(4, 4, 3, dtype=torch.float64), torch.randint(0, 3, (4,))
+    with pytest.raises(InvalidParameterError, match=(
+            rf"layer 'rnn' \({cell}\(batch_first=False\)\) was called on an input of shape \(4, 4, 3\) for a batch "
+            r"of 4 examples.*batch_first=True.*time_first\(model\.rnn\)")):
+        clip_once(mode, model, x, y, nonfinite)
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "skip"])
+@pytest.mark.parametrize("mode", LAYOUT_MODES)
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first, T", [(True, 4), (True, 6), (False, 6)])
+def test_layouts_shapes_can_tell_train_as_before(batch_first, T, cell, mode, nonfinite):
+    """batch_first=True (any T), and batch_first=False with T != B (the model transposing its batch):
+    the clipped sum of the per-example reference."""
+    torch.manual_seed(0)
+    model = Net(cell, batch_first=batch_first).double()
+    x, y = torch.randn(4, T, 3, dtype=torch.float64), torch.randint(0, 3, (4,))
+    got = clip_once(mode, model, x, y, nonfinite)
+    want, norms = reference(model, (x,), y, 1.0, clip_margin([torch.float64]))
+    assert torch.allclose(got.norms, norms, rtol=1e-9, atol=0)
+    for a, b in zip(got.grads, want):
+        assert torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", LAYOUT_MODES)
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_untransposed_time_first_batch_still_refused_where_shapes_tell(cell, mode):
+    """batch_first=False fed (B, T, d) with T != B: ghost mode refuses it by the layer's row count, as
+    before; functorch runs each example alone (its own sequence of T rows), as before."""
+    torch.manual_seed(0)
+    model = Untransposed(cell, False).double()
+    x, y = torch.randn(4, 6, 3, dtype=torch.float64), torch.randint(0, 3, (4,))
+    if mode == "ghost":
+        with pytest.raises(UnsupportedConfigurationError, match=r"\{'rnn': 6\}.*batch_first=True"):
+            clip_once(mode, model, x, y)
+    else:
+        clip_once(mode, model, x, y)
+
+
+@pytest.mark.parametrize("mode", LAYOUT_MODES)
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_declared_time_first_layer_trains_with_as_many_steps_as_examples(cell, mode):
+    """time_first(layer) says the model transposes its batch: T = B then trains, exactly."""
+    torch.manual_seed(0)
+    model = Net(cell, batch_first=False).double()
+    assert time_first(model.rnn) is model.rnn
+    x, y = torch.randn(4, 4, 3, dtype=torch.float64), torch.randint(0, 3, (4,))
+    got = clip_once(mode, model, x, y)
+    want, norms = reference(model, (x,), y, 1.0, clip_margin([torch.float64]))
+    assert torch.allclose(got.norms, norms, rtol=1e-9, atol=0)
+    for a, b in zip(got.grads, want):
+        assert torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12)
+
+
+def test_time_first_declares_only_time_first_recurrent_layers():
+    with pytest.raises(InvalidParameterError, match="batch_first=True.*needs no declaration"):
+        time_first(torch.nn.GRU(3, 4, batch_first=True))
+    with pytest.raises(InvalidParameterError, match="RNN, GRU or LSTM, got Linear"):
+        time_first(torch.nn.Linear(3, 4))
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_opacus_mode_refuses_recurrent_layers_whatever_the_layout(cell, batch_first):
+    pytest.importorskip("opacus")
+    model = Untransposed(cell, batch_first)
+    with pytest.raises(UnsupportedConfigurationError, match=r"'rnn'.*'ghost' or 'functorch'"):
+        PerExampleClipper(model, F.cross_entropy, 1.0, mode="opacus")
+
+
+@pytest.mark.parametrize("mode", ["ghost", "functorch"])
+@pytest.mark.parametrize("declared", [False, True])
+def test_make_private_refuses_the_ambiguous_layout_at_the_step_and_trains_it_declared(mode, declared):
+    """Through make_private (fixed order: every batch has 16 / 4 = 4 examples, as many as the time
+    steps): refused at the first step in both modes; declared time-first, the run completes."""
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import bsr
+    from dpmf.training.torch import make_private
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, 3), torch.randint(0, 3, (16,)))
+    model = Net("LSTM", batch_first=False)
+    if declared:
+        time_first(model.rnn)
+    kw = dict(grad_sample_mode="ghost") if mode == "ghost" else dict(grad_sample_mode="functorch",
+                                                                      loss_fn=F.cross_entropy)
+    model, optimizer, loader, privacy = make_private(
+        model, torch.optim.SGD(model.parameters(), lr=0.5), data, strategy=bsr(4, bands=2),
+        sampling=FixedOrderSampling(1, 4), noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0, seed=0,
+        accountant="unamplified", **kw)
+
+    def step(x, y):
+        optimizer.zero_grad()
+        if mode == "ghost":
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        else:
+            optimizer.step(x, y)
+
+    if not declared:
+        x, y = next(iter(loader))
+        assert x.shape[:2] == (4, 4)
+        with pytest.raises(InvalidParameterError, match=r"'rnn'.*shape \(4, 4, 3\).*time_first\(model\.rnn\)"):
+            step(x, y)
+        return
+    for x, y in loader:
+        step(x, y)
+    assert privacy.steps_done == 4

@@ -16,7 +16,9 @@ privacy``), and the pieces for your own loop:
 * :class:`DPOptimizer` - any optimizer, stepped with clipped sum + noise over a public normalizer;
 * :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit;
 * :class:`IndividualAccounting` - DP-SGD with per-example GDP budgets (Gaussian-DP filter);
-* :func:`per_example_causal_lm_loss` - each padded sequence's own token mean, then the batch.
+* :func:`per_example_causal_lm_loss` - each padded sequence's own token mean, then the batch;
+* :func:`time_first` - declares an ``nn.RNN``/``GRU``/``LSTM(batch_first=False)`` called on
+  ``(time, batch, features)``, when time steps may equal the batch size.
 """
 
 from dpmf.training.run_spec import RunSpec, StepOutOfPlanError, build_run_spec, expected_batch_size
@@ -33,6 +35,7 @@ from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
 from dpmf.training.torch.losses import per_example_causal_lm_loss  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
 from dpmf.training.torch.optimizer import DPOptimizer  # noqa: E402
+from dpmf.training.torch.recurrent import time_first  # noqa: E402
 
 __all__ = [
     "make_private",
@@ -56,6 +59,7 @@ __all__ = [
     "NoiseExhaustedError",
     "IndividualAccounting",
     "per_example_causal_lm_loss",
+    "time_first",
 ]
 
 #: names before the run description became :class:`RunSpec` (documented; each warns on use)

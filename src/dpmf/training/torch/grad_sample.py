@@ -147,6 +147,7 @@ class PerExampleClipper(Clipper):
         self.param_names, self.params, self._batchnorms = setup.param_names, setup.params, setup.batchnorms
         self.nonfinite, self.skipped_nonfinite = setup.nonfinite, 0
         self.loss_guard: list = []
+        self._whole_batch: int | None = None  # set by clipped_sum around its chunks
         for name, m in module.named_modules():
             if isinstance(m, torch.nn.Embedding) and m.sparse and m.weight.requires_grad:
                 raise UnsupportedConfigurationError(
@@ -173,7 +174,11 @@ class PerExampleClipper(Clipper):
         norms = []
         for lo in range(0, batch, self.chunk_size or max(batch, 1)):
             hi = min(batch, lo + (self.chunk_size or batch))
-            grads = self.per_example_grads(tuple(a[lo:hi] for a in args), None if targets is None else targets[lo:hi])
+            self._whole_batch = batch  # the layout checks see the batch the model was given, not the chunk
+            try:
+                grads = self.per_example_grads(tuple(a[lo:hi] for a in args), None if targets is None else targets[lo:hi])
+            finally:
+                self._whole_batch = None
             n = self.norms(grads)
             f = clip_factors(n, self.max_grad_norm, self.margin)
             if w_all is not None:  # w <= 1, so the float64 product never exceeds f
@@ -197,7 +202,7 @@ class PerExampleClipper(Clipper):
             return [torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
         if self._gsm is not None:
             return self._opacus_grads(args, targets, batch)
-        return self._functorch_grads(args, targets)
+        return self._functorch_grads(args, targets, self._whole_batch or batch)
 
     def clipped_per_example(self, inputs, targets=None) -> list:
         """``f_i g_{i,p}`` materialized (for inspection and tests; :meth:`clipped_sum` never builds it)."""
@@ -274,7 +279,7 @@ class PerExampleClipper(Clipper):
             )
         return args, batch
 
-    def _functorch_grads(self, args: tuple, targets) -> list:
+    def _functorch_grads(self, args: tuple, targets, batch: int) -> list:
         func = torch.func
         module, loss_fn, names = self.module, self.loss_fn, self.param_names
 
@@ -287,7 +292,8 @@ class PerExampleClipper(Clipper):
         def run():
             return func.vmap(func.grad(example_loss), in_dims=in_dims, randomness="different")(params, args, targets)
 
-        with plain_recurrent(module):  # fused RNN kernels do not vmap: the same layers in plain operations
+        # fused RNN kernels do not vmap: the same layers in plain operations (their layouts checked for `batch`)
+        with plain_recurrent(module, batch):
             try:
                 grads = run()
             except (RuntimeError, NotImplementedError) as exc:

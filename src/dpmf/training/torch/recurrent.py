@@ -40,6 +40,15 @@ input (the previous layer's output, dropout applied between layers in training m
 The reverse direction of a bidirectional layer runs the same cell from ``t = T-1`` down to ``0`` with its
 own weights (suffix ``_reverse``); the output concatenates both directions' ``h_t``. Packed sequences
 (:class:`torch.nn.utils.rnn.PackedSequence`) are refused with a message that says what to pass instead.
+
+Layout. dpmf's examples lie along dim 0 of the model's inputs; a layer with ``batch_first=False`` reads
+its batch from dim 1 of its input. When the input's first two sizes are both the batch size (time steps
+= examples), shapes cannot tell a ``(time, batch, features)`` input from a ``(batch, time, features)``
+batch passed without transposing, which would mix examples inside the layer and clip nothing per
+example. :func:`check_layout` refuses that call in every mode (ghost, functorch) with one
+:class:`~dpmf.errors.InvalidParameterError`, unless the layer was declared time-first with
+:func:`time_first` (a model that does transpose its batch). ``batch_first=True`` layers read the batch
+from dim 0, as every other layer does, and need nothing.
 """
 
 from __future__ import annotations
@@ -47,13 +56,14 @@ from __future__ import annotations
 import contextlib
 import types
 
-from dpmf.errors import UnsupportedConfigurationError
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["RECURRENT_TYPES", "recurrent_forward", "weight_names", "plain_recurrent", "is_plain_recurrent", "check_unpacked"]
+__all__ = ["RECURRENT_TYPES", "recurrent_forward", "weight_names", "plain_recurrent", "is_plain_recurrent", "check_unpacked",
+           "time_first", "check_layout"]
 
 #: the layer types re-stated here (a subclass counts only if it keeps their ``forward``)
 RECURRENT_TYPES = (torch.nn.RNN, torch.nn.GRU, torch.nn.LSTM)
@@ -77,6 +87,56 @@ def check_unpacked(module, x, name: str = "") -> None:
             "batch and read each example's output at its own last position (out[arange(B), lengths - 1]) or "
             "mask the padded steps in the loss instead of packing"
         )
+
+
+#: the attribute :func:`time_first` sets on a layer
+TIME_FIRST = "dpmf_time_first"
+
+
+def time_first(layer):
+    """Declare that ``layer`` (an ``nn.RNN``/``GRU``/``LSTM`` with ``batch_first=False``) is called on
+    ``(time, batch, features)`` inputs, i.e. that the model transposes its batch before the layer, so a
+    batch whose size equals the number of time steps is not refused as ambiguous
+    (:func:`check_layout`). Returns ``layer``: ``self.rnn = time_first(torch.nn.LSTM(3, 8))``.
+
+    Declare only what the model does: a declared layer fed an untransposed ``(batch, time, features)``
+    batch of that size mixes examples, and its clipping then bounds nothing per example.
+    """
+    if not isinstance(layer, RECURRENT_TYPES):
+        raise InvalidParameterError(
+            f"time_first() takes a torch.nn.RNN, GRU or LSTM, got {type(layer).__name__}"
+        )
+    if layer.batch_first:
+        raise InvalidParameterError(
+            f"time_first() was given a {type(layer).__name__} with batch_first=True, which reads (batch, time, "
+            "features) and needs no declaration; declare only batch_first=False layers called on (time, batch, features)"
+        )
+    setattr(layer, TIME_FIRST, True)
+    return layer
+
+
+def check_layout(module, x, batch, name: str = "", *, per_example: bool = False) -> None:
+    """Refuse a call of a ``batch_first=False`` recurrent layer whose layout shapes cannot tell (see the
+    module's *Layout*): its 3-D input has time steps = examples = ``batch > 1``, and the layer was not
+    declared :func:`time_first`. ``per_example``: ``x`` is one example's view as a batch of 1 (inside
+    ``torch.func.vmap``), whose first two sizes are then ``(batch, 1)`` or ``(1, batch)``. A few integer
+    comparisons: no cost of note per call."""
+    if (module.batch_first or not batch or batch < 2 or not isinstance(x, torch.Tensor) or x.ndim != 3
+            or getattr(module, TIME_FIRST, False)):
+        return
+    a, b = x.shape[0], x.shape[1]
+    if not ((a, b) in ((batch, 1), (1, batch)) if per_example else a == b == batch):
+        return
+    where = f"layer {name!r} ({type(module).__name__}(batch_first=False))" if name else (
+        f"{type(module).__name__}(batch_first=False)")
+    declare = f"dpmf.training.torch.time_first(model.{name})" if name else "dpmf.training.torch.time_first(layer)"
+    raise InvalidParameterError(
+        f"{where} was called on an input of shape {(batch, batch, x.shape[2])} for a batch of {batch} examples: "
+        "with as many time steps as examples, shapes cannot tell (time, batch, features), which the layer reads, "
+        "from a (batch, time, features) batch passed without transposing, which would mix examples inside the "
+        "layer. Build the layer with batch_first=True and pass (batch, time, features); or, if the model does "
+        f"transpose its batch to (time, batch, features), declare it once: {declare}"
+    )
 
 
 def weight_names(module, layer: int, direction: int) -> dict:
@@ -181,13 +241,28 @@ def recurrent_forward(module, input, hx=None, *, params: dict | None = None):
     return (out, (h_n, c_n)) if lstm else (out, h_n)
 
 
+def _checked_forward(name: str, batch: int | None):
+    """:func:`recurrent_forward` behind :func:`check_layout` of one example's view (``batch``: the
+    clipped batch's size; None: no check)."""
+
+    def forward(self, input, hx=None):
+        if batch is not None:
+            check_layout(self, input, batch, name, per_example=True)
+        return recurrent_forward(self, input, hx)
+
+    return forward
+
+
 @contextlib.contextmanager
-def plain_recurrent(model):
+def plain_recurrent(model, batch: int | None = None):
     """Inside, every ``nn.RNN``/``GRU``/``LSTM`` of ``model`` runs :func:`recurrent_forward` (same
-    function, plain operations that ``torch.func.vmap`` batches); the original forwards come back on exit."""
-    swapped = [m for m in model.modules() if is_plain_recurrent(m) and "forward" not in m.__dict__]
-    for m in swapped:
-        m.forward = types.MethodType(recurrent_forward, m)
+    function, plain operations that ``torch.func.vmap`` batches); the original forwards come back on exit.
+    ``batch``: the size of the batch whose examples run one at a time inside (each a batch of 1); a
+    layer whose layout that batch makes ambiguous is refused (:func:`check_layout`)."""
+    named = [(n, m) for n, m in model.named_modules() if is_plain_recurrent(m) and "forward" not in m.__dict__]
+    swapped = [m for _, m in named]
+    for n, m in named:
+        m.forward = types.MethodType(_checked_forward(n, batch), m)
     try:
         yield swapped
     finally:

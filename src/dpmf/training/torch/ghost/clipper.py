@@ -359,7 +359,8 @@ class GhostClipper(Clipper):
         first = flat_tensors((args, kwargs))
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
-        batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0)
+        batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0,
+                           name=unit.name, model_batch=self._model_batch)
         outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
                          versions=[(t, t._version) for t in first])

@@ -23,8 +23,11 @@ with its cross terms like any repeated layer), so the norm bounds exactly what i
 agrees with autograd through the fused kernel to rounding (tested in float64); the clip bound does not
 depend on that.
 
-Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, and dropout between
-layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can).
+Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, dropout between
+layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can),
+and a ``batch_first=False`` call with as many time steps as examples, whose layout shapes cannot tell
+(:func:`~dpmf.training.torch.recurrent.check_layout`; :func:`~dpmf.training.torch.recurrent.time_first`
+declares it).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
-from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_unpacked, gate_gradients, weight_names
+from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_layout, check_unpacked, gate_gradients, weight_names
 
 torch = require_torch()
 
@@ -47,16 +50,19 @@ def _input_and_state(call):
     return x, hx
 
 
-def recurrent_batch(module, args, kwargs) -> int:
-    """The number of examples of a recurrent call: dim 0 of its input if ``batch_first``, else dim 1."""
+def recurrent_batch(module, args, kwargs, *, name: str = "", model_batch: int | None = None) -> int:
+    """The number of examples of a recurrent call: dim 0 of its input if ``batch_first``, else dim 1; a
+    time-first call with as many time steps as the model's ``model_batch`` examples is refused
+    (:func:`~dpmf.training.torch.recurrent.check_layout`)."""
     x = args[0] if args else kwargs.get("input")
-    check_unpacked(module, x)
+    check_unpacked(module, x, name)
     if not isinstance(x, torch.Tensor) or x.ndim != 3:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise UnsupportedConfigurationError(
             f"{type(module).__name__} was called on an input of shape {shape}; ghost mode needs a batched input "
             "(batch, time, features) with batch_first=True, or (time, batch, features)"
         )
+    check_layout(module, x, model_batch or x.shape[1], name)  # (no model batch seen: the call's own)
     return x.shape[0] if module.batch_first else x.shape[1]
 
 

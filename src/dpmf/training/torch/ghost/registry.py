@@ -271,14 +271,16 @@ def rule_for(module) -> Rule | None:
     return None
 
 
-#: layer type -> ``batch_of(module, args, kwargs)``: the number of examples of a call of a layer whose
-#: main input is not batch-first (a recurrent layer with ``batch_first=False``); it may raise a clear
-#: error for an input it cannot take (a ``PackedSequence``). Layers not listed: dim 0 of the first tensor.
+#: layer type -> ``batch_of(module, args, kwargs, name=..., model_batch=...)``: the number of examples of
+#: a call of a layer whose main input is not batch-first (a recurrent layer with ``batch_first=False``);
+#: it may raise a clear error, naming the layer ``name``, for an input it cannot take (a
+#: ``PackedSequence``, a layout the model's batch of ``model_batch`` examples, or None, makes ambiguous).
+#: Layers not listed: dim 0 of the first tensor.
 CALL_BATCH: dict[type, Callable] = {}
 
 
-def call_batch(module, args, kwargs, default: int) -> int:
+def call_batch(module, args, kwargs, default: int, *, name: str = "", model_batch: int | None = None) -> int:
     """The number of examples of one call of ``module`` (``default`` unless its type registered a
     ``batch_of`` in :data:`CALL_BATCH`)."""
     fn = CALL_BATCH.get(type(module)) if rule_for(module) is not None else None
-    return default if fn is None else fn(module, args, kwargs)
+    return default if fn is None else fn(module, args, kwargs, name=name, model_batch=model_batch)
