@@ -343,7 +343,7 @@ def test_a_plot_is_replaced_atomically(tmp_path, monkeypatch):
 #: Writers that do not (yet) go through dpmf.files, each with why. A new entry needs a reason;
 #: an entry whose file no longer writes by hand must be removed (the test says so).
 _BY_HAND = {
-    "accounting/montecarlo/run.py": "its checkpoint is atomic by hand (tempfile + os.replace); owned elsewhere",
+    "accounting/montecarlo/run.py": "a temporary file for catalog.save's bytes (_strategy_bytes), removed after",
     "planning/cache.py": "plan cache entries: atomic by hand (tmp + os.replace); planning is owned elsewhere",
 }
 _WRITES = re.compile(

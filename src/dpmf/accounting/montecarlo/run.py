@@ -47,7 +47,7 @@ from dpmf import validation as _v
 from dpmf._version import __version__
 from dpmf.accounting.montecarlo.statistics import DEFAULT_RESOLUTION, DEFAULT_UPPER, LossHistogram
 from dpmf.errors import InvalidParameterError
-from dpmf.files import check_output_file, read_npz, reading, writing
+from dpmf.files import check_output_file, read_npz, reading, write_npz
 
 DIRECTIONS = ("remove", "add")
 DEFAULT_SAMPLER = "dpmf.accounting.montecarlo.losses:privacy_loss_samples"
@@ -403,7 +403,8 @@ class MonteCarloRun:
 
     # ----------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike) -> None:
-        """Write the state atomically (temporary file in the same directory, then ``os.replace``)."""
+        """Write the state atomically (:func:`dpmf.files.write_npz`: a temporary file beside it,
+        synced, then ``os.replace``)."""
         from dpmf.strategies import catalog
 
         path = Path(path)
@@ -433,20 +434,8 @@ class MonteCarloRun:
                 self._strategy_blob = cached
             arrays["strategy_npz"] = cached[1]
         check_output_file(path, "checkpoint")
-        with writing(path, "Monte Carlo checkpoint"):
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    np.savez(fh, **arrays)  # uncompressed: zlib would dominate the per-chunk cost
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+        # uncompressed: zlib would dominate the per-chunk cost
+        write_npz(path, arrays, "Monte Carlo checkpoint", compressed=False)
 
     @classmethod
     def load(
