@@ -18,11 +18,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpmf.errors import DPMFError, UnsupportedConfigurationError  # noqa: E402
+from dpmf.errors import DPMFError, InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.training.torch.clipping import clip_factors, clip_margin  # noqa: E402
 from dpmf.training.torch.ghost import GhostClipper  # noqa: E402
 from dpmf.training.torch.grad_sample import PerExampleClipper  # noqa: E402
-from dpmf.errors import InvalidParameterError  # noqa: E402
 from dpmf.training.torch.recurrent import recurrent_forward, time_first  # noqa: E402
 
 F = torch.nn.functional
@@ -59,6 +58,16 @@ class Net(torch.nn.Module):
             logits = logits + state[1].sum((0, 2)).unsqueeze(1)
         return logits
 
+
+
+def _step(model, optimizer, mode, x, y):
+    """One private step: the ``loss.backward()`` loop in ghost mode, ``optimizer.step(x, y)`` otherwise."""
+    optimizer.zero_grad()
+    if mode == "ghost":
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    else:
+        optimizer.step(x, y)
 
 def reference(model, inputs, y, clip, margin):
     """``(sum_i f_i g_i, n_i)`` in float64, one example at a time through PyTorch's own layers."""
@@ -224,12 +233,7 @@ def test_training_loop_runs(mode):
         sampling=PoissonSampling(0.25, 4), noise_multiplier=1.0, delta=1e-5, max_grad_norm=1.0, seed=0,
         accountant="unamplified", **kw)
     for x, y in loader:
-        optimizer.zero_grad()
-        if mode == "ghost":
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        else:
-            optimizer.step(x, y)
+        _step(model, optimizer, mode, x, y)
     assert privacy.steps_done == 4
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     if mode == "ghost":
@@ -467,12 +471,7 @@ def test_make_private_refuses_the_ambiguous_layout_at_the_step_and_trains_it_dec
         accountant="unamplified", **kw)
 
     def step(x, y):
-        optimizer.zero_grad()
-        if mode == "ghost":
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        else:
-            optimizer.step(x, y)
+        _step(model, optimizer, mode, x, y)
 
     if not declared:
         x, y = next(iter(loader))
