@@ -21,11 +21,13 @@ On the loss grid ``eps_j = j * Delta`` we need the inverse losses ``x_j = L^{-1}
 whole grid at once. ``L`` is convex and increasing, so (1) a monotone table of ``L`` on a few
 thousand points gives, by chord interpolation, starting points to the *left* of every root, and
 (2) vectorized Newton steps then overshoot once to the right and converge monotonically. No
-per-point bisection.
+per-point bisection. ``L`` and ``L'`` come from the compiled kernels of :mod:`._mixture_compiled`
+(Horner's rule when the sensitivities lie on a lattice, as MMCC's rows do).
 
 Between consecutive thresholds, each loss interval ``(eps_j, eps_{j+1}]`` carries P-mass ``a_j``
-and Q-mass ``b_j`` (Gaussian interval probabilities, computed from the smaller tail so they keep
-relative accuracy). Its mass is split between the two end points so that *both* the P- and the
+and Q-mass ``b_j``: the Gaussian's from normal tails (the smaller one, so they keep relative
+accuracy), the mixture's as ``int phi e^L`` by Gauss-Legendre with a proved error bound, each raised
+by it (:func:`_quadrature_masses`; never below the true mass, tested against 40-digit arithmetic). Its mass is split between the two end points so that *both* the P- and the
 Q-mass are preserved: ``v = (a - e^{eps_j} b) e^Delta / (e^Delta - 1)`` goes to ``eps_{j+1}``,
 ``a - v`` to ``eps_j``. This is exactly the connect-the-dots PMF (its hockey-stick curve is the
 chord of the true one in ``e^eps``, which lies above it by convexity), so it dominates the exact
