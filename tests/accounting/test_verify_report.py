@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,6 +126,27 @@ def test_large_dense_strategy_needs_its_matrix(tmp_path):
     v = verify_report(r.to_dict(), search_dir=tmp_path)
     assert v.holds and v.recomputed_epsilon == r.epsilon
     assert verify_report(r.to_dict(), matrices=[C]).holds
+
+
+def test_a_report_file_finds_the_matrix_beside_it(tmp_path, monkeypatch):
+    """A report given as a path: its folder is searched by default (where ``save_report`` writes the
+    matrix), whatever the working directory; a dict or text has no folder."""
+    C = np.tril(np.random.default_rng(1).uniform(0.0, 0.1, (70, 70))) + np.eye(70)
+    r = dpmf.account(DenseStrategy(C, name="optimal"), FixedOrderSampling(2, 70), 5.0, 1e-5, method="unamplified")
+    (tmp_path / "run").mkdir()
+    save_matrices(DenseStrategy(C), tmp_path / "run")
+    path = tmp_path / "run" / "report.json"
+    path.write_text(r.to_json())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for given in (path, str(path), Path("..") / "run" / "report.json"):
+        v = verify_report(given)
+        assert v.holds and v.recomputed_epsilon == r.epsilon, given
+    with pytest.raises(InvalidParameterError, match="not found"):
+        verify_report(r.to_json())  # text: no folder to search
+    with pytest.raises(InvalidParameterError, match="not found"):  # an explicit folder replaces the default
+        verify_report(path, search_dir=elsewhere)
 
 
 # ----------------------------------------------------------------------------- Monte Carlo

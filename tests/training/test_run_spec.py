@@ -133,3 +133,22 @@ def test_a_claim_of_another_accountant_is_rechecked_by_that_accountant(spec):
     wrong = _with_epsilon(spec, spec.epsilon * 0.9).checkpoint_entries()
     with pytest.raises(InvalidParameterError, match="unamplified.*its own accountant pld gives .*no longer holds"):
         loose.check_checkpoint(wrong)
+
+
+def test_the_shared_report_writer_puts_the_matrix_where_verify_looks(tmp_path, monkeypatch):
+    """``RunSpec.save_report`` (the writer of torch's and JAX's ``privacy.save_report``): a dense strategy
+    named by hash verifies from the report file alone, from another working directory (issue 52)."""
+    from dpmf.accounting.verify import verify_report
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import catalog
+
+    strategy = catalog.build("banded", 70, bands=3)
+    spec = run_spec.build_run_spec(strategy, FixedOrderSampling(2, 70), num_examples=70, noise_multiplier=4.0,
+                                   delta=1e-5, max_grad_norm=1.0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    written = spec.save_report(lambda: spec.training_report(0), tmp_path / "run" / "report.json")
+    assert [p.name for p in written] == ["report.json", f"{strategy.describe()['sha256']}.npz"]
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    v = verify_report("../run/report.json")
+    assert v.holds and v.recomputed_epsilon == spec.epsilon

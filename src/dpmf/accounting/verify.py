@@ -302,6 +302,14 @@ def _recompose(d: dict, delta: float, search_dir, matrices, workers) -> PrivacyR
         raise InvalidParameterError(f"the composition cannot be recomputed from its parts: {exc}") from None
 
 
+def _folder_of(report) -> Path | None:
+    """The folder of a report given as a path (None for a dict, JSON text or a report object): where
+    ``save_report`` writes the dense matrices the report names by hash."""
+    if isinstance(report, Path) or (isinstance(report, str) and not report.lstrip().startswith("{")):
+        return Path(report).resolve().parent
+    return None
+
+
 def _fmt(x: float) -> str:
     return f"{x:.10g}" if math.isfinite(x) else str(x)
 
@@ -324,7 +332,8 @@ def verify_report(
     ``report`` is a report dict (``PrivacyReport.to_dict()``), its JSON text, a path to a JSON
     file (e.g. the output of ``dpmf account --json``) or a :class:`PrivacyReport`. ``search_dir``
     / ``matrices`` supply dense strategy matrices the report references by hash
-    (:func:`~dpmf.strategies.serialization.find_matrix`). ``workers`` (MMCC, Monte Carlo) only
+    (:func:`~dpmf.strategies.serialization.find_matrix`); ``search_dir`` defaults to the folder of a
+    report given as a path, where ``save_report`` writes them. ``workers`` (MMCC, Monte Carlo) only
     changes how the recomputation runs, never its value. Returns a :class:`Verification` (the
     claim's verdict, and separately whether the report was edited); raises
     :class:`~dpmf.errors.InvalidParameterError` when the report cannot be recomputed.
@@ -338,6 +347,8 @@ def verify_report(
 
         check_input_dir(search_dir, "search_dir")
     d = load_report(report)
+    if search_dir is None:
+        search_dir = _folder_of(report)
     _check_report(d)
     edited, edit_message = _edited(d)
     method = d["method"]

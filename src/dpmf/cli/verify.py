@@ -8,7 +8,8 @@ line saying what was trained (steps done of steps planned, clip norm, normalizer
 row it came from). Exit status (:data:`EXIT_CODES`): 0 when the claim holds
 and the report is not edited, 1 when the claim does not hold (the output says what), 2 when the
 report cannot be checked (not JSON, not a dpmf report, an unknown method, a Monte Carlo
-calibration, a missing dense matrix ...: one line on stderr, no traceback), 3 when the claim holds
+calibration, a dense matrix neither in ``--matrices`` nor beside the report ...: one line on stderr,
+no traceback), 3 when the claim holds
 but the report was edited since it was produced, 4 when the claim holds but the report has no
 digest (cannot tell whether it was edited).
 """
@@ -56,7 +57,8 @@ def verify(
         None,
         "--matrices",
         help="Directory of .npz files holding the dense strategy matrices the report references by "
-        "sha256 (e.g. the FILE.npz of 'dpmf strategy build').",
+        "sha256 (e.g. the FILE.npz of 'dpmf strategy build'). Default: the report's own folder (where "
+        "privacy.save_report writes them).",
     ),
     workers: Optional[int] = typer.Option(
         None, "--workers", help="MMCC / Monte Carlo: worker processes for the recomputation (same result)."

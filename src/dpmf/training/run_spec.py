@@ -222,8 +222,8 @@ class RunSpec:
     def save_report(self, make_report, path) -> list:
         """Write ``make_report()`` (a training report of this run, made once ``path`` is checked) as JSON
         to ``path`` (its folder must exist), and next to it, as ``<sha256>.npz``, the dense matrix a
-        large dense strategy's description names by hash only, so ``dpmf verify path --matrices <its
-        folder>`` re-checks it from the files alone. Returns the paths written. Every file is replaced
+        large dense strategy's description names by hash only, so ``dpmf verify path`` (which searches
+        the report's folder) re-checks it from the files alone. Returns the paths written. Every file is replaced
         atomically (:func:`dpmf.files.atomic_write`): a failed write leaves the previous report whole;
         the matrix is written first, so a report never names a matrix that is not beside it."""
         from dpmf.files import atomic_write, check_output_file

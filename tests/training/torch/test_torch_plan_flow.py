@@ -304,5 +304,37 @@ def test_a_dense_rows_report_is_saved_with_its_matrix_and_verifies(tmp_path):
     res = CliRunner().invoke(app, ["verify", str(tmp_path / "report.json"), "--matrices", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "trained: 80 of 80 planned steps" in res.stdout
+    res = CliRunner().invoke(app, ["verify", str(tmp_path / "report.json")])  # the report's folder, by default
+    assert res.exit_code == 0, res.output
+    written[1].unlink()
     res = CliRunner().invoke(app, ["verify", str(tmp_path / "report.json")])  # without the matrix: cannot check
     assert res.exit_code == 2 and "sha256" in res.stderr
+
+
+def test_a_dense_strategy_report_verifies_with_no_matrices_option_from_another_folder(tmp_path, monkeypatch):
+    """BandMF from the catalog (a dense matrix named by hash above 64 steps): ``dpmf verify report.json``
+    finds the matrix ``save_report`` wrote beside the report, from any working directory (issue 52)."""
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import catalog
+
+    strategy = catalog.build("banded", 80, bands=4)
+    assert "sha256" in strategy.describe() and "matrix" not in strategy.describe()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 2)
+    m, opt, loader, privacy = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(80),
+                                           strategy=strategy, sampling=FixedOrderSampling(4, 80), noise_multiplier=3.0,
+                                           delta=1e-5, max_grad_norm=1.0, loss_fn=torch.nn.functional.cross_entropy,
+                                           seed=0)
+    for _, (x, y) in zip(range(3), loader):
+        opt.zero_grad()
+        opt.step(x, y)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    written = privacy.save_report(tmp_path / "run" / "report.json")
+    assert [p.name for p in written] == ["report.json", f"{strategy.describe()['sha256']}.npz"]
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for given in (tmp_path / "run" / "report.json", "../run/report.json"):
+        res = CliRunner().invoke(app, ["verify", str(given)])
+        assert res.exit_code == 0, res.output
+        assert res.stdout.startswith("HOLDS") and "trained: 3 of 80 planned steps" in res.stdout
+    assert verify_report("../run/report.json").holds

@@ -126,8 +126,8 @@ class Privacy:
     def save_report(self, path: str | os.PathLike) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (its folder must exist), and next to it, as
         ``<sha256>.npz``, the dense matrix a large dense strategy's description names by hash only
-        (the optimal factorization above 64 steps), so that ``dpmf verify path --matrices <its folder>``
-        can re-check the report from the files alone. Returns the paths written."""
+        (the optimal factorization above 64 steps), so that ``dpmf verify path`` (which searches the
+        report's folder) can re-check the report from the files alone. Returns the paths written."""
         return self.plan.save_report(self.report, path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
