@@ -8,7 +8,8 @@ noising matrix, the batches of a :class:`~dpmf.sampling.SamplingScheme` and the 
 (the framework-free :class:`~dpmf.training.run_spec.RunSpec`, as for PyTorch).
 
 * :func:`make_private` - loss, params, dataset size, strategy, sampler, target -> the optax
-  transformation, the clipped-gradient function, the batch iterator and the privacy report;
+  transformation, the clipped-gradient function, the jitted steps (with their loss values,
+  :class:`StepOutput`), the batch iterator and the privacy report;
 * :func:`correlated_privatizer` / :func:`noising_matrix` - a dpmf strategy as jax_privacy's noise;
 * :class:`SchemeBatches` - a scheme's batches as (padded) index arrays for a JAX input pipeline;
 * :mod:`dpmf.training.jax.config` - a jax_privacy configuration (strategy object, batch selection,
@@ -26,6 +27,7 @@ _EXPORTS = {
     "make_private": ".engine",
     "PrivateRun": ".engine",
     "Privacy": ".engine",
+    "StepOutput": ".engine",
     "SchemeBatches": ".data",
     "scheme_batches": ".data",
     "correlated_privatizer": ".noise",
@@ -36,6 +38,7 @@ _EXPORTS = {
     "jax_privacy_noise_multiplier": ".config",
     "scheme_from_jax_privacy": ".config",
     "strategy_from_jax_privacy": ".config",
+    "as_dpmf_strategy": ".config",
     "compare_with_jax_privacy": ".config",
     "jax_privacy_epsilon": ".config",
 }

@@ -26,6 +26,10 @@ scheme; jax_privacy accounts it under replace-one adjacency with doubled sensiti
 truncated *cyclic* Poisson (the group sizes of the two partitions differ, which the truncation
 analysis reads).
 
+``make_private(strategy=...)`` and ``correlated_privatizer`` take jax_privacy's strategy objects
+(``BufferedToeplitz``, ``ColumnNormalizedBanded``) as they are: :func:`as_dpmf_strategy` converts them
+with :func:`strategy_from_jax_privacy` over the run's steps.
+
 The noise multiplier is that of ``C`` *as given* (DESIGN.md): jax_privacy's privatizer adds
 ``stddev * C^{-1} z`` with ``stddev = noise_multiplier * clip``, so ``C x + noise_multiplier z`` is the
 mechanism, whatever the normalization of ``C``. :func:`jax_privacy_noise_multiplier` is jax_privacy's
@@ -60,6 +64,8 @@ from jax_privacy.matrix_factorization import buffered_toeplitz as _jp_blt  # noq
 
 __all__ = [
     "strategy_from_jax_privacy",
+    "as_dpmf_strategy",
+    "JAX_PRIVACY_STRATEGIES",
     "scheme_from_jax_privacy",
     "account_jax_privacy",
     "calibrate_jax_privacy",
@@ -111,6 +117,28 @@ def strategy_from_jax_privacy(strategy, n: int):
         f"no dpmf strategy for a {type(strategy).__name__}: pass None or 'identity' (DP-SGD), a BufferedToeplitz, a "
         "ColumnNormalizedBanded, Toeplitz coefficients (1-d) or the dense encoder C (2-d)"
     )
+
+
+#: jax_privacy's strategy classes, accepted wherever a dpmf strategy is (``make_private``,
+#: ``correlated_privatizer``) and converted by :func:`strategy_from_jax_privacy`
+JAX_PRIVACY_STRATEGIES = (_jp_blt.BufferedToeplitz, _jp_banded.ColumnNormalizedBanded)
+
+
+def as_dpmf_strategy(strategy, steps: int | None):
+    """``strategy`` itself, or the dpmf strategy of a jax_privacy strategy object
+    (:data:`JAX_PRIVACY_STRATEGIES`) over ``steps`` (a ``ColumnNormalizedBanded`` knows its own
+    ``n``; a ``BufferedToeplitz`` needs ``steps``). The conversion is :func:`strategy_from_jax_privacy`,
+    so the noise is the converted strategy's, bit for bit."""
+    if not isinstance(strategy, JAX_PRIVACY_STRATEGIES):
+        return strategy
+    if steps is None:
+        steps = getattr(strategy, "n", None)
+        if steps is None:
+            raise InvalidParameterError(
+                f"a jax_privacy {type(strategy).__name__} has no number of steps: pass steps=<n> (the run's length), "
+                "or convert it with dpmf.training.jax.strategy_from_jax_privacy(strategy, n)"
+            )
+    return strategy_from_jax_privacy(strategy, steps)
 
 
 def scheme_from_jax_privacy(batch_selection, num_examples: int | None = None):
@@ -209,7 +237,7 @@ def _max_column_norm_and_bands(dpmf_strategy) -> tuple[float, int] | None:
     from dpmf.strategies.dense import DenseStrategy
     from dpmf.strategies.identity import Identity
     from dpmf.strategies.toeplitz import ToeplitzStrategy
-    from dpmf.training.jax.noise import bandwidth
+    from dpmf.strategies.streaming import bandwidth
 
     if isinstance(dpmf_strategy, Identity):
         return 1.0, 1

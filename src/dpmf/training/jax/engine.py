@@ -52,7 +52,9 @@ import numpy as np
 
 from dpmf.errors import InvalidParameterError
 from dpmf.training.jax._deps import require_jax
-from dpmf.training.jax.checks import check_microbatch_size, check_params, checked_grad_fn
+from dpmf.training.jax.checks import (check_microbatch_size, check_params, check_prng_key, check_seed,
+                                      checked_grad_fn)
+from dpmf.training.jax.config import as_dpmf_strategy
 from dpmf.training.jax.data import SchemeBatches
 from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
 from dpmf.training.run_spec import RunSpec, resolve_run_spec
@@ -60,7 +62,7 @@ from dpmf.training.run_spec import RunSpec, resolve_run_spec
 jax, optax, jax_privacy = require_jax()
 import jax.numpy as jnp  # noqa: E402
 
-__all__ = ["make_private", "PrivateRun", "Privacy", "CHECKPOINT_FORMAT"]
+__all__ = ["make_private", "PrivateRun", "Privacy", "StepOutput", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
 GRAD_SAMPLE_MODE = "jax_privacy.clipped_grad (vmap)"
@@ -220,16 +222,45 @@ class Privacy:
         return self.load_state_dict(state, params, opt_state)
 
 
+class StepOutput(NamedTuple):
+    """What ``run.train_step`` returns beside ``(params, opt_state)``:
+
+    * ``step``: the 0-based index of the step just taken;
+    * ``loss``: the mean of the per-example losses over the batch's real examples (0 for an empty batch);
+    * ``losses``: the per-example losses, one per row of the padded batch (padding rows 0);
+    * ``aux``: the per-example auxiliary outputs of ``loss_fn`` (``has_aux=True``; padding rows 0),
+      else ``None``.
+
+    All are computed from the batch without noise (jax_privacy's ``clipped_grad`` returns them beside
+    the clipped sum, from the same forward pass): **the privacy report does not cover them**. Logging
+    them releases information about the training examples; log them privately or on held-out data
+    where that matters.
+    """
+
+    step: Any
+    loss: Any
+    losses: Any
+    aux: Any
+
+
 class PrivateRun(NamedTuple):
     """What :func:`make_private` returns.
 
     * ``tx``: the ``optax.GradientTransformation`` (correlated noise, ``1 / normalizer``, your
       optimizer) to apply to the clipped gradient **sum**;
     * ``grad_fn``: ``grad_fn(params, batch, is_padding_example=mask)``, the sum of per-example
-      gradients clipped to ``max_grad_norm`` (``batch`` a pytree of arrays with a leading example axis);
-    * ``step``: ``step(params, opt_state, batch, is_padding) -> (params, opt_state)``, both jitted;
+      gradients clipped to ``max_grad_norm`` (``batch`` a pytree of arrays with a leading example axis;
+      with ``takes_rng=True`` also ``rng=<the step's key>``, split per example);
+    * ``step``: ``step(params, opt_state, batch, is_padding) -> (params, opt_state)``, jitted;
     * ``batches``: the :class:`~dpmf.training.jax.data.SchemeBatches` of the plan;
-    * ``privacy``: :class:`Privacy` (plan, report, checkpoints).
+    * ``privacy``: :class:`Privacy` (plan, report, checkpoints);
+    * ``train_step``: ``train_step(params, opt_state, batch, is_padding) -> (params, opt_state,
+      StepOutput)``: the same step (the same compiled function) with its loss values
+      (:class:`StepOutput`).
+
+    Both steps raise :class:`~dpmf.training.run_spec.StepOutOfPlanError` before a step past the plan
+    (a host-side check of the noise counter, no device read in a plain loop), and derive the step's
+    random key (``takes_rng=True``) from the run's key and the step index.
     """
 
     tx: Any
@@ -237,6 +268,96 @@ class PrivateRun(NamedTuple):
     step: Callable
     batches: SchemeBatches
     privacy: Privacy
+    train_step: Callable
+
+
+def _run_keys(seed, prng_key) -> tuple[int, Any, Any]:
+    """``(batch seed, noise key, loss key)`` from exactly one of ``seed`` or ``prng_key``: independent
+    streams (stream 0 the batches, 1 the noise, 2 the loss's random keys)."""
+    if (seed is None) == (prng_key is None):
+        raise InvalidParameterError("pass exactly one of seed=<int> and prng_key=<a jax.random key> "
+                                    "(reproducible; dpmf never draws hidden seeds)")
+    if seed is not None:
+        seed = check_seed(seed)
+        return (_derived_seed(seed, 0), jax.random.key(_derived_seed(seed, 1)),
+                jax.random.key(_derived_seed(seed, 2)))
+    key = check_prng_key(prng_key)
+    words = [int(w) for w in np.asarray(jax.random.key_data(key), dtype=np.uint32).ravel()]
+    batch_seed = int(np.random.SeedSequence(words + [0]).generate_state(1, np.uint32)[0])
+    return batch_seed, jax.random.fold_in(key, 1), jax.random.fold_in(key, 2)
+
+
+class _PlanGuard:
+    """The host-side check that a step is inside the plan (``plan.check_step`` on the noise counter).
+
+    The counter lives on the device; reading it every step would wait for the previous step. So the
+    guard remembers the counter array each step returned and its value: a state passed back as
+    returned is checked from memory, any other (``tx.init``, a checkpoint, a copy) is read once.
+    Inside a caller's ``jit`` (a traced counter) nothing can be checked on the host: the noise's NaN
+    guard is what remains there."""
+
+    def __init__(self, plan: RunSpec) -> None:
+        self.plan = plan
+        self._last: tuple[Any, int] | None = None
+
+    def before(self, opt_state) -> int | None:
+        count = _noise_state(opt_state).count
+        if isinstance(count, jax.core.Tracer):
+            return None
+        t = self._last[1] if self._last is not None and count is self._last[0] else int(count)
+        self.plan.check_step(t)
+        return t
+
+    def after(self, opt_state, t: int | None) -> None:
+        if t is not None:
+            self._last = (_noise_state(opt_state).count, t + 1)
+
+
+def _steps(clipped: Callable, tx, plan: RunSpec, loss_key, *, takes_rng: bool, has_aux: bool):
+    """``(grad_fn, step, train_step)`` around jax_privacy's clipped function ``clipped(params, batch,
+    [rng,] is_padding_example=) -> (clipped sum, AuxiliaryOutput(values, _, aux))``."""
+    def rng_args(rng) -> tuple:
+        if takes_rng and rng is None:
+            raise InvalidParameterError("loss_fn takes a random key (takes_rng=True): pass grad_fn(..., rng=<key>)")
+        if not takes_rng and rng is not None:
+            raise InvalidParameterError("rng= is for a loss_fn taking a random key: pass takes_rng=True to make_private")
+        return (rng,) if takes_rng else ()
+
+    def grad_fn(params, batch, is_padding_example=None, rng=None):
+        return clipped(params, batch, *rng_args(rng), is_padding_example=is_padding_example)[0]
+
+    @jax.jit
+    def compiled(params, opt_state, batch, is_padding):
+        t = _noise_state(opt_state).count
+        if is_padding is None:
+            is_padding = jnp.zeros(jax.tree.leaves(batch)[0].shape[0], dtype=bool)
+        keys = (jax.random.fold_in(loss_key, t),) if takes_rng else ()
+        g, out = clipped(params, batch, *keys, is_padding_example=is_padding)
+        updates, opt_state = tx.update(g, opt_state, params)
+        real = ~jnp.asarray(is_padding, dtype=bool)
+        losses = jnp.where(real, out.values, jnp.zeros_like(out.values))
+        loss = jnp.sum(losses) / jnp.maximum(jnp.sum(real), 1).astype(losses.dtype)
+
+        def zero_padding(a):
+            mask = real.reshape(real.shape + (1,) * (a.ndim - 1))
+            return jnp.where(mask, a, jnp.zeros_like(a))
+
+        aux = jax.tree.map(zero_padding, out.aux) if has_aux else None
+        return optax.apply_updates(params, updates), opt_state, StepOutput(t, loss, losses, aux)
+
+    guard = _PlanGuard(plan)
+
+    def train_step(params, opt_state, batch, is_padding=None):
+        t = guard.before(opt_state)
+        params, opt_state, out = compiled(params, opt_state, batch, is_padding)
+        guard.after(opt_state, t)
+        return params, opt_state, out
+
+    def step(params, opt_state, batch, is_padding=None):
+        params, opt_state, _ = train_step(params, opt_state, batch, is_padding)
+        return params, opt_state
+
+    return grad_fn, step, train_step
 
 
 def make_private(
@@ -258,27 +379,41 @@ def make_private(
     pad_multiple: int | None = 32,
     microbatch_size: int | None = None,
     accountant_options: dict | None = None,
+    prng_key=None,
+    has_aux: bool = False,
+    takes_rng: bool = False,
 ) -> PrivateRun:
     """Private training of a JAX model with correlated noise: :class:`PrivateRun`.
 
     Args:
         loss_fn: ``loss_fn(params, example) -> scalar`` for **one** example (``example`` a pytree of
-            arrays without the batch axis, e.g. ``(x, y)``).
+            arrays without the batch axis, e.g. ``(x, y)``); ``loss_fn(params, example, rng)`` with
+            ``takes_rng=True``; returning ``(scalar, aux)`` with ``has_aux=True``.
         params: the parameter pytree (its structure and shapes set the noise's).
         num_examples: the dataset size (public under zero-out adjacency).
         optimizer: any ``optax.GradientTransformation`` (``optax.sgd(0.1, momentum=0.9)``, ``adam``...).
-        strategy, sampling, delta, max_grad_norm, target_epsilon | noise_multiplier, accountant,
+        strategy: a dpmf strategy, or a jax_privacy ``BufferedToeplitz`` / ``ColumnNormalizedBanded``
+            (converted over the sampler's steps by :func:`~dpmf.training.jax.config.strategy_from_jax_privacy`).
+        sampling, delta, max_grad_norm, target_epsilon | noise_multiplier, accountant,
             normalizer, plan, accountant_options: as for :func:`dpmf.training.torch.make_private`
             (the same :func:`~dpmf.training.run_spec.resolve_run_spec`).
-        seed: one integer seed for the batches and the noise key (independent streams). JAX's
+        seed, prng_key: exactly one: an integer seed, or a JAX key (``jax.random.key(0)``), from which
+            the batches, the noise key and the loss's keys are derived (independent streams). JAX's
             keys are reproducible, not a secure source: there is no ``secure`` mode here.
         pad_multiple: batches are padded to a multiple of this (:class:`SchemeBatches`).
         microbatch_size: passed to ``jax_privacy.clipped_grad`` (examples per ``vmap`` at once): a
             positive integer dividing ``pad_multiple``, or ``None``.
+        has_aux: ``loss_fn`` returns ``(loss, aux)``, as for ``jax.value_and_grad``; ``aux`` (any
+            pytree) comes back per example in :class:`StepOutput` (not covered by the report).
+        takes_rng: ``loss_fn`` takes a third argument, a random key (dropout): the key of step ``t``
+            is ``fold_in(loss key, t)``, split over the batch's examples (jax_privacy's
+            ``prng_argnum``), so a run is reproducible and a resumed run draws the same masks.
 
     Checked here: every parameter is a floating-point array and ``microbatch_size`` divides the padded
     batches; checked the first time a batch of a new shape arrives (one abstract ``jax.eval_shape``
-    call, :mod:`~dpmf.training.jax.checks`): ``loss_fn`` runs on one example and returns a real scalar.
+    call, :mod:`~dpmf.training.jax.checks`): ``loss_fn`` runs on one example and returns a real scalar
+    (or ``(scalar, aux)``). Each step: it is inside the plan
+    (:class:`~dpmf.training.run_spec.StepOutOfPlanError` otherwise).
 
     Raises :class:`~dpmf.errors.UnsupportedConfigurationError` before any step for a (strategy,
     sampling) pair no sound accountant covers, and :class:`~dpmf.errors.InvalidParameterError`
@@ -289,29 +424,28 @@ def make_private(
     if optimizer is None or not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
         raise InvalidParameterError(f"optimizer must be an optax.GradientTransformation (e.g. optax.sgd(0.1)), "
                                     f"got {optimizer!r}")
+    for name, flag in (("has_aux", has_aux), ("takes_rng", takes_rng)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise InvalidParameterError(f"{name} must be True or False, got {flag!r}")
     check_params(params)
     microbatch_size = check_microbatch_size(microbatch_size, pad_multiple)
     if isinstance(num_examples, bool) or not isinstance(num_examples, (int, np.integer)) or num_examples < 1:
         raise InvalidParameterError(f"num_examples must be a positive integer (the dataset size), got {num_examples!r}")
+    strategy = as_dpmf_strategy(strategy, getattr(sampling, "steps", None))
     plan = resolve_run_spec(plan, strategy=strategy, sampling=sampling, num_examples=int(num_examples), delta=delta,
-                        max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier, target_epsilon=target_epsilon,
-                        accountant=accountant, normalizer=normalizer, accountant_options=accountant_options)
-    if seed is None:
-        raise InvalidParameterError("pass seed=<int> (reproducible; dpmf never draws hidden seeds)")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
-    batches = SchemeBatches(plan.scheme, plan.num_examples, seed=_derived_seed(seed, 0), pad_multiple=pad_multiple)
+                            max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier,
+                            target_epsilon=target_epsilon, accountant=accountant, normalizer=normalizer,
+                            accountant_options=accountant_options)
+    batch_seed, noise_key, loss_key = _run_keys(seed, prng_key)
+    batches = SchemeBatches(plan.scheme, plan.num_examples, seed=batch_seed, pad_multiple=pad_multiple)
     noise = correlated_privatizer(plan.strategy, noise_multiplier=plan.noise_multiplier,
-                                  max_grad_norm=plan.max_grad_norm, seed=_derived_seed(seed, 1))
+                                  max_grad_norm=plan.max_grad_norm, prng_key=noise_key)
     tx = optax.chain(noise, optax.scale(1.0 / plan.normalizer), optimizer)
-    grad_fn = checked_grad_fn(jax_privacy.clipped_grad(loss_fn, l2_clip_norm=plan.max_grad_norm, batch_argnums=1,
-                                                       keep_batch_dim=False, microbatch_size=microbatch_size),
-                              loss_fn, microbatch_size)
-
-    @jax.jit
-    def _step(params, opt_state, batch, is_padding):
-        g = grad_fn(params, batch, is_padding_example=is_padding)
-        updates, opt_state = tx.update(g, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return PrivateRun(tx, grad_fn, _step, batches, Privacy(plan, batches))
+    clipped = checked_grad_fn(
+        jax_privacy.clipped_grad(loss_fn, has_aux=bool(has_aux), l2_clip_norm=plan.max_grad_norm, batch_argnums=1,
+                                 keep_batch_dim=False, microbatch_size=microbatch_size, return_values=True,
+                                 prng_argnum=2 if takes_rng else None),
+        loss_fn, microbatch_size, has_aux=bool(has_aux))
+    grad_fn, step, train_step = _steps(clipped, tx, plan, loss_key, takes_rng=bool(takes_rng),
+                                       has_aux=bool(has_aux))
+    return PrivateRun(tx, grad_fn, step, batches, Privacy(plan, batches), train_step)

@@ -52,7 +52,10 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
+from dpmf.strategies.streaming import bandwidth
 from dpmf.training.jax._deps import require_jax
+from dpmf.training.jax.checks import check_prng_key, check_seed
+from dpmf.training.jax.config import as_dpmf_strategy
 
 jax, optax, jax_privacy = require_jax()
 import jax.numpy as jnp  # noqa: E402
@@ -67,12 +70,6 @@ __all__ = ["streaming_matrix", "noising_matrix", "correlated_privatizer", "Guard
 def _float_dtype():
     """float64 where JAX has x64 enabled, else float32 (JAX's default)."""
     return jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32
-
-
-def bandwidth(C: np.ndarray) -> int:
-    """``b`` with ``C[i, j] = 0`` whenever ``i - j >= b`` (``C`` lower triangular)."""
-    i, j = np.nonzero(C)
-    return int(np.max(i - j)) + 1 if i.size else 1
 
 
 def _banded_encoder(strategy) -> np.ndarray | None:
@@ -145,7 +142,8 @@ def _dense_noising_matrix(strategy) -> np.ndarray:
     if not callable(fn) or getattr(strategy, "n", None) is None:
         raise UnsupportedConfigurationError(
             f"no JAX noise for a {type(strategy).__name__}: pass a dpmf strategy (Identity, ToeplitzStrategy, "
-            "BLTStrategy, DenseStrategy, BinaryTree, FFTMechanism)"
+            "BLTStrategy, DenseStrategy, BinaryTree, FFTMechanism) or a jax_privacy BufferedToeplitz / "
+            "ColumnNormalizedBanded (converted by dpmf.training.jax.strategy_from_jax_privacy)"
         )
     L = np.asarray(fn(), dtype=np.float64)
     if L.ndim != 2 or L.shape[0] != strategy.n:
@@ -178,27 +176,43 @@ def correlated_privatizer(
     max_grad_norm: float,
     seed: int | None = None,
     prng_key=None,
+    steps: int | None = None,
 ):
     """The ``optax.GradientTransformation`` that adds ``noise_multiplier * max_grad_norm * (L u)_t``
     to the gradient sums it is given, step ``t = 0 .. n-1`` (module docstring).
 
+    ``strategy``: a dpmf strategy, or a jax_privacy ``BufferedToeplitz`` / ``ColumnNormalizedBanded``
+    (converted by :func:`~dpmf.training.jax.config.strategy_from_jax_privacy` over ``steps``, which a
+    ``BufferedToeplitz`` needs; for a dpmf strategy ``steps``, if given, must be its ``n``).
     Exactly one of ``seed`` (an integer) or ``prng_key`` (a JAX key). The transformation's state
     (:class:`GuardedNoiseState`) holds the key and the recurrence state, so checkpointing the optax
-    state checkpoints the noise. After ``n`` updates every output is NaN: no report covers step ``n``.
+    state checkpoints the noise. After ``n`` updates every output is NaN: no report covers step ``n``
+    (inside ``jit`` nothing can raise; :func:`~dpmf.training.jax.make_private`'s steps raise
+    :class:`~dpmf.training.run_spec.StepOutOfPlanError` on the host before that).
     """
+    if steps is not None:
+        steps = _v.positive_int("steps", steps)
+    strategy = as_dpmf_strategy(strategy, steps)
     n = getattr(strategy, "n", None)
     if n is None:
         streaming_matrix(strategy)  # raises the helpful error for a bare BLT
-        raise InvalidParameterError(f"strategy must be a dpmf strategy with n steps, got {type(strategy).__name__}")
+        raise InvalidParameterError(
+            f"strategy must be a dpmf strategy with n steps or a jax_privacy BufferedToeplitz / ColumnNormalizedBanded, "
+            f"got {type(strategy).__name__}; Toeplitz coefficients or a dense C: "
+            "dpmf.training.jax.strategy_from_jax_privacy(array, n)"
+        )
+    if steps is not None and steps != n:
+        raise InvalidParameterError(f"steps={steps} but the strategy has n={n} steps: pass steps={n} or a strategy "
+                                    f"over {steps} steps")
     sigma = _v.non_negative("noise_multiplier", noise_multiplier)
     clip = _v.positive("max_grad_norm", max_grad_norm)
     if (seed is None) == (prng_key is None):
         raise InvalidParameterError("pass exactly one of seed=<int> and prng_key=<a jax.random key> (dpmf never "
                                     "draws hidden seeds)")
     if seed is not None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise InvalidParameterError(f"seed must be an integer >= 0, got {seed!r}")
-        prng_key = jax.random.key(int(seed))
+        prng_key = jax.random.key(check_seed(seed))
+    else:
+        check_prng_key(prng_key)
     inner = noise_addition.matrix_factorization_privatizer(noising_matrix(strategy), stddev=sigma * clip,
                                                            prng_key=prng_key)
     steps = int(n)
