@@ -108,3 +108,33 @@ def test_the_grad_fn_checks_too_and_only_once_per_shape():
     first = len(calls)
     run.grad_fn(_params(), (X[8:16], Y[8:16]), is_padding_example=mask)
     assert len(calls) - first == first - 1  # the second call of the same shape skips the one abstract check
+
+
+def test_aux_and_rng_mismatches_are_named():
+    """A (loss, aux) pair without has_aux, a scalar with it, a loss taking a key without takes_rng
+    and the reverse: each named with the flag that fixes it (issue 52)."""
+    def with_aux(params, example):
+        return loss(params, example), {"y": example[1]}
+
+    def with_rng(params, example, rng):
+        return loss(params, example) * jax.random.uniform(rng)
+
+    with pytest.raises(InvalidParameterError, match=r"must return one real scalar.*returns a pair \(loss, aux\): "
+                                                    r"pass has_aux=True"):
+        _first_step(_make(with_aux))
+    with pytest.raises(InvalidParameterError, match=r"with has_aux=True, loss_fn must return \(loss, aux\)"):
+        _first_step(_make(loss, has_aux=True))
+    with pytest.raises(InvalidParameterError, match=r"loss_fn\(params, example\) fails.*TypeError.*needs takes_rng=True"):
+        _first_step(_make(with_rng))
+    with pytest.raises(InvalidParameterError, match=r"loss_fn\(params, example, rng\) fails.*TypeError.*third argument"):
+        _first_step(_make(loss, takes_rng=True))
+    with pytest.raises(InvalidParameterError, match="has_aux must be True or False"):
+        _make(loss, has_aux="yes")
+    mask = np.zeros(8, dtype=bool)
+    with pytest.raises(InvalidParameterError, match=r"pass grad_fn\(\.\.\., rng=<key>\)"):
+        _make(with_rng, takes_rng=True).grad_fn(_params(), (X[:8], Y[:8]), is_padding_example=mask)
+    with pytest.raises(InvalidParameterError, match="pass takes_rng=True"):
+        _make().grad_fn(_params(), (X[:8], Y[:8]), is_padding_example=mask, rng=jax.random.key(0))
+    g = _make(with_rng, takes_rng=True).grad_fn(_params(), (X[:8], Y[:8]), is_padding_example=mask,
+                                                 rng=jax.random.key(0))
+    assert g["w"].shape == (FEATURES, CLASSES)
