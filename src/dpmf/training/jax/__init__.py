@@ -28,6 +28,7 @@ _EXPORTS = {
     "PrivateRun": ".engine",
     "Privacy": ".engine",
     "StepOutput": ".engine",
+    "StepOutOfPlanError": ".engine",
     "SchemeBatches": ".data",
     "scheme_batches": ".data",
     "correlated_privatizer": ".noise",

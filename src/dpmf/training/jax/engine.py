@@ -57,12 +57,12 @@ from dpmf.training.jax.checks import (check_microbatch_size, check_params, check
 from dpmf.training.jax.config import as_dpmf_strategy
 from dpmf.training.jax.data import SchemeBatches
 from dpmf.training.jax.noise import GuardedNoiseState, correlated_privatizer
-from dpmf.training.run_spec import RunSpec, resolve_run_spec
+from dpmf.training.run_spec import HasRunSpec, RunSpec, StepOutOfPlanError, resolve_run_spec
 
 jax, optax, jax_privacy = require_jax()
 import jax.numpy as jnp  # noqa: E402
 
-__all__ = ["make_private", "PrivateRun", "Privacy", "StepOutput", "CHECKPOINT_FORMAT"]
+__all__ = ["make_private", "PrivateRun", "Privacy", "StepOutput", "StepOutOfPlanError", "CHECKPOINT_FORMAT"]
 
 CHECKPOINT_FORMAT = 1
 GRAD_SAMPLE_MODE = "jax_privacy.clipped_grad (vmap)"
@@ -117,10 +117,11 @@ def _from_numpy_leaves(template, leaves: list, what: str):
 
 
 @dataclasses.dataclass
-class Privacy:
-    """The privacy side of a JAX run: its plan, reports and checkpoints (:func:`make_private`)."""
+class Privacy(HasRunSpec):
+    """The privacy side of a JAX run: its :class:`~dpmf.training.run_spec.RunSpec` (``run_spec``; the
+    old name ``plan`` warns), reports and checkpoints (:func:`make_private`)."""
 
-    plan: RunSpec
+    run_spec: RunSpec
     batches: SchemeBatches
 
     @property
@@ -130,7 +131,7 @@ class Privacy:
 
     @property
     def noise_multiplier(self) -> float:
-        return self.plan.noise_multiplier
+        return self.run_spec.noise_multiplier
 
     def noise_steps(self, opt_state) -> int:
         """The noise steps taken by ``opt_state`` (the counter in its noise state)."""
@@ -145,18 +146,18 @@ class Privacy:
                 f"the optimizer state has taken {self.noise_steps(opt_state)} noise steps but {self.steps_done} batches "
                 "were handed out: every batch must be used for exactly one update (run.step)"
             )
-        return self.plan.training_report(self.steps_done, grad_sample_mode=GRAD_SAMPLE_MODE, framework="jax")
+        return self.run_spec.training_report(self.steps_done, grad_sample_mode=GRAD_SAMPLE_MODE, framework="jax")
 
     def save_report(self, path: str | os.PathLike, opt_state=None) -> list[Path]:
         """Write :meth:`report` as JSON to ``path`` (and, beside it, the matrix a large dense strategy's
         description names by hash), so ``dpmf verify path`` re-checks it. Returns the paths written."""
-        return self.plan.save_report(lambda: self.report(opt_state), path)
+        return self.run_spec.save_report(lambda: self.report(opt_state), path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run (at the plan's delta)."""
-        if delta is not None and delta != self.plan.delta:
-            return self.plan.epsilon_at(delta)
-        return self.plan.epsilon
+        if delta is not None and delta != self.run_spec.delta:
+            return self.run_spec.epsilon_at(delta)
+        return self.run_spec.epsilon
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state_dict(self, params, opt_state) -> dict:
@@ -164,7 +165,7 @@ class Privacy:
         numpy arrays and JSON-ready values."""
         p, _ = _to_numpy_leaves(params)
         o, _ = _to_numpy_leaves(opt_state)
-        return {"format": CHECKPOINT_FORMAT, **self.plan.checkpoint_entries(),
+        return {"format": CHECKPOINT_FORMAT, **self.run_spec.checkpoint_entries(),
                 "steps_done": self.steps_done, "batches": self.batches.state_dict(),
                 "noise_steps": self.noise_steps(opt_state), "params": p, "opt_state": o}
 
@@ -175,15 +176,15 @@ class Privacy:
         after saving, counters that disagree, arrays of another model or optimizer, NaN/inf."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
             raise InvalidParameterError("not a dpmf JAX training checkpoint (missing format/plan)")
-        self.plan.check_checkpoint(state)
+        self.run_spec.check_checkpoint(state)
         steps = state.get("steps_done")
         saved_batches = state.get("batches") if isinstance(state.get("batches"), dict) else {}
         counters = (state.get("noise_steps"), saved_batches.get("steps_done"))
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= self.plan.steps \
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= self.run_spec.steps \
                 or any(c != steps for c in counters):
             raise InvalidParameterError(
                 f"inconsistent checkpoint: steps_done={steps!r}, noise state at step {counters[0]!r}, batches at step "
-                f"{counters[1]!r} (they are saved equal, within 0..{self.plan.steps}): resume from an unedited checkpoint"
+                f"{counters[1]!r} (they are saved equal, within 0..{self.run_spec.steps}): resume from an unedited checkpoint"
             )
         new_params = _from_numpy_leaves(params, state.get("params", []), "params")
         new_opt = _from_numpy_leaves(opt_state, state.get("opt_state", []), "optimizer state")
