@@ -229,8 +229,8 @@ def test_jax_privacy_strategy_objects_give_the_converted_noise():
     # make_private: the same plan and the same training as with the converted strategy
     runs = [_make(plain_loss, strategy=cnb, seed=1), _make(plain_loss, strategy=strategy_from_jax_privacy(cnb, STEPS),
                                                             seed=1)]
-    assert runs[0].privacy.plan.strategy.describe() == runs[1].privacy.plan.strategy.describe()
-    assert runs[0].privacy.plan.noise_multiplier == runs[1].privacy.plan.noise_multiplier
+    assert runs[0].privacy.run_spec.strategy.describe() == runs[1].privacy.run_spec.strategy.describe()
+    assert runs[0].privacy.run_spec.noise_multiplier == runs[1].privacy.run_spec.noise_multiplier
     params = []
     for run in runs:
         p, s = P0, run.tx.init(P0)
