@@ -275,7 +275,7 @@ def build(setup: Setup, side: str, *, sigma: float, steps: int, model=None, acco
                 dp_opt.step()
 
         return Runner(side, run.module, dp_opt, iter(run.data_loader), step, dp_opt.params,
-                      run.privacy.plan.normalizer, {"run": run})
+                      run.privacy.run_spec.normalizer, {"run": run})
 
     if side.startswith("opacus"):
         from opacus import PrivacyEngine
@@ -505,7 +505,7 @@ def check_clipping(setup: Setup, sides: list) -> dict:
         info[f"{s}_B"] = r.expected_batch
     ref = grads["opacus_hooks"]
     info["rel"] = {s: float((g - ref).norm() / ref.norm()) for s, g in grads.items() if s != "opacus_hooks"}
-    info["normalizer"] = run.privacy.plan.normalizer
+    info["normalizer"] = run.privacy.run_spec.normalizer
     tol = {s: 1e-4 for s in info["rel"]}
     tol["dpmf_ghost"] = info["bound_max"] - 1 + 1e-5
     info["ok"] = (info["bound_min"] >= 1 - 1e-6 and info["bookkeeping"] <= 1e-5

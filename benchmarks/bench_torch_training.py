@@ -180,8 +180,8 @@ def _dpmf_steps(setup: str, strategy_kind: str = "identity"):
             opt.step(x, y)
 
         times, std = _timed_steps(loader, step, warmup, timed, opt.params, pool)
-        out = {"times": times, "std": std, "expected_std": sigma * CLIP / privacy.plan.normalizer, "q": q,
-               "expected_batch": privacy.plan.normalizer, "memory_floats": opt.noise.memory_floats,
+        out = {"times": times, "std": std, "expected_std": sigma * CLIP / privacy.run_spec.normalizer, "q": q,
+               "expected_batch": privacy.run_spec.normalizer, "memory_floats": opt.noise.memory_floats,
                "numel": opt.noise.numel, "draw": _draw_time(strategy_kind, T, opt.params, sigma)}
         return out
 

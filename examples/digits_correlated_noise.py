@@ -16,7 +16,7 @@ trains the ``TOP`` best rows, and DP-SGD with Poisson sampling as the baseline (
 plan; calibrated on its own when the plan ranked it lower or pruned it), each with
 ``make_private(..., plan=row)``: the row's strategy, sampler and noise, re-checked by one
 evaluation of its accountant and never calibrated again. The later runs of a row (other learning
-rates and seeds) reuse that :class:`~dpmf.training.run_spec.RunSpec` (``plan=privacy.plan``: no
+rates and seeds) reuse that :class:`~dpmf.training.run_spec.RunSpec` (``plan=privacy.run_spec``: no
 accounting at all). Every run's report is checked: certified, ``epsilon <= eps``, equal to the
 row's epsilon; the first run's report of each row is saved (``reports/``) and re-checked with
 :func:`dpmf.accounting.verify_report` (what ``dpmf verify`` does). A non-private run with the same
@@ -225,7 +225,7 @@ def run_job(job) -> dict:
     for lr in cfg.lrs:  # the lr grid on the first seed ...
         out, privacy = one(lr, cfg.seeds[0], execution_plan)
         if privacy is not None and execution_plan is None:
-            execution_plan = privacy.plan  # certified from the row once; reused as it is
+            execution_plan = privacy.run_spec  # certified from the row once; reused as it is
             path = Path(report_dir) / f"eps{eps:g}-{row.strategy}-{row.sampling}.json"
             privacy.save_report(path)  # (and a large dense C next to it, as <sha256>.npz)
             v = verify_report(path, search_dir=report_dir)  # what `dpmf verify FILE --matrices DIR` does

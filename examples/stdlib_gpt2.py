@@ -246,7 +246,7 @@ def train_one(name: str, seed: int, sigma: float | None, cfg: Config, data) -> d
             raise RuntimeError(f"{name}: report not as required: certified={report.certified}, "
                                f"epsilon={report.epsilon}, method={report.method}")
         result.update(noise_multiplier=report.noise_multiplier, certified_epsilon=report.epsilon,
-                      method=report.method, normalizer=privacy.plan.normalizer)
+                      method=report.method, normalizer=privacy.run_spec.normalizer)
     result.update(bits_per_byte=curve[-1][1], initial_bits_per_byte=curve[0][1], curve=curve,
                   seconds=time.perf_counter() - start)
     return result

@@ -251,7 +251,7 @@ def train_job(job) -> dict:
         model, optimizer, loader, privacy = make_private(
             model, optimizer, train, strategy=strategy, sampling=sampling, delta=cfg.delta, max_grad_norm=cfg.clip,
             accountant=accountant, seed=seed, **noise)  # no loss_fn: ghost mode, the loop below
-        result.update(calibrated=sigma is None, normalizer=privacy.plan.normalizer, accountant_options=options)
+        result.update(calibrated=sigma is None, normalizer=privacy.run_spec.normalizer, accountant_options=options)
         if sigma is None:
             result.update(sampling=sampling.describe(), prefix_rmse_per_sigma=float(strategy.prefix_sum_rmse()),
                           strategy={k: v for k, v in strategy.describe().items() if k not in ("matrix", "coefs")})

@@ -71,7 +71,7 @@ def test_a_b_min_sep_row_trains_with_its_sampler_and_its_report_verifies(epochs)
     model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     model, opt, loader, privacy = make_private(model, torch.optim.SGD(model.parameters(), lr=0.1), data, plan=row,
                                                max_grad_norm=1.0, seed=0)
-    assert isinstance(privacy.plan.scheme, MinSepSampling) and privacy.plan.scheme.min_sep == cand.scheme.min_sep
+    assert isinstance(privacy.run_spec.scheme, MinSepSampling) and privacy.run_spec.scheme.min_sep == cand.scheme.min_sep
     sampler = loader.batch_sampler
     assert sampler.scheme.describe() == cand.scheme.describe()
     for x, y in loader:

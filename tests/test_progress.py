@@ -182,3 +182,43 @@ def test_every_long_accountant_computation_reports_off_terminal():
     scheme = dpmf.sampling.PoissonSampling(0.1, 16)
     assert "MMCC" in _lines_of(lambda: dpmf.account(bsr(16, 2), scheme, 1.0, 1e-5, method="mmcc"))
     assert "calibrating noise" in _lines_of(lambda: dpmf.calibrate(Identity(16), scheme, 4.0, 1e-5, method="pld"))
+
+
+# ------------------------------------------ work a library call does on its own (issue 53 item 1)
+def _long_work(stream, seconds, threshold=5.0):
+    with progress.shown_if_long("calibrating", seconds, threshold=threshold, stream=stream):
+        with progress.task("search", total=2, unit="evaluations") as bar:
+            bar.advance()
+            bar.advance()
+
+
+def test_long_work_says_its_estimate_then_shows_its_progress(monkeypatch):
+    monkeypatch.setenv("DPMF_PROGRESS", "log")
+    monkeypatch.setenv("DPMF_PROGRESS_INTERVAL", "0")
+    stream = io.StringIO()
+    _long_work(stream, 90.0)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == ("dpmf: calibrating: about 90 s by a rough estimate; progress below "
+                        "(DPMF_PROGRESS=off silences it)")
+    assert "search: started (2 evaluations)" in lines[1] and "search: done, 2/2 evaluations" in lines[-1]
+    assert not progress.active()  # (the reporter is the block's only)
+
+
+@pytest.mark.parametrize("case", ["short", "off", "already shown"])
+def test_long_work_stays_quiet_when_short_silenced_or_already_shown(monkeypatch, case):
+    monkeypatch.setenv("DPMF_PROGRESS", "off" if case == "off" else "log")
+    monkeypatch.setenv("DPMF_PROGRESS_INTERVAL", "0")
+    stream, outer = io.StringIO(), io.StringIO()
+    if case == "already shown":
+        with progress.reporting("log", stream=outer, interval=0.0):
+            _long_work(stream, 90.0)
+        assert "search: done" in outer.getvalue()  # the caller's reporter showed it, once
+    else:
+        _long_work(stream, 4.9 if case == "short" else 90.0)
+    assert stream.getvalue() == ""
+
+
+def test_long_work_refuses_a_bad_progress_setting(monkeypatch):
+    monkeypatch.setenv("DPMF_PROGRESS", "of")
+    with pytest.raises(InvalidParameterError, match="DPMF_PROGRESS='of' is not valid"):
+        _long_work(io.StringIO(), 90.0)

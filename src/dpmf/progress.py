@@ -26,12 +26,13 @@ with :func:`reporting`:
 from __future__ import annotations
 
 import contextvars
+import os
 import sys
 import time
 from contextlib import contextmanager
 from typing import IO, Iterator, Optional
 
-__all__ = ["Task", "task", "reporting", "active"]
+__all__ = ["Task", "task", "reporting", "active", "settings", "shown_if_long", "PROGRESS_MODES"]
 
 
 def _clock(seconds: float) -> str:
@@ -285,3 +286,67 @@ def task(description: str, total: Optional[float] = None, *, unit: str = "units"
         t.outcome = t._ending or DONE
     finally:
         reporter.finish(t)
+
+
+#: The values ``DPMF_PROGRESS`` takes (empty or unset: ``auto``).
+PROGRESS_MODES = ("auto", "bar", "log", "off")
+
+
+def settings() -> tuple[str, float]:
+    """``(mode, interval)`` from the environment: ``DPMF_PROGRESS`` (one of :data:`PROGRESS_MODES`,
+    any case; default ``auto``) and ``DPMF_PROGRESS_INTERVAL`` (seconds >= 0; default 10). A value
+    outside these is refused (an :class:`~dpmf.errors.InvalidParameterError` naming the variable
+    and the valid values), never silently replaced by the default: a typo such as
+    ``DPMF_PROGRESS=of`` would otherwise print progress in a job that asked for none. Checked
+    when a command starts (and before a calibration :func:`shown_if_long` shows), before any work,
+    so fixing it costs nothing."""
+    from dpmf.errors import InvalidParameterError
+
+    raw = os.environ.get("DPMF_PROGRESS", "")
+    mode = raw.strip().lower() or "auto"
+    if mode not in PROGRESS_MODES:
+        raise InvalidParameterError(
+            f"environment variable DPMF_PROGRESS={raw!r} is not valid: use one of {', '.join(PROGRESS_MODES)} "
+            "(or unset it)"
+        )
+    raw = os.environ.get("DPMF_PROGRESS_INTERVAL", "")
+    try:
+        interval = float(raw) if raw.strip() else 10.0
+    except ValueError:
+        interval = float("nan")
+    if not interval >= 0:  # NaN fails too (inf: no line between a task's first and last)
+        raise InvalidParameterError(
+            f"environment variable DPMF_PROGRESS_INTERVAL={raw!r} is not valid: use a number of seconds >= 0 "
+            "(default 10; 0 prints every update), or unset it"
+        )
+    return mode, interval
+
+
+@contextmanager
+def shown_if_long(what: str, seconds: float, *, threshold: float = 5.0, stream: Optional[IO[str]] = None) -> Iterator[None]:
+    """Show the progress of work a library call does on its own (``make_private``'s calibration)
+    when its rough estimate is ``seconds >= threshold``: one line on ``stream`` (default
+    ``sys.stderr``, which a terminal and a notebook both show) saying what runs and for about how
+    long, then the block runs under :func:`reporting` as ``DPMF_PROGRESS`` / ``DPMF_PROGRESS_INTERVAL``
+    say (:func:`settings`; ``auto``: a bar on a terminal, log lines otherwise, e.g. in a notebook).
+    Nothing changes when progress is already shown (the caller's :func:`reporting` block), under
+    ``DPMF_PROGRESS=off``, or for shorter work: a library stays quiet unless the wait would look
+    like a hang."""
+    if active() or not seconds >= threshold:
+        yield
+        return
+    mode, interval = settings()
+    if mode == "off":
+        yield
+        return
+    from dpmf.resources import format_seconds
+
+    stream = sys.stderr if stream is None else stream
+    try:
+        stream.write(f"dpmf: {what}: about {format_seconds(seconds)} by a rough estimate; progress below "
+                     "(DPMF_PROGRESS=off silences it)\n")
+        stream.flush()
+    except (OSError, ValueError):  # a closed stream must not stop the work
+        pass
+    with reporting(mode, stream=stream, interval=interval):
+        yield

@@ -365,3 +365,58 @@ def test_every_report_form_states_the_adjacency(pld_report, mc_report):
         assert ADJACENCY in r.summary() and ADJACENCY in str(r)
         assert r.summary().splitlines()[1] == f"  adjacency: {ADJACENCY}"
         assert json.loads(r.to_json())["adjacency"] == ADJACENCY
+
+
+# ------------------------------------------------- one word for one thing: RunSpec (issue 53 item 2)
+_DEPRECATED_WORDS = ("build_plan", "ExecutionPlan", "execution plan")
+
+
+def test_every_report_summary_says_make_private_and_runspec_and_no_deprecated_name(pld_report, mc_report):
+    from dpmf.accounting.report import ADJACENCY
+
+    composed = dpmf.compose([pld_report, pld_report])
+    for r in (pld_report, mc_report, composed):
+        text = r.summary()
+        assert r.adjacency == ADJACENCY and "normalizer= to make_private (its RunSpec records it)" in text
+        assert not [w for w in _DEPRECATED_WORDS if w.lower() in text.lower()], text
+
+
+def test_a_report_written_before_the_rewording_still_verifies():
+    """tests/data/report_adjacency_v1.json: a training report written by the dpmf whose adjacency
+    sentence named ``build_plan`` (copied from examples/results). Its digest covers that wording, so
+    it verifies as written: the claim holds and it is not edited."""
+    from dpmf.accounting.report import ADJACENCY, ADJACENCY_VERSIONS
+
+    path = Path(__file__).parents[1] / "data" / "report_adjacency_v1.json"
+    saved = json.loads(path.read_text())
+    assert saved["adjacency"] == ADJACENCY_VERSIONS[1] != ADJACENCY and "build_plan" in saved["adjacency"]
+    v = verify_report(path)
+    assert v.holds and v.edited is False, v.summary()
+    assert v.report.adjacency == ADJACENCY  # (the recomputation is worded as today)
+    saved["adjacency"] = ADJACENCY  # the new wording in an old report: an edit, said as one
+    assert verify_report(saved).edited is True
+
+
+# ------------------------------------------------- Python = CLI: the trained line (issue 53 item 4)
+def _training_report(pld_report, **training):
+    import dataclasses
+
+    t = {"steps_done": 5, "steps_planned": 10, "max_grad_norm": 1.0, "normalizer": 20.0, "num_examples": 100,
+         "grad_sample_mode": "ghost", **training}
+    return dataclasses.replace(pld_report, diagnostics={**pld_report.diagnostics, "training": t})
+
+
+def test_the_summary_of_a_training_report_says_what_was_trained(pld_report):
+    v = verify_report(_training_report(pld_report).to_dict())
+    lines = v.summary().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("HOLDS") and lines[1].startswith("NOT EDITED")
+    assert lines[2] == ("trained: 5 of 10 planned steps, clip norm 1, normalizer 20, 100 examples, "
+                        "per-example gradients ghost") == v.trained
+    assert v.to_dict()["training"]["steps_done"] == 5
+    assert len(verify_report(pld_report).summary().splitlines()) == 2  # not a training run: no such line
+    assert verify_report(pld_report).trained is None and "training" not in verify_report(pld_report).to_dict()
+
+
+def test_a_malformed_training_entry_prints_question_marks_not_a_crash(pld_report):
+    v = verify_report(_training_report(pld_report, max_grad_norm="one", plan_row={"noise_multiplier": "x"}).to_dict())
+    assert "clip norm ?," in v.trained and "sigma ?" in v.trained and v.holds

@@ -2,6 +2,7 @@
 builders; the names from before the rename (``dpmf.training.plan``: ``ExecutionPlan``,
 ``build_plan``, ...) still resolve to the same objects, each with a ``DeprecationWarning``."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -21,6 +22,19 @@ def test_old_names_warn_and_are_the_same_objects(old, new):
                                                 f"dpmf.training.run_spec.{new}"):
         got = getattr(old_module, old)
     assert got is getattr(run_spec, new)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_privacy_holds_its_run_spec_and_plan_is_a_deprecated_alias(framework):
+    """``privacy.run_spec`` is the RunSpec (issue 53: one word for one thing); ``privacy.plan`` reads
+    the same object with a DeprecationWarning, in both engines."""
+    engine = pytest.importorskip(f"dpmf.training.{framework}.engine")
+    spec = run_spec.build_run_spec(Identity(10), PoissonSampling(0.1, 10), num_examples=100, noise_multiplier=1.0,
+                                   delta=1e-5, max_grad_norm=1.0)
+    privacy = engine.Privacy(spec, *[None] * (len(dataclasses.fields(engine.Privacy)) - 1))
+    assert privacy.run_spec is spec and "plan" not in {f.name for f in dataclasses.fields(privacy)}
+    with pytest.warns(DeprecationWarning, match="privacy.plan is deprecated: use privacy.run_spec"):
+        assert privacy.plan is spec
 
 
 def test_unknown_name_is_an_attribute_error():
@@ -152,3 +166,28 @@ def test_the_shared_report_writer_puts_the_matrix_where_verify_looks(tmp_path, m
     monkeypatch.chdir(tmp_path / "elsewhere")
     v = verify_report("../run/report.json")
     assert v.holds and v.recomputed_epsilon == spec.epsilon
+
+
+# ------------------------------------- a long calibration says so, from Python too (issue 53 item 1)
+def _calibrated(**kw):
+    return run_spec.build_run_spec(Identity(10), PoissonSampling(0.1, 10), num_examples=100, target_epsilon=2.0,
+                                   delta=1e-5, max_grad_norm=1.0, **kw)
+
+
+def test_a_calibration_estimated_long_says_so_and_shows_its_progress(monkeypatch, capsys):
+    monkeypatch.setenv("DPMF_PROGRESS", "log")
+    monkeypatch.setenv("DPMF_PROGRESS_INTERVAL", "0")
+    assert run_spec._calibration_seconds(Identity(10), PoissonSampling(0.1, 10), 2.0, 1e-5, "auto", {}) < 5
+    monkeypatch.setattr(run_spec, "_calibration_seconds", lambda *args: 60.0)  # the same run, estimated long
+    spec = _calibrated()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("dpmf: calibrating the noise to epsilon 2 at delta 1e-05 before the first step: about 60 s "
+                      "by a rough estimate; progress below (DPMF_PROGRESS=off silences it)")
+    assert any("calibrating noise" in line and "done" in line for line in err[1:]), err
+    assert spec.epsilon <= 2.0
+
+
+def test_a_quick_calibration_stays_quiet(monkeypatch, capsys):
+    monkeypatch.setenv("DPMF_PROGRESS", "log")
+    spec = _calibrated()
+    assert capsys.readouterr() == ("", "") and spec.epsilon <= 2.0

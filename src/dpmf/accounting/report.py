@@ -3,7 +3,8 @@
 Two things every serialized report carries, each defined once here:
 
 * :data:`ADJACENCY`, the one sentence saying which neighbouring datasets the guarantee is for
-  (the ``adjacency`` field, printed by :meth:`PrivacyReport.summary`);
+  (the ``adjacency`` field, printed by :meth:`PrivacyReport.summary`; its earlier wordings, which
+  older reports carry, in :data:`ADJACENCY_VERSIONS`);
 * a ``digest`` (:func:`report_digest`): a sha256 over a canonical JSON of the fields that describe
   the mechanism and the claim (:data:`DIGEST_KEYS`), written by :meth:`PrivacyReport.to_dict`.
   ``dpmf verify`` recomputes it to say whether a saved report was edited since it was produced.
@@ -25,13 +26,22 @@ from dpmf._version import __version__
 if TYPE_CHECKING:  # pragma: no cover
     from dpmf.privacy.tradeoff import PrivacyCurve, TradeOff
 
-#: The adjacency every dpmf epsilon is for, said once (DESIGN.md): every report states it.
-ADJACENCY = (
+_ZERO_OUT = (
     "zero-out: neighbouring datasets have the same size and differ in one example, whose contribution "
     "is zeroed out in one of them (add or remove; epsilon is the worst of both directions), so the "
     "dataset size is public and a normalizer computed from len(dataset) is sound; where the size must "
-    "stay private, pass a public normalizer= to make_private / build_plan"
+    "stay private, pass a public normalizer= to "
 )
+#: Every wording of the zero-out adjacency sentence dpmf has written, by version, oldest first. A
+#: report carries the wording of the dpmf that wrote it, covered by its digest, so a report written
+#: before a rewording still verifies as written (NOT EDITED); only the words changed, never the
+#: adjacency. 1: until 2026-12 (it named the deprecated ``build_plan``); 2: ``make_private`` / ``RunSpec``.
+ADJACENCY_VERSIONS = {
+    1: _ZERO_OUT + "make_private / build_plan",
+    2: _ZERO_OUT + "make_private (its RunSpec records it)",
+}
+#: The adjacency every dpmf epsilon is for, said once (DESIGN.md): every report states it.
+ADJACENCY = ADJACENCY_VERSIONS[max(ADJACENCY_VERSIONS)]
 
 #: The adjacency of a multi-attribution (user-level) report: what its epsilon is for instead.
 USER_ADJACENCY = (

@@ -72,7 +72,7 @@ except ImportError:  # pragma: no cover - older layout
     EXECUTION_OPTIONS = frozenset({"workers", "scheduler", "callback", "cache_dir", "checkpoint"})
     NOT_RECORDABLE = "<not recordable: a Python object>"
 
-__all__ = ["Verification", "verify_report", "load_report", "REL_SLACK"]
+__all__ = ["Verification", "verify_report", "load_report", "training_summary", "REL_SLACK"]
 
 #: Relative slack for floating-point noise when comparing the recomputed epsilon with the claim.
 REL_SLACK = 1e-9
@@ -120,6 +120,11 @@ class Verification:
     edited: bool | None = None
     edit_message: str = ""
     report: PrivacyReport | None = field(default=None, repr=False, compare=False)
+    #: A training run's report says what was trained (its ``diagnostics["training"]``, covered by
+    #: the digest like the rest of the description): that dict, and its line
+    #: (:func:`training_summary`); ``None`` for other reports.
+    training: dict | None = field(default=None, repr=False)
+    trained: str | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready (infinite epsilons as ``"inf"``); the recomputed report's by-direction epsilons
@@ -141,12 +146,45 @@ class Verification:
         }
         if self.report is not None:
             out["recomputed_epsilon_by_direction"] = dict(self.report.epsilon_by_direction)
+        if self.training is not None:
+            out["training"] = self.training
         return jsonable(out)
 
     def summary(self) -> str:
-        """Two lines for people: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``, then whether the report was
-        edited (``NOT EDITED: ...``, ``EDITED: ...`` or ``NO DIGEST: ...``)."""
-        return f"{'HOLDS' if self.holds else 'DOES NOT HOLD'}: {self.message}\n{self.edit_message}"
+        """For people, what ``dpmf verify`` prints: ``HOLDS: ...`` or ``DOES NOT HOLD: ...``, then
+        whether the report was edited (``NOT EDITED: ...``, ``EDITED: ...`` or ``NO DIGEST: ...``),
+        then, for a training run's report, what was trained (``trained: ...``,
+        :func:`training_summary`)."""
+        lines = [f"{'HOLDS' if self.holds else 'DOES NOT HOLD'}: {self.message}", self.edit_message]
+        return "\n".join(lines + ([self.trained] if self.trained else []))
+
+
+def training_summary(report) -> str | None:
+    """One line saying what a training run's report covers (``privacy.report()``, or its JSON dict):
+    steps done of steps planned, clip norm, normalizer, and the ``dpmf plan`` row it came from;
+    ``None`` for a report that is not a training run's. ``dpmf verify`` and
+    :meth:`Verification.summary` print it. A value of the wrong type reads ``?`` (a report is read,
+    never trusted: an edited one must still print)."""
+    t = _training(report)
+    if t is None:
+        return None
+
+    def num(value, spec="g"):
+        ok = isinstance(value, Real) and not isinstance(value, bool)
+        return format(value, spec) if ok else "?"
+
+    line = (f"trained: {t.get('steps_done', '?')} of {t.get('steps_planned', '?')} planned steps, clip norm "
+            f"{num(t.get('max_grad_norm'))}, normalizer {num(t.get('normalizer'))}, {num(t.get('num_examples'))} "
+            f"examples, per-example gradients {t.get('grad_sample_mode', '?')}")
+    row = t.get("plan_row")
+    if isinstance(row, Mapping):
+        run = row.get("run") if isinstance(row.get("run"), Mapping) else {}
+        rank = f" {row['rank']}" if row.get("rank") is not None else ""
+        line += (f"; from dpmf plan row{rank}: {row.get('strategy')} / {row.get('sampling')} ({row.get('method')}, "
+                 f"sigma {num(row.get('noise_multiplier', float('nan')), '.6g')}), planned for "
+                 f"{run.get('dataset_size')} examples, batch {run.get('batch_size')}, {run.get('epochs')} epochs, "
+                 f"target epsilon {run.get('epsilon')} at delta {run.get('delta')}")
+    return line
 
 
 # ---------------------------------------------------------------------------------- reading
@@ -433,4 +471,14 @@ def verify_report(
         edited=edited,
         edit_message=edit_message,
         report=new,
+        training=_training(d),
+        trained=training_summary(d),
     )
+
+
+def _training(report) -> dict | None:
+    """The report's ``diagnostics["training"]`` (what a training run trained), else ``None``
+    (``report``: a report dict or a :class:`PrivacyReport`)."""
+    diag = report.get("diagnostics") if isinstance(report, Mapping) else getattr(report, "diagnostics", None)
+    t = diag.get("training") if isinstance(diag, Mapping) else None
+    return dict(t) if isinstance(t, Mapping) else None

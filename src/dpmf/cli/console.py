@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dpmf.errors import DPMFError
+from dpmf.progress import PROGRESS_MODES, settings as progress_settings  # noqa: F401 (their home: dpmf.progress)
 
 try:  # typer >= 0.16 vendors click and has its own command classes
     from typer.core import TyperCommand, TyperGroup
@@ -324,39 +325,6 @@ def typer_app(**kwargs) -> typer.Typer:
     if Group is not None:
         kwargs.setdefault("cls", Group)
     return _Typer(**kwargs)
-
-
-#: The values ``DPMF_PROGRESS`` takes (empty or unset: ``auto``).
-PROGRESS_MODES = ("auto", "bar", "log", "off")
-
-
-def progress_settings() -> tuple[str, float]:
-    """``(mode, interval)`` from the environment: ``DPMF_PROGRESS`` (one of :data:`PROGRESS_MODES`,
-    any case; default ``auto``) and ``DPMF_PROGRESS_INTERVAL`` (seconds >= 0; default 10). A value
-    outside these is refused (an :class:`~dpmf.errors.InvalidParameterError` naming the variable
-    and the valid values), never silently replaced by the default: a typo such as
-    ``DPMF_PROGRESS=of`` would otherwise print progress in a job that asked for none. Checked
-    when a command starts, before any work, so fixing it costs nothing."""
-    from dpmf.errors import InvalidParameterError
-
-    raw = os.environ.get("DPMF_PROGRESS", "")
-    mode = raw.strip().lower() or "auto"
-    if mode not in PROGRESS_MODES:
-        raise InvalidParameterError(
-            f"environment variable DPMF_PROGRESS={raw!r} is not valid: use one of {', '.join(PROGRESS_MODES)} "
-            "(or unset it)"
-        )
-    raw = os.environ.get("DPMF_PROGRESS_INTERVAL", "")
-    try:
-        interval = float(raw) if raw.strip() else 10.0
-    except ValueError:
-        interval = float("nan")
-    if not interval >= 0:  # NaN fails too (inf: no line between a task's first and last)
-        raise InvalidParameterError(
-            f"environment variable DPMF_PROGRESS_INTERVAL={raw!r} is not valid: use a number of seconds >= 0 "
-            "(default 10; 0 prints every update), or unset it"
-        )
-    return mode, interval
 
 
 @contextmanager

@@ -94,32 +94,9 @@ def verify(
         # not console._fail: the names in these messages are report keys, not command-line options
         err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(code=2) from None
-    trained = _training(report)
     if as_json:
-        payload = result.to_dict()
-        if trained is not None:
-            payload["training"] = trained
-        out.print_json(json.dumps(payload))
+        out.print_json(json.dumps(result.to_dict()))  # (a training run's report: with its "training")
     else:
-        out.print(result.summary(), highlight=False, markup=False)
-        if trained is not None:
-            from dpmf.training.run_spec import training_summary
-
-            out.print(training_summary({"diagnostics": {"training": trained}}), highlight=False, markup=False,
-                      soft_wrap=True)  # (one line, whole: easy to grep)
+        for line in result.summary().splitlines():  # the trained line: one line, whole (easy to grep)
+            out.print(line, highlight=False, markup=False, soft_wrap=line == result.trained)
     raise typer.Exit(code=exit_code(result))
-
-
-def _training(path: Path) -> dict | None:
-    """A training run's report says what was trained (``diagnostics["training"]``: steps done of
-    steps planned, clip norm, normalizer, the plan row): shown after the verdict (covered by the
-    digest like the rest of the description)."""
-    from dpmf.files import read_json
-
-    try:
-        data = read_json(path, "dpmf report")
-    except DPMFError:  # pragma: no cover - verify_report read it already
-        return None
-    diag = data.get("diagnostics") if isinstance(data, dict) else None
-    trained = diag.get("training") if isinstance(diag, dict) else None
-    return trained if isinstance(trained, dict) else None

@@ -42,7 +42,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from dpmf import progress
 from dpmf import validation as _v
+from dpmf.accounting.verify import training_summary  # (its home: verify reads reports; re-exported)
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.sampling.schemes import (
     SCHEMES,
@@ -54,7 +56,7 @@ from dpmf.sampling.schemes import (
     PoissonSampling,
 )
 
-__all__ = ["RunSpec", "build_run_spec", "run_spec_from_row", "as_plan_row", "training_summary", "expected_batch_size",
+__all__ = ["RunSpec", "HasRunSpec", "build_run_spec", "run_spec_from_row", "as_plan_row", "training_summary", "expected_batch_size",
            "StepOutOfPlanError", "description_fingerprint", "legacy_description_fingerprint", "IDENTITY_KEYS",
            "resolve_run_spec"]
 
@@ -142,6 +144,22 @@ def legacy_description_fingerprint(description: dict) -> str:
     it (recomputed from the stored description, which it protects against edits), then compares the
     inputs as for a new checkpoint."""
     return hashlib.sha256(json.dumps(description, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class HasRunSpec:
+    """A run's privacy side (``privacy`` of the torch and JAX ``make_private``) holds its
+    :class:`RunSpec` as ``run_spec``; ``plan``, its name before the rename, still reads it with a
+    :class:`DeprecationWarning` (*plan* is a ``dpmf plan`` row)."""
+
+    run_spec: "RunSpec"
+
+    @property
+    def plan(self) -> "RunSpec":
+        import warnings
+
+        warnings.warn("privacy.plan is deprecated: use privacy.run_spec (the RunSpec; a 'plan' is a dpmf plan row)",
+                      DeprecationWarning, stacklevel=2)
+        return self.run_spec
 
 
 @dataclass(frozen=True)
@@ -328,6 +346,11 @@ def build_run_spec(
     :class:`~dpmf.errors.UnsupportedConfigurationError` here, before training. ``normalizer``
     defaults to :func:`expected_batch_size` (a public constant; any positive public constant is
     allowed).
+
+    A calibration whose rough estimate (:func:`~dpmf.accounting.cost.accounting_cost`) is 5 s or
+    more says so on stderr and shows its progress (:func:`dpmf.progress.shown_if_long`: a bar on a
+    terminal, log lines in a notebook or a log; ``DPMF_PROGRESS=off`` silences it); inside a
+    ``dpmf.progress.reporting()`` block, that block's reporter shows it instead.
     """
     from dpmf.accounting import account, calibrate
 
@@ -335,8 +358,10 @@ def build_run_spec(
     if (noise_multiplier is None) == (target_epsilon is None):
         raise InvalidParameterError("pass exactly one of noise_multiplier and target_epsilon")
     if target_epsilon is not None:
-        cal = calibrate(strategy, scheme, _v.positive("target_epsilon", target_epsilon), d, accountant,
-                        **accountant_options)
+        target = _v.positive("target_epsilon", target_epsilon)
+        with progress.shown_if_long(f"calibrating the noise to epsilon {target:g} at delta {d:g} before the first step",
+                                    _calibration_seconds(strategy, scheme, target, d, accountant, accountant_options)):
+            cal = calibrate(strategy, scheme, target, d, accountant, **accountant_options)
         sigma, report = cal.noise_multiplier, cal.report
     else:
         sigma = _v.positive("noise_multiplier", noise_multiplier)
@@ -348,6 +373,20 @@ def build_run_spec(
         )
     norm = expected_batch_size(scheme, m) if normalizer is None else _v.positive("normalizer", normalizer)
     return RunSpec(strategy, scheme, float(sigma), clip, float(norm), m, d, report)
+
+
+def _calibration_seconds(strategy, scheme, target: float, delta: float, accountant, options: dict) -> float:
+    """The rough estimate of :func:`~dpmf.accounting.cost.accounting_cost` for this calibration (0
+    when there is none: a pair or option the accountants will refuse by name, with a better message)."""
+    from dpmf.accounting.cost import accounting_cost
+    from dpmf.errors import DPMFError
+
+    try:
+        return accounting_cost(strategy, scheme, method=accountant if isinstance(accountant, str) else "auto",
+                               calibrate=True, num_samples=options.get("num_samples"), target_epsilon=target,
+                               delta=delta).seconds
+    except (DPMFError, TypeError, ValueError, MemoryError):
+        return 0.0
 
 
 def _check_run(strategy, scheme, num_examples, max_grad_norm, delta, normalizer) -> tuple[int, float, float]:
@@ -553,33 +592,6 @@ def _run_spec_from(plan, *, num_examples, delta, max_grad_norm, normalizer, conf
         )
     return run_spec_from_row(plan, num_examples=num_examples, max_grad_norm=max_grad_norm, delta=delta,
                          normalizer=normalizer, **(accountant_options or {}))
-
-
-def training_summary(report) -> str | None:
-    """One line saying what a training run's report covers (``privacy.report()``, or its JSON dict):
-    steps done of steps planned, clip norm, normalizer, and the ``dpmf plan`` row it came from;
-    ``None`` for a report that is not a training run's. ``dpmf verify`` prints it."""
-    diag = getattr(report, "diagnostics", None) if not isinstance(report, dict) else report.get("diagnostics")
-    t = diag.get("training") if isinstance(diag, dict) else None
-    if not isinstance(t, dict):
-        return None
-
-    def num(key):
-        v = t.get(key)
-        return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
-
-    line = (f"trained: {t.get('steps_done', '?')} of {t.get('steps_planned', '?')} planned steps, clip norm "
-            f"{num('max_grad_norm')}, normalizer {num('normalizer')}, {num('num_examples')} examples, "
-            f"per-example gradients {t.get('grad_sample_mode', '?')}")
-    row = t.get("plan_row")
-    if isinstance(row, dict):
-        run = row.get("run") if isinstance(row.get("run"), dict) else {}
-        rank = f" {row['rank']}" if row.get("rank") is not None else ""
-        line += (f"; from dpmf plan row{rank}: {row.get('strategy')} / {row.get('sampling')} ({row.get('method')}, "
-                 f"sigma {row.get('noise_multiplier', float('nan')):.6g}), planned for {run.get('dataset_size')} examples, "
-                 f"batch {run.get('batch_size')}, {run.get('epochs')} epochs, target epsilon {run.get('epsilon')} at "
-                 f"delta {run.get('delta')}")
-    return line
 
 
 #: Options that change how an accountant runs, never its value (:data:`dpmf.accounting.guard.EXECUTION_OPTIONS`).

@@ -66,7 +66,7 @@ def test_run_adds_noise_with_the_certified_covariance():
     plan's certified noise multiplier."""
     strategy, steps, R = bsr(8, 2), 8, 20_000
     run = _run(strategy, optimizer=optax.identity(), max_grad_norm=0.7, seed=3)
-    plan = run.privacy.plan
+    plan = run.privacy.run_spec
     zeros = jnp.zeros(R)
 
     def body(state, _):
@@ -86,7 +86,7 @@ def test_run_adds_noise_with_the_certified_covariance():
 
 def test_run_draws_the_certified_batches(trained):
     run, _, _, _ = trained
-    plan = run.privacy.plan
+    plan = run.privacy.run_spec
     ref = list(plan.scheme.batches(M, np.random.default_rng(_derived_seed(0, 0))))
     fresh = _run()
     got = [b.indices[~b.is_padding] for b in fresh.batches]
@@ -200,10 +200,10 @@ def test_refuses_with_the_pytorch_sides_messages():
 
 def test_plan_is_reused_without_accounting(trained):
     run, _, _, _ = trained
-    again = make_private(loss, _params(), M, optimizer=optax.sgd(0.1), plan=run.privacy.plan, seed=1)
-    assert again.privacy.plan is run.privacy.plan
+    again = make_private(loss, _params(), M, optimizer=optax.sgd(0.1), plan=run.privacy.run_spec, seed=1)
+    assert again.privacy.run_spec is run.privacy.run_spec
     with pytest.raises(InvalidParameterError, match="plan= fixes"):
-        make_private(loss, _params(), M, optimizer=optax.sgd(0.1), plan=run.privacy.plan, seed=1,
+        make_private(loss, _params(), M, optimizer=optax.sgd(0.1), plan=run.privacy.run_spec, seed=1,
                      strategy=Identity(8))
 
 

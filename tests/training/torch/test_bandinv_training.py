@@ -53,18 +53,18 @@ def test_make_private_with_band_inv_noise_and_allocation_accounting():
     gen = torch.Generator().manual_seed(_derived_seed(5, 1))
     draw = torch.randn(d, generator=gen, dtype=torch.float64).numpy() * 2.0 * 0.5
     w0 = z.step(draw.copy())
-    normalizer = run.privacy.plan.normalizer
+    normalizer = run.privacy.run_spec.normalizer
     flat_before = torch.cat([p.reshape(-1) for p in before])
     flat_after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     flat_grad = torch.cat([g.reshape(-1) for g in grads])
     np.testing.assert_allclose((flat_before - flat_after).numpy() * normalizer - flat_grad.numpy(), w0,
                                rtol=0, atol=1e-9)
-    report = run.privacy.plan.report
+    report = run.privacy.run_spec.report
     assert report.certified and report.method == "unamplified" and np.isfinite(report.epsilon)
     # a checkpoint after 1 step resumes into a fresh run of the same plan and finishes it
     state = run.privacy.state_dict()
     model2, data2 = _setup()
-    run2 = _private(model2, data2, plan=run.privacy.plan)
+    run2 = _private(model2, data2, plan=run.privacy.run_spec)
     run2.privacy.load_state_dict(state)
     for x, y in run2.data_loader:
         run2.optimizer.step(x, y)

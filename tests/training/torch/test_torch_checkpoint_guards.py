@@ -80,7 +80,7 @@ def test_a_checkpoint_as_saved_is_accepted_for_every_strategy_kind(tmp_path, str
     run = _run(strategy, scheme, steps=3)
     run.privacy.save_checkpoint(tmp_path / "c.pt")
     state = _load(tmp_path / "c.pt")
-    assert description_fingerprint(state["plan"]) == state["plan_fingerprint"] == run.privacy.plan.fingerprint()
+    assert description_fingerprint(state["plan"]) == state["plan_fingerprint"] == run.privacy.run_spec.fingerprint()
     fresh = _run(strategy, scheme)
     fresh.privacy.load_checkpoint(tmp_path / "c.pt")
     assert fresh.privacy.steps_done == fresh.optimizer.noise.steps_done == 3
@@ -135,7 +135,7 @@ def test_checkpoint_written_before_issue_51_resumes():
     state = _load(data / "checkpoint_5518073.pt")
     assert state["plan_fingerprint"] == legacy_description_fingerprint(state["plan"]) == "4962d7fefb245d99"
     run = torch_run()
-    assert run.privacy.plan.fingerprint() != state["plan_fingerprint"]
+    assert run.privacy.run_spec.fingerprint() != state["plan_fingerprint"]
     run.privacy.load_checkpoint(data / "checkpoint_5518073.pt")
     assert run.privacy.steps_done == run.optimizer.noise.steps_done == 3
     _train(run, 3)  # and it runs to the end of its plan

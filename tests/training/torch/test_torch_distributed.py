@@ -99,7 +99,7 @@ def _train(config: str, *, distributed: bool, seed: int | None, noise_multiplier
         "steps_done": run.privacy.steps_done,
         "sampler_seed": run.privacy.sampler.seed,
         "noise_state": run.optimizer.noise.state_dict(),
-        "normalizer": run.privacy.plan.normalizer,
+        "normalizer": run.privacy.run_spec.normalizer,
     }
 
 

@@ -102,7 +102,7 @@ def test_ledger_equals_the_direct_computation(mode):
         spent[batch] += mu**2
         full = np.zeros(m)
         full[batch] = np.where(admitted, norms, 0.0)
-        filtered_step(oracle, full, clip_norm=clip, noise_multiplier=sigma, normalizer=privacy.plan.normalizer)
+        filtered_step(oracle, full, clip_norm=clip, noise_multiplier=sigma, normalizer=privacy.run_spec.normalizer)
         filtered_any |= bool((~admitted).any())
         clipped_any |= bool((admitted & (norms > clip)).any())
         unclipped_any |= bool((admitted & (norms < clip)).any())
@@ -154,7 +154,7 @@ def test_exhausted_example_contributes_zero_gradient():
         opt.zero_grad()
         acct.step(x, y)
         noise = ref_noise.unflatten(ref_noise.draw())
-        signal = [p.grad * privacy.plan.normalizer - w for p, w in zip(model.parameters(), noise)]
+        signal = [p.grad * privacy.run_spec.normalizer - w for p, w in zip(model.parameters(), noise)]
         expected = with_0 if t < 2 else without_0
         for s, e in zip(signal, expected):
             torch.testing.assert_close(s, e, rtol=1e-9, atol=1e-9)

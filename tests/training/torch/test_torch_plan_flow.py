@@ -99,7 +99,7 @@ def test_make_private_trains_the_row_without_calibrating_again(rows, key, count_
     run = _make(row)
     assert count_evaluations == [row.method]  # one evaluation of the row's own accountant, no search
     privacy = run.privacy
-    plan = privacy.plan
+    plan = privacy.run_spec
     assert plan.noise_multiplier == row.noise_multiplier and plan.delta == RUN.delta
     assert json.loads(json.dumps(plan.strategy.describe())) == row.strategy_spec
     assert json.loads(json.dumps(plan.scheme.describe())) == row.scheme_spec
@@ -130,7 +130,7 @@ def test_the_re_check_costs_a_fraction_of_a_calibration(rows):
     start = time.perf_counter()
     again = _make(None, strategy=strategy, sampling=scheme, target_epsilon=RUN.epsilon, delta=RUN.delta)
     calibrated = time.perf_counter() - start
-    assert again.privacy.plan.report.epsilon <= RUN.epsilon
+    assert again.privacy.run_spec.report.epsilon <= RUN.epsilon
     assert from_row < calibrated, (from_row, calibrated)
 
 
@@ -140,7 +140,7 @@ def test_a_row_of_another_dataset_size_or_delta_is_refused(rows, count_evaluatio
         _make(row, data=_data(100))
     with pytest.raises(InvalidParameterError, match=r"delta=1e-06 but .*certified at delta=1e-05"):
         _make(row, delta=1e-6)
-    assert _make(row, delta=1e-5).privacy.plan.delta == 1e-5  # the row's own delta may be repeated
+    assert _make(row, delta=1e-5).privacy.run_spec.delta == 1e-5  # the row's own delta may be repeated
     assert count_evaluations == ["pld"]  # nothing was computed for the refused ones
 
 
@@ -199,15 +199,15 @@ def test_strategy_and_sampling_with_a_plan_are_refused(rows):
 
 def test_execution_options_run_the_re_check(rows):
     run = _make(rows[("banded-toeplitz", "cyclic-poisson")], accountant_options={"workers": 1})
-    assert run.privacy.plan.report.epsilon == rows[("banded-toeplitz", "cyclic-poisson")].epsilon
+    assert run.privacy.run_spec.report.epsilon == rows[("banded-toeplitz", "cyclic-poisson")].epsilon
 
 
 def test_an_execution_plan_is_used_as_it_is(rows, count_evaluations):
-    first = _make(rows[("identity", "balls-in-bins")]).privacy.plan
+    first = _make(rows[("identity", "balls-in-bins")]).privacy.run_spec
     assert count_evaluations == ["allocation_pld"]
     second = _make(first)
-    assert second.privacy.plan is first and count_evaluations == ["allocation_pld"]  # no accounting at all
-    assert _make(first, delta=first.delta, normalizer=first.normalizer).privacy.plan is first
+    assert second.privacy.run_spec is first and count_evaluations == ["allocation_pld"]  # no accounting at all
+    assert _make(first, delta=first.delta, normalizer=first.normalizer).privacy.run_spec is first
     with pytest.raises(InvalidParameterError, match="max_grad_norm=2.0 but the RunSpec has max_grad_norm=1.0"):
         _make(first, max_grad_norm=2.0)
     with pytest.raises(InvalidParameterError, match="dataset has 100 examples but the RunSpec"):
@@ -247,6 +247,9 @@ def _verify_cli(path, expect_rank: int, size: int, steps: int) -> None:
     assert f"trained: {steps} of {steps} planned steps, clip norm 1, normalizer" in res.stdout
     assert f"from dpmf plan row {expect_rank}: " in res.stdout
     assert f"planned for {size} examples, batch 20, 2 epochs" in res.stdout
+    from_python = verify_report(path).summary()  # Python says what the command prints, trained line included
+    assert from_python.splitlines()[2].startswith(f"trained: {steps} of {steps} planned steps")
+    assert " ".join(from_python.split()) == " ".join(res.stdout.split())
     res = runner.invoke(app, ["verify", str(path), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["training"]["steps_done"] == steps
 

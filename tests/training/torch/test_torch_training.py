@@ -69,7 +69,7 @@ def test_step_is_clipped_sum_plus_noise_over_expected_batch_size():
                                  dtype=torch.float64)
     w = ref_noise.unflatten(ref_noise.draw())
     normalizer = 0.5 * M  # the expected batch size, public; never len(x)
-    assert run.privacy.plan.normalizer == normalizer != len(x)
+    assert run.privacy.run_spec.normalizer == normalizer != len(x)
     for p0, p, g, n in zip(before, model.parameters(), grads, w):
         torch.testing.assert_close(p.detach(), p0 - (g + n) / normalizer, rtol=1e-12, atol=1e-12)
     assert torch.equal(run.optimizer.last_norms, norms)

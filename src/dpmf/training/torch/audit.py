@@ -243,7 +243,7 @@ def _train_once(config: AuditConfig, task: "_Task", plan: RunSpec | None, model,
     else:
         run = make_private(audited, optimizer, data, **config.privacy_options(), **kwargs)
     opt, loader, privacy = run.optimizer, run.data_loader, run.privacy
-    p = privacy.plan
+    p = privacy.run_spec
     coin_t = torch.as_tensor(coins, dtype=torch.float64)
     released = np.zeros((p.steps, m)) if white_box else None
     unit = p.normalizer / p.max_grad_norm

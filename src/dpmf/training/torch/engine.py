@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.run_spec import RunSpec, resolve_run_spec
+from dpmf.training.run_spec import HasRunSpec, RunSpec, resolve_run_spec
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import Clipper
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
@@ -96,10 +96,11 @@ class ShardedBatchSampler(torch.utils.data.Sampler):
 
 
 @dataclass
-class Privacy:
-    """The privacy side of a run: its plan, reports, checkpoints (returned by :func:`make_private`)."""
+class Privacy(HasRunSpec):
+    """The privacy side of a run: its :class:`~dpmf.training.run_spec.RunSpec` (``run_spec``; the
+    old name ``plan`` warns), reports, checkpoints (returned by :func:`make_private`)."""
 
-    plan: RunSpec
+    run_spec: RunSpec
     module: Any
     optimizer: DPOptimizer
     sampler: SchemeBatchSampler
@@ -110,7 +111,7 @@ class Privacy:
 
     @property
     def noise_multiplier(self) -> float:
-        return self.plan.noise_multiplier
+        return self.run_spec.noise_multiplier
 
     def report(self):
         """The certified report of the planned run (``PrivacyReport``; ``.to_json()``), with the steps
@@ -119,7 +120,7 @@ class Privacy:
         Its ``adjacency`` states what the epsilon is for (zero-out: ``len(dataset)`` is public); its
         JSON carries the digest ``dpmf verify`` checks for edits."""
         clipper = self.optimizer.clipper
-        return self.plan.training_report(
+        return self.run_spec.training_report(
             self.steps_done, grad_sample_mode=clipper.mode, nonfinite_examples_skipped=clipper.skipped_nonfinite,
             trainable_parameters=sum(p.numel() for p in clipper.params), **clipper.diagnostics())
 
@@ -128,26 +129,26 @@ class Privacy:
         ``<sha256>.npz``, the dense matrix a large dense strategy's description names by hash only
         (the optimal factorization above 64 steps), so that ``dpmf verify path`` (which searches the
         report's folder) can re-check the report from the files alone. Returns the paths written."""
-        return self.plan.save_report(self.report, path)
+        return self.run_spec.save_report(self.report, path)
 
     def get_epsilon(self, delta: float | None = None) -> float:
         """Epsilon of the planned run at ``delta`` (default the plan's), Opacus' name. Another delta is
         recomputed with the same accountant and options."""
-        if delta is None or delta == self.plan.delta:
-            return self.plan.epsilon
-        r = self.plan.report
+        if delta is None or delta == self.run_spec.delta:
+            return self.run_spec.epsilon
+        r = self.run_spec.report
         if r.method not in ("pld", "unamplified", "mmcc", "allocation", "allocation_pld", "truncated_pld"):
             # (Monte Carlo is an estimate from its own samples at its delta; composition reports carry
             # their parts, not one accountant to rerun)
             raise InvalidParameterError(f"epsilon at another delta is not available for method {r.method!r}")
-        return self.plan.epsilon_at(delta)
+        return self.run_spec.epsilon_at(delta)
 
     # --- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Model, optimizer, sampler position, noise state and RNG, and the plan they belong to."""
         return {
             "format": CHECKPOINT_FORMAT,
-            **self.plan.checkpoint_entries(),
+            **self.run_spec.checkpoint_entries(),
             "steps_done": self.steps_done,
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -171,10 +172,10 @@ class Privacy:
         :meth:`load_checkpoint`."""
         if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "plan" not in state:
             raise InvalidParameterError("not a dpmf training checkpoint (missing format/plan)")
-        self.plan.check_checkpoint(state)
+        self.run_spec.check_checkpoint(state)
         steps = state.get("steps_done")
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= self.plan.steps:
-            raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.plan.steps}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= self.run_spec.steps:
+            raise InvalidParameterError(f"checkpoint steps_done={steps!r} is outside 0..{self.run_spec.steps}")
         counters = {"noise": _saved_steps(state, "noise"), "sampler": _saved_steps(state, "sampler")}
         if any(c != steps for c in counters.values()):
             raise InvalidParameterError(

@@ -120,7 +120,7 @@ class IndividualAccounting:
 
     def __init__(self, privacy, *, budget: float | None = None, target_epsilon: float | None = None,
                  delta: float | None = None, ledger: IndividualGDPLedger | None = None) -> None:
-        plan = privacy.plan
+        plan = privacy.run_spec
         if not isinstance(plan.strategy, Identity):
             raise UnsupportedConfigurationError(
                 f"individual accounting needs the identity strategy (DP-SGD), got "
