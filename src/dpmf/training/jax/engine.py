@@ -16,7 +16,12 @@ followed by the user's optimizer:
   matrix-factorization privatizer with the strategy's noising matrix), then
   ``optax.scale(1 / normalizer)`` (the public normalizer), then the user's optimizer, chained in
   one ``optax.GradientTransformation`` whose state holds the noise key and buffers;
-* the batches: :class:`~dpmf.training.jax.data.SchemeBatches` (the scheme's batches, padded).
+* the batches: :class:`~dpmf.training.jax.data.SchemeBatches` (the scheme's batches, padded);
+* the loss: per example, optionally with auxiliary outputs (``has_aux``) and a random key
+  (``takes_rng``: step ``t``'s key is ``fold_in(loss key, t)``, split over the examples); its values
+  come back from ``train_step`` (:class:`StepOutput`, not covered by the report);
+* the plan's length: a step past it raises :class:`~dpmf.training.run_spec.StepOutOfPlanError` on
+  the host (:class:`_PlanGuard`) before it runs.
 
 Example (BandMF with 4 bands under balls-in-bins, calibrated to epsilon 4):
 
