@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 from dpmf.errors import DPMFError, NumericalError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.training.torch.clipping import clip_factors  # noqa: E402
 from dpmf.training.torch.ghost import GhostClipper  # noqa: E402
-from dpmf.training.torch.ghost.sequence import use_gram  # noqa: E402
+from dpmf.training.torch.ghost import joint, sequence  # noqa: E402
+from dpmf.training.torch.ghost.sequence import norm_plan, use_gram  # noqa: E402
 
 F = torch.nn.functional
 
@@ -125,6 +126,39 @@ def test_gram_rule_takes_both_branches():
     assert use_gram(4, 16, 16) and not use_gram(9, 3, 2)
 
 
+def test_norm_plan_by_cost_and_memory():
+    assert norm_plan(128, 768, 256) == "gram"  # GPT-2 width 256 at T = 128: P would outgrow A and G
+    assert norm_plan(128, 128, 384) == "keep"  # width 128: per-example gradients are cheaper and fit
+    assert norm_plan(128, 256, 8) == "keep"  # a LoRA adapter
+    assert norm_plan(17, 128, 128) == "gram"  # ViT's 17 tokens
+    assert norm_plan(2, 1, 1) == "materialize"  # (the passes cost more than the products)
+    assert norm_plan(128, 4096, 256, keep=False, float64=True) == "gram"  # the tied GPT-2 weight's joint form
+
+
+@pytest.mark.parametrize("plan", ["gram", "keep", "materialize"])
+def test_every_norm_plan_equals_the_reference(plan, monkeypatch):
+    """Each way to a sequence layer's norms and clipped sum (``sequence.norm_plan``: the Gram form, the
+    per-example gradients kept for the sum, materialized for the norms only) equals the float64 loop, on
+    Linear layers (contiguous ``A``, ``G``) and a grouped convolution (transposed views)."""
+    monkeypatch.setattr(sequence, "norm_plan", lambda *args, **kw: plan)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    check_equal(model, mse_seq, torch.randn(6, 4, 5), torch.randn(6, 4, 3), clip=0.8)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(4, 6, 3, groups=2, padding=1), torch.nn.Flatten(), torch.nn.LazyLinear(3))
+    x = torch.randn(5, 4, 6, 5)
+    conv(x)
+    check_equal(conv, ce, x, torch.randint(0, 3, (5,)))
+
+
+@pytest.mark.parametrize("plan", ["gram", "materialize"])
+def test_every_joint_plan_equals_the_reference(plan, monkeypatch):
+    """The joint norm of a tied weight and a twice-called layer, by the stacked Grams and by the float64
+    materialized sum, equals the float64 loop."""
+    monkeypatch.setattr(joint, "norm_plan", lambda *args, **kw: plan)
+    model = TiedLM(11, 6, 0, True)
+    x, y = torch.randint(0, 11, (5, 7)), torch.randint(0, 11, (5, 7))
+    check_equal(model, lm_sum, x, y, clip=0.5)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(stride=2, padding=1), dict(padding="same", dilation=2),
                                 dict(groups=2, padding=1), dict(padding=1, padding_mode="reflect"),
                                 dict(bias=False, stride=(2, 1))])
@@ -211,6 +245,7 @@ class WithOwnParameter(torch.nn.Module):
 def test_fallback_for_unknown_layer():
     model = torch.nn.Sequential(torch.nn.Linear(4, 5), Scale(5), torch.nn.Linear(5, 2))
     ghost = GhostClipper(model, ce, 1.0)
+    ghost.clipped_sum(torch.randn(6, 4), torch.randint(0, 2, (6,)))  # x * w: not a broadcast addition
     assert ghost.covered_layers() == {"0": "ghost", "1": "fallback", "2": "ghost"}
     ghost.close()
     check_equal(model, ce, torch.randn(6, 4), torch.randint(0, 2, (6,)))
@@ -389,7 +424,7 @@ def test_unbatched_input_refusal_names_the_layer():
             self.lin, self.pos = torch.nn.Linear(3, 3), torch.nn.Linear(2, 3)
 
         def forward(self, x):
-            return self.lin(x) + self.pos(torch.ones(4, 2)).sum(0)  # a (4, 2) input, reduced
+            return self.lin(x) @ self.pos(torch.ones(3, 2))  # a (3, 2) input, its output multiplying the batch
 
     g = GhostClipper(Bad(), ce, 1.0)
     with pytest.raises(UnsupportedConfigurationError, match="'pos'") as info:

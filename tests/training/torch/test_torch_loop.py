@@ -12,6 +12,7 @@ from dpmf.sampling import BallsInBinsSampling, PoissonSampling  # noqa: E402
 from dpmf.strategies import Identity, bsr  # noqa: E402
 from dpmf.training.torch import make_private  # noqa: E402
 from dpmf.training.torch.ghost import GhostClipper  # noqa: E402
+from dpmf.training.torch.ghost import sequence  # noqa: E402
 
 F = torch.nn.functional
 M, D, K = 40, 5, 3
@@ -253,11 +254,14 @@ def test_clip_bound_with_huge_activations():
         assert n <= 0.1
 
 
-def test_clip_bound_with_near_cancelling_sequences():
+@pytest.mark.parametrize("plan", ["gram", "keep", "materialize"])
+def test_clip_bound_with_near_cancelling_sequences(plan, monkeypatch):
     """Equal input rows, output gradients that cancel up to a tiny remainder: the float32 Gram value is
-    garbage, the exact norm tiny; the bound still holds, and the reported norm bounds the float64 one."""
+    garbage, the exact norm tiny; the bound still holds, and the reported norm bounds the float64 one
+    (each way to the norms: ``sequence.norm_plan``)."""
+    monkeypatch.setattr(sequence, "norm_plan", lambda *args, **kw: plan)
     T, d = 64, 64
-    lin = torch.nn.Linear(d, d, bias=False)  # 2 T^2 <= d^2: the Gram branch
+    lin = torch.nn.Linear(d, d, bias=False)
     a = torch.randn(1, 1, d).expand(3, T, d).contiguous() * 100
     signs = torch.ones(T)
     signs[1::2] = -1.0

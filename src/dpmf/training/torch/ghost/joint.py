@@ -33,7 +33,8 @@ are taken in the working precision and contracted in float64, with the error bou
 :func:`~dpmf.training.torch.ghost.sequence.gram_bound` for the stacked sequence (its ``s``, ``sum ||u||``,
 ``sum ||v||`` summed over the contributions; ``T + K`` positions in the float64 term, which also covers
 adding the ``K^2`` block totals); float64 if the working precision overflows.
-When materializing is cheaper (``2 T^2 > R C``) or a contribution is materialized anyway, the summed
+When materializing in float64 is cheaper (:func:`~dpmf.training.torch.ghost.sequence.norm_plan`) or a
+contribution is materialized anyway, the summed
 per-example gradient is formed in float64 (products of float32 numbers are exact there; the sums over
 ``T`` err by at most ``gamma_{T+K+2} s``, added to the norm).
 """
@@ -49,11 +50,11 @@ from dpmf.training.torch.ghost.sequence import (
     contract,
     gamma,
     gram_bound,
+    norm_plan,
     row_norm_sums,
     rows_sq_norms,
-    sequence_sq_norms,
+    sequence_parts,
     sequence_weighted_sum,
-    use_gram,
 )
 
 torch = require_torch()
@@ -98,6 +99,7 @@ class Factored:
         self.U, self.V, self.keep, self.work = U, V, keep, work
         self.R = rows if self.index else U.shape[2]
         self.C = V.shape[2]
+        self._alone_sum = None  # set by sq_alone: this contribution's own clipped sum
 
     @property
     def batch(self) -> int:
@@ -120,8 +122,9 @@ class Factored:
         return self.row_norm_sums(work)[0]
 
     def sq_alone(self):
-        if not self.index:
-            return sequence_sq_norms(self.V, self.U, self.work)
+        if not self.index:  # the clipped sum of this contribution alone: as its norms' plan says
+            sq, self._alone_sum = sequence_parts(self.V, self.U, self.work)
+            return sq
         # exact grouping: sum_v ||sum_{t: x_t = v} g_t||^2, the rows summed in float64
         B, R = self.batch, self.R
         idx = self.U.reshape(B, -1)
@@ -133,8 +136,12 @@ class Factored:
             0, inverse, self.V.reshape(B, -1, self.C)[keep].to(F64))
         return torch.zeros(B, dtype=F64, device=self.V.device).index_add_(0, uniq // R, (grouped * grouped).sum(1))
 
-    def weighted_sum(self, f, param):
+    def weighted_sum(self, f, param, *, alone: bool = False):
+        """``sum_i f_i c_i`` in ``param``'s dtype and shape; ``alone``: after :meth:`sq_alone`, from what it
+        formed (the kept per-example gradients, when its plan kept them)."""
         if not self.index:
+            if alone and self._alone_sum is not None:
+                return self._alone_sum(f.to(self.V.device), param.dtype).reshape(param.shape)
             return sequence_weighted_sum(self.V, self.U, f.to(self.V.device), param.dtype).reshape(param.shape)
         B = self.batch
         idx, V = self.U.reshape(B, -1), self.V.reshape(B, -1, self.C)
@@ -181,16 +188,14 @@ def _gram_joint(fac: list, work):
     R, C = fac[0].R, fac[0].C
     device = fac[0].V.device
     z = lambda: torch.zeros(B, dtype=F64, device=device)  # noqa: E731
-    n2, abs_ab, abs_a, abs_b, s, su, sv = z(), z(), z(), z(), z(), z(), z()
+    n2, s, su, sv = z(), z(), z(), z()
     for k, a in enumerate(fac):
         s_k, su_k, sv_k = a.row_norm_sums(work)
         s, su, sv = s + s_k, su + su_k, sv + sv_k
         for b in fac[k:]:
             twice = 1 if b is a else 2  # the (l, k) block is the transpose of (k, l)
-            parts = contract(_u_gram(a, b, work), torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2)))
-            for total, x in zip((n2, abs_ab, abs_a, abs_b), parts):
-                total += twice * x
-    return gram_bound(n2, abs_ab, abs_a, abs_b, s, su, sv, R, C, T + K, work)
+            n2 += twice * contract(_u_gram(a, b, work), torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2)))
+    return gram_bound(n2, s, su, sv, R, C, T + K, work)
 
 
 def joint_sq_norms(contribs: list):
@@ -204,7 +209,7 @@ def joint_sq_norms(contribs: list):
     fac = [c for c in contribs if isinstance(c, Factored)]
     per = [c for c in contribs if isinstance(c, PerExample)]
     T = sum(c.T for c in fac)
-    if fac and not per and use_gram(T, fac[0].R, fac[0].C):
+    if fac and not per and norm_plan(T, fac[0].R, fac[0].C, keep=False, float64=True) == "gram":
         work = fac[0].work
         for c in fac[1:]:
             work = torch.promote_types(work, c.work)
@@ -251,6 +256,7 @@ def from_contributions(contributions: dict, params: dict) -> LayerGradients:
         sq = x if sq is None else sq + x
 
     def weighted_sum(f):
-        return {name: c.weighted_sum(f, params[name]) for name, c in contributions.items()}
+        return {name: (c.weighted_sum(f, params[name], alone=True) if isinstance(c, Factored)
+                       else c.weighted_sum(f, params[name])) for name, c in contributions.items()}
 
     return LayerGradients(sq, weighted_sum, contributions=dict(contributions))

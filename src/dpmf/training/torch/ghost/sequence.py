@@ -7,10 +7,22 @@ Example ``i`` has input rows ``a_{i,t}`` (``A_i``, ``T x d_in``) and output-grad
     ||G_i^T A_i||_F^2 = <A_i A_i^T, G_i G_i^T>_F = sum_{s,t} (a_s . a_t)(g_s . g_t)     (ghost norm)
 
 (Li et al. 2021, arXiv 2110.05679, Sec. 4; for ``T = 1`` it is ``||a_i||^2 ||g_i||^2``, Goodfellow 2015).
-Per layer we take the cheaper of the Gram form (``O(T^2 (d_in + d_out))`` per example) and the
-materialized gradient (``O(T d_in d_out)``): Gram iff ``2 T^2 <= d_in d_out`` (Bu et al.'s mixed
-ghost norm, arXiv 2205.10683). The clipped sum is one product, ``sum_i f_i G_i^T A_i = (f * G)^T A``
-over the flattened batch and positions ("book-keeping", Bu et al. arXiv 2210.00038).
+The clipped sum is one product, ``sum_i f_i G_i^T A_i = (f * G)^T A`` over the flattened batch and
+positions ("book-keeping", Bu et al. arXiv 2210.00038).
+
+Per layer (:func:`norm_plan`) the cheapest of three ways, by an operation count per example in
+multiply-adds of a float32 GEMM (the mixed ghost norm of Bu et al., arXiv 2205.10683, with the
+book-keeping product and the passes over memory counted; constants measured on one CPU thread,
+``benchmarks/README.md``, issue 52):
+
+* ``"gram"``: the two ``T x T`` Grams (``T^2 (d_in + d_out)``), their float64 contraction
+  (:data:`GRAM_PASS` per entry), then the book-keeping product (``T d_in d_out``);
+* ``"keep"``: the per-example gradients ``P_i = G_i^T A_i`` (``T d_in d_out``, times
+  :data:`BMM_PENALTY` for a batch of small products), their float64 norms, and the clipped sum
+  ``sum_i f_i P_i`` from the very same tensor (:data:`KEEP_PASS` per entry): no book-keeping product. Held
+  until the clip factors are known, so only where ``P`` takes no more memory than the captured ``A`` and
+  ``G`` it is formed from (``d_in d_out <= KEEP_MEMORY T (d_in + d_out)``);
+* ``"materialize"``: ``P_i`` a chunk of examples at a time for the norms only, then book-keeping.
 
 Rounding (why the returned squares are upper bounds). Let ``s_i = sum_t ||a_{i,t}|| ||g_{i,t}||``; it
 bounds ``||G_i^T A_i||_F`` and, entrywise, ``|| |G_i|^T |A_i| ||_F``. With ``gamma_m = m u / (1 - m u)``
@@ -49,11 +61,22 @@ from dpmf.training.torch.clipping import toward_zero
 
 torch = require_torch()
 
-__all__ = ["gamma", "sequence_sq_norms", "sequence_weighted_sum", "rows_sq_norms", "use_gram"]
+__all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
+           "norm_plan"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
 CHUNK_FLOATS = 1 << 23
+#: cost of one Gram entry's float64 contraction (conversions, product, sum), in float32 GEMM multiply-adds
+GRAM_PASS = 70
+#: cost of one materialized entry's float64 norm
+NORM_PASS = 25
+#: cost of one kept entry: its float64 norm and its share of ``sum_i f_i P_i``
+KEEP_PASS = 30
+#: a batch of ``B`` small per-example products runs slower per multiply-add than one large GEMM
+BMM_PENALTY = 1.2
+#: ``"keep"`` only where ``d_in d_out <= KEEP_MEMORY T (d_in + d_out)``: ``P`` no larger than ``A`` and ``G``
+KEEP_MEMORY = 1.0
 
 
 def gamma(m: int, dtype) -> float:
@@ -62,9 +85,22 @@ def gamma(m: int, dtype) -> float:
     return float("inf") if mu >= 1 else mu / (1 - mu)
 
 
+def norm_plan(T: int, d_in: int, d_out: int, *, keep: bool = True, float64: bool = False) -> str:
+    """``"gram"``, ``"keep"`` or ``"materialize"``: the cheapest way (module docstring) to the norms and
+    the clipped sum of a linear map along ``T`` positions, ``d_in`` to ``d_out``. ``keep=False``: not
+    ``"keep"`` (a caller that has no such form); ``float64``: the caller materializes in float64 (about
+    twice the time of float32)."""
+    size = d_in * d_out
+    cost = {"gram": T * T * (d_in + d_out + GRAM_PASS) + T * size,
+            "materialize": ((1 + BMM_PENALTY) * T * size + NORM_PASS * size) * (2 if float64 else 1)}
+    if keep and size <= KEEP_MEMORY * T * (d_in + d_out):
+        cost["keep"] = BMM_PENALTY * T * size + KEEP_PASS * size
+    return min(cost, key=cost.get)
+
+
 def use_gram(T: int, d_in: int, d_out: int) -> bool:
-    """The mixed ghost norm rule: the Gram form iff ``2 T^2 <= d_in d_out``."""
-    return 2 * T * T <= d_in * d_out
+    """Whether :func:`norm_plan` takes the Gram form."""
+    return norm_plan(T, d_in, d_out) == "gram"
 
 
 def _row_norm_products(A, G):
@@ -72,24 +108,35 @@ def _row_norm_products(A, G):
     return (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)
 
 
-def gram_bound(n2, abs_ab, abs_a, abs_b, s, su, sv, R: int, C: int, T: int, work):
+def gram_bound(n2, s, su, sv, R: int, C: int, T: int, work):
     """Upper bound of the exact ``sum_{s,t} (u_s . u_t)(v_s . v_t)`` from its computed value (module
     docstring, "Gram form"): ``n2`` the float64 contraction of the working-precision Grams ``a = (u_s . u_t)``
-    and ``b = (v_s . v_t)``; ``abs_ab``, ``abs_a``, ``abs_b`` the sums of ``|a b|``, ``|a|``, ``|b|``; ``s``,
-    ``su``, ``sv`` upper bounds of ``sum_t ||u_t|| ||v_t||``, ``sum_t ||u_t||``, ``sum_t ||v_t||``; all float64
-    ``(B,)``. ``R``, ``C``: the lengths of the ``u`` and ``v`` rows; ``T``: the positions."""
+    and ``b = (v_s . v_t)`` (:func:`contract`); ``s``, ``su``, ``sv`` upper bounds of
+    ``sum_t ||u_t|| ||v_t||``, ``sum_t ||u_t||``, ``sum_t ||v_t||``; all float64 ``(B,)``. ``R``, ``C``: the
+    lengths of the ``u`` and ``v`` rows; ``T``: the positions.
+
+    The error terms need the sums of ``|a b|``, ``|a|`` and ``|b|`` over the *computed* entries; they are
+    bounded from the row norms rather than summed: ``|a_st| <= (1 + gamma_R) ||u_s|| ||u_t|| + R eta``, so
+    ``sum |a| <= (1 + gamma_R) su^2 + T^2 R eta`` and, with ``sum_{s,t} ||u_s|| ||u_t|| ||v_s|| ||v_t|| = s^2``,
+    ``sum |a b| <= (1 + gamma_R)(1 + gamma_C) s^2 + eta ((1 + gamma_R) C su^2 + (1 + gamma_C) R sv^2) +
+    T^2 R C eta^2``. (``sum |a b|`` enters only through the float64 term, ``gamma^{(64)}_{T^2+2}`` times it.)"""
     g_r, g_c = gamma(R + 2, work), gamma(C + 2, work)
     eta = torch.finfo(work).smallest_normal
-    err = (g_r + g_c + 3 * g_r * g_c) * s * s + gamma(T * T + 2, F64) * abs_ab
-    err = err + eta * (R * abs_b + C * abs_a + 2 * (g_r + g_c) * (R + C) * (su * su + sv * sv)) + T * T * R * C * eta * eta
+    TT = T * T
+    abs_a = (1 + g_r) * su * su + TT * R * eta
+    abs_b = (1 + g_c) * sv * sv + TT * C * eta
+    abs_ab = ((1 + g_r) * (1 + g_c) * s * s + eta * ((1 + g_r) * C * su * su + (1 + g_c) * R * sv * sv)
+              + TT * R * C * eta * eta)
+    err = (g_r + g_c + 3 * g_r * g_c) * s * s + gamma(TT + 2, F64) * abs_ab
+    err = err + eta * (R * abs_b + C * abs_a + 2 * (g_r + g_c) * (R + C) * (su * su + sv * sv)) + TT * R * C * eta * eta
     return n2.clamp_min(0.0) + err * (1 + 1e-10)  # (1 + 1e-10): the float64 rounding of this bound itself
 
 
 def contract(a, b):
-    """``(sum a b, sum |a b|, sum |a|, sum |b|)`` per example, float64, of two ``(B, T_1, T_2)`` Grams."""
-    a64, b64 = a.to(F64), b.to(F64)
-    ab = a64 * b64
-    return ab.sum((1, 2)), ab.abs().sum((1, 2)), a64.abs().sum((1, 2)), b64.abs().sum((1, 2))
+    """``sum_{s,t} a_st b_st`` per example in float64 (products of float32 numbers are exact there) of two
+    ``(B, T_1, T_2)`` Grams: one batched float64 dot product, ``(B,)``."""
+    B = a.shape[0]
+    return torch.bmm(a.to(F64).reshape(B, 1, -1), b.to(F64).reshape(B, -1, 1)).reshape(B)
 
 
 def row_norm_sums(U, V, work, d: int):
@@ -139,39 +186,65 @@ def _gram_sq_norms(A, G, work):
     T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
     Gw = G.to(work)
     s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
-    n2, abs_ab, abs_g, abs_a = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
-    return gram_bound(n2, abs_ab, abs_g, abs_a, s, sg, sa, d_out, d_in, T, work)
+    n2 = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
+    return gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
 
 
 def sequence_sq_norms(A, G, work_dtype=torch.float32):
     """Upper bounds of ``||G_i^T A_i||_F^2``, float64 ``(B,)``; ``A``: ``(B, T, d_in)``, ``G``: ``(B, T, d_out)``.
 
-    ``work_dtype`` is the precision of the materialized branch (at least float32)."""
+    ``work_dtype`` is the precision of the Grams and of the materialized products (at least float32)."""
+    return sequence_parts(A, G, work_dtype)[0]
+
+
+def sequence_parts(A, G, work_dtype=torch.float32):
+    """``(sq, summed)``: :func:`sequence_sq_norms` and ``summed(f, dtype)`` = ``sum_i f_i G_i^T A_i``
+    (``(d_out, d_in)``, ``dtype``; ``f`` float64 ``(B,)``), the way :func:`norm_plan` finds cheapest: with
+    ``"keep"`` the sum is taken from the per-example gradients whose norms were taken, otherwise by
+    book-keeping (:func:`sequence_weighted_sum`)."""
     B, T, d_in = A.shape
     d_out = G.shape[2]
+
+    def book_keeping(f, dtype):
+        return sequence_weighted_sum(A, G, f, dtype)
+
     if B == 0:
-        return torch.zeros(0, dtype=F64, device=A.device)
+        return torch.zeros(0, dtype=F64, device=A.device), book_keeping
     if T == 1:
         a, g = A[:, 0].to(F64), G[:, 0].to(F64)
         sq = (a * a).sum(1) * (g * g).sum(1)
-        return sq * (1 + gamma(max(d_in, d_out) + 2, F64))
-    if use_gram(T, d_in, d_out):
+        return sq * (1 + gamma(max(d_in, d_out) + 2, F64)), book_keeping
+    plan = norm_plan(T, d_in, d_out)
+    if plan == "gram":
         out = _gram_sq_norms(A, G, work_dtype)
         if not bool(torch.isfinite(out).all()) and work_dtype != F64:  # overflow in the working precision
             out = _gram_sq_norms(A, G, F64)
-        return out
-    # materialized, a chunk of examples at a time
-    out = torch.empty(B, dtype=F64, device=A.device)
+        return out, book_keeping
+    if plan == "keep":
+        P, sq = _materialized(A, G, work_dtype)
+
+        def kept(f, dtype):
+            fz = toward_zero(f.to(P.device), P.dtype)
+            return torch.mv(P.reshape(B, -1).t(), fz).reshape(d_out, d_in).to(dtype)
+
+        return sq, kept
+    out = torch.empty(B, dtype=F64, device=A.device)  # materialized, a chunk of examples at a time
     step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
-    g_T = gamma(T, work_dtype)
-    inflate = 1 + 2 * gamma(max(d_in, d_out) + T + 2, work_dtype)  # s in the working precision, rounded up
     for lo in range(0, B, step):
-        a, g = A[lo : lo + step].to(work_dtype), G[lo : lo + step].to(work_dtype)
-        p = torch.bmm(g.transpose(1, 2), a).reshape(a.shape[0], -1)
-        norm = torch.linalg.vector_norm(p, dim=1, dtype=F64)
-        s = _row_norm_products(a, g).to(F64) * inflate
-        out[lo : lo + step] = (norm + g_T * s) ** 2
-    return out
+        out[lo : lo + step] = _materialized(A[lo : lo + step], G[lo : lo + step], work_dtype)[1]
+    return out, book_keeping
+
+
+def _materialized(A, G, work):
+    """``(P, sq)``: the per-example gradients ``P_i = fl(G_i^T A_i)`` in ``work``, ``(B, d_out, d_in)``, and
+    ``(||P_i|| + gamma_T s_i)^2`` (module docstring, "Materialized form"), float64 ``(B,)``."""
+    T = A.shape[1]
+    a, g = A.to(work), G.to(work)
+    P = torch.bmm(g.transpose(1, 2), a)
+    norm = torch.linalg.vector_norm(P.reshape(P.shape[0], -1), dim=1, dtype=F64)
+    inflate = 1 + 2 * gamma(max(A.shape[2], G.shape[2]) + T + 2, work)  # s in the working precision, rounded up
+    s = _row_norm_products(a, g).to(F64) * inflate
+    return P, (norm + gamma(T, work) * s) ** 2
 
 
 def sequence_weighted_sum(A, G, f, dtype):
@@ -184,14 +257,19 @@ def sequence_weighted_sum(A, G, f, dtype):
     if B == 0:
         return torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
     fz = toward_zero(f, dtype).view(-1, 1, 1)
+    scale_g = d_out <= d_in  # the factors multiply the narrower of the two
     if A.is_contiguous() and G.is_contiguous():
-        scaled = G.to(dtype) * fz
-        return scaled.reshape(-1, d_out).t().mm(A.to(dtype).reshape(-1, d_in))
+        g, a = (G.to(dtype) * fz, A.to(dtype)) if scale_g else (G.to(dtype), A.to(dtype) * fz)
+        return g.reshape(-1, d_out).t().mm(a.reshape(-1, d_in))
     out = torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
     step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
     for lo in range(0, B, step):
-        g = G[lo : lo + step].to(dtype) * fz[lo : lo + step]
-        out += torch.bmm(g.transpose(1, 2), A[lo : lo + step].to(dtype)).sum(0)
+        g, a = G[lo : lo + step].to(dtype), A[lo : lo + step].to(dtype)
+        if scale_g:
+            g = g * fz[lo : lo + step]
+        else:
+            a = a * fz[lo : lo + step]
+        out += torch.bmm(g.transpose(1, 2), a).sum(0)
     return out
 
 
