@@ -17,6 +17,7 @@ privacy``), and the pieces for your own loop:
 * :class:`Privacy` - reports, ``get_epsilon``, checkpoints that resume bit for bit;
 * :class:`IndividualAccounting` - DP-SGD with per-example GDP budgets (Gaussian-DP filter);
 * :func:`per_example_causal_lm_loss` - each padded sequence's own token mean, then the batch;
+* :func:`per_example_seq2seq_loss` - the same for an encoder-decoder's aligned (unshifted) labels;
 * :func:`time_first` - declares an ``nn.RNN``/``GRU``/``LSTM(batch_first=False)`` called on
   ``(time, batch, features)``, when time steps may equal the batch size.
 """
@@ -32,7 +33,7 @@ from dpmf.training.torch.ghost.clipper import GhostClipper  # noqa: E402
 from dpmf.training.torch.clipping import ClippedGradients, Clipper  # noqa: E402
 from dpmf.training.torch.grad_sample import PerExampleClipper  # noqa: E402
 from dpmf.training.torch.individual import IndividualAccounting  # noqa: E402
-from dpmf.training.torch.losses import per_example_causal_lm_loss  # noqa: E402
+from dpmf.training.torch.losses import per_example_causal_lm_loss, per_example_seq2seq_loss  # noqa: E402
 from dpmf.training.torch.noise import NoiseExhaustedError, TorchCorrelatedNoise, correlated_noise  # noqa: E402
 from dpmf.training.torch.optimizer import DPOptimizer  # noqa: E402
 from dpmf.training.torch.recurrent import time_first  # noqa: E402
@@ -59,6 +60,7 @@ __all__ = [
     "NoiseExhaustedError",
     "IndividualAccounting",
     "per_example_causal_lm_loss",
+    "per_example_seq2seq_loss",
     "time_first",
 ]
 

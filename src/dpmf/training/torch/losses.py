@@ -27,7 +27,7 @@ that ``model(**batch).loss`` is per-example: a causal-LM head (``*ForCausalLM``,
 ...) has ``labels`` taken out of its forward and its ``.loss`` recomputed by
 :func:`per_example_causal_lm_loss`; any other head called with labels equal to ``-100`` (token
 classification, sequence-to-sequence, masked LM: the same token mean) is refused, with what to pass
-instead. ``make_private`` installs it for the loss.backward() loop (ghost mode) and Opacus mode.
+instead (:func:`per_example_seq2seq_loss` for an encoder-decoder). ``make_private`` installs it for the loss.backward() loop (ghost mode) and Opacus mode.
 Opacus' ghost criterion averages each sequence over its own tokens in the same way when given
 ``shape=``.
 """
@@ -41,7 +41,7 @@ from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["per_example_causal_lm_loss", "guard_model_loss", "is_causal_lm"]
+__all__ = ["per_example_causal_lm_loss", "per_example_seq2seq_loss", "guard_model_loss", "is_causal_lm"]
 
 IGNORE_INDEX = -100
 _REDUCTIONS = ("mean", "sum", "none")
@@ -93,6 +93,27 @@ def per_example_causal_lm_loss(logits, labels, *, reduction: str = "mean", token
     if reduction == "none":
         return per
     return per.sum() / max(B, 1) if reduction == "mean" else per.sum()
+
+
+def per_example_seq2seq_loss(logits, labels, *, ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
+                             token_reduction: str = "mean"):
+    """Cross-entropy of an encoder-decoder's outputs per target sequence, then over the batch:
+    :func:`per_example_causal_lm_loss` without the shift (the labels of a sequence-to-sequence head --
+    T5, mT5, BART -- are aligned with the decoder's outputs: ``logits[:, t]`` scores ``labels[:, t]``).
+
+        l_i = sum_t m_it CE(z_{i,t}, y_{i,t}) / max(1, sum_t m_it),   m_it = [y_{i,t} != ignore_index]
+
+    Call the model without ``labels`` (its own ``.loss`` averages over the whole batch's tokens) and
+    with ``decoder_input_ids`` made from them (``model.prepare_decoder_input_ids_from_labels(labels=labels)``,
+    which shifts right and replaces ``-100`` by the pad token, as the model does with ``labels``).
+
+    >>> logits = torch.zeros(2, 3, 4)                         # uniform: every token costs log 4
+    >>> labels = torch.tensor([[1, 2, 3], [1, -100, -100]])   # the second target is padded
+    >>> per_example_seq2seq_loss(logits, labels, reduction="none", token_reduction="sum") / torch.log(torch.tensor(4.0))
+    tensor([3., 1.])
+    """
+    return per_example_causal_lm_loss(logits, labels, reduction=reduction, token_reduction=token_reduction,
+                                      ignore_index=ignore_index, shift=False)
 
 
 def _check_label_range(labels, vocab: int, ignore_index: int, offset: int) -> None:
@@ -192,9 +213,17 @@ def _refuse_padded_labels(module, args, kwargs):
             f"{type(module).__name__} was called with labels containing {IGNORE_INDEX} (padding): its own .loss "
             "averages over the non-ignored labels of the whole batch, so one example's length changes every "
             "other example's weight and per-example clipping does not bound it. Call the model without "
-            "labels and backpropagate a per-example loss reduced over the batch, e.g. "
-            "dpmf.training.torch.per_example_causal_lm_loss(out.logits, labels, shift=False) for token labels"
+            "labels and backpropagate a per-example loss reduced over the batch: "
+            f"{_per_example_hint(module)}"
         )
+
+
+def _per_example_hint(module) -> str:
+    if getattr(getattr(module, "config", None), "is_encoder_decoder", False):
+        return ("for a sequence-to-sequence head, out = model(input_ids=..., attention_mask=..., decoder_input_ids="
+                "model.prepare_decoder_input_ids_from_labels(labels=labels)) and "
+                "dpmf.training.torch.per_example_seq2seq_loss(out.logits, labels)")
+    return "dpmf.training.torch.per_example_causal_lm_loss(out.logits, labels, shift=False) for token labels"
 
 
 def guard_model_loss(module, loss_reduction: str = "mean") -> list:

@@ -59,7 +59,7 @@ from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
 from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
-from dpmf.training.torch.ghost import conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost import broadcast, conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients
 from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import (
@@ -99,6 +99,9 @@ class _Unit:
     fell_back: bool = False  # a call went to the fallback (the rule declined it)
     detachable: bool = False  # a built-in rule: the forward may use detached parameters (see _unit_pre_hook)
     swapped: dict | None = None  # name -> the parameter, while its detached copy is in the module
+    tracked: bool = False  # no rule: parameters broadcast over the batch are followed (ghost.broadcast)
+    bias_table: bool = False  # always called without a batch dimension (T5's relative_attention_bias)
+    capture: Any = None  # the tracked parameters of the call in progress
 
 
 @dataclass
@@ -121,7 +124,8 @@ def _without_rows(call: LayerCall, bad) -> LayerCall:
         return t
 
     return LayerCall(tuple(clean(a) for a in call.args), {k: clean(v) for k, v in call.kwargs.items()},
-                     call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[])
+                     call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[],
+                     shared=None if call.shared is None else call.shared.without_rows(bad))
 
 
 def _joint_sum(contributions, param, f) -> dict:
@@ -138,6 +142,9 @@ def _release(call: LayerCall) -> None:
     the output: a cycle through autograd's C++ hook storage that Python's collector cannot see, which
     kept every step's activations alive (a leak of the whole step's tensors per step)."""
     call.args, call.kwargs, call.outputs, call.grads, call.versions = (), {}, [], [], []
+    if call.shared is not None:
+        call.shared.release()
+        call.shared = None
 
 
 def _wrapped(t) -> bool:
@@ -238,6 +245,7 @@ class GhostClipper(Clipper):
             unit = _Unit(name or type(m).__name__, m, rule, own, {n: position[id(p)] for n, p in own.items()})
             unit.detachable = (rule is not None and getattr(rule, "detachable", False)
                                and all(m._parameters.get(n) is p for n, p in own.items()))
+            unit.tracked, unit.bias_table = rule is None and not whole, broadcast.is_bias_table(name, m)
             units.append(unit)
         return units
 
@@ -245,7 +253,8 @@ class GhostClipper(Clipper):
         """``{layer name: "ghost" | "fallback"}``: how each layer's per-example norms are computed.
         ``"fallback"``: the layer has no rule, or its rule declined one of the calls seen so far (an
         ``Embedding(max_norm=...)``, an RMSNorm-like layer whose output did not match the formula)."""
-        return {u.name: ("ghost" if u.rule is not None and not u.fell_back else "fallback") for u in self.units}
+        return {u.name: ("ghost" if (u.rule is not None or u.tracked) and not u.fell_back else "fallback")
+                for u in self.units}
 
     def fallback_layers(self) -> list:
         """Names of the layers whose per-example norms use per-example gradients (:meth:`covered_layers`)."""
@@ -295,7 +304,10 @@ class GhostClipper(Clipper):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
             self._detach(unit)
-        return self._expand(unit, module, args, kwargs)
+        if unit.tracked and unit.swapped is None and self._model_batch:
+            unit.capture = broadcast.ParamCapture(unit.trainable, self._model_batch)
+            unit.swapped = unit.capture.swap(module)
+        return None if unit.bias_table else self._expand(unit, module, args, kwargs)
 
     def _detach(self, unit: _Unit) -> None:
         """A layer with a built-in rule runs on *detached* copies of its parameters (same storage), so
@@ -342,6 +354,7 @@ class GhostClipper(Clipper):
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
         detached = unit.swapped is not None
         self._restore(unit)
+        capture, unit.capture = unit.capture, None
         if not self._capturing():
             return
         if detached and isinstance(output, torch.Tensor) and output.is_floating_point() and not output.requires_grad:
@@ -361,16 +374,25 @@ class GhostClipper(Clipper):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
         batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0,
                            name=unit.name, model_batch=self._model_batch)
+        model_batch = self._model_batch
+        shared = (capture is None and unit.rule is not None and model_batch and type(module) not in CALL_BATCH
+                  and (unit.bias_table or batch != model_batch) and broadcast.OutputCapture.trackable(output))
+        batch = model_batch if shared else batch  # a call shared by the batch (a bias table)
         outputs = flat_tensors(output)
         call = LayerCall(args, kwargs, outputs, [None] * len(outputs), batch,
-                         versions=[(t, t._version) for t in first])
+                         versions=[(t, t._version) for t in first], shared=capture)
         for k, t in enumerate(outputs):
             if t.requires_grad:
                 t.register_hook(functools.partial(self._grad_hook, unit, call, k))
         unit.calls.append(call)
+        if shared:
+            output, call.shared = broadcast.OutputCapture.track_outputs(output, batch)
+            return output
         return output if detached else None
 
     def _grad_hook(self, unit, call, k, grad):
+        if broadcast.pulling():
+            return  # a per-example pull-back through this layer's output (ghost.tracking), not the backward
         if call.done or call.stale:
             raise UnsupportedConfigurationError(
                 f"a backward reached layer {unit.name!r} through a forward that was already used (a second "
@@ -485,19 +507,22 @@ class GhostClipper(Clipper):
                                 f"the input of layer {u.name!r} was modified in place after the forward (an "
                                 "in-place operation such as ReLU(inplace=True) on it); use the out-of-place version"
                             )
-                    lg = apply_rule(u.rule, u.module, c, u.trainable, u.name) if u.rule is not None else None
+                    c = broadcast.expanded_call(u.name, u.module, c)  # a bias table's call, per example
+                    lg = apply_rule(u.rule, u.module, c, u.trainable, u.name) if u.rule is not None else (
+                        c.shared.gradients(u.trainable) if u.tracked and c.shared is not None else None)
                     if lg is not None and together and (lg.contributions is None
                                                         or set(lg.contributions) != set(u.trainable)):
                         lg = None  # the rule cannot give cross terms: per-example gradients of this call
                     if lg is None:
-                        u.fell_back = u.fell_back or u.rule is not None
+                        u.fell_back = u.fell_back or u.rule is not None or u.tracked
                         lg = fallback_gradients(u.module, c, u.trainable, u.name)
                     if not together:
                         sq += lg.sq.to(device)
                         layer_grads.append((u.index, lg))
                         continue
                     for name, contribution in lg.contributions.items():
-                        joint.setdefault(u.index[name], []).append(contribution)
+                        joint.setdefault(u.index[name], []).extend(
+                            contribution if isinstance(contribution, list) else [contribution])
             for k, contributions in joint.items():
                 sq += joint_sq_norms(contributions).to(device)
                 param = self.params[k]

@@ -9,10 +9,11 @@
   ``Qwen2RMSNorm``, ``GemmaRMSNorm``, ``T5LayerNorm``, ...). A layer is recognized by what it is -- a
   class name containing ``RMSNorm`` (or ``T5LayerNorm``), one trainable 1-D ``weight`` and a float
   ``variance_epsilon`` or ``eps`` -- and then by what it computed: the rule recomputes
-  ``xhat = x / sqrt(mean(x^2) + eps)`` over the last dimension from the recorded input (in float32 and
-  cast back to the input's dtype, as those classes do) and accepts the
-  call only if the recorded output equals ``w * xhat`` (Llama) or ``(1 + w) * xhat`` (Gemma) to within
-  the rounding of the output's dtype. Either way the weight's gradient is ``sum_t xhat_{i,t} * g_{i,t}``
+  ``xhat = x / sqrt(mean(x^2) + eps)`` over the last dimension from the recorded input as those classes
+  do (the mean square in float32; the rest in float32 and cast back to the input's dtype, Llama, or in
+  the input's dtype, T5) and accepts the
+  call only if the recorded output equals ``w * xhat`` (Llama, T5) or ``(1 + w) * xhat`` (Gemma) to within
+  the rounding of the output's dtype (the closest of these forms is used). Either way the weight's gradient is ``sum_t xhat_{i,t} * g_{i,t}``
   (materialized, ``B x d``, normed in float64 from the very tensor that is summed). Any other call --
   another formula, an output changed in place, a bias -- goes to the fallback, which is exact.
 """
@@ -65,25 +66,44 @@ def is_rms_norm_like(module) -> bool:
             and _epsilon(module) is not None)
 
 
+def _normalized(x, w, eps: float) -> tuple:
+    """``xhat`` as the Hugging Face classes compute it, the mean square always in float32: Llama-style,
+    all in float32 and cast back to the input's dtype; T5-style, the input's own precision times the
+    float32 ``rsqrt`` (cast to a half-precision weight's dtype). Equal for float32 inputs; the rule keeps
+    the one that reproduces the layer's output best (a float64 T5 differs from the other by 1e-8)."""
+    x32 = x.to(torch.float32)
+    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    llama = (x32 * r).to(x.dtype)
+    t5 = x * r
+    if w.dtype in (torch.float16, torch.bfloat16):
+        t5 = t5.to(w.dtype)
+    return (llama,) if x.dtype == torch.float32 else (llama, t5)
+
+
 def rms_norm_like_rule(module, call, trainable):
     x, y = call.input, call.outputs[0] if call.outputs else None
     w = module.weight
     if (not isinstance(x, torch.Tensor) or x.ndim < 2 or not isinstance(y, torch.Tensor) or y.shape != x.shape
             or x.shape[-1] != w.shape[0] or "weight" not in trainable):
         return None
-    work = torch.promote_types(x.dtype, torch.float32)
-    # as the Hugging Face classes compute it: in float32 whatever the input's dtype, then cast back
-    x32 = x.to(torch.float32)
-    xhat = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + _epsilon(module))).to(x.dtype).to(work)
     if not y.is_floating_point():
         return None
+    work = torch.promote_types(x.dtype, torch.float32)
     # the layer's own rounding (float32 inside, cast to the output dtype): a few ulps of the output's dtype
     tol = 16 * max(torch.finfo(y.dtype).eps, torch.finfo(torch.float32).eps)
     y = y.detach().to(work)
     scale = float(y.abs().max()) if y.numel() else 0.0
     ww = w.detach().to(work)
-    if not any(torch.allclose(xhat * s, y, rtol=tol, atol=tol * scale) for s in (ww, 1 + ww)):
+    best = None
+    for xhat in _normalized(x, w, _epsilon(module)):
+        xhat = xhat.to(work)
+        for s in (ww, 1 + ww):
+            err = float((xhat * s - y).abs().max()) if y.numel() else 0.0
+            if torch.allclose(xhat * s, y, rtol=tol, atol=tol * scale) and (best is None or err < best[0]):
+                best = (err, xhat)
+    if best is None:
         return None
+    xhat = best[1]
     g = call.grad_output.to(work)
     B = x.shape[0]
     per = (xhat * g).reshape(B, -1, x.shape[-1]).sum(1)

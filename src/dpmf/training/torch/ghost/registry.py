@@ -46,9 +46,10 @@ layer be called twice or share its weight with another layer:
 >>> ghost.close()
 >>> del GHOST_RULES[Scale]                                       # the per-example fallback instead
 >>> fallback = GhostClipper(model, loss, max_grad_norm=1.0)
->>> fallback.covered_layers()["1"]
+>>> without_rule = fallback.clipped_sum(x, y)
+>>> fallback.covered_layers()["1"]                           # x * w: no rule, not a broadcast addition
 'fallback'
->>> bool(torch.allclose(with_rule.norms, fallback.clipped_sum(x, y).norms, rtol=1e-5))
+>>> bool(torch.allclose(with_rule.norms, without_rule.norms, rtol=1e-5))
 True
 """
 
@@ -78,7 +79,7 @@ class LayerCall:
     no gradient reached it, i.e. zero); ``batch``: the number of examples (dim 0 of the input);
     ``versions``: ``(tensor, its _version at the forward)`` for the captured inputs (an in-place
     change before the backward is refused); ``stale``: the call was dropped before a backward reached
-    it (a later forward, ``zero_grad``); ``done``: a backward already used it. The gradients in
+    it (a later forward, ``zero_grad``); ``done``: a backward already used it; ``shared``: see below. The gradients in
     ``grads`` are those of the batch loss as reduced (the clipper scales a mean by the batch size).
     """
 
@@ -90,6 +91,10 @@ class LayerCall:
     versions: list = field(default_factory=list)
     stale: bool = False
     done: bool = False
+    #: per-example gradients collected where the model broadcast a tensor of this call over the batch
+    #: (:mod:`~dpmf.training.torch.ghost.broadcast`): a layer's parameters used directly, or the output
+    #: of a call made without a batch dimension
+    shared: Any = None
 
     @property
     def input(self):
