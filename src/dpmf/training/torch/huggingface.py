@@ -25,10 +25,17 @@ max_grad_norm=..., seed=...)`` is a ``Trainer`` whose construction calls
   :class:`~dpmf.training.torch.Privacy` (``privacy.report()``, ``privacy.save_report(path)``) and the
   returned metrics carry ``epsilon`` and ``delta``.
 
+Gradient (activation) checkpointing works (``gradient_checkpointing=True``, or a model with it
+enabled), non-reentrant (``use_reentrant=False``, set when not given): the clipper records each
+layer's call in the forward and the recomputation inside the backward repeats it unrecorded, so the
+norms and clipped sums are those of the same run without checkpointing (the recorded layer inputs
+stay in memory; the other activations are freed). ``bf16=True`` is applied (autocast; norms and
+clipped sums are formed outside it, in float32 or wider).
+
 Refused (clear errors, before training): gradient accumulation (use ``chunk_size``; the batch of a
 step is the scheme's), more than one device process or GPU (``DataParallel``), label smoothing and
-``compute_loss_func`` (token means over the batch), gradient checkpointing (``gradient_checkpointing=True``
-or a model with it enabled: the recomputed forward is not the one ghost clipping recorded),
+``compute_loss_func`` (token means over the batch), reentrant checkpointing, ``fp16`` (its loss
+scaler scales the gradients that are clipped; ignored on a CPU) and a ``bf16`` the device ignores,
 ``resume_from_checkpoint`` (the noise and sampler
 state live in ``privacy.save_checkpoint``). The training loss the Trainer logs is the plain
 (non-private) batch loss, as in every DP training loop: it is a statistic of the private data, so do
@@ -38,6 +45,7 @@ not publish the logs as if they were private.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
@@ -97,6 +105,7 @@ class DPTrainer(transformers.Trainer):
         if args is None:
             self.args = copy.copy(self.args)
             _check_args(self.args)
+        _check_precision(self.args, self.accelerator)
         if self.args.n_gpu > 1 or self.args.world_size > 1:
             raise UnsupportedConfigurationError(
                 f"DPTrainer runs in one process on one device (n_gpu={self.args.n_gpu}, "
@@ -170,26 +179,56 @@ class DPTrainer(transformers.Trainer):
         super().log(logs, *args, **kwargs)
 
 
-_NO_CHECKPOINTING = ("ghost clipping records each layer's inputs and output gradients during the forward, and "
-                     "checkpointing recomputes the forward inside the backward; turn it off (to bound memory pass "
-                     "chunk_size=<examples per forward/backward> to DPTrainer)")
+_REENTRANT = ("reentrant checkpointing runs the forward without gradients and backpropagates a second graph "
+              "inside the backward, which the per-example norms cannot join")
 
 
 def _check_model(model) -> None:
-    """A model whose gradient checkpointing is on (``model.gradient_checkpointing_enable()``) is refused."""
-    if getattr(model, "is_gradient_checkpointing", False):
+    """A model whose checkpointing is on must use the non-reentrant form (``use_reentrant=False``,
+    transformers' default; the clipper refuses the other at the first backward too)."""
+    for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+        fn = getattr(module, "_gradient_checkpointing_func", None)
+        if getattr(module, "gradient_checkpointing", False) and getattr(fn, "keywords", {}).get("use_reentrant"):
+            raise UnsupportedConfigurationError(
+                f"the model's gradient checkpointing uses use_reentrant=True: {_REENTRANT}; enable it with "
+                "model.gradient_checkpointing_enable({'use_reentrant': False})")
+
+
+def _check_checkpointing(args) -> None:
+    """``gradient_checkpointing`` / ``activation_checkpointing``: non-reentrant (set when not given;
+    ``use_reentrant=True`` refused). The ghost clipper records each layer's call in the forward and
+    lets the recomputation inside the backward repeat it without recording (GhostClipper), so the
+    norms and sums are those of the run without checkpointing."""
+    names = [n for n in ("activation_checkpointing", "gradient_checkpointing") if hasattr(args, n)]
+    if not any(getattr(args, n) for n in names):
+        return
+    for name in (f"{n}_kwargs" for n in names):
+        given = getattr(args, name, None)
+        kwargs = dict(json.loads(given) if isinstance(given, str) else given or {})
+        if kwargs.get("use_reentrant"):
+            raise UnsupportedConfigurationError(
+                f"{name}={{'use_reentrant': True}}: {_REENTRANT}; pass {{'use_reentrant': False}} (the default)")
+        setattr(args, name, {**kwargs, "use_reentrant": False})
+
+
+def _check_precision(args, accelerator) -> None:
+    """``bf16``: autocast, applied by the accelerator (per-example norms and clipped sums are formed
+    outside autocast, in float32 or wider, from the captured tensors). ``fp16`` is refused: where it
+    runs (a GPU), its loss scaler multiplies the gradients that are clipped; on a CPU it is ignored. A
+    ``bf16`` the device ignores is refused too."""
+    if getattr(args, "fp16", False):
         raise UnsupportedConfigurationError(
-            f"the model has gradient checkpointing enabled (model.is_gradient_checkpointing=True): {_NO_CHECKPOINTING}; "
-            "call model.gradient_checkpointing_disable()"
-        )
+            "fp16=True is not supported by DPTrainer: on a GPU the fp16 loss scaler multiplies the gradients "
+            "before they are clipped (the clip norm would apply to scaled gradients), and on a CPU fp16 is ignored "
+            "(the run would silently be float32); use bf16=True (autocast, no loss scaling) or full precision")
+    if getattr(args, "bf16", False) and not getattr(accelerator, "native_amp", False):
+        raise UnsupportedConfigurationError(
+            f"bf16=True is ignored on this device ({args.device}): the run would silently be float32; "
+            "leave bf16 unset, or train on a device with bfloat16 autocast")
 
 
 def _check_args(args) -> None:
-    if getattr(args, "gradient_checkpointing", False):
-        raise UnsupportedConfigurationError(
-            f"gradient_checkpointing=True is not supported by DPTrainer: {_NO_CHECKPOINTING}; set "
-            "TrainingArguments(gradient_checkpointing=False)"
-        )
+    _check_checkpointing(args)
     if args.gradient_accumulation_steps != 1:
         raise UnsupportedConfigurationError(
             f"gradient_accumulation_steps={args.gradient_accumulation_steps}: the batch of a private step is the "

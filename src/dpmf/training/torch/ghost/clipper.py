@@ -300,7 +300,7 @@ class GhostClipper(Clipper):
     def _unit_pre_hook(self, unit: _Unit, module, args, kwargs):
         """Before a layer's forward inside the model's forward: detach its parameters (:meth:`_detach`),
         expand an input shared by the batch (:meth:`_expand`)."""
-        if not self._capturing() or not self._in_model:
+        if not self._capturing() or not (self._in_model or self._recomputing()):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
             self._detach(unit)
@@ -351,6 +351,25 @@ class GhostClipper(Clipper):
             return (new, *args[1:]), kwargs
         return args, {**kwargs, "input": new}
 
+    def _recomputing(self) -> bool:
+        """A layer's forward outside the model's forward but inside a backward: activation checkpointing
+        (``torch.utils.checkpoint``) recomputing a block to unpack its saved tensors."""
+        return not self._in_model and torch._C._current_graph_task_id() != -1
+
+    def _recomputed(self, unit: _Unit) -> None:
+        """A recomputed call is not captured: the original forward's call is the one whose output
+        gradients this backward delivers (non-reentrant checkpointing backpropagates through the original
+        graph, with the recomputed tensors unpacked into it), so norms and sums are those of the run
+        without checkpointing. Its detach and expansion repeat the original's (the same tensors must be
+        saved). Reentrant checkpointing ran the original forward without gradients: nothing was captured."""
+        if not unit.calls:
+            raise UnsupportedConfigurationError(
+                f"layer {unit.name!r} was recomputed inside the backward but its forward was not recorded: "
+                "reentrant activation checkpointing (torch.utils.checkpoint(..., use_reentrant=True)) runs the "
+                "forward without gradients and backpropagates a second graph, which ghost clipping cannot join; "
+                "use use_reentrant=False (Hugging Face: gradient_checkpointing_kwargs={'use_reentrant': False})"
+            )
+
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
         detached = unit.swapped is not None
         self._restore(unit)
@@ -361,6 +380,9 @@ class GhostClipper(Clipper):
             if self._grad_root is None:
                 self._grad_root = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
             output = output.detach() + self._grad_root.to(device=output.device)
+        if self._recomputing():
+            self._recomputed(unit)
+            return output if detached else None
         if any(m.training for m in self._batchnorms):
             raise UnsupportedConfigurationError(
                 "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
@@ -413,6 +435,8 @@ class GhostClipper(Clipper):
 
     def _on_backward_end(self) -> None:
         self._queued = False
+        for u in self.units:  # a checkpoint's recomputation stops once it has what it saves, maybe inside a
+            self._restore(u)  # layer whose forward hook then never runs: its parameters are still detached
         touched, self._touched = self._touched, set()
         for k in sorted(touched):
             us = self._units_of[k]
