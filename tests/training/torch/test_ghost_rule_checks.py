@@ -114,6 +114,24 @@ def test_a_rule_returning_norms_of_the_wrong_shape_is_named():
         _run(wrong_shape)
 
 
+def test_norms_given_as_a_function_are_checked_when_formed():
+    def lazy_wrong(module, call, trainable):
+        return LayerGradients(lambda: torch.zeros(3, dtype=torch.float64), lambda f: {"w": torch.zeros(4)})
+
+    with pytest.raises(InvalidParameterError, match=r"lazy_wrong returned sq = .*shape \(3,\) \(batch 6\).*'1'"):
+        _run(lazy_wrong)
+
+    def lazy(module, call, trainable):
+        eager = from_contributions({"w": PerExample(_per(call))}, trainable)
+        return LayerGradients(lambda: eager.sq, eager.weighted_sum)
+
+    def eager(module, call, trainable):
+        return from_contributions({"w": PerExample(_per(call))}, trainable)
+
+    got, want = _run(lazy), _run(eager)
+    assert torch.equal(got.norms, want.norms) and all(torch.equal(a, b) for a, b in zip(got.grads, want.grads))
+
+
 @pytest.mark.parametrize("sums, needle", [
     (lambda f: {"zzz": torch.zeros(4)}, r"parameters \['zzz'\], expected \['w'\]"),
     (lambda f: {}, r"parameters \[\], expected \['w'\]"),

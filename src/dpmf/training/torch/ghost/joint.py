@@ -249,11 +249,14 @@ def from_contributions(contributions: dict, params: dict) -> LayerGradients:
     """The :class:`~dpmf.training.torch.ghost.registry.LayerGradients` of one call whose parameters
     ``name -> contribution`` each have one contribution: squared norms added over the parameters,
     clipped sums from the same contributions. Keeps ``contributions`` for joint use (tied weights,
-    repeated calls)."""
-    sq = None
-    for c in contributions.values():
-        x = c.sq_alone()
-        sq = x if sq is None else sq + x
+    repeated calls): the squared norms are formed only if read (a joined call never reads them)."""
+
+    def sq():
+        out = None
+        for c in contributions.values():
+            x = c.sq_alone()
+            out = x if out is None else out + x
+        return out
 
     def weighted_sum(f):
         return {name: (c.weighted_sum(f, params[name], alone=True) if isinstance(c, Factored)

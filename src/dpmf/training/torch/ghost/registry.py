@@ -110,19 +110,40 @@ class LayerCall:
         return torch.zeros_like(self.outputs[0]) if g is None else g
 
 
-@dataclass
 class LayerGradients:
-    """``sq``: float64 ``(B,)`` upper bounds of ``||g_i||^2`` over the layer's trainable parameters;
+    """``sq``: float64 ``(B,)`` upper bounds of ``||g_i||^2`` over the layer's trainable parameters (or a
+    function of no argument that forms them when ``sq`` is first read: a call whose parameters are joined
+    with other calls' takes its norms from ``contributions`` and never forms its own);
     ``weighted_sum(f)``: ``{name: sum_i f_i g_{i,name}}`` for float64 factors ``f`` (``(B,)``),
-    each in the parameter's dtype and shape."""
+    each in the parameter's dtype and shape.
 
-    sq: Any
-    weighted_sum: Callable[[Any], dict]
-    #: optional ``{name: contribution}`` (:mod:`~dpmf.training.torch.ghost.joint`): what this call adds to
-    #: each parameter's per-example gradient, in a form whose cross terms with another call's can be
-    #: taken. Needed when a parameter is used by several calls (tied weights, a layer called twice); a
-    #: rule without it is replaced by the fallback for such calls.
-    contributions: dict | None = None
+    ``contributions``: optional ``{name: contribution}`` (:mod:`~dpmf.training.torch.ghost.joint`): what
+    this call adds to each parameter's per-example gradient, in a form whose cross terms with another
+    call's can be taken. Needed when a parameter is used by several calls (tied weights, a layer called
+    twice); a rule without it is replaced by the fallback for such calls."""
+
+    def __init__(self, sq, weighted_sum: Callable[[Any], dict], contributions: dict | None = None) -> None:
+        self._sq = sq
+        self.weighted_sum = weighted_sum
+        self.contributions = contributions
+
+    @property
+    def lazy(self) -> bool:
+        """Whether ``sq`` is still a function, not formed yet."""
+        return callable(self._sq) and not isinstance(self._sq, torch.Tensor)
+
+    @property
+    def sq(self):
+        if self.lazy:
+            self._sq = self._sq()
+        return self._sq
+
+    @sq.setter
+    def sq(self, value) -> None:
+        self._sq = value
+
+    def __repr__(self) -> str:
+        return f"LayerGradients(sq={'<not formed>' if self.lazy else self._sq!r}, contributions={self.contributions!r})"
 
 
 Rule = Callable[[Any, LayerCall, dict], "LayerGradients | None"]
@@ -229,6 +250,15 @@ def _checked_sums(rule, layer: str, trainable: dict, weighted_sum: Callable) -> 
     return checked
 
 
+def _checked_sq(rule, layer: str, batch: int, sq):
+    """``sq`` if it is a real floating tensor of shape ``(batch,)``; else the rule's mistake, named."""
+    if not isinstance(sq, torch.Tensor) or tuple(sq.shape) != (batch,) or not sq.is_floating_point():
+        got = (f"a {sq.dtype} tensor of shape {tuple(sq.shape)}" if isinstance(sq, torch.Tensor)
+               else type(sq).__name__)
+        raise _junk(rule, layer, f"sq = {got} (batch {batch})")
+    return sq
+
+
 def apply_rule(rule: Rule, module, call: LayerCall, trainable: dict, layer: str) -> "LayerGradients | None":
     """``rule(module, call, trainable)`` with its result checked: ``None`` or a :class:`LayerGradients`
     whose ``sq`` is a real tensor of shape ``(call.batch,)`` and whose ``weighted_sum`` gives one
@@ -249,11 +279,11 @@ def apply_rule(rule: Rule, module, call: LayerCall, trainable: dict, layer: str)
         return None
     if not isinstance(out, LayerGradients):
         raise _junk(rule, layer, f"a {type(out).__name__}")
-    sq = out.sq
-    if not isinstance(sq, torch.Tensor) or tuple(sq.shape) != (call.batch,) or not sq.is_floating_point():
-        got = (f"a {sq.dtype} tensor of shape {tuple(sq.shape)}" if isinstance(sq, torch.Tensor)
-               else type(sq).__name__)
-        raise _junk(rule, layer, f"sq = {got} (batch {call.batch})")
+    if out.lazy:  # checked when formed
+        form = out._sq
+        out.sq = lambda: _checked_sq(rule, layer, call.batch, form())
+    else:
+        _checked_sq(rule, layer, call.batch, out.sq)
     if not callable(out.weighted_sum):
         raise _junk(rule, layer, f"a weighted_sum that is not callable ({type(out.weighted_sum).__name__})")
     if out.contributions is not None and not (isinstance(out.contributions, dict)
