@@ -41,12 +41,32 @@ def test_docstring_examples(name):
     assert result.failed == 0
 
 
-def test_readme_python_blocks_run(tmp_path, monkeypatch):
+#: The README's blocks in a fast form for the default run (``-m slow`` runs them as written;
+#: tests/test_docs_site.py's FAST_FORMS for the docs pages): the toy plan's costly candidates get a
+#: 1-second budget instead of 25 s (what they certify is checked by the planning tests).
+README_FAST_FORMS = [("best = plan(run)[0]", "best = plan(run, budget=1)[0]")]
+
+
+def _run_readme(tmp_path, monkeypatch, fast: bool) -> None:
+    from test_docs_site import fast_form
+
     monkeypatch.chdir(tmp_path)  # the examples write files
+    monkeypatch.setenv("DPMF_CACHE_DIR", str(tmp_path / "cache"))  # a first run, as a new user sees it
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 2
+    used: set[str] = set()
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(fast_form(block, README_FAST_FORMS if fast else [], used), "README.md", "exec"), {})
+    assert not fast or used == {text for text, _ in README_FAST_FORMS}, "a fast form's text is no longer in README.md"
+
+
+def test_readme_python_blocks_run(tmp_path, monkeypatch):
+    _run_readme(tmp_path, monkeypatch, fast=True)
+
+
+@pytest.mark.slow
+def test_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
+    _run_readme(tmp_path, monkeypatch, fast=False)
 
 
 # ------------------------------------------------------------------ the docs against the CLI

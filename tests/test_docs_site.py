@@ -15,6 +15,10 @@ How a page's blocks are checked (the conventions ``docs/index.md``'s sources fol
   (``pip install ...``) are not run.
 * ``<!-- skip: REASON -->`` on the line before a block leaves it out, with its reason. Use it
   sparingly: a skipped block is one nobody checks.
+* A block that takes long runs in a fast form by default (:data:`FAST_FORMS`: a text of the page's
+  code and what replaces it, e.g. fewer steps) and as written under ``-m slow``
+  (``test_docs_page_blocks_run_as_written``). Every text must occur in its page, so a fast form
+  follows the page.
 
 README.md's own blocks are run by ``tests/test_docs.py``.
 """
@@ -76,6 +80,25 @@ def blocks(path: Path) -> list[Block]:
     return result
 
 
+#: page (relative to docs/) -> [(a text of its code, the fast form the default test run uses)];
+#: ``-m slow`` runs the page as written. Measured on a shared 2-core machine (CPU time):
+FAST_FORMS: dict[str, list[tuple[str, str]]] = {
+    # overview.md: BSR under balls-in-bins over 100 steps, 13 CPU-s (allocation_pld's Markov members);
+    # 12 steps take 2 CPU-s through the same accountants
+    "overview.md": [("bsr(100, 4), BallsInBinsSampling(epochs=2, steps=100)",
+                     "bsr(12, 4), BallsInBinsSampling(epochs=2, steps=12)")],
+}
+
+
+def fast_form(code: str, forms: list[tuple[str, str]], used: set[str]) -> str:
+    """``code`` with each text of ``forms`` replaced by its fast form; the texts found go in ``used``."""
+    for text, fast in forms:
+        if text in code:
+            code = code.replace(text, fast)
+            used.add(text)
+    return code
+
+
 def _same(expected: str, got: str) -> bool:
     return _CHECKER.check_output(expected.strip() + "\n", got.strip() + "\n", _FLAGS)
 
@@ -132,11 +155,14 @@ def run_cli(command: str) -> str:
     return res.stdout
 
 
-def run_page(path: Path, workdir: Path) -> int:
-    """Run every block of one page in ``workdir``; returns how many ran."""
+def run_page(path: Path, workdir: Path, fast: bool = True) -> int:
+    """Run every block of one page in ``workdir`` (``fast``: in the fast forms of :data:`FAST_FORMS`);
+    returns how many ran."""
     namespace: dict = {"__name__": "__docs__"}
     ran = 0
     rel = path.relative_to(ROOT)
+    forms = FAST_FORMS.get(path.relative_to(DOCS).as_posix(), []) if fast and path.is_relative_to(DOCS) else []
+    used: set[str] = set()
     for block in blocks(path):
         where = f"{rel}:{block.line}"
         if block.skip is not None:
@@ -144,7 +170,7 @@ def run_page(path: Path, workdir: Path) -> int:
         if block.lang == "python":
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
-                exec(compile(block.code, str(where), "exec"), namespace)
+                exec(compile(fast_form(block.code, forms, used), str(where), "exec"), namespace)
             if block.output is not None and not _same(block.output, buf.getvalue()):
                 raise AssertionError(f"{where}: output differs.\nexpected:\n{block.output}\ngot:\n{buf.getvalue()}")
             ran += 1
@@ -162,6 +188,8 @@ def run_page(path: Path, workdir: Path) -> int:
                 for cmd in cmds:
                     run_cli(cmd)
                 ran += 1
+    missing = [text for text, _ in forms if text not in used]
+    assert not missing, f"{rel}: FAST_FORMS texts no longer in the page's code: {missing}"
     return ran
 
 
@@ -198,6 +226,16 @@ def test_docs_page_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setenv("DPMF_CACHE_DIR", str(tmp_path / "cache"))  # a first run, as a new user sees it
     run_page(page, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", sorted(FAST_FORMS))
+def test_docs_page_blocks_run_as_written(page, tmp_path, monkeypatch):
+    """The pages the default run checks in a fast form, as a reader runs them."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("DPMF_CACHE_DIR", str(tmp_path / "cache"))
+    run_page(DOCS / page, tmp_path, fast=False)
 
 
 def test_mkdocs_build_strict(tmp_path):
