@@ -238,6 +238,43 @@ def test_search_hint_is_only_a_starting_point(start):
         assert hinted.trace[0][0] == start
 
 
+def test_a_near_start_brackets_the_answer_from_just_below():
+    """``search_hint(start, near=True)`` (a plan's limit that passed): the first step below the start
+    aims just under the ``1 / sigma^2`` prediction instead of halving, so the second noise is within
+    ~10% of the answer and the search never evaluates the small noises halving reaches (where
+    accountants cost the most); same answer within the tolerance."""
+    eps_of = lambda s: dpmf.account(Identity(20), PoissonSampling(0.05, 20), s, 1e-6).epsilon  # noqa: E731
+    plain = smallest_noise(eps_of, 1.0, rel_tol=1e-4)
+    start = plain.value * 1.06  # (passes, near the answer)
+    with search_hint(start):
+        halving = smallest_noise(eps_of, 1.0, rel_tol=1e-4)
+    with search_hint(start, near=True):
+        near = smallest_noise(eps_of, 1.0, rel_tol=1e-4)
+    assert near.epsilon <= 1.0 and near.value == pytest.approx(plain.value, rel=2e-4)
+    assert near.trace[0][0] == start and halving.trace[1][0] <= 0.5 * start
+    assert abs(near.trace[1][0] / plain.value - 1) < 0.1
+    # (the halving path evaluates about half the answer, where accountants cost the most; the near one
+    # never goes that low, in no more evaluations)
+    assert min(x for x, _ in near.trace) > 0.85 * plain.value > min(x for x, _ in halving.trace)
+    assert near.evaluations <= halving.evaluations
+
+
+def test_a_plan_limit_that_passes_starts_the_search():
+    """``dpmf.calibrate(..., max_noise_multiplier=limit)`` (the planner's call) for a search that
+    checks its limit itself (allocation_pld): once the limit passes, no larger noise is evaluated."""
+    from dpmf.sampling import BallsInBinsSampling
+    from dpmf.strategies import bsr
+
+    strat, scheme = bsr(16, bands=2), BallsInBinsSampling(epochs=2, steps=16)
+    free = dpmf.calibrate(strat, scheme, 2.0, 1e-5, method="allocation_pld")
+    limit = free.noise_multiplier * 1.1
+    seen = []
+    cal = dpmf.calibrate(strat, scheme, 2.0, 1e-5, method="allocation_pld", max_noise_multiplier=limit,
+                         callback=lambda s, e: seen.append(s))
+    assert seen[0] == limit and max(seen) == limit
+    assert cal.report.epsilon <= 2.0 and cal.noise_multiplier == pytest.approx(free.noise_multiplier, rel=2e-4)
+
+
 def _tree_mmcc_calibration():
     strat, scheme = BinaryTree(16), PoissonSampling(0.05, 16)
     calls = []

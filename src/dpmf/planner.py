@@ -57,8 +57,12 @@ __all__ = ["TrainingRun", "Candidate", "PlanRow", "PlanResult", "candidates", "p
 
 
 def _evaluate_task(cand: Candidate, run: TrainingRun, threshold: float) -> PlanRow:
-    """What a Dask worker runs (a top-level function: picklable)."""
-    return evaluate(cand, run, threshold)
+    """What a Dask worker or a local worker process runs (a top-level function: picklable), on one
+    BLAS thread (:func:`dpmf.resources.one_blas_thread`: the workers already fill the CPUs)."""
+    from dpmf.resources import one_blas_thread
+
+    with one_blas_thread():
+        return evaluate(cand, run, threshold)
 
 
 class PlanResult(list):

@@ -70,6 +70,21 @@ def workers_note(workers: int | None) -> str | None:
     )
 
 
+def one_blas_thread():
+    """A context in which BLAS/LAPACK run on one thread (``threadpoolctl``, a dependency; a no-op
+    if it is somehow missing). For loops of small products and eigenvalue problems (``b x b`` with
+    ``b <= ~256``): on a shared 2-core machine a threaded OpenBLAS was 10-30x *slower* on them
+    (measured: ``eigvalsh`` of 100 x 100, 4.4 ms -> 0.25 ms of CPU per call; conditional
+    composition's per-step ``(6 r) x b`` by ``b x b`` products, 10-15x)."""
+    import contextlib
+
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - a dependency
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def format_bytes(b: float) -> str:
     """``"149 GiB"``, ``"12 MiB"`` (binary units)."""
     if not math.isfinite(b):

@@ -597,12 +597,21 @@ def _search_method(run: _CalibrationRun, i: int, memo: dict, evaluate, best) -> 
     own_limit = m.fast_calibration is not None and m.calibration_limit and bound is not None
     if searches and bound is not None and not own_limit and (m.fast_calibration is not None or bound != cap):
         _probe_bound(run, m, opts, bound, memo, evaluate)
+        if run.limit is not None and bound in memo and (hint is None or bound < hint):
+            hint = bound  # (see below)
+    if own_limit and run.limit is not None and (hint is None or bound < hint):
+        # a plan's limit (max_noise_multiplier): a search that passes there starts there instead of
+        # at larger noises it would only leave again (its own search checks the limit first; the
+        # allocation accountants memoize that evaluation), so every evaluation of a budgeted plan's
+        # candidate is a noise it may keep. Outside a plan (no limit) the searches are unchanged.
+        hint = bound
     if not searches:
         return m.fast_calibration(run.strategy, run.scheme, run.target, run.delta, **opts)
     if m.fast_calibration is not None:
         if hint is None and not run.start:
             run.start.append(_search_start(run.strategy, run.scheme, run.target, run.delta))
-        with search_hint(hint if hint is not None else run.start[0]):
+        near = run.limit is not None and hint is not None and hint == bound
+        with search_hint(hint if hint is not None else run.start[0], near=near):
             sigma = m.fast_calibration(
                 run.strategy, run.scheme, run.target, run.delta, **opts, rel_tol=run.rel_tol, callback=run.note,
                 **({"limit": bound} if own_limit else {}),

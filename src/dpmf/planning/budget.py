@@ -104,9 +104,10 @@ def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn) ->
     own pipe ``conn`` (one per worker: stopping one mid-message cannot garble another's)."""
     from dpmf import progress
     from dpmf.planning.evaluate import evaluate
+    from dpmf.resources import one_blas_thread
 
-    try:
-        with progress.reporting("off"):
+    try:  # (one BLAS thread: the workers already fill the CPUs, and threaded small products are slower)
+        with progress.reporting("off"), one_blas_thread():
             row = evaluate(cand, run, threshold, callback=lambda s, e: conn.send(("eval", i, float(s), float(e))))
         conn.send(("row", i, row))
     except BaseException as exc:  # (reported to the parent, which raises it there)

@@ -42,15 +42,21 @@ class NoiseLimitExceeded(CalibrationError):
         self.method = method
 
 
-#: Where searches that were given no starting point start (see :func:`search_hint`).
+#: Where searches that were given no starting point start (see :func:`search_hint`), and whether
+#: that start is known to be near the answer.
 _HINT: contextvars.ContextVar[Optional[float]] = contextvars.ContextVar("dpmf_calibration_hint", default=None)
+_NEAR: contextvars.ContextVar[bool] = contextvars.ContextVar("dpmf_calibration_near", default=False)
 
 
 @contextmanager
-def search_hint(start: Optional[float]) -> Iterator[None]:
+def search_hint(start: Optional[float], *, near: bool = False) -> Iterator[None]:
     """Inside the block, :func:`smallest_noise` calls that were given no ``initial`` start at
     ``start`` (a noise multiplier expected to pass, e.g. the unamplified one: amplification only
-    lowers epsilon) instead of 1.
+    lowers epsilon) instead of 1. ``near=True``: the start is a noise already seen to pass and
+    expected near the answer (a plan's limit, :func:`dpmf.calibrate`'s ``max_noise_multiplier``):
+    the first step below it aims just under the answer the ``1 / sigma^2`` law predicts
+    (:func:`_near_factor`) instead of at least halving the noise (smaller noises cost more to
+    evaluate). Only the path changes; the answer is still an evaluated, passing noise.
 
     ``dpmf.calibrate`` sets it around accountants that run their own search (MMCC, random
     allocation), so a search starts from a cheap upper bracket and shrinks towards the answer
@@ -59,11 +65,12 @@ def search_hint(start: Optional[float]) -> Iterator[None]:
     answer is always an evaluated, passing noise. ``None`` leaves the default."""
     if start is not None:
         start = _v.positive("start", start)
-    token = _HINT.set(start)
+    token, close = _HINT.set(start), _NEAR.set(bool(near))
     try:
         yield
     finally:
         _HINT.reset(token)
+        _NEAR.reset(close)
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ def smallest_noise(
     it was evaluated). Without such a floor the search stops shrinking below 1e-6.
     """
     target = _v.positive("target_epsilon", target_epsilon)
+    near = initial is None and _HINT.get() is not None and _NEAR.get()
     if initial is None:
         initial = _HINT.get() or 1.0
     initial = _v.positive("initial", initial)
@@ -168,7 +176,7 @@ def smallest_noise(
     else:  # shrink until the target fails (or the accountant's smallest noise passes)
         if hi <= floor[0]:
             return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
-        lo, eps_lo = ev_at_least(hi * _shrink_factor(eps_hi, target))
+        lo, eps_lo = ev_at_least(hi * (_near_factor if near else _shrink_factor)(eps_hi, target))
         while eps_lo <= target or lo >= hi:
             if lo >= hi:  # (the accountant's smallest noise turned out to be above a noise it evaluated)
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
@@ -247,6 +255,15 @@ def _shrink_factor(eps: float, target: float) -> float:
     if not (eps > 0 and math.isfinite(eps)):
         return 0.125
     return min(0.5, max(0.125, 0.8 * math.sqrt(eps / target)))
+
+
+def _near_factor(eps: float, target: float) -> float:
+    """The first step below a passing start known to be near the answer (:func:`search_hint`'s
+    ``near``): 2% under ``sqrt(eps / target)``, where epsilon ``~ 1 / sigma^2`` puts the answer, so
+    the next noise most likely fails just below it and brackets it tightly (never more than 8x)."""
+    if not (eps > 0 and math.isfinite(eps)):
+        return 0.125
+    return min(0.98, max(0.125, 0.98 * math.sqrt(eps / target)))
 
 
 def largest_count(

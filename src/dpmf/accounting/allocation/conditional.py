@@ -62,7 +62,7 @@ float rounding, checked against it in ``tests/accounting/test_allocation_conditi
 * Softmax weights below ``e^-700`` of the largest are set to 0 (no subnormal arithmetic). That is
   a different but equally valid ``psi`` (any data-independent ``psi`` gives a valid ELBO bound and
   all its moments are computed for the ``psi`` actually used); the moments move by far less than
-  an ulp. BLAS runs single-threaded in the step loop (``threadpoolctl``): threaded
+  an ulp. BLAS runs single-threaded in the step loop (:func:`dpmf.resources.one_blas_thread`): threaded
   products of this size were 10-15x slower on the shared 2-core machine.
 
 Cost, with ``F = 1 + len(temperatures)`` (6), ``r_n`` the rows at step ``n`` (``<= b - 1``;
@@ -78,7 +78,6 @@ k = 1, b = N = 1000 is ``O(N^4)`` (see ``benchmarks/README.md``).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Callable
 
@@ -90,6 +89,7 @@ from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
 from dpmf.privacy.mixture import GaussianMixture
 from dpmf.privacy.pld import PrivacyLossDistribution
+from dpmf.resources import one_blas_thread
 
 __all__ = [
     "DEFAULT_TEMPERATURES",
@@ -412,17 +412,6 @@ def step_weights(lam: np.ndarray) -> np.ndarray:
     return p / p.sum()
 
 
-def _single_thread_blas():
-    """Limit BLAS to one thread for the per-step products (``(6 r) x b`` by ``b x b``): on a
-    shared 2-core machine a threaded BLAS was 10-15x *slower* on them (measured, b = 100).
-    Uses ``threadpoolctl`` (a dependency; a no-op if it is somehow missing)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - optional
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 def _gram_pattern(M: np.ndarray):
     """CSR matrix (zeros) with the sparsity pattern of the final Gram ``M M^T``, or ``None`` when
     it is dense enough that dense products win. Every prefix Gram has its non-zeros inside this
@@ -467,7 +456,7 @@ def _step_pairs(M: np.ndarray, sigma: float, beta: float, temperatures, callback
     idx = np.arange(b)
     no_history = np.concatenate([[1.0], 1.0 / (2.0 + np.arange(b - 1))])
     pairs = {"remove": [], "add": []}
-    with _single_thread_blas(), progress.task("conditional composition", total=N, unit="steps") as bar:
+    with one_blas_thread(), progress.task("conditional composition", total=N, unit="steps") as bar:
         for n in range(N):
             a = M[:, n]
             order = np.lexsort((labels, a))

@@ -76,6 +76,7 @@ import numpy as np
 
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.errors import DPMFError
+from dpmf.memo import BoundedMemo, array_key
 from dpmf.numerics import UNIT_ROUNDOFF
 
 __all__ = [
@@ -297,6 +298,17 @@ def markov_members_tried(slots: int, steps: int) -> bool:
 
 
 def markov_members(means: np.ndarray, period: int):
+    """Memoized by the means' contents and the period (:data:`_MEMBERS`): :func:`_fit_markov_members`."""
+    key = (array_key(means), int(period), MARKOV_MAX_PERIOD, MARKOV_SLOT_BUDGET, MARKOV_RING_SLOTS)
+    return _MEMBERS.get(key, lambda: _fit_markov_members(means, period))
+
+
+#: The fitted members by (means, period): they do not depend on the noise, and a calibration
+#: evaluates ~10 noises of one strategy.
+_MEMBERS = BoundedMemo(16)
+
+
+def _fit_markov_members(means: np.ndarray, period: int):
     """The Markov members (:mod:`.surrogates.markov_fit`) of the ``b x N`` means -- first, for a band of order ``<= 3``
     (at most 4 diagonals), its own moving average (:mod:`.moving_average`; the ring's corners cut) on
     all slots -- then: for each period ``q`` in

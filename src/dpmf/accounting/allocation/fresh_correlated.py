@@ -86,6 +86,7 @@ from dpmf.accounting.allocation.correlated import Reductions, gram_problem, spec
 from dpmf.accounting.allocation.dominating_pair import mixture_means
 from dpmf.accounting.allocation.surrogates.protocol import Surrogate
 from dpmf.errors import UnsupportedConfigurationError
+from dpmf.memo import BoundedMemo, array_key
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
@@ -140,7 +141,22 @@ def fresh_slot_reductions(strategy, scheme) -> Reductions:
 
 
 def _markov_members(grams) -> tuple:
-    """``(q, chains, parts)`` for ``q = 1.._MARKOV_PERIODS``, ``chains = ((surrogate, epochs), ...)``
+    """Memoized by the oriented Grams' contents and this module's settings (:data:`_MEMBERS`):
+    :func:`_fit_markov_members`."""
+    grams = [_raised_end_last(g) for g in grams]
+    key = (array_key(*grams), _BAND_MAX_SLOTS, _MARKOV_PERIODS, _SPLIT_EPOCHS, _SPLIT_MAX_SLOTS)
+    return _MEMBERS.get(key, lambda: _fit_markov_members(grams))
+
+
+#: The fitted members by their epoch Grams (they do not depend on the noise): a calibration
+#: evaluates ~10 noises of one strategy; fitting took 60-80% of each evaluation of the default
+#: plan's bsr-4 with fresh slots (5 epochs of 100), every one the same fit.
+_MEMBERS = BoundedMemo(16)
+
+
+def _fit_markov_members(grams) -> tuple:
+    """From the epochs' Grams (raised diagonal last, :func:`_raised_end_last`): ``(q, chains, parts)``
+    for ``q = 1.._MARKOV_PERIODS``, ``chains = ((surrogate, epochs), ...)``
     with each surrogate dominating the residue classes of the epochs it covers (step 2'): one chain for
     every epoch, entrywise and in the PSD sense (Lemma P of :mod:`.surrogates.markov_fit`; where its second-moment
     proxy is smaller); and with 3 or 4 epochs of at most 32 slots (q = 1) one chain for the first and
@@ -152,7 +168,6 @@ def _markov_members(grams) -> tuple:
     b = grams[0].shape[0]
     if b > MAX_SLOTS:
         return ()
-    grams = [_raised_end_last(g) for g in grams]
     k = len(grams)
     every = tuple(range(k))
     out = []

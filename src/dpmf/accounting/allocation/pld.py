@@ -395,10 +395,13 @@ def account_allocation_pld(
       A certified :class:`PrivacyReport`, epsilon the worst of both directions; diagnostics hold
       the refinement levels, the Gaussian-mechanism bound and the exact epochs reduction.
     """
+    from dpmf.resources import one_blas_thread
+
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
-    groups = _reductions(strategy, scheme)
-    out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
+    with one_blas_thread():  # (small Grams: the fits' eigenvalues, the members' products)
+        groups = _reductions(strategy, scheme)
+        out = _epsilon(strategy, scheme, groups, sigma, d, accuracy, max_points)
     return _report(strategy, scheme, groups, sigma, d, out, accuracy, max_points)
 
 

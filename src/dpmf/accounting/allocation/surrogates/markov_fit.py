@@ -205,6 +205,7 @@ def _psd_fit(grams, tgt, kind: str, rhos, scale_sq: float):
     ``None`` without lag-1 correlation."""
     if tgt.size < 2 or tgt[1] <= 0:
         return None
+    grams = _distinct(grams)  # (gamma_0 is a max over the Grams: equal ones need one eigenvalue each)
     b = max(g.shape[0] for g in grams)
     sizes = sorted({g.shape[0] for g in grams})
     norms = [float(np.linalg.norm(g)) for g in grams]
@@ -227,6 +228,18 @@ def _psd_fit(grams, tgt, kind: str, rhos, scale_sq: float):
     fine = [scored(g1c * f, float(r)) for r in np.arange(max(rc - 0.04, 0.0), min(rc + 0.045, 0.96), 0.02)
             for f in np.arange(0.95, 1.055, 0.025)]
     return min([best] + fine)
+
+
+def _distinct(grams) -> list:
+    """``grams`` without repeats (equal shape and entries), in their first order: the epochs of a
+    banded C with fresh slots share their middle Grams (5 epochs of bsr(500, 4): 3 distinct)."""
+    seen, out = set(), []
+    for g in grams:
+        key = (g.shape, g.tobytes())
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out
 
 
 def fit_surrogate(gram, *, rhos=None, orders=("natural", "zigzag"), edges: bool = False,
