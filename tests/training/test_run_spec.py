@@ -191,3 +191,35 @@ def test_a_quick_calibration_stays_quiet(monkeypatch, capsys):
     monkeypatch.setenv("DPMF_PROGRESS", "log")
     spec = _calibrated()
     assert capsys.readouterr() == ("", "") and spec.epsilon <= 2.0
+
+
+@pytest.mark.parametrize("scheme, per", [
+    (PoissonSampling(0.1, 40), 10),
+    (PoissonSampling(64 / 1000, 160), 16),  # 1 / q = 15.6: the nearest integer
+    (PoissonSampling(0.001, 40), 40),  # an epoch longer than the run: the run
+    ("cyclic", 20),  # q / b = 0.05
+    ("minsep", 12),  # p0 = 1 / (1/p + b - 1) = 1 / (10 + 2)
+    ("balls", 25),
+    ("fixed", 8),
+])
+def test_steps_per_epoch_of_every_scheme(scheme, per):
+    from dpmf.sampling import BallsInBinsSampling, CyclicPoissonSampling, FixedOrderSampling, MinSepSampling
+
+    scheme = {"cyclic": CyclicPoissonSampling(0.2, 60, 4), "minsep": MinSepSampling(0.1, 60, 3),
+              "balls": BallsInBinsSampling(2, 50), "fixed": FixedOrderSampling(5, 40)}.get(scheme, scheme)
+    assert run_spec.steps_per_epoch(scheme) == per
+
+
+def test_epochs_and_the_epoch_of_a_step(spec):
+    from dpmf.training.run_spec import StepOutOfPlanError
+
+    # Identity(10), Poisson 0.1: one epoch of 10 steps; 25 steps at q = 0.1 are 3 epochs, the last one of 5
+    assert (spec.steps_per_epoch, spec.epochs, spec.epoch_of(9)) == (10, 1, 0)
+    longer = run_spec.build_run_spec(Identity(25), PoissonSampling(0.1, 25), **KW)
+    assert longer.epochs == 3 and [longer.epoch_of(t) for t in (0, 9, 10, 19, 20, 24)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(StepOutOfPlanError, match="step 25 is outside the plan"):
+        longer.epoch_of(25)
+    with pytest.raises(InvalidParameterError, match="step must be an integer"):
+        longer.epoch_of(2.0)
+    with pytest.raises(InvalidParameterError, match="sample_rate"):
+        run_spec.epoch_steps_at_rate(0.0)

@@ -57,6 +57,7 @@ from dpmf.sampling.schemes import (
 )
 
 __all__ = ["RunSpec", "HasRunSpec", "build_run_spec", "run_spec_from_row", "as_plan_row", "training_summary", "expected_batch_size",
+           "steps_per_epoch", "epoch_steps_at_rate",
            "StepOutOfPlanError", "description_fingerprint", "legacy_description_fingerprint", "IDENTITY_KEYS",
            "resolve_run_spec"]
 
@@ -96,6 +97,44 @@ def expected_batch_size(scheme, num_examples: int) -> float:
 
         return participation_rate(scheme.sampling_prob, scheme.min_sep) * m
     raise InvalidParameterError(f"scheme must be a dpmf sampling scheme, got {type(scheme).__name__}")
+
+
+def steps_per_epoch(scheme) -> int:
+    """The steps of one epoch of ``scheme`` (what a learning-rate schedule or a per-epoch evaluation
+    counts in), from its public parameters only.
+
+    The epoch schemes (:class:`~dpmf.sampling.FixedOrderSampling`, balls-in-bins): their
+    ``steps_per_epoch``, one pass over the data. The rate-based schemes: ``1 / r`` rounded to the
+    nearest integer (at least 1, at most ``steps``), the steps in which an example is expected to be
+    drawn once, ``r`` its participation rate per step -- Poisson ``q`` (Opacus' ``len(data_loader)``
+    under Poisson sampling, ``1 / sample_rate``), cyclic Poisson ``q / b``, b-min-sep and
+    multi-attribution their marginal rate ``1 / (1/p + b - 1)``.
+
+    >>> steps_per_epoch(PoissonSampling(0.01, 300)), steps_per_epoch(BallsInBinsSampling(3, 300))
+    (100, 100)
+    """
+    if isinstance(scheme, (BallsInBinsSampling, FixedOrderSampling)):
+        return scheme.steps_per_epoch
+    if isinstance(scheme, (PoissonSampling, CyclicPoissonSampling)):
+        rate = scheme.sampling_prob / getattr(scheme, "cycle_length", 1)
+    elif isinstance(scheme, (MinSepSampling, MultiAttributionMinSepSampling)):
+        from dpmf.sampling.schemes import participation_rate
+
+        rate = participation_rate(scheme.sampling_prob, scheme.min_sep)
+    else:
+        raise InvalidParameterError(f"scheme must be a dpmf sampling scheme, got {type(scheme).__name__}")
+    return min(scheme.steps, epoch_steps_at_rate(rate))
+
+
+def epoch_steps_at_rate(rate: float) -> int:
+    """``1 / rate`` rounded to the nearest integer (at least 1): the steps of an epoch when every example
+    joins each step with probability ``rate`` (Poisson sampling; Opacus' ``len(data_loader)``, whose
+    ``sample_rate`` is ``1 / len(data_loader)``).
+
+    >>> epoch_steps_at_rate(0.1), epoch_steps_at_rate(64 / 1000)
+    (10, 16)
+    """
+    return max(1, round(1.0 / _v.probability("sample_rate", rate)))
 
 
 #: The keys of :meth:`RunSpec.describe` that are the run's *inputs* (what the user chose, or what
@@ -185,6 +224,25 @@ class RunSpec:
     @property
     def epsilon(self) -> float:
         return self.report.epsilon
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of one epoch (:func:`steps_per_epoch`); :attr:`steps` counts every epoch."""
+        return steps_per_epoch(self.scheme)
+
+    @property
+    def epochs(self) -> int:
+        """Epochs of the run, ``ceil(steps / steps_per_epoch)`` (the last one shorter when the steps
+        are not a multiple of an epoch)."""
+        return -(-self.steps // self.steps_per_epoch)
+
+    def epoch_of(self, step: int) -> int:
+        """The 0-based epoch of the 0-based ``step``: ``step // steps_per_epoch``
+        (:class:`StepOutOfPlanError` outside ``0..steps - 1``)."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise InvalidParameterError(f"step must be an integer, got {step!r}")
+        self.check_step(step)
+        return step // self.steps_per_epoch
 
     @property
     def noise_std(self) -> float:

@@ -29,6 +29,7 @@ certified, re-checked, not calibrated again; :func:`~dpmf.training.run_spec.run_
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from dpmf.errors import InvalidParameterError
-from dpmf.training.run_spec import HasRunSpec, RunSpec, resolve_run_spec
+from dpmf.training.run_spec import HasRunSpec, RunSpec, epoch_steps_at_rate, resolve_run_spec
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import Clipper
 from dpmf.training.torch.data import EmptyBatchCollate, SchemeBatchSampler
@@ -111,7 +112,51 @@ class Privacy(HasRunSpec):
 
     @property
     def noise_multiplier(self) -> float:
+        """The noise multiplier sigma of the strategy as given (Opacus' ``optimizer.noise_multiplier``)."""
         return self.run_spec.noise_multiplier
+
+    @property
+    def max_grad_norm(self) -> float:
+        """The per-example clip norm (Opacus' ``optimizer.max_grad_norm``)."""
+        return self.run_spec.max_grad_norm
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of one epoch (:func:`~dpmf.training.run_spec.steps_per_epoch`: an epoch scheme's, or
+        ``1 / sample_rate`` rounded for Poisson): what ``len(data_loader)`` was in an Opacus loop. Here
+        ``len(data_loader)`` counts every epoch (one pass is the whole run): a schedule over the run is
+        ``T_max = len(data_loader)`` (= ``epochs * steps_per_epoch`` for whole epochs), not
+        ``epochs * len(data_loader)``."""
+        return self.run_spec.steps_per_epoch
+
+    @property
+    def epochs(self) -> int:
+        """Epochs of the run (``ceil(steps / steps_per_epoch)``)."""
+        return self.run_spec.epochs
+
+    def epoch_of(self, step: int) -> int:
+        """The 0-based epoch of the 0-based ``step`` (``privacy.epoch_of(privacy.steps_done - 1)``: the
+        epoch of the last step)."""
+        return self.run_spec.epoch_of(step)
+
+    def by_epoch(self, data_loader):
+        """``(epoch, batches)`` for each epoch of the run left, ``batches`` that epoch's batches of this
+        run's ``data_loader`` (consume them all before the next epoch); for per-epoch evaluation::
+
+            for epoch, batches in privacy.by_epoch(loader):
+                for x, y in batches:
+                    ...
+                evaluate(model)
+
+        A resumed run starts with the rest of the epoch it stopped in."""
+        if getattr(data_loader, "batch_sampler", None) not in (self.sampler, self.optimizer.batch_source):
+            raise InvalidParameterError("by_epoch(data_loader) takes the data loader make_private returned with "
+                                        "this privacy")
+        spec, start = self.run_spec, self.sampler.steps_done
+        per = spec.steps_per_epoch
+        batches = iter(data_loader)
+        for epoch in range(start // per, spec.epochs):
+            yield epoch, itertools.islice(batches, min(spec.steps, (epoch + 1) * per) - max(start, epoch * per))
 
     def report(self):
         """The certified report of the planned run (``PrivacyReport``; ``.to_json()``), with the steps
@@ -388,6 +433,8 @@ def make_private(
     process_group=None,
     accountant_options: dict | None = None,
     attribution=None,
+    epochs: int | None = None,
+    sample_rate: float | None = None,
 ) -> PrivateRun:
     """Private training with correlated noise: ``(module, optimizer, data_loader, privacy)``.
 
@@ -399,6 +446,11 @@ def make_private(
         strategy: the encoder ``C`` (``dpmf.strategies``: ``Identity`` for DP-SGD, ``bsr``/banded
             BandMF, ``BLTStrategy``, ``BinaryTree``, optimal ``DenseStrategy``, ``FFTMechanism``).
         sampling: the ``dpmf.sampling`` scheme; ``sampling.steps`` must equal ``strategy.n``.
+        epochs, sample_rate: instead of ``sampling``, as Opacus' ``make_private_with_epsilon``: Poisson
+            sampling at ``sample_rate`` (the probability that an example joins a step; default, for a
+            ``DataLoader`` with a ``batch_size``, ``1 / len(data)`` as Opacus) for ``epochs`` epochs of
+            ``round(1 / sample_rate)`` steps (:func:`~dpmf.training.run_spec.epoch_steps_at_rate`);
+            ``strategy`` defaults to ``Identity(steps)`` (DP-SGD).
         delta, target_epsilon | noise_multiplier: the guarantee; exactly one of the last two.
         max_grad_norm: per-example clip norm (all parameters jointly).
         plan: instead of ``strategy``, ``sampling`` and the guarantee, train exactly what a ``dpmf
@@ -456,7 +508,7 @@ def make_private(
         secure=secure, normalizer=normalizer, grad_sample_mode=grad_sample_mode, chunk_size=chunk_size,
         loss_reduction=loss_reduction, nonfinite=nonfinite, noise_dtype=noise_dtype, collate_fn=collate_fn,
         num_workers=num_workers, distributed=distributed, process_group=process_group,
-        accountant_options=accountant_options, attribution=attribution)
+        accountant_options=accountant_options, attribution=attribution, epochs=epochs, sample_rate=sample_rate)
     return build_private_run(module, optimizer, data, config)
 
 
@@ -489,6 +541,8 @@ class PrivateConfig:
     process_group: Any = None
     accountant_options: dict | None = None
     attribution: Any = None
+    epochs: int | None = None
+    sample_rate: float | None = None
 
 
 class _Seeds(NamedTuple):
@@ -508,6 +562,7 @@ def build_private_run(module, optimizer, data, config: PrivateConfig) -> Private
         raise InvalidParameterError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     dataset, collate_fn = _dataset_of(data, config.collate_fn)
     num_examples = _num_examples(dataset)
+    config = _poisson_epochs(config, data)
     mode = _grad_sample_mode(config)
     plan = _resolve_run(config, num_examples)
     seeds = _seeds(config)
@@ -554,6 +609,37 @@ def _grad_sample_mode(config: PrivateConfig) -> str:
             "pass loss_fn=... to use optimizer.step(inputs, targets)"
         )
     return mode
+
+
+def _poisson_epochs(config: PrivateConfig, data) -> PrivateConfig:
+    """``epochs`` (and ``sample_rate``) as Opacus' ``make_private_with_epsilon`` takes them: the config
+    with ``sampling = PoissonSampling(sample_rate, epochs * round(1 / sample_rate))`` and, unless given,
+    ``strategy = Identity(steps)``. ``sample_rate`` defaults to ``1 / len(data)`` for a batching
+    ``DataLoader`` (Opacus' rule)."""
+    import dataclasses
+
+    if config.epochs is None and config.sample_rate is None:
+        return config
+    if config.epochs is None:
+        raise InvalidParameterError("sample_rate needs epochs=<number of epochs> (the run is planned up front)")
+    if config.sampling is not None or config.plan is not None:
+        raise InvalidParameterError(
+            f"epochs={config.epochs!r} (with sample_rate) sets Poisson sampling; it conflicts with "
+            f"{'sampling' if config.plan is None else 'plan'}=: pass one or the other")
+    from dpmf import validation as _v
+    from dpmf.sampling import PoissonSampling
+    from dpmf.strategies import Identity
+
+    epochs, rate = _v.positive_int("epochs", config.epochs), config.sample_rate
+    if rate is None:
+        if not isinstance(data, torch.utils.data.DataLoader) or data.batch_size is None:
+            raise InvalidParameterError(
+                "epochs= needs sample_rate=<probability that an example joins a step> (Opacus' batch_size / "
+                "len(dataset)), or data= a DataLoader with a batch_size (then sample_rate = 1 / len(data), as Opacus)")
+        rate = 1.0 / len(data)
+    steps = epochs * epoch_steps_at_rate(rate)
+    strategy = Identity(steps) if config.strategy is None else config.strategy
+    return dataclasses.replace(config, strategy=strategy, sampling=PoissonSampling(float(rate), steps))
 
 
 def _resolve_run(config: PrivateConfig, num_examples: int) -> RunSpec:

@@ -64,7 +64,7 @@ __all__ = ["DPTrainer", "DP_ARGUMENTS"]
 #: keyword arguments of :class:`DPTrainer` that go to ``make_private`` (the rest go to ``Trainer``)
 DP_ARGUMENTS = ("strategy", "sampling", "delta", "max_grad_norm", "plan", "noise_multiplier", "target_epsilon",
                 "accountant", "seed", "secure", "normalizer", "chunk_size", "loss_reduction", "nonfinite",
-                "noise_dtype", "accountant_options")
+                "noise_dtype", "accountant_options", "epochs", "sample_rate")
 
 
 class DPTrainer(transformers.Trainer):
@@ -76,7 +76,7 @@ class DPTrainer(transformers.Trainer):
         train_dataset: required; its ``len`` is the public number of examples.
         strategy, sampling, delta, max_grad_norm, target_epsilon | noise_multiplier, seed | secure,
         plan, accountant, normalizer, chunk_size, loss_reduction, nonfinite, noise_dtype,
-        accountant_options: :func:`~dpmf.training.torch.make_private`'s (``max_grad_norm`` is the
+        accountant_options, epochs, sample_rate: :func:`~dpmf.training.torch.make_private`'s (``max_grad_norm`` is the
             per-example clip norm).
         **kwargs: the other ``Trainer`` arguments (``data_collator``, ``eval_dataset``,
             ``optimizers=(optimizer, scheduler)``, ``callbacks`` ...).
@@ -126,7 +126,7 @@ class DPTrainer(transformers.Trainer):
         run = make_private(self.model, optimizer, dataset, collate_fn=collate,
                            num_workers=self.args.dataloader_num_workers, grad_sample_mode="ghost", **dp)
         self.optimizer, self._dp_loader, self.privacy = run.optimizer, run.data_loader, run.privacy
-        plan = self.privacy.plan
+        plan = self.privacy.run_spec
         if self.args.max_steps > 0 and self.args.max_steps != plan.steps:
             raise InvalidParameterError(
                 f"args.max_steps={self.args.max_steps} but the privacy plan covers {plan.steps} steps (the scheme's "
@@ -168,7 +168,7 @@ class DPTrainer(transformers.Trainer):
         return None
 
     def _privacy_logs(self) -> dict:
-        plan = self.privacy.plan
+        plan = self.privacy.run_spec
         return {"epsilon": float(plan.epsilon), "delta": float(plan.delta), "dp_steps": self.privacy.steps_done}
 
     def log(self, logs: dict, *args, **kwargs) -> None:
