@@ -119,7 +119,10 @@ def per_example_seq2seq_loss(logits, labels, *, ignore_index: int = IGNORE_INDEX
 def _check_label_range(labels, vocab: int, ignore_index: int, offset: int) -> None:
     """Every scored label is a token id in ``[0, vocab)`` or ``ignore_index`` (one error naming the first
     other value, instead of a device assert or an ``IndexError`` inside ``cross_entropy``). ``offset``: the
-    shift dropped the first position."""
+    shift dropped the first position. Not under ``torch.func`` transforms (functorch mode runs the loss per
+    example inside ``vmap``, where a data-dependent check cannot run; ``cross_entropy`` still checks)."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(labels):
+        return
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= vocab))
     if bool(bad.any()):
         i, t = (int(k) for k in bad.nonzero()[0])

@@ -109,7 +109,8 @@ class ParamCapture:
         out.batch, out.views, out.sources = self.batch, {}, {}
         for name, src in self.sources.items():
             new = Source(src.root, src.batch)
-            new.escaped, new.total, new.points = src.escaped, src.total, src.points
+            # checked on the whole batch already; the total still holds the skipped examples
+            new.escaped, new.total, new.points, new.verified = src.escaped, src.total, src.points, True
             new.dense = _where_not(bad, src.dense)
             new.factored = [(ids, _where_not(bad, g), pad) for ids, g, pad in src.factored]
             for look in src.lookups:
@@ -169,7 +170,7 @@ def _parts(src: Source, p) -> list | None:
         s, a = _batch_sums(part, p)
         total, absolute = (s, a) if total is None else (total + s, absolute + a)
     points = src.points + len(src.factored) + sum(look.points for look in src.lookups)
-    return None if _mismatch(total, absolute, src.total, points, B) else parts
+    return None if not src.verified and _mismatch(total, absolute, src.total, points, B) else parts
 
 
 def joined(contributions: dict, trainable: dict) -> LayerGradients:
@@ -217,6 +218,7 @@ class OutputCapture:
                 continue
             new = Source(src.root, src.batch)
             new.escaped, new.points, new.dense = src.escaped, src.points, _where_not(bad, src.dense)
+            new.verified = True  # checked on the whole batch already; the total still holds the skipped examples
             copies.append(new)
         return OutputCapture(copies)
 
@@ -251,7 +253,7 @@ def expanded_call(name: str, module, call: LayerCall) -> LayerCall:
             raise _refusal(name, module, call, f"met the batch in {src.escaped}")
         s = None if src.dense is None else src.dense.to(F64).sum(0)
         a = None if src.dense is None else src.dense.to(F64).abs().sum(0)
-        if _mismatch(s, a, total, src.points, B):
+        if not src.verified and _mismatch(s, a, total, src.points, B):
             raise _refusal(name, module, call, "reached the loss other than by broadcasting over the batch (or "
                                                "through an operation dpmf cannot follow)")
         grads.append(src.dense)

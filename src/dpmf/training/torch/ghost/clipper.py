@@ -212,7 +212,8 @@ class GhostClipper(Clipper):
                           for u in self.units if not isinstance(u.module, WHOLE_LAYERS)]
         self._grad_root = None  # a 0-dim leaf that makes a detached layer's output require grad
         self._model_batch: int | None = None
-        self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True))
+        # first, so that the model's own layer hooks (a model that owns parameters itself) see its batch
+        self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True, prepend=True))
         self._handles.append(module.register_forward_hook(self._model_post_hook, always_call=True))
         self._in_model = 0  # inside the model's own forward (nesting depth)
         self._detach_ok = True
@@ -286,6 +287,8 @@ class GhostClipper(Clipper):
         if not self._capturing():
             return
         tensors = [t for t in flat_tensors((args, kwargs)) if t.ndim >= 1]
+        if any(_wrapped(t) for t in tensors):
+            return  # another clipper's per-example re-run (its fallback on this very module) under vmap
         self._model_batch = tensors[0].shape[0] if tensors else None
         for u in self.units:
             if u.calls and all(g is None for c in u.calls for g in c.grads):
@@ -304,7 +307,8 @@ class GhostClipper(Clipper):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
             self._detach(unit)
-        if unit.tracked and unit.swapped is None and self._model_batch:
+        if (unit.tracked and unit.swapped is None and self._model_batch
+                and len(_ATTACHED.get(self.module, ())) == 1):  # (two clippers would swap each other's)
             unit.capture = broadcast.ParamCapture(unit.trainable, self._model_batch)
             unit.swapped = unit.capture.swap(module)
         return None if unit.bias_table else self._expand(unit, module, args, kwargs)

@@ -94,6 +94,7 @@ class Source:
         self.escaped: str | None = None
         self.total = None
         self.points = 0
+        self.verified = False  # the parts were checked against the total already
 
     def watch_total(self) -> None:
         """Record in ``total`` the gradient autograd forms for ``root`` (all its uses together)."""
@@ -143,7 +144,12 @@ class Tracked(torch.Tensor):
             if func in _EXPAND and isinstance(args[0], Tracked):
                 return _expand_op(func, args, kwargs, live, B)
             if func is _F.embedding:
-                return _lookup_op(args, kwargs, live, B, bool(batch))
+                bound = {**dict(zip(_EMBEDDING_ARGS, args)), **kwargs}
+                plain_lookup = bound.get("max_norm") is None and not bound.get("scale_grad_by_freq")
+                return _lookup_op(func, args, kwargs, bound.get("input"), bound.get("weight"),
+                                  bound.get("padding_idx") if plain_lookup else False, live, B, bool(batch))
+            if func is _Tensor.__getitem__ and _row_index(args):  # w[ids]: a lookup of rows
+                return _lookup_op(func, args, kwargs, args[1], args[0], None, live, B, bool(batch))
             if not batch:
                 return _track_result(func(*args, **kwargs), live)
             if func in _ADDITIVE or func is _SDPA:
@@ -154,10 +160,12 @@ class Tracked(torch.Tensor):
 
 
 def track(tensor, sources: list):
-    """``tensor`` as a :class:`Tracked` alias (same values, in the autograd graph) carrying ``sources``."""
+    """``tensor`` as a :class:`Tracked` alias (same values, in the autograd graph) carrying ``sources``
+    (and those it carried already: another clipper on the same model tracks it too)."""
+    before = tuple(s for s in getattr(tensor, "_dpmf_sources", ()) if s not in sources)
     with plain():
         out = tensor.as_subclass(Tracked)
-    out._dpmf_sources = tuple(sources)
+    out._dpmf_sources = tuple(sources) + before
     return out
 
 
@@ -277,22 +285,29 @@ def _additive_op(func, flat, spec, batch, B):
 _EMBEDDING_ARGS = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
 
 
-def _lookup_op(args, kwargs, sources, B, batched: bool):
-    """``F.embedding(ids, w)`` of a source ``w`` itself: index form (module docstring); else as any
-    operation (tracked without per-example ids, escaped with them)."""
-    bound = {**dict(zip(_EMBEDDING_ARGS, args)), **kwargs}
-    ids, w = bound.get("input"), bound.get("weight")
+def _row_index(args) -> bool:
+    """``w[ids]`` with ``w`` a matrix and ``ids`` a tensor of non-negative row numbers."""
+    if len(args) != 2 or not isinstance(args[0], Tracked) or args[0].ndim != 2:
+        return False
+    ids = args[1]
+    return (isinstance(ids, _Tensor) and not isinstance(ids, Tracked) and not ids.is_floating_point()
+            and ids.dtype != torch.bool and not ids.is_complex() and ids.numel() > 0 and bool(ids.min() >= 0))
+
+
+def _lookup_op(func, args, kwargs, ids, w, padding, sources, B, batched: bool):
+    """A lookup of rows ``ids`` of ``w`` (``F.embedding``, ``w[ids]``; ``padding=False``: one that changes
+    the gradient, ``max_norm`` or ``scale_grad_by_freq``). Of a source ``w`` itself: index form (module
+    docstring); else as any operation (tracked without per-example ids, escaped with them)."""
     owner = [s for s in sources if s.root is w]
-    exact = (owner and isinstance(ids, _Tensor) and not isinstance(ids, Tracked)
-             and bound.get("max_norm") is None and not bound.get("scale_grad_by_freq"))
-    out = _F.embedding(*args, **kwargs)
+    exact = owner and padding is not False and isinstance(ids, _Tensor) and not isinstance(ids, Tracked)
+    out = func(*args, **kwargs)
     if not exact:
         if not batched:
             return _track_result(out, sources)
         for s in sources:
-            s.escape("embedding")
+            s.escape("a lookup")
         return _unwrap(out)
-    src, padding = owner[0], bound.get("padding_idx")
+    src = owner[0]
     if padding is not None and padding < 0:
         padding += w.shape[0]
     if not batched:  # positions: the output is a source of its own, scattered into w's rows at the end
