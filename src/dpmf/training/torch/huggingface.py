@@ -29,7 +29,7 @@ Gradient (activation) checkpointing works (``gradient_checkpointing=True``, or a
 enabled), non-reentrant (``use_reentrant=False``, set when not given): the clipper records each
 layer's call in the forward and the recomputation inside the backward repeats it unrecorded, so the
 norms and clipped sums are those of the same run without checkpointing (the recorded layer inputs
-stay in memory; the other activations are freed). ``bf16=True`` is applied (autocast; norms and
+stay in memory, so it saves less memory than in a non-private run; docs/tutorials/huggingface.md). ``bf16=True`` is applied (autocast; norms and
 clipped sums are formed outside it, in float32 or wider).
 
 Refused (clear errors, before training): gradient accumulation (use ``chunk_size``; the batch of a
