@@ -1,6 +1,8 @@
 """Test-suite-wide fixtures."""
 
 import os
+import tracemalloc
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,6 +19,61 @@ def _private_plan_cache(tmp_path_factory, monkeypatch):
     """`dpmf plan` caches results on disk (~/.cache/dpmf by default): tests never read or write the
     user's cache, and every test starts from an empty one unless it sets its own."""
     monkeypatch.setenv("DPMF_CACHE_DIR", str(tmp_path_factory.mktemp("dpmf-cache")))
+
+
+# No test asserts how long something took (speed is measured in benchmarks/, docs/design.md): a
+# machine loaded by other jobs must not fail the suite. What "refused at once" or "bounded work"
+# means is asserted as behaviour instead, with the two fixtures below.
+@pytest.fixture
+def evaluations(monkeypatch):
+    """The accountant work done in this process, by method name: every call of a registered
+    method's ``run``, ``fast_calibration`` or ``probe`` (``dpmf.account`` and ``dpmf.calibrate``
+    reach the accountants only through them); ``[]`` after a refusal made before any work."""
+    import dataclasses
+
+    from dpmf.accounting import dispatch
+
+    calls: list[str] = []
+
+    def counted(name, fn):
+        def call(*args, **kw):
+            calls.append(name)
+            return fn(*args, **kw)
+
+        return call
+
+    for name, m in list(dispatch.METHODS.items()):
+        hooks = {k: counted(name, getattr(m, k)) for k in ("run", "fast_calibration", "probe") if getattr(m, k)}
+        monkeypatch.setitem(dispatch.METHODS, name, dataclasses.replace(m, **hooks))
+    return calls
+
+
+class _Peak:
+    bytes = 0
+
+
+@pytest.fixture
+def peak_memory():
+    """``with peak_memory() as peak: ...``, then ``peak.bytes``: the most memory Python objects and
+    numpy arrays held at once inside the block (tracemalloc), e.g. that a size was refused before
+    its arrays were allocated."""
+
+    @contextmanager
+    def traced():
+        peak = _Peak()
+        was = tracemalloc.is_tracing()
+        if not was:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            yield peak
+        finally:
+            peak.bytes = tracemalloc.get_traced_memory()[1] - base
+            if not was:
+                tracemalloc.stop()
+
+    return traced
 
 
 def pytest_xdist_auto_num_workers(config):

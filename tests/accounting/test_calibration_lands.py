@@ -9,8 +9,6 @@ landing is checked by recomputing the report from scratch at the returned noise.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import dpmf
@@ -83,12 +81,12 @@ def test_calibration_lands_on_a_broad_grid(name, target, delta):
 def test_paper_001_section_7_4_lands_on_epsilon_10():
     """Paper 001 Sec. 7.4 (truncated cyclic Poisson, 2048-row batches, BSR 256 bands): within 1% of
     epsilon 10 at a noise per unit column norm of 0.5733-0.5760 (dpmf's untruncated accounting gives
-    0.5733; the paper's 0.5754), in under a minute (was: sigma 1.15 at epsilon 6.61)."""
+    0.5733; the paper's 0.5754), in a bounded search on a grid it can afford (was: sigma 1.15 at epsilon
+    6.61; 6 evaluations, 0.6 CPU-s measured)."""
     strategy = bsr(7200, 256)
     scheme = CyclicPoissonSampling(1793 / 57600, 7200, 256, max_batch_size=2048, dataset_size=14745600)
-    start = time.process_time()
     cal = dpmf.calibrate(strategy, scheme, target_epsilon=10, delta=1.301e-8)
-    assert time.process_time() - start < 60
+    assert cal.evaluations <= 20
     norm = cal.report.diagnostics["column_norm"]
     assert cal.report.method == "truncated_pld"
     assert 9.9 <= cal.report.epsilon <= 10
@@ -105,8 +103,7 @@ def test_explicit_mmcc_at_a_huge_target_lands_fast(target):
     root-row mixtures on the 1e-4 grid take minutes: MMCC's cost at moderate noise, item 5.)"""
     from dpmf.strategies import BinaryTree
 
-    start = time.process_time()
     cal = dpmf.calibrate(BinaryTree(16), PoissonSampling(0.05, 16), target, 1e-6, method="mmcc")
-    assert time.process_time() - start < 60
+    assert cal.evaluations <= 20  # (6 measured, on the coarser grid below)
     assert (1 - LANDING_TOLERANCE) * target <= cal.report.epsilon <= target
     assert cal.report.diagnostics["discretization"] > 1e-4 and "a finer grid" in cal.report.diagnostics["discretization_note"]

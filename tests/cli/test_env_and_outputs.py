@@ -9,7 +9,6 @@ single note.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -239,10 +238,8 @@ def _output_cases(files, tmp):
 def test_output_paths_are_refused_at_once_with_the_real_reason(files, tmp_path, no_work):
     (tmp_path / "file").write_text("x")
     for args, option, reason in _output_cases(files, tmp_path):
-        start = time.monotonic()
         line = one_line_error(invoke(args), f"error: {option} ", reason)
-        assert time.monotonic() - start < 10, args
-        assert "the work started" not in line
+        assert "the work started" not in line  # at once: before the planner or an accountant ran (no_work)
         if "/proc" in reason:
             assert "not writable" in line or "cannot write" in line or "cannot be created" in line, line
 

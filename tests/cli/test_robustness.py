@@ -147,13 +147,12 @@ def test_merged_mass_never_exceeds_one():
 
 # ------------------------------------------------------------------ hangs: the up-front estimate
 @pytest.mark.parametrize("strategy", ["identity", "tree"])
-def test_a_billion_steps_is_refused_at_once_with_the_estimate(strategy):
-    start = time.perf_counter()
+def test_a_billion_steps_is_refused_at_once_with_the_estimate(strategy, evaluations):
     res = invoke(["account", "--strategy", strategy, "--steps", "1000000000", "--sampling-prob", "0.01",
                   "--noise-multiplier", "1", "--delta", "1e-6"])
     line = one_line_error(res, "rough estimate", "--force")
     assert re.search(r"(GiB|min|h|days|years)", line)
-    assert time.perf_counter() - start < 20
+    assert evaluations == []  # at once: refused before any accountant ran
 
 
 def test_sampling_probability_one_with_mmcc_is_refused_with_the_estimate():
@@ -553,11 +552,16 @@ def pools(monkeypatch):
     return started
 
 
-def timed_invoke(args, limit: float = 60.0):
-    """``invoke``, asserting it answered within ``limit`` seconds (the bad inputs used to hang)."""
+#: A hang guard, not a speed test (speed is measured in benchmarks/): the bad inputs below used to
+#: run for good (minutes, then on); a machine loaded by other jobs must still pass.
+HANG_GUARD_S = 600.0
+
+
+def timed_invoke(args):
+    """``invoke``, failing if it ran past :data:`HANG_GUARD_S` (the bad inputs used to hang)."""
     start = time.perf_counter()
     res = invoke(args)
-    assert time.perf_counter() - start < limit, args
+    assert time.perf_counter() - start < HANG_GUARD_S, args
     return res
 
 
@@ -665,10 +669,11 @@ def test_calibrate_a_huge_epsilon_answers_fast_and_soundly():
     from dpmf.strategies import Identity
 
     res = timed_invoke(["calibrate", "--steps", "1000", "--sampling-prob", "0.01", "--epsilon", "1e6", "--delta",
-                        "1e-6", "--json"], limit=60)
+                        "1e-6", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["target_epsilon"] == 1e6 and d["epsilon"] <= 1e6
+    assert d["evaluations"] <= 20  # a bounded search (7 measured), not minutes at a shrinking noise
     # sound: recomputed from scratch at the noise it released, its own method gives epsilon <= target
     again = dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), d["noise_multiplier"], 1e-6, method=d["method"])
     assert again.epsilon <= 1e6
@@ -701,7 +706,7 @@ def small_pld_grid(monkeypatch):
 def test_calibrate_at_a_delta_every_noise_meets_is_refused_at_once(args):
     """--delta 0.999999: with probability (1 - q)^T an example joins no batch, so epsilon is 0 at any
     noise; the search used to shrink the noise for minutes looking for where it stops being 0."""
-    line = one_line_error(timed_invoke(["calibrate", *args, "--epsilon", "1", "--delta", "0.999999"], limit=30),
+    line = one_line_error(timed_invoke(["calibrate", *args, "--epsilon", "1", "--delta", "0.999999"]),
                           "--delta 0.999999 needs no noise at all", "use delta <")
     bound = float(line.split("use delta < ")[1].split()[0])
     from dpmf.accounting.dispatch import _check_delta_needs_noise
@@ -721,9 +726,8 @@ def test_calibration_to_a_huge_target_lands_on_it_on_a_coarser_grid(small_pld_gr
     from dpmf.sampling import PoissonSampling
     from dpmf.strategies import Identity
 
-    start = time.perf_counter()
     cal = dpmf.calibrate(Identity(10), PoissonSampling(0.01, 10), epsilon, delta, method="pld")
-    assert time.perf_counter() - start < 60
+    assert cal.evaluations <= 20  # a bounded search (10 and 8 measured), on grids it can afford
     assert cal.noise_multiplier < small_pld_grid
     assert (1 - 1e-3) * epsilon <= cal.report.epsilon <= epsilon
     assert "at_smallest_noise" not in cal.report.diagnostics
@@ -787,7 +791,7 @@ def test_cost_estimate_covers_what_auto_runs_and_the_markov_members():
     assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) > 6 * fresh[1]
 
 
-def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):
+def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch, evaluations, peak_memory):
     """Issue 24 item 2: the CLI's memory guard at the API entry point (a billion DP-SGD steps)."""
     import dpmf.resources as resources
     from dpmf.errors import CostLimitError
@@ -795,10 +799,12 @@ def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch):
     from dpmf.strategies import Identity
 
     monkeypatch.setattr(resources, "available_memory", lambda: 16.0 * 2**30)
-    start = time.perf_counter()
-    with pytest.raises(CostLimitError, match=r"refusing to start: .* GiB of memory .* 16 GiB available.*force=True"):
+    with peak_memory() as peak, pytest.raises(CostLimitError, match=r"refusing to start: .* GiB of memory .* 16 GiB "
+                                                                  r"available.*force=True"):
         dpmf.account(Identity(10**9), PoissonSampling(0.01, 10**9), 1.0, 1e-6)
-    assert time.perf_counter() - start < 20  # (deciding which methods apply used to build 8 GB arrays first)
+    # at once: no accountant ran, and nothing big was allocated (deciding which methods apply used to
+    # build 8 GB arrays first)
+    assert evaluations == [] and peak.bytes < 2**28, peak.bytes
     # the guard lets what fits through, with the same answer
     assert dpmf.account(Identity(1000), PoissonSampling(0.01, 1000), 1.0, 1e-6).epsilon == pytest.approx(2.125, abs=1e-3)
 
@@ -814,14 +820,14 @@ def test_account_noise_no_grid_represents_names_the_valid_range(sigma):
 
     edge = _smallest_representable_noise(0.01, 1.0, 1e-4, MAX_STEP_GRID_POINTS)
     line = one_line_error(timed_invoke(["account", "--steps", "10", "--sampling-prob", "0.01", "--noise-multiplier",
-                                        sigma, "--delta", "1e-6"], limit=30),
+                                        sigma, "--delta", "1e-6"]),
                           f"--noise-multiplier {float(sigma)!r} is too small for any privacy-loss grid",
                           f"use --noise-multiplier >= {edge:.4g}")
     assert "Traceback" not in line
     start = time.perf_counter()
     with pytest.raises(NoiseTooSmallError) as exc:
         dpmf.account(Identity(10), PoissonSampling(0.01, 10), float(sigma), 1e-6)
-    assert time.perf_counter() - start < 30
+    assert time.perf_counter() - start < HANG_GUARD_S
     assert exc.value.smallest == edge and "\n" not in str(exc.value)
     at_edge = dpmf.account(Identity(10), PoissonSampling(0.01, 10), edge, 1e-6)  # the edge itself answers
     assert math.isfinite(at_edge.epsilon) and at_edge.diagnostics["discretization"] <= 700
@@ -838,13 +844,13 @@ def test_account_at_small_noise_answers_on_a_coarser_grid_and_says_so():
     acc.compose(dp_event.PoissonSampledDpEvent(0.05, dp_event.GaussianDpEvent(0.1)), 100)
     peer = acc.get_epsilon(1e-5)
     res = timed_invoke(["account", "--sampling-prob", "0.05", "--steps", "100", "--noise-multiplier", "0.1",
-                        "--delta", "1e-5", "--json"], limit=60)
+                        "--delta", "1e-5", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["method"] == "pld" and d["diagnostics"]["discretization"] > 1e-4
     assert peer * (1 - 1e-3) <= d["epsilon"] <= peer * (1 + 1e-4)  # (a finer grid than the peer's: at most as large)
     text = timed_invoke(["account", "--sampling-prob", "0.05", "--steps", "100", "--noise-multiplier", "0.1",
-                         "--delta", "1e-5"], limit=60).stdout
+                         "--delta", "1e-5"]).stdout
     assert "note: accounted on a coarser privacy-loss grid" in text.replace("\n", " ")
 
 
@@ -896,7 +902,7 @@ def test_every_accountant_at_extreme_noise_gives_a_dpmf_error_or_a_sound_answer(
     assert "\n" not in str(exc.value) and "noise" in str(exc.value)
     huge = dpmf.account(strategy, scheme, 1e300, delta, method=method, **opts)
     at_ceiling = dpmf.account(strategy, scheme, NOISE_CEILING, delta, method=method, **opts)
-    assert time.perf_counter() - start < 60
+    assert time.perf_counter() - start < HANG_GUARD_S
     # sound: more noise is post-processing, so the report at the ceiling bounds it (and says so)
     assert huge.noise_multiplier == 1e300 and huge.epsilon == at_ceiling.epsilon < 1e-3
     assert huge.diagnostics["noise_multiplier_evaluated"] == NOISE_CEILING

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import pytest
 import torch
@@ -118,20 +117,18 @@ def test_make_private_trains_the_row_without_calibrating_again(rows, key, count_
     assert v.holds and v.edited is False and v.recomputed_epsilon == row.epsilon
 
 
-def test_the_re_check_costs_a_fraction_of_a_calibration(rows):
+def test_the_re_check_costs_a_fraction_of_a_calibration(rows, evaluations):
     """The MMCC row: make_private(plan=row) against make_private(target_epsilon=...) on the same pair,
-    which calibrates from scratch (the issue's complaint) and may land on another sigma."""
+    which calibrates from scratch (the issue's complaint) and may land on another sigma. The work is
+    counted, never timed: the re-check is one evaluation, the calibration a search of several."""
     row = rows[("banded-toeplitz", "cyclic-poisson")]
     strategy, scheme, _ = row.build()
-    _make(row)  # (warm: the first make_private of a process pays torch's one-time setup, ~0.5 s)
-    start = time.perf_counter()
     _make(row)
-    from_row = time.perf_counter() - start
-    start = time.perf_counter()
+    assert evaluations == ["mmcc"]
+    evaluations.clear()
     again = _make(None, strategy=strategy, sampling=scheme, target_epsilon=RUN.epsilon, delta=RUN.delta)
-    calibrated = time.perf_counter() - start
     assert again.privacy.run_spec.report.epsilon <= RUN.epsilon
-    assert from_row < calibrated, (from_row, calibrated)
+    assert evaluations.count("mmcc") > 1, evaluations
 
 
 def test_a_row_of_another_dataset_size_or_delta_is_refused(rows, count_evaluations):
