@@ -216,8 +216,7 @@ def _refuse_padded_labels(module, args, kwargs):
             f"{type(module).__name__} was called with labels containing {IGNORE_INDEX} (padding): its own .loss "
             "averages over the non-ignored labels of the whole batch, so one example's length changes every "
             "other example's weight and per-example clipping does not bound it. Call the model without "
-            "labels and backpropagate a per-example loss reduced over the batch: "
-            f"{_per_example_hint(module)}"
+            f"labels and backpropagate a per-example loss reduced over the batch, e.g. {_per_example_hint(module)}"
         )
 
 

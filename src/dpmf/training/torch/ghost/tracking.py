@@ -170,7 +170,7 @@ def track(tensor, sources: list):
 
 
 def _name(func) -> str:
-    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    return f"`{getattr(func, '__name__', None) or repr(func)}`"
 
 
 def _sources_of(flat) -> list:
@@ -305,7 +305,7 @@ def _lookup_op(func, args, kwargs, ids, w, padding, sources, B, batched: bool):
         if not batched:
             return _track_result(out, sources)
         for s in sources:
-            s.escape("a lookup")
+            s.escape("a lookup (`embedding` / indexing)")
         return _unwrap(out)
     src = owner[0]
     if padding is not None and padding < 0:
