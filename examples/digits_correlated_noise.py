@@ -196,7 +196,7 @@ def train_one(data, cfg: Config, lr: float, seed: int, *, plan=None):
 
 def run_job(job) -> dict:
     """All runs of one (row, epsilon): the lr grid on the first seed, then the other seeds at the
-    best lr (module docstring, "Protocol"). The first run builds the execution plan from the row
+    best lr (module docstring, "Protocol"). The first run builds the RunSpec from the row
     (one accountant evaluation); the others reuse it."""
     import torch
 
@@ -208,8 +208,8 @@ def run_job(job) -> dict:
     t0 = time.perf_counter()
     runs, name = [], "non-private" if row is None else row.label
 
-    def one(lr: float, seed: int, execution_plan=None):
-        acc, privacy, sec, plan_sec = train_one(data, cfg, lr, seed, plan=execution_plan or row)
+    def one(lr: float, seed: int, run_spec=None):
+        acc, privacy, sec, plan_sec = train_one(data, cfg, lr, seed, plan=run_spec or row)
         out = {"mechanism": name, "epsilon": eps, "lr": lr, "seed": seed, "accuracy": acc, "seconds": sec}
         if privacy is not None:
             report = privacy.report()
@@ -221,11 +221,11 @@ def run_job(job) -> dict:
                        steps_done=report.diagnostics["training"]["steps_done"])
         return out, privacy
 
-    execution_plan, verified = None, None
+    run_spec, verified = None, None
     for lr in cfg.lrs:  # the lr grid on the first seed ...
-        out, privacy = one(lr, cfg.seeds[0], execution_plan)
-        if privacy is not None and execution_plan is None:
-            execution_plan = privacy.run_spec  # certified from the row once; reused as it is
+        out, privacy = one(lr, cfg.seeds[0], run_spec)
+        if privacy is not None and run_spec is None:
+            run_spec = privacy.run_spec  # certified from the row once; reused as it is
             path = Path(report_dir) / f"eps{eps:g}-{row.strategy}-{row.sampling}.json"
             privacy.save_report(path)  # (and a large dense C next to it, as <sha256>.npz)
             v = verify_report(path, search_dir=report_dir)  # what `dpmf verify FILE --matrices DIR` does
@@ -236,7 +236,7 @@ def run_job(job) -> dict:
         runs.append(out)
     best = max(runs, key=lambda r: r["accuracy"])["lr"]
     for seed in cfg.seeds[1:]:  # ... then the other seeds at its best lr
-        runs.append(one(best, seed, execution_plan)[0])
+        runs.append(one(best, seed, run_spec)[0])
     out = {"mechanism": name, "epsilon": eps, "runs": runs, "seconds": time.perf_counter() - t0}
     if row is not None:
         out.update(row=_row_summary(row), verified=verified)
@@ -265,10 +265,18 @@ def summarize(jobs: list[dict], cfg: Config) -> list[dict]:
     return rows
 
 
+def _accuracy(r: dict, cfg: Config) -> str:
+    """``"91.2 ± 0.8"`` (percent, sample std over the seeds); one seed: ``"91.2"`` (no spread to show)."""
+    mean = f"{100 * r['mean_accuracy']:.1f}"
+    return f"{mean} ± {100 * r['std_accuracy']:.1f}" if len(cfg.seeds) > 1 else mean
+
+
 def markdown(rows: list[dict], plans: dict, cfg: Config) -> str:
+    seeds = (f"mean over seeds {', '.join(map(str, cfg.seeds))}" if len(cfg.seeds) > 1 else f"seed {cfg.seeds[0]}")
+    spread = "; ± sample std" if len(cfg.seeds) > 1 else ""  # (one seed has no spread to show)
     out = [
-        f"Test accuracy (mean over seeds {', '.join(map(str, cfg.seeds))} at the best lr of "
-        f"{{{', '.join(map(str, cfg.lrs))}}}; ± sample std), digits MLP 64-32-10, {cfg.epochs} epochs x "
+        f"Test accuracy ({seeds} at the best lr of "
+        f"{{{', '.join(map(str, cfg.lrs))}}}{spread}), digits MLP 64-32-10, {cfg.epochs} epochs x "
         f"{NUM_TRAIN // cfg.batch_size} steps of batch {cfg.batch_size} (T = {cfg.steps}), clip {cfg.clip}, "
         f"delta {cfg.delta:g}. The rows are the {cfg.top} best of `dpmf.planner.plan` at each epsilon, and "
         "DP-SGD with Poisson sampling; rank is the plan's (- : ranked below the top or pruned).",
@@ -278,13 +286,11 @@ def markdown(rows: list[dict], plans: dict, cfg: Config) -> str:
     ]
     for r in rows:
         if r["epsilon"] is None:
-            out.append(f"| - | - | non-private SGD | - | - | - | {r['best_lr']:g} | "
-                       f"{100 * r['mean_accuracy']:.1f} ± {100 * r['std_accuracy']:.1f} |")
+            out.append(f"| - | - | non-private SGD | - | - | - | {r['best_lr']:g} | {_accuracy(r, cfg)} |")
             continue
         rank = r["rank"] if r["rank"] is not None and r["rank"] <= cfg.top else "-"
         out.append(f"| {r['epsilon']:g} | {rank} | {r['mechanism']} | {r['method']} | {r['noise_multiplier']:.3f} | "
-                   f"{r['prefix_noise_rmse']:.2f} | {r['best_lr']:g} | "
-                   f"{100 * r['mean_accuracy']:.1f} ± {100 * r['std_accuracy']:.1f} |")
+                   f"{r['prefix_noise_rmse']:.2f} | {r['best_lr']:g} | {_accuracy(r, cfg)} |")
     out += ["", "sigma is the noise multiplier for the row's C as given (not comparable across rows); prefix-sum "
             "noise is sigma x the RMSE of the T prefix sums per unit sigma, in clip norms: the quantity the plan "
             "ranks by (lower is better; what plain SGD's trajectory sees).", ""]

@@ -39,7 +39,7 @@ files: in-distribution next-byte prediction).
 Run::
 
     python examples/stdlib_gpt2.py --out examples/results/stdlib_gpt2     # full run (examples/README.md)
-    python examples/stdlib_gpt2.py --fast --out /tmp/gpt2_fast             # a few seconds
+    python examples/stdlib_gpt2.py --fast --out /tmp/gpt2_fast             # 10-13 CPU-s
 
 ``--out DIR`` writes ``results.json`` (configuration, every run with sigma, certified epsilon,
 method, the curve) and ``results.md`` (the table). Needs ``torch`` and ``transformers``.
@@ -158,6 +158,9 @@ def make_model(cfg: Config, seed: int):
                                      n_head=cfg.heads, bos_token_id=PAD, eos_token_id=PAD, pad_token_id=PAD,
                                      tie_word_embeddings=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = transformers.GPT2LMHeadModel(config)
+    # the causal-LM loss by its name: transformers derives it from the class name, which "GPT2LMHeadModel"
+    # does not contain, and then warns "loss_type=None ... Using the default loss: ForCausalLMLoss" (the same loss)
+    model.loss_type = "ForCausalLM"
     assert model.lm_head.weight is model.transformer.wte.weight  # tied
     return model
 

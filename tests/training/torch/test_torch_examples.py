@@ -54,6 +54,7 @@ def test_fast_mode_writes_the_outputs(fast_run):
     header = "| epsilon | rank | mechanism | accountant | sigma | prefix-sum noise | best lr | accuracy (%) |"
     assert header in md and header in stdout
     assert "non-private SGD" in md and "DP-SGD, Poisson sampling" in md and "Plan at epsilon 4" in md
+    assert "Test accuracy (seed 0 at" in md and "±" not in md  # one seed: no spread to show (was "± 0.0")
 
 
 def test_fast_mode_trains_the_plans_best_rows_as_certified(fast_run):

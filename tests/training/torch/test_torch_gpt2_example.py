@@ -61,3 +61,27 @@ def test_fast_mode_every_row_learns(fast):
     _, _, res = fast
     for r in res["runs"]:
         assert r["bits_per_byte"] < r["initial_bits_per_byte"] - 0.3, r["mechanism"]
+
+
+def test_the_model_names_its_loss_so_transformers_does_not_warn(fast):
+    """transformers derives the loss from the class name ("GPT2LMHeadModel" names none) and warns
+    "loss_type=None ... Using the default loss" on every run: the example names it (the same loss)."""
+    import logging
+
+    import torch
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    module, _, _ = fast
+    cfg = module.replace(module.Config(), **module.FAST)
+    model = module.make_model(cfg, 0)
+    assert model.loss_type == "ForCausalLM" and model.loss_function is LOSS_MAPPING["ForCausalLM"]
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        ids = torch.randint(0, 10, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert not [r for r in records if "loss_type" in r.getMessage()]
