@@ -129,3 +129,39 @@ def test_a_costly_candidate_gets_a_worker_first_and_the_deadline_stops_only_cost
     finished, partial, cut = run_until(cands, RUN, math.inf, time.monotonic() - 1, processes=1, quick=quick)
     assert set(finished) == set(quick) and set(cut) == set(costly) and not partial
     assert all(c.by_budget for c in cut.values())
+
+
+def _two_costly():
+    cands = [c for c in candidates(RUN) if c.wave == 2 and c.strategy_name == "banded-toeplitz-4"]
+    cands += [c for c in candidates(RUN) if c.wave == 2 and c.strategy_name == "tree"]
+    assert len(cands) == 2
+    return cands
+
+
+def test_answered_candidates_pause_until_every_costly_one_has_an_answer():
+    """One worker, two costly candidates: the first is paused (SIGSTOP) once it has certified a noise,
+    the second runs meanwhile, and the first is resumed after; both end with the rows they have alone."""
+    cands = _two_costly()
+    order, evals = [], []
+    finished, partial, cut = run_until(cands, RUN, math.inf, None, processes=1, on_start=order.append,
+                                       on_eval=lambda i, s, e: evals.append((i, e <= RUN.epsilon)))
+    assert order == [0, 1] and set(finished) == {0, 1} and not partial and not cut
+    first_pass = evals.index((0, True))
+    assert any(i == 1 for i, _ in evals[first_pass:])  # the second ran after the first's first answer ...
+    assert [i for i, _ in evals][-1] == 0  # ... and the first finished last, resumed
+    for i, c in enumerate(cands):
+        assert values(finished[i]) == values(evaluate(c, RUN))
+
+
+def test_the_answer_grace_lets_an_unanswered_candidate_answer_after_the_deadline():
+    """Past the deadline a costly candidate without an answer still starts and runs until its first
+    certified noise (a cut row), within the grace; without a grace it is cut unranked."""
+    import time
+
+    (cand,) = _two_costly()[:1]
+    finished, partial, cut = run_until([cand], RUN, math.inf, time.monotonic() - 1, processes=1, grace=600)
+    assert not cut and (list(partial) == [0] or list(finished) == [0])
+    row = partial.get(0) or finished[0]
+    assert row.certified and row.epsilon <= RUN.epsilon
+    finished, partial, cut = run_until([cand], RUN, math.inf, time.monotonic() - 1, processes=1)
+    assert list(cut) == [0] and not partial and not finished

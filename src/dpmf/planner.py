@@ -140,7 +140,9 @@ def plan(
       :data:`~dpmf.planning.budget.DEFAULT_BUDGET` (25 s). Its candidates run in worker processes
       (one per CPU, or ``workers``); one stopped after certifying a noise gives a *cut* row
       (``row.cut``: certified, not yet the smallest noise), one stopped before gives an entry of
-      ``result.cut``. The earlier waves always run to the end (their amplified candidates also in
+      ``result.cut``. Every costly candidate gets its first answer (a certified noise, or pruned)
+      before any is refined, and one without an answer at the deadline runs on for up to
+      :func:`~dpmf.planning.budget.answer_grace` seconds more (1.4x the budget). The earlier waves always run to the end (their amplified candidates also in
       one process per CPU).
     * ``thorough``: ``True``: no time budget, every candidate calibrated (``dpmf plan --thorough``).
       A ``budget`` together with ``thorough=True`` is refused
@@ -353,7 +355,7 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tal
     that run whole whatever the deadline; ``threshold``: a number or a function of nothing)."""
     import os
 
-    from dpmf.planning.budget import run_until
+    from dpmf.planning.budget import answer_grace, run_until
 
     if not todo:
         return
@@ -379,7 +381,7 @@ def _budgeted(todo, cands, run, cache, threshold, deadline, budget, workers, tal
     quick_set = set(quick)
     finished, partial, cut = run_until(sub, run, threshold, deadline, processes=processes, on_start=started,
                                        quick=[j for j, i in enumerate(todo) if i in quick_set], lookup=lookup,
-                                       on_row=found)
+                                       on_row=found, grace=answer_grace(budget) if deadline is not None else 0.0)
     for j, row in partial.items():
         if cache is not None:
             cache.put(cands[todo[j]].key(run), row, threshold() if callable(threshold) else threshold, budget=budget)

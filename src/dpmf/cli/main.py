@@ -505,7 +505,9 @@ def plan(
     budget: Optional[float] = typer.Option(
         None, "--budget", help=f"Seconds (default {DEFAULT_PLAN_BUDGET:g}) after which the costly candidates (MMCC, "
         "BandMF under balls-in-bins, the optimal factorization) are stopped: each keeps the smallest noise it "
-        "certified so far (a cut row, which can only move up), and the output names what was cut. Not with "
+        "certified so far (a cut row, which can only move up), and the output names what was cut. Every costly "
+        "candidate gets its first answer (a certified noise, or pruned) before any is refined, and one still "
+        "without an answer at the deadline runs on for up to 1.4x the budget more (a busy machine). Not with "
         "--thorough.", show_default=False,
     ),
     thorough: bool = typer.Option(False, "--thorough", help="No time budget: calibrate every candidate fully (not "
@@ -600,11 +602,13 @@ def _plan_rows(run, cache, limit, as_json: bool, quiet: bool, **options):
     terminal, the certified ranking of the quick waves at once while the costly candidates run;
     into a pipe or file nothing early (the table is printed once, at the end)."""
     from dpmf.planner import PlanResult, plan as _plan
+    from dpmf.planning.budget import answer_grace
 
     shown: list = []
 
     def first(rows, pending: int) -> None:
-        until = f"until {limit:g} s after the start (--budget; --thorough: no limit)"
+        until = (f"until {limit:g} s after the start (--budget; one without any answer by then up to "
+                 f"{limit + answer_grace(limit):g} s; --thorough: no limit)")
         if not _interactive():
             err.print(f"{pending} costly candidates still running, {until}; the table follows when they end",
                       highlight=False)

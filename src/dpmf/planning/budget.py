@@ -6,7 +6,12 @@ seconds and always run to the end. Its last wave -- MMCC under Poisson sampling,
 balls-in-bins with the Markov members of ``allocation_pld``, the optimal factorization -- can take
 minutes (one evaluation of BandMF with a fresh slot each epoch costs 10-20 s at 1000 steps, and a
 calibration needs about ten). :func:`run_until` runs those candidates in worker processes (one per
-CPU, at most ``workers``) and stops them at the deadline.
+CPU, at most ``workers``) and stops them at the deadline, first answers first: a candidate that has
+certified a noise is paused (``SIGSTOP``) while another has no answer yet, so every candidate is
+certified or pruned before any is refined, and an unanswered one gets :func:`answer_grace` more.
+Since the plan's calibrations start their search at the noise they must beat (a passing probe
+there is a certified row at once; :func:`dpmf.calibrate`'s ``max_noise_multiplier``), a first
+answer costs one evaluation.
 
 **What a cut row certifies.** A calibration evaluates its accountant at a sequence of noises; every
 evaluation whose epsilon is at most the target *certifies* that noise (the accountant's bound is
@@ -99,9 +104,17 @@ class Cut:
     by_budget: bool = False
 
 
-def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn) -> None:
+def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn, spool: str) -> None:
     """A worker: calibrate ``cand`` and report each evaluation, then the row (or the error), on its
-    own pipe ``conn`` (one per worker: stopping one mid-message cannot garble another's)."""
+    own pipe ``conn`` (one per worker: stopping one mid-message cannot garble another's).
+
+    Every message is small (under ``PIPE_BUF``, written by one ``write``: a worker paused with
+    ``SIGSTOP`` is never caught half-way through one); the row itself, which may carry matrices, is
+    pickled into a file of the folder ``spool`` and its path sent."""
+    import os
+    import pickle
+    import tempfile
+
     from dpmf import progress
     from dpmf.planning.evaluate import evaluate
     from dpmf.resources import one_blas_thread
@@ -109,9 +122,12 @@ def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn) ->
     try:  # (one BLAS thread: the workers already fill the CPUs, and threaded small products are slower)
         with progress.reporting("off"), one_blas_thread():
             row = evaluate(cand, run, threshold, callback=lambda s, e: conn.send(("eval", i, float(s), float(e))))
-        conn.send(("row", i, row))
+        fd, path = tempfile.mkstemp(dir=spool, suffix=".row")
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(row, f, protocol=pickle.HIGHEST_PROTOCOL)
+        conn.send(("row", i, path))
     except BaseException as exc:  # (reported to the parent, which raises it there)
-        conn.send(("error", i, f"{type(exc).__name__}: {exc}"))
+        conn.send(("error", i, f"{type(exc).__name__}: {exc}"[:2000]))
     finally:
         conn.close()
 
@@ -124,8 +140,22 @@ def _context():
     return multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
+#: A costly candidate still without an answer at the deadline -- no noise certified, not pruned --
+#: runs on for up to this fraction of the budget more (and no more than :data:`ANSWER_GRACE_MAX`
+#: seconds) to give its first one: on a machine loaded by other work the same evaluations take
+#: longer, and a row that "could rank anywhere" answers nothing. Candidates with an answer stop at
+#: the deadline itself. The default budget of 25 s thus ends by 60 s at the latest.
+ANSWER_GRACE = 1.4
+ANSWER_GRACE_MAX = 300.0
+
+
+def answer_grace(budget: float | None) -> float:
+    """Seconds past the deadline that unanswered costly candidates may run (:data:`ANSWER_GRACE`)."""
+    return 0.0 if budget is None else min(ANSWER_GRACE * float(budget), ANSWER_GRACE_MAX)
+
+
 def run_until(cands: list[Candidate], run: TrainingRun, threshold, deadline: float | None, *,
-              processes: int, on_eval=None, on_start=None, quick=(), lookup=None, on_row=None
+              processes: int, on_eval=None, on_start=None, quick=(), lookup=None, on_row=None, grace: float = 0.0
               ) -> tuple[dict[int, PlanRow], dict[int, PlanRow], dict[int, Cut]]:
     """Calibrate ``cands`` (indices into the list, started in list order) against ``threshold`` in up
     to ``processes`` worker processes until ``deadline`` (a :func:`time.monotonic` value; ``None``:
@@ -143,105 +173,206 @@ def run_until(cands: list[Candidate], run: TrainingRun, threshold, deadline: flo
     worker is kept for the costly ones: the quick ones never starve them). ``threshold`` may be a
     function, called when a candidate starts: the best prefix RMSE certified so far (pruning
     against any certified row is sound). ``lookup(i, threshold)``: a row found without running
-    (the cache), or ``None``."""
-    from multiprocessing.connection import wait as wait_any
+    (the cache), or ``None``.
 
-    ctx = _context()
-    pipes: dict[int, object] = {}  # i -> the parent's end of its worker's pipe
-    quick = set(quick)
-    pending = list(range(len(cands)))
-    active: dict[int, tuple] = {}  # i -> (process, start)
-    evals: dict[int, list[tuple[float, float]]] = {i: [] for i in pending}
-    finished: dict[int, PlanRow] = {}
-    used: dict[int, float] = {}  # i -> the threshold it ran against
-    died: dict[int, tuple[int, float]] = {}  # i -> (exit code, seconds) of a worker that died
-    stopped: dict[int, float] = {}  # i -> seconds, costly candidates stopped at the deadline
+    **First answers first.** A costly candidate that has certified a noise (it has a cut row) is
+    paused (``SIGSTOP``) while a costly candidate that has no answer yet waits for a worker, and
+    resumed once none waits: every candidate gets its first answer (a certified noise, or pruned)
+    before any is refined. At the deadline the answered ones stop; ``grace`` (seconds,
+    :func:`answer_grace`) lets the unanswered ones run on -- and start -- until they answer or the
+    grace ends."""
+    import shutil
+    import tempfile
 
-    def late() -> bool:
-        return deadline is not None and time.monotonic() >= deadline
+    spool = tempfile.mkdtemp(prefix="dpmf-plan-")
+    try:
+        pool = _Workers(cands, run, threshold, deadline, processes, set(quick), grace, spool, on_eval, on_start,
+                        lookup, on_row)
+        pool.run()
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    partial, cut = _stopped_rows(cands, run, pool.evals, pool.stopped, pool.died, pool.pending)
+    return pool.finished, partial, cut
 
-    def next_index() -> int | None:
-        allowed = [i for i in pending if i in quick or not late()]
+
+class _Workers:
+    """The worker processes of :func:`run_until` and their schedule."""
+
+    def __init__(self, cands, run, threshold, deadline, processes, quick, grace, spool, on_eval, on_start, lookup,
+                 on_row):
+        self.cands, self.run_spec, self.threshold, self.deadline = cands, run, threshold, deadline
+        self.processes, self.quick, self.spool = max(1, processes), quick, spool
+        self.hard = None if deadline is None else deadline + max(0.0, grace)
+        self.on_eval, self.on_start, self.lookup, self.on_row = on_eval, on_start, lookup, on_row
+        self.ctx = _context()
+        self.pipes: dict[int, object] = {}  # i -> the parent's end of its worker's pipe
+        self.pending = list(range(len(cands)))
+        self.active: dict[int, tuple] = {}  # i -> (process, start), running
+        self.paused: dict[int, tuple] = {}  # i -> (process, start), stopped by SIGSTOP (answered)
+        self.evals: dict[int, list[tuple[float, float]]] = {i: [] for i in self.pending}
+        self.finished: dict[int, PlanRow] = {}
+        self.used: dict[int, float] = {}  # i -> the threshold it ran against
+        self.died: dict[int, tuple[int, float]] = {}  # i -> (exit code, seconds) of a worker that died
+        self.stopped: dict[int, float] = {}  # i -> seconds, costly candidates stopped at the deadline
+
+    # -- the clock
+    def late(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def over(self) -> bool:
+        return self.hard is not None and time.monotonic() >= self.hard
+
+    def answered(self, i: int) -> bool:
+        return any(e <= self.run_spec.epsilon for _, e in self.evals[i])
+
+    # -- the schedule
+    def next_index(self) -> int | None:
+        """The next candidate to start: quick ones always; costly ones before the deadline, and
+        after it (all unanswered: none started) until the grace ends."""
+        allowed = [i for i in self.pending if i in self.quick or not self.over()]
         if not allowed:
             return None
-        costly = [i for i in allowed if i not in quick]
-        if quick and costly and not any(j not in quick for j in active):
+        costly = [i for i in allowed if i not in self.quick]
+        if self.quick and costly and not any(j not in self.quick for j in self.active):
             return costly[0]  # (the reserved worker)
+        if self.late() and not costly:
+            return allowed[0] if allowed[0] in self.quick else None
         return allowed[0]
 
-    def done(i: int, row: PlanRow) -> None:
-        finished[i] = row
-        if on_row is not None:
-            on_row(i, row, used[i])
+    def fill(self) -> None:
+        """Start candidates while a worker is free; pause an answered costly one for a costly one that
+        has no answer yet; resume the paused ones when nothing waits."""
+        while True:
+            if len(self.active) < self.processes:
+                i = self.next_index()
+                if i is not None:
+                    self.start(i)
+                    continue
+                if self.paused and not self.late():
+                    j = min(self.paused)  # (list order: the most likely to win first)
+                    self.active[j] = self.paused.pop(j)
+                    self._signal(self.active[j][0], "SIGCONT")
+                    continue
+                return
+            waiting = [i for i in self.pending if i not in self.quick]
+            ready = [j for j in self.active if j not in self.quick and self.answered(j)]
+            if not (waiting and ready and not self.over()):
+                return
+            j = max(ready)  # (the least likely to win pauses first)
+            self.paused[j] = self.active.pop(j)
+            self._signal(self.paused[j][0], "SIGSTOP")
 
-    try:
-        while pending or active:
-            while len(active) < max(1, processes) and (i := next_index()) is not None:
-                pending.remove(i)
-                used[i] = threshold() if callable(threshold) else threshold
-                hit = None if lookup is None else lookup(i, used[i])
-                if hit is not None:
-                    done(i, hit)
-                    continue
-                reader, writer = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child, args=(i, cands[i], run, used[i], writer), daemon=True)
-                p.start()
-                writer.close()  # (the child holds it: its end closes when the child does)
-                pipes[i] = reader
-                active[i] = (p, time.perf_counter())
-                if on_start is not None:
-                    on_start(i)
-            if late():  # stop the costly candidates; the quick ones run on
-                for i in [i for i in active if i not in quick]:
-                    p, start = active.pop(i)
-                    p.terminate()
-                    p.join()
-                    stopped[i] = time.perf_counter() - start
-                if not active and not any(i in quick for i in pending):
-                    break
-            if not active:
-                if pending and next_index() is not None:
-                    continue
-                break
-            wait = 1.0 if deadline is None or late() else min(deadline - time.monotonic(), 1.0)
-            ready = wait_any([pipes[i] for i in active], timeout=max(wait, 0.01))
-            if not ready:
-                continue
-            i = next(j for j in active if pipes[j] in ready)
+    def start(self, i: int) -> None:
+        self.pending.remove(i)
+        self.used[i] = self.threshold() if callable(self.threshold) else self.threshold
+        hit = None if self.lookup is None else self.lookup(i, self.used[i])
+        if hit is not None:
+            self.done(i, hit)
+            return
+        reader, writer = self.ctx.Pipe(duplex=False)
+        p = self.ctx.Process(target=_child, args=(i, self.cands[i], self.run_spec, self.used[i], writer, self.spool),
+                             daemon=True)
+        p.start()
+        writer.close()  # (the child holds it: its end closes when the child does)
+        self.pipes[i] = reader
+        self.active[i] = (p, time.perf_counter())
+        if self.on_start is not None:
+            self.on_start(i)
+
+    def done(self, i: int, row: PlanRow) -> None:
+        self.finished[i] = row
+        if self.on_row is not None:
+            self.on_row(i, row, self.used[i])
+
+    def stop(self, i: int) -> None:
+        """Stop costly candidate ``i`` (running or paused): its evaluations so far are what it gives."""
+        p, start = self.active.pop(i) if i in self.active else self.paused.pop(i)
+        p.terminate()
+        self._signal(p, "SIGCONT")  # (a stopped process acts on SIGTERM once continued)
+        p.join()
+        self.stopped[i] = time.perf_counter() - start
+
+    @staticmethod
+    def _signal(p, name: str) -> None:
+        import os
+        import signal
+
+        if p.pid is not None and hasattr(signal, name):
             try:
-                msg = pipes[i].recv()
-            except (EOFError, OSError):  # a worker that ended without its row (killed from outside: memory)
-                p, start = active.pop(i)
-                p.join()
-                died[i] = (p.exitcode, time.perf_counter() - start)  # (only its certified evaluations count)
-                continue
-            kind = msg[0]
-            if kind == "eval":
-                evals[i].append((msg[2], msg[3]))
-                if on_eval is not None:
-                    on_eval(i, msg[2], msg[3])
-            elif kind == "row":
-                p, _ = active.pop(i)
-                p.join()
-                done(i, msg[2])
-            else:
-                p, _ = active.pop(i)
-                p.join()
-                from dpmf.errors import DPMFError
+                os.kill(p.pid, getattr(signal, name))
+            except ProcessLookupError:  # (it ended on its own meanwhile)
+                pass
 
-                raise DPMFError(f"calibrating {cands[i].label!r}: {msg[2]}")
-    finally:
-        now = time.perf_counter()
-        stopped.update({i: now - start for i, (p, start) in active.items()})
-        stopped.update({i: seconds for i, (_, seconds) in died.items()})
-        for p, _ in active.values():
-            p.terminate()
-        for p, _ in active.values():
+    # -- the loop
+    def run(self) -> None:
+        try:
+            while self.pending or self.active or self.paused:
+                self.fill()
+                if self.late():  # the answered costly candidates stop; past the grace all of them
+                    for i in [i for i in [*self.active, *self.paused] if i not in self.quick]:
+                        if self.over() or self.answered(i) or i in self.paused:
+                            self.stop(i)
+                    if not self.active and not any(i in self.quick for i in self.pending) and (
+                            self.over() or self.next_index() is None):
+                        break
+                if not self.active:
+                    if self.pending and self.next_index() is not None:
+                        continue
+                    if self.paused:
+                        continue
+                    break
+                self.receive()
+        finally:
+            now = time.perf_counter()
+            for table in (self.active, self.paused):
+                self.stopped.update({i: now - start for i, (p, start) in table.items()})
+            self.stopped.update({i: seconds for i, (_, seconds) in self.died.items()})
+            for p, _ in [*self.active.values(), *self.paused.values()]:
+                p.terminate()
+                self._signal(p, "SIGCONT")
+            for p, _ in [*self.active.values(), *self.paused.values()]:
+                p.join()
+            for c in self.pipes.values():
+                c.close()
+
+    def receive(self) -> None:
+        """Wait (until the next deadline, a second at most) for one message and act on it."""
+        from multiprocessing.connection import wait as wait_any
+
+        now = time.monotonic()
+        ends = [t - now for t in (self.deadline, self.hard) if t is not None and t > now]
+        wait = min([1.0, *ends])
+        ready = wait_any([self.pipes[i] for i in self.active], timeout=max(wait, 0.01))
+        if not ready:
+            return
+        i = next(j for j in self.active if self.pipes[j] in ready)
+        try:
+            msg = self.pipes[i].recv()
+        except (EOFError, OSError):  # a worker that ended without its row (killed from outside: memory)
+            p, start = self.active.pop(i)
             p.join()
-        for c in pipes.values():
-            c.close()
-    partial, cut = _stopped_rows(cands, run, evals, stopped, died, pending)
-    return finished, partial, cut
+            self.died[i] = (p.exitcode, time.perf_counter() - start)  # (only its certified evaluations count)
+            return
+        kind = msg[0]
+        if kind == "eval":
+            self.evals[i].append((msg[2], msg[3]))
+            if self.on_eval is not None:
+                self.on_eval(i, msg[2], msg[3])
+            return
+        p, _ = self.active.pop(i)
+        p.join()
+        if kind == "row":
+            import os
+            import pickle
+
+            with open(msg[2], "rb") as f:
+                row = pickle.load(f)
+            os.unlink(msg[2])
+            self.done(i, row)
+            return
+        from dpmf.errors import DPMFError
+
+        raise DPMFError(f"calibrating {self.cands[i].label!r}: {msg[2]}")
 
 
 def _stopped_rows(cands, run, evals, stopped, died, pending) -> tuple[dict[int, PlanRow], dict[int, Cut]]:
