@@ -140,3 +140,36 @@ def test_the_names_the_readme_says_dpmf_training_torch_exports_exist():
     names = set(re.findall(r"`([A-Z][A-Za-z]+|[a-z_]+)`", text)) & set(t.__all__)
     assert "GhostClipper" in t.__all__ and hasattr(t, "GhostClipper")
     assert all(hasattr(t, n) for n in names)
+
+
+# ------------------------------------------------------------------ the pages agree (issue 53 item 3)
+TORCH_PAGES = [README, README.parent / "docs" / "getting-started.md", README.parent / "docs" / "tutorials" / "pytorch.md"]
+CPU_FIRST = "pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0"
+
+
+def test_the_pages_agree_on_the_torch_build_the_extra_installs():
+    """``.[torch]`` installs ``torch==2.13.0`` from PyPI: on Linux x86_64 the CUDA build (pip resolves
+    it with triton and the NVIDIA CUDA 13 packages: ``pip install --isolated --dry-run
+    --ignore-installed --report r.json torch==2.13.0``, 2026-12-02). Every page that says what the
+    extra installs says so, with the same command for the CPU build, and the pin is pyproject's."""
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["torch"] == ["torch==2.13.0"] and "torch==2.13.0" in extras["test"]
+    for page in TORCH_PAGES:
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        assert ".[torch]" in text and "torch==2.13.0" in text, page.name
+        assert "on Linux the CUDA build" in text and CPU_FIRST in text, page.name
+        assert not re.search(r"installs the CPU build|\.\[torch\]\S* installs[^.]*CPU build", text), page.name
+
+
+def test_the_docs_extra_installs_what_the_docs_configuration_needs():
+    """mkdocstrings formats signatures (``separate_signature: true``) with Black or Ruff and only
+    says so in a log line when neither is installed: ``.[docs]`` (and ``.[test]``, which builds the
+    site) install one."""
+    import tomllib
+
+    extras = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    if "separate_signature: true" in (README.parent / "mkdocs.yml").read_text():
+        for extra in ("docs", "test"):
+            assert any(re.match(r"(ruff|black)\b", req) for req in extras[extra]), extra
