@@ -67,6 +67,8 @@ __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_su
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
 CHUNK_FLOATS = 1 << 23
+#: floats of per-example gradients whose float64 norms are taken at once (the norm makes a float64 copy)
+NORM_FLOATS = 1 << 20
 #: cost of one Gram entry's float64 contraction (conversions, product, sum), in float32 GEMM multiply-adds
 GRAM_PASS = 70
 #: cost of one materialized entry's float64 norm
@@ -76,7 +78,7 @@ KEEP_PASS = 30
 #: a batch of ``B`` small per-example products runs slower per multiply-add than one large GEMM
 BMM_PENALTY = 1.2
 #: ``"keep"`` only where ``d_in d_out <= KEEP_MEMORY T (d_in + d_out)``: ``P`` no larger than ``A`` and ``G``
-KEEP_MEMORY = 1.0
+KEEP_MEMORY = 0.5
 
 
 def gamma(m: int, dtype) -> float:
@@ -241,7 +243,10 @@ def _materialized(A, G, work):
     T = A.shape[1]
     a, g = A.to(work), G.to(work)
     P = torch.bmm(g.transpose(1, 2), a)
-    norm = torch.linalg.vector_norm(P.reshape(P.shape[0], -1), dim=1, dtype=F64)
+    flat = P.reshape(P.shape[0], -1)
+    rows = max(1, NORM_FLOATS // max(1, flat.shape[1]))  # the float64 copy a norm makes: a few rows at a time
+    norm = torch.cat([torch.linalg.vector_norm(flat[lo : lo + rows], dim=1, dtype=F64)
+                      for lo in range(0, flat.shape[0], rows)])
     inflate = 1 + 2 * gamma(max(A.shape[2], G.shape[2]) + T + 2, work)  # s in the working precision, rounded up
     s = _row_norm_products(a, g).to(F64) * inflate
     return P, (norm + gamma(T, work) * s) ** 2
