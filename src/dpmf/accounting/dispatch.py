@@ -610,8 +610,9 @@ def _search_method(run: _CalibrationRun, i: int, memo: dict, evaluate, best) -> 
     if m.fast_calibration is not None:
         if hint is None and not run.start:
             run.start.append(_search_start(run.strategy, run.scheme, run.target, run.delta))
-        near = run.limit is not None and hint is not None and hint == bound
-        with search_hint(hint if hint is not None else run.start[0], near=near):
+        # (in a plan -- a limit -- every search's first step below a passing start aims just under the
+        # answer: its evaluations at small noises are the costliest, and halving often lands there)
+        with search_hint(hint if hint is not None else run.start[0], near=run.limit is not None):
             sigma = m.fast_calibration(
                 run.strategy, run.scheme, run.target, run.delta, **opts, rel_tol=run.rel_tol, callback=run.note,
                 **({"limit": bound} if own_limit else {}),
