@@ -25,12 +25,7 @@ import ghost_reference  # noqa: E402  (beside this file)
 V, B = 61, 4
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    yield
-    transformers.logging.set_verbosity(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")  # (tests/training/torch/conftest.py)
 
 
 def t5(gated: bool = False, tie: bool = True):

@@ -19,12 +19,7 @@ F = torch.nn.functional
 B = 4
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    yield
-    transformers.logging.set_verbosity(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")  # (tests/training/torch/conftest.py)
 
 
 def _vision(config_class, model_class):

@@ -21,12 +21,7 @@ F = torch.nn.functional
 V, B, T = 97, 4, 10
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    level = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    yield
-    transformers.logging.set_verbosity(level)
+pytestmark = pytest.mark.usefixtures("quiet_transformers")  # (tests/training/torch/conftest.py)
 
 
 def gpt2(tie: bool, dtype=torch.float64):
