@@ -41,11 +41,12 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients
 from dpmf.training.torch.ghost.sequence import F64, gamma
-from dpmf.training.torch.ghost.tracking import Source, plain, pulling, track
+from dpmf.training.torch.ghost.tracking import Source, mark_param, plain, pulling, track
 
 torch = require_torch()
 
-__all__ = ["BIAS_TABLE_NAMES", "is_bias_table", "ParamCapture", "OutputCapture", "expanded_call", "joined", "pulling"]
+__all__ = ["BIAS_TABLE_NAMES", "is_bias_table", "ParamCapture", "DirectReads", "OutputCapture", "expanded_call",
+           "joined", "pulling"]
 
 #: attribute names of layers that are always called without a batch dimension (bias tables)
 BIAS_TABLE_NAMES = {"relative_attention_bias"}
@@ -145,10 +146,14 @@ def _lookup_part(ids, g, padding, batch: int, p):
 
 
 def _batch_sums(part, p):
-    """``(sum_i c_i, sum_i |c_i|)`` of one contribution, float64 of ``p``'s shape."""
+    """``(sum_i c_i, sum_i |c_i|)`` of one contribution, float64 of ``p``'s shape (for a dense factored
+    one, ``sum_{i,t} |u_{i,t}| |v_{i,t}|^T``, which bounds the second elementwise)."""
     if isinstance(part, PerExample):
         g = part.grads.to(F64)
         return g.sum(0), g.abs().sum(0)
+    if not part.index:
+        U, V = part.U.reshape(-1, part.R).to(F64), part.V.reshape(-1, part.C).to(F64)
+        return (U.T @ V).reshape(p.shape), (U.abs().T @ V.abs()).reshape(p.shape)
     idx, V = part.U.reshape(-1), part.V.reshape(-1, part.C).to(F64)
     if part.keep is not None:
         keep = part.keep.reshape(-1)
@@ -165,11 +170,14 @@ def _parts(src: Source, p) -> list | None:
     parts += [_lookup_part(ids, g, pad, B, p) for ids, g, pad in src.factored]
     parts += [_lookup_part(look.ids, look.dense, look.padding_idx, B, p) for look in src.lookups
               if look.dense is not None]
+    work = torch.promote_types(p.dtype, torch.float32)
+    parts += [Factored(U, V, work=work) for U, V in src.products]
     total, absolute = None, None
     for part in parts:
         s, a = _batch_sums(part, p)
         total, absolute = (s, a) if total is None else (total + s, absolute + a)
-    points = src.points + len(src.factored) + sum(look.points for look in src.lookups)
+    points = (src.points + len(src.factored) + sum(look.points for look in src.lookups)
+              + sum(U.shape[0] * U.shape[1] for U, _ in src.products))  # a product sums B T terms
     return None if not src.verified and _mismatch(total, absolute, src.total, points, B) else parts
 
 
@@ -185,6 +193,68 @@ def joined(contributions: dict, trainable: dict) -> LayerGradients:
         return {name: joint_weighted_sum(parts, f, trainable[name]) for name, parts in contributions.items()}
 
     return LayerGradients(sq, weighted_sum, contributions=dict(contributions))
+
+
+class DirectReads:
+    """The parameters of layers *with* a rule that the forward reads directly, outside the layer's own
+    calls (``h @ embed.weight.t()``, ``F.linear(h, lin.weight)``, ``F.embedding(ids, lin.weight)``).
+
+    For the model's whole forward, each such parameter ``W`` is replaced in its layers by a tracked
+    alias (a *parameter source*, :attr:`~dpmf.training.torch.ghost.tracking.Source.param`); the layers'
+    own calls get ``W`` back (the clipper's pre-hook), so only the direct reads see the alias. Their uses
+    are followed (:mod:`~dpmf.training.torch.ghost.tracking`): products ``x @ W``, ``x @ W^T``,
+    ``F.linear(x, W)`` and lookups with per-example rows in factored form, broadcasts over the batch
+    pulled back per example; the clipper joins these contributions with the rule's (cross terms exact,
+    as for tied weights). :meth:`parts` says why not where a use was not followed, and checks that the
+    contributions add up to the gradient autograd formed through the alias (the ``_mismatch`` bound)."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.sources: dict = {}  # parameter position -> Source
+        self._installed: list = []
+
+    def install(self, k: int, param, places: list) -> None:
+        """One alias of ``param`` in ``module._parameters[name]`` for every ``(module, name)`` of ``places``
+        (over what is there: another clipper's alias is followed through this one)."""
+        first, name = places[0]
+        src = Source(None, self.batch, param=param)
+        src.root = mark_param(track(first._parameters[name], [src]), param)
+        src.watch_total()
+        for module, n in places:
+            self._installed.append((module, n, module._parameters[n]))
+            module._parameters[n] = src.root
+        self.sources[k] = src
+
+    def uninstall(self) -> None:
+        """Put back what :meth:`install` replaced (last first)."""
+        for module, n, previous in reversed(self._installed):
+            module._parameters[n] = previous
+        self._installed = []
+
+    def used(self) -> list:
+        """Positions of the parameters whose alias reached the loss (or recorded a use)."""
+        return [k for k, s in self.sources.items()
+                if s.total is not None or s.dense is not None or s.factored or s.products or s.lookups]
+
+    def parts(self, k: int, p) -> tuple:
+        """``(contributions, None)`` of parameter ``k``'s direct reads, or ``([], why)`` where they are not
+        known per example."""
+        src = self.sources[k]
+        why = src.escaped or next((look.escaped for look in src.lookups if look.escaped is not None), None)
+        if why is not None:
+            return [], why
+        parts = _parts(src, p)
+        if parts is None:
+            return [], "an operation dpmf cannot follow (its per-example parts do not add up to the gradient)"
+        return parts, None
+
+    def release(self) -> None:
+        self.uninstall()
+        for src in self.sources.values():
+            for look in src.lookups:
+                look.release()
+            src.release()
+        self.sources = {}
 
 
 class OutputCapture:

@@ -28,6 +28,13 @@ layers (tied input/output embeddings), gets the norm of the *sum* of its contrib
 included (:mod:`~dpmf.training.torch.ghost.joint`): every call's contribution from its rule (the
 fallback's per-example gradients for rules that give none), joined per parameter.
 
+Direct reads: a parameter of a layer with a rule that the forward also reads outside the layer's call
+(``logits = h @ self.embed.weight.t()``, ``F.linear(h, self.lin.weight)``) is replaced in its layer by a
+tracked alias for the model's forward (the layer's own calls get the parameter back), so those reads
+give per-example contributions (:class:`~dpmf.training.torch.ghost.broadcast.DirectReads`), joined
+with the layer's like tied weights; a read that cannot be split per example is refused, naming the
+parameter, and in the loop a gradient that reached such a parameter some other way is refused too.
+
 Inputs shared by the batch: inside the model's forward, a layer whose main input has a leading
 dimension of 1 while the model's batch is ``B`` (GPT-2's position ids), or an Embedding called on 1-D
 ids of another length than ``B``, runs on that input expanded to ``B`` rows (its output rows are then
@@ -70,7 +77,8 @@ from dpmf.training.torch.ghost.registry import (
     call_batch,
     rule_for,
 )
-from dpmf.training.torch.ghost.sequence import F64, gram_cache
+from dpmf.training.torch.ghost.sequence import F64, gamma, gram_cache
+from dpmf.training.torch.ghost.tracking import param_of
 
 torch = require_torch()
 
@@ -98,7 +106,8 @@ class _Unit:
     calls: list = field(default_factory=list)  # this forward's calls (several: a layer reused)
     fell_back: bool = False  # a call went to the fallback (the rule declined it)
     detachable: bool = False  # a built-in rule: the forward may use detached parameters (see _unit_pre_hook)
-    swapped: dict | None = None  # name -> the parameter, while its detached copy is in the module
+    swapped: dict | None = None  # name -> what was in the module, while its own call runs on another tensor
+    detached: bool = False  # the call in progress runs on detached parameters
     tracked: bool = False  # no rule: parameters broadcast over the batch are followed (ghost.broadcast)
     bias_table: bool = False  # always called without a batch dimension (T5's relative_attention_bias)
     capture: Any = None  # the tracked parameters of the call in progress
@@ -219,11 +228,24 @@ class GhostClipper(Clipper):
         self._detach_ok = True
         _ATTACHED.setdefault(module, weakref.WeakSet()).add(self)
         self._touched: set[int] = set()
+        self._direct = None  # the forward in progress: reads of rule layers' parameters (DirectReads)
+        self._direct_pending: list = []  # forwards finished, their backward to come
+        self._direct_places: dict[int, list] = {}  # parameter position -> [(rule layer, name)]
+        for u in self.units:
+            if u.rule is not None and not isinstance(u.module, WHOLE_LAYERS):
+                for n, k in u.index.items():
+                    if u.module._parameters.get(n) is u.trainable[n]:
+                        self._direct_places.setdefault(k, []).append((u.module, n))
+        self._param_grads: dict = {}
+        self._undetached: set[int] = set()  # parameters of calls captured on the parameters themselves
         self._units_of: dict[int, list] = {}
         for u in self.units:
             for k in u.index.values():
                 self._units_of.setdefault(k, []).append(u)
         self._shared = {k for k, us in self._units_of.items() if len(us) > 1}
+        # parameters whose layers all run on detached copies in the loop: any gradient they receive came
+        # through the direct reads' aliases (checked at the backward's end: nothing else reached them)
+        self._watched = {k for k, us in self._units_of.items() if all(u.detachable for u in us)}
         self._handles += [p.register_hook(functools.partial(self._param_hook, k)) for k, p in enumerate(self.params)]
 
     # ------------------------------------------------------------------ layers
@@ -296,9 +318,31 @@ class GhostClipper(Clipper):
                     c.stale = True
                     _release(c)
                 u.calls = []
+        if self._in_model == 1 and self._model_batch is not None:
+            self._install_direct(self._model_batch)
+
+    def _install_direct(self, batch: int) -> None:
+        """Rule layers' parameters replaced by tracked aliases for this forward (:class:`broadcast.DirectReads`):
+        reads outside the layers' own calls are followed. Forwards that never saw a backward are dropped."""
+        self._drop_direct()
+        if self._direct_places:
+            self._direct = broadcast.DirectReads(batch)
+            for k, places in self._direct_places.items():
+                self._direct.install(k, self.params[k], places)
+
+    def _drop_direct(self) -> None:
+        for d in self._direct_pending + ([self._direct] if self._direct is not None else []):
+            d.release()
+        self._direct, self._direct_pending = None, []
 
     def _model_post_hook(self, module, args, output):
         self._in_model = max(0, self._in_model - 1)
+        if self._in_model == 0 and self._direct is not None:
+            for u in self.units:  # (a forward that raised inside a layer left its swap)
+                self._restore(u)
+            self._direct.uninstall()
+            self._direct_pending.append(self._direct)
+            self._direct = None
 
     def _unit_pre_hook(self, unit: _Unit, module, args, kwargs):
         """Before a layer's forward inside the model's forward: detach its parameters (:meth:`_detach`),
@@ -307,30 +351,34 @@ class GhostClipper(Clipper):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
             self._detach(unit)
+        elif unit.rule is not None and unit.swapped is None and any(
+                param_of(module._parameters.get(n))[0] is not None for n in unit.trainable):
+            self._detach(unit, detach=False)  # its own call on the parameters, not on the aliases of direct reads
         if (unit.tracked and unit.swapped is None and self._model_batch
                 and len(_ATTACHED.get(self.module, ())) == 1):  # (two clippers would swap each other's)
             unit.capture = broadcast.ParamCapture(unit.trainable, self._model_batch)
             unit.swapped = unit.capture.swap(module)
         return None if unit.bias_table else self._expand(unit, module, args, kwargs)
 
-    def _detach(self, unit: _Unit) -> None:
+    def _detach(self, unit: _Unit, detach: bool = True) -> None:
         """A layer with a built-in rule runs on *detached* copies of its parameters (same storage), so
         autograd does not form their (batch) gradients -- one GEMM per layer that ghost mode would
         discard: the book-keeping sums replace it. The forward hook puts the parameters back; where the
         layer's input needs no gradient (the first layers), its output is made to require one through
         a 0-dim zero leaf, so that the backward still reaches it. ``.grad`` of such parameters stays
-        ``None`` after ``backward()``; ``optimizer.step()`` writes the noisy clipped sum there."""
-        unit.swapped = {}
+        ``None`` after ``backward()``; ``optimizer.step()`` writes the noisy clipped sum there.
+        ``detach=False``: the parameters themselves (in place of the aliases that follow direct reads)."""
+        unit.swapped, unit.detached = {}, detach
         for n, p in unit.trainable.items():
-            unit.module._parameters[n] = p.detach()
-            unit.swapped[n] = p
+            unit.swapped[n] = unit.module._parameters[n]
+            unit.module._parameters[n] = p.detach() if detach else p
 
     @staticmethod
     def _restore(unit: _Unit) -> None:
         if unit.swapped is not None:
             for n, p in unit.swapped.items():
                 unit.module._parameters[n] = p
-            unit.swapped = None
+            unit.swapped, unit.detached = None, False
 
     def _expand(self, unit: _Unit, module, args, kwargs):
         """A layer whose main input is shared by the batch (dim 0 of size 1 while the model's batch is
@@ -375,7 +423,7 @@ class GhostClipper(Clipper):
             )
 
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
-        detached = unit.swapped is not None
+        detached = unit.swapped is not None and unit.detached
         self._restore(unit)
         capture, unit.capture = unit.capture, None
         if not self._capturing():
@@ -398,6 +446,8 @@ class GhostClipper(Clipper):
         first = flat_tensors((args, kwargs))
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
+        if not detached:
+            self._undetached.update(unit.index.values())
         batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0,
                            name=unit.name, model_batch=self._model_batch)
         model_batch = self._model_batch
@@ -433,7 +483,10 @@ class GhostClipper(Clipper):
     def _param_hook(self, k, grad):
         """Every parameter that receives a gradient must belong to a layer whose call was captured."""
         self._touched.add(k)
-        if not self._queued and self._capturing():
+        captured = bool(self._direct_pending) and not self._suspended  # a captured forward awaits this backward
+        if captured and k in self._watched and self._detach_ok:
+            self._param_grads[k] = grad if k not in self._param_grads else self._param_grads[k] + grad
+        if not self._queued and (self._capturing() or captured):  # (grad mode is off inside a backward)
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
             self._queued = True
 
@@ -442,17 +495,24 @@ class GhostClipper(Clipper):
         for u in self.units:  # a checkpoint's recomputation stops once it has what it saves, maybe inside a
             self._restore(u)  # layer whose forward hook then never runs: its parameters are still detached
         touched, self._touched = self._touched, set()
+        direct_reads, self._direct_pending = self._direct_pending, []
+        param_grads, self._param_grads = self._param_grads, {}
+        undetached, self._undetached = self._undetached, set()
+        try:
+            direct, totals = self._direct_parts(direct_reads)
+            self._check_unfollowed(param_grads, undetached, totals)
+        except UnsupportedConfigurationError:
+            self._drop_calls()
+            raise
         for k in sorted(touched):
             us = self._units_of[k]
-            if not any(g is not None for u in us for c in u.calls for g in c.grads):
-                for u2 in self.units:
-                    for c in u2.calls:
-                        _release(c)
-                    u2.calls = []
+            if k not in direct and not any(g is not None for u in us for c in u.calls for g in c.grads):
+                self._drop_calls()
                 raise UnsupportedConfigurationError(
                     f"parameter {self.param_names[k]!r} received a gradient, but no call of its layer "
-                    f"{' / '.join(repr(u.name) for u in us)} was seen in this forward (another module used the "
-                    "parameter directly, or the forward ran with gradients disabled in the layer); ghost norms "
+                    f"{' / '.join(repr(u.name) for u in us)} was seen in this forward and no read of it in the "
+                    "model's forward (it was used outside the model's forward -- a term of the loss --, through a "
+                    "reference the layer does not hold, or with gradients disabled in the layer); ghost norms "
                     "cannot cover it: use grad_sample_mode='functorch'"
                 )
         calls = []
@@ -466,18 +526,83 @@ class GhostClipper(Clipper):
                 c.done = True
             u.calls = []
         try:
-            if calls:
+            if calls or direct:
                 device_type = self.params[0].device.type
                 with torch.autocast(device_type, enabled=False):  # norms and sums never in reduced precision
-                    self._results.append(self._finish(calls))
+                    self._results.append(self._finish(calls, direct))
         finally:
             for c in pending:
                 _release(c)
 
+    def _drop_calls(self) -> None:
+        for u in self.units:
+            for c in u.calls:
+                _release(c)
+            u.calls = []
+
+    def _direct_parts(self, direct_reads: list) -> tuple:
+        """``({parameter position: contributions}, {position: gradient through the aliases})`` of the reads
+        of rule layers' parameters outside their calls (:class:`broadcast.DirectReads`); a read not
+        followed per example is refused, naming it."""
+        out: dict[int, list] = {}
+        totals: dict = {}
+        try:
+            device_type = self.params[0].device.type
+            with torch.autocast(device_type, enabled=False):
+                for d in direct_reads:
+                    for k in d.used():
+                        parts, why = d.parts(k, self.params[k])
+                        if why is not None:
+                            raise self._direct_refusal(k, why)
+                        out.setdefault(k, []).extend(parts)
+                        total = d.sources[k].total
+                        if total is not None:
+                            totals[k] = total if k not in totals else totals[k] + total
+        finally:
+            for d in direct_reads:
+                d.release()
+        return out, totals
+
+    def _check_unfollowed(self, param_grads: dict, undetached: set, totals: dict) -> None:
+        """In the loop, a parameter whose layers ran on detached copies receives gradient only through the
+        aliases of its direct reads: anything more came from a use dpmf did not see (a term of the loss
+        outside the model's forward, a reference to the parameter that its layer does not hold)."""
+        for k, g in param_grads.items():
+            if k in undetached:
+                continue
+            t = totals.get(k)
+            if t is None:
+                unfollowed = bool(g.ne(0).any())
+            else:
+                tol = 4 * gamma(16, g.dtype)
+                unfollowed = bool(((g - t).abs() > tol * (g.abs() + t.abs())).any())
+            if unfollowed:
+                raise UnsupportedConfigurationError(
+                    f"parameter {self.param_names[k]!r} received a gradient from a use that ghost clipping did not "
+                    "see: not a call of its layer and not a read of it inside the model's forward (a term of the "
+                    "loss computed from the parameter itself, such as a penalty on the weights, or a reference to "
+                    "it that its layer does not hold); compute that use inside the model's forward from "
+                    "module.weight, or use grad_sample_mode='functorch'"
+                )
+
+    def _direct_refusal(self, k: int, why: str) -> UnsupportedConfigurationError:
+        us = self._units_of[k]
+        layers = " / ".join(f"{u.name!r} ({type(u.module).__name__})" for u in us)
+        return UnsupportedConfigurationError(
+            f"parameter {self.param_names[k]!r} of layer {layers} is also read directly in the model's forward, "
+            f"outside the layer's own call, and that read meets the batch in {why}: ghost clipping cannot split "
+            "that use per example. It follows direct reads used as F.linear(x, W), x @ W, x @ W.t(), "
+            "F.embedding(ids, W) / W[ids] and additions broadcast over the batch: write the use as one of those "
+            "(e.g. logits = F.linear(h, embed.weight)), call the layer itself or a layer tied to the weight "
+            "(lm_head = nn.Linear(d, V, bias=False); lm_head.weight = embed.weight), or use "
+            "grad_sample_mode='functorch'"
+        )
+
     # ------------------------------------------------------------------ norms, factors, sums
-    def _finish(self, calls) -> BatchResult:
+    def _finish(self, calls, direct: dict) -> BatchResult:
         model_batch, self._model_batch = self._model_batch, None
         sizes = {u.name: c.batch for u, cs in calls for c in cs}
+        sizes.update({self.param_names[k]: parts[0].batch for k, parts in direct.items() if parts})
         batches = set(sizes.values())
         if len(batches) != 1 or (model_batch is not None and model_batch not in batches):
             if model_batch is None:
@@ -497,14 +622,15 @@ class GhostClipper(Clipper):
             return BatchResult([None] * len(self.params), torch.zeros(0, dtype=F64, device=self.params[0].device), 0)
         scale = float(B) if self.loss_reduction == "mean" else 1.0
         device = self.params[0].device
-        layer_grads, sq = self._layer_gradients(calls, B, device)
+        layer_grads, sq = self._layer_gradients(calls, B, device, direct)
         norms = torch.sqrt(sq) * scale
         bad = ~torch.isfinite(norms)
         if bool(bad.any()):
             self.skipped_nonfinite += check_nonfinite(bad, self.nonfinite)
             # skip: zero the examples' rows everywhere (0 * inf would poison the products), recompute
             calls = [(u, [_without_rows(c, bad) for c in cs]) for u, cs in calls]
-            layer_grads, _ = self._layer_gradients(calls, B, device)
+            direct = {k: [c.without_rows(bad) for c in parts] for k, parts in direct.items()}
+            layer_grads, _ = self._layer_gradients(calls, B, device, direct)
         f = clip_factors(norms, self.max_grad_norm, self.margin)
         if self._weights is not None:
             f = f * check_weights(self._weights, B).to(device)
@@ -515,19 +641,20 @@ class GhostClipper(Clipper):
                 sums[index[name]] = s
         return BatchResult(sums, norms, B)
 
-    def _layer_gradients(self, calls, B: int, device):
+    def _layer_gradients(self, calls, B: int, device, direct: dict):
         """Each layer's gradients (rule or fallback) and the summed squared norms, float64 ``(B,)``.
 
         A layer with one call and no parameter shared with another layer: its rule's norms and sums. A
-        layer called several times, or owning a parameter another layer owns too (tied weights): every
-        call's contributions (:mod:`~dpmf.training.torch.ghost.joint`), joined per parameter with their
+        layer called several times, owning a parameter another layer owns too (tied weights), or whose
+        parameter the forward also read directly (``direct``: position -> contributions): every call's
+        contributions (:mod:`~dpmf.training.torch.ghost.joint`), joined per parameter with their
         cross terms."""
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
-        joint: dict[int, list] = {}
+        joint: dict[int, list] = {k: list(parts) for k, parts in direct.items() if parts}
         with self.suspended(), gram_cache():
             for u, cs in calls:
-                together = len(cs) > 1 or any(k in self._shared for k in u.index.values())
+                together = len(cs) > 1 or any(k in self._shared or k in joint for k in u.index.values())
                 for c in cs:
                     for t, version in c.versions:
                         if t._version != version:
@@ -674,6 +801,8 @@ class GhostClipper(Clipper):
                 c.stale = True
                 _release(c)
             u.calls = []
+        if not self._in_model:  # (a forward in progress keeps its aliases until it returns)
+            self._drop_direct()
 
     def close(self) -> None:
         """Remove the hooks from the module."""

@@ -80,6 +80,15 @@ class PerExample:
             return torch.zeros_like(param)
         return torch.tensordot(f.to(self.grads.device), self.grads.to(F64), dims=1).to(param.dtype)
 
+    def without_rows(self, bad) -> "PerExample":
+        """A copy whose ``bad`` examples contribute 0."""
+        return PerExample(_zero_rows(self.grads, bad))
+
+
+def _zero_rows(t, bad):
+    mask = bad.to(t.device).view(-1, *([1] * (t.ndim - 1)))
+    return torch.where(mask, torch.zeros((), dtype=t.dtype, device=t.device), t)
+
 
 class Factored:
     """``c_i = sum_t u_{i,t} v_{i,t}^T`` reshaped to the parameter (module docstring).
@@ -104,6 +113,12 @@ class Factored:
     @property
     def batch(self) -> int:
         return self.V.shape[0]
+
+    def without_rows(self, bad) -> "Factored":
+        """A copy whose ``bad`` examples contribute 0 (their rows zeroed: ``0 * inf`` would poison the rest)."""
+        U = self.U if self.index else _zero_rows(self.U, bad)
+        return Factored(U, _zero_rows(self.V, bad), rows=self.R if self.index else None, keep=self.keep,
+                        work=self.work)
 
     @property
     def T(self) -> int:

@@ -27,8 +27,16 @@ rows its output is per example, and example ``i``'s contribution to ``w`` is the
 as the Embedding rule gives); with example-free ids (positions) its output becomes a source of its
 own, whose per-example gradients are then scattered into the looked-up rows the same way.
 
+A product of per-example rows ``x`` (``B`` rows) with a *parameter source* (a source that stands for
+one parameter ``W``, :attr:`Source.param`: the direct reads of a layer's weight) or its transpose --
+``F.linear(x, W)``, ``x @ W``, ``x @ W.t()`` -- is kept in factored form too: example ``i``'s
+contribution to ``W`` is ``sum_t u_{i,t} v_{i,t}^T`` with ``(u, v)`` the output gradients and the rows of
+``x`` in ``W``'s orientation (:attr:`Source.products`, a dense
+:class:`~dpmf.training.torch.ghost.joint.Factored` contribution, as the Linear rule gives).
+
 Anything else that combines a tracked tensor that needs a gradient with a tensor of ``B`` rows (a
-``matmul``, a multiplication, a concatenation along dim 0) marks its sources *escaped*: their
+``matmul`` with another tracked tensor, a multiplication, a concatenation along dim 0) marks its
+sources *escaped* once a gradient reaches its result (one that reaches the loss): their
 per-example gradients are not known here (:mod:`~dpmf.training.torch.ghost.broadcast` then uses the
 fallback, or refuses). A use that bypasses ``__torch_function__`` is caught afterwards: the
 per-example gradients must add up to the gradient autograd formed for the source (to within
@@ -49,7 +57,7 @@ from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["Tracked", "Source", "track", "plain", "pulling"]
+__all__ = ["Tracked", "Source", "track", "plain", "pulling", "param_of", "mark_param"]
 
 _pytree = torch.utils._pytree
 _Tensor = torch.Tensor
@@ -62,6 +70,11 @@ _ADDITIVE = {torch.add, torch.sub, torch.subtract, torch.where, _Tensor.add, _Te
              _Tensor.sub_, _Tensor.where, _Tensor.__add__, _Tensor.__radd__, _Tensor.__iadd__, _Tensor.__sub__,
              _Tensor.__rsub__, _Tensor.__isub__}
 _SDPA = _F.scaled_dot_product_attention
+#: products ``x @ M`` (``matmul``, ``mm``) of per-example rows with a matrix; ``F.linear`` is ``x @ M^T``
+_MATMUL = {torch.matmul, _Tensor.matmul, _Tensor.__matmul__, torch.mm, _Tensor.mm}
+#: transposes of a matrix (properties arrive as their getters: ``W.T``, ``W.mT``)
+_TRANSPOSE = {_Tensor.t, torch.t, _Tensor.transpose, torch.transpose, _Tensor.permute, torch.permute}
+_TRANSPOSE_PROPERTIES = (_Tensor.T, _Tensor.mT)
 
 _state = threading.local()  # .pulling: inside a pull-back (a source's own total-gradient hook ignores it)
 
@@ -83,13 +96,17 @@ class Source:
     contributions of lookups with per-example ids; ``lookups``: sources made by lookups with example-free
     ids (their gradients belong to this one); ``escaped``: why per-example gradients are not known here
     (``None``: they are); ``total``: the gradient autograd formed for ``root`` (a hook fills it where no
-    other record exists); ``parent``: the parameter source a lookup source belongs to."""
+    other record exists); ``parent``: the parameter source a lookup source belongs to; ``param``: the
+    parameter a *parameter source* stands for (its aliases, and their transposes, are known by it:
+    :func:`param_of`); ``products``: ``(U, V)`` of its products with per-example rows, in its orientation."""
 
-    def __init__(self, root, batch: int, *, parent: "Source | None" = None, ids=None, padding_idx=None) -> None:
-        self.root, self.batch, self.parent = root, batch, parent
+    def __init__(self, root, batch: int, *, parent: "Source | None" = None, ids=None, padding_idx=None,
+                 param=None) -> None:
+        self.root, self.batch, self.parent, self.param = root, batch, parent, param
         self.ids, self.padding_idx = ids, padding_idx
         self.dense = None
         self.factored: list = []
+        self.products: list = []
         self.lookups: list = []
         self.escaped: str | None = None
         self.total = None
@@ -114,8 +131,8 @@ class Source:
 
     def release(self) -> None:
         """Drop the tensors (the hooks on ``root`` hold this object weakly)."""
-        self.root = self.dense = self.total = self.ids = None
-        self.factored, self.lookups = [], []
+        self.root = self.dense = self.total = self.ids = self.param = None
+        self.factored, self.lookups, self.products = [], [], []
 
 
 def _add_total(ref, g) -> None:
@@ -151,12 +168,12 @@ class Tracked(torch.Tensor):
             if func is _Tensor.__getitem__ and _row_index(args):  # w[ids]: a lookup of rows
                 return _lookup_op(func, args, kwargs, args[1], args[0], None, live, B, bool(batch))
             if not batch:
-                return _track_result(func(*args, **kwargs), live)
+                return _transposed(func, args, _track_result(func(*args, **kwargs), live))
             if func in _ADDITIVE or func is _SDPA:
                 return _additive_op(func, flat, spec, batch, B)
-            for s in live:
-                s.escape(_name(func))
-            return _unwrap(func(*args, **kwargs))
+            if func is _F.linear or func in _MATMUL:
+                return _product_op(func, args, kwargs, live, B)
+            return _escaping(func(*args, **kwargs), live, _name(func))
 
 
 def track(tensor, sources: list):
@@ -167,6 +184,40 @@ def track(tensor, sources: list):
         out = tensor.as_subclass(Tracked)
     out._dpmf_sources = tuple(sources) + before
     return out
+
+
+def param_of(t):
+    """``(W, transposed)`` when ``t`` is a tracked alias of parameter ``W`` (``transposed=False``) or of its
+    transpose (``True``), else ``(None, False)``."""
+    if isinstance(t, Tracked) and getattr(t, "_dpmf_param", None) is not None:
+        return t._dpmf_param, t._dpmf_transposed
+    return None, False
+
+
+def mark_param(t, param, transposed: bool = False):
+    """Mark tracked ``t`` as an alias of ``param`` (or of its transpose): :func:`param_of`."""
+    t._dpmf_param, t._dpmf_transposed = param, transposed
+    return t
+
+
+def _is_transpose(func, args) -> bool:
+    if getattr(func, "__self__", None) in _TRANSPOSE_PROPERTIES:
+        return True
+    if func in (_Tensor.t, torch.t):
+        return True
+    dims = tuple(a for a in args[1:] if isinstance(a, int))
+    if func in (_Tensor.permute, torch.permute) and len(args) == 2 and isinstance(args[1], (tuple, list)):
+        dims = tuple(args[1])
+    return func in _TRANSPOSE and len(dims) == 2 and {d % 2 for d in dims} == {0, 1}
+
+
+def _transposed(func, args, result):
+    """``result`` marked as the transpose of a parameter when ``func`` transposed an alias of one."""
+    param, transposed = param_of(args[0]) if args else (None, False)
+    if param is not None and isinstance(result, Tracked) and result.ndim == 2 and args[0].ndim == 2 \
+            and _is_transpose(func, args):
+        mark_param(result, param, not transposed)
+    return result
 
 
 def _name(func) -> str:
@@ -188,6 +239,24 @@ def _unwrap(result):
     def one(t):
         return t.as_subclass(torch.Tensor) if isinstance(t, Tracked) else t
     return _pytree.tree_map(one, result)
+
+
+def _escaping(result, sources, why: str):
+    """``result`` of a use that is not split per example: its sources escape once a gradient reaches it
+    (a result that no gradient reaches adds nothing to theirs)."""
+    result = _unwrap(result)
+    refs = [weakref.ref(s) for s in sources]
+
+    def hook(g):
+        for ref in refs:
+            s = ref()
+            if s is not None:
+                s.escape(why)
+
+    for t in _pytree.tree_leaves(result):
+        if isinstance(t, _Tensor) and t.requires_grad:
+            t.register_hook(hook)
+    return result
 
 
 def _track_result(result, sources):
@@ -298,7 +367,8 @@ def _lookup_op(func, args, kwargs, ids, w, padding, sources, B, batched: bool):
     """A lookup of rows ``ids`` of ``w`` (``F.embedding``, ``w[ids]``; ``padding=False``: one that changes
     the gradient, ``max_norm`` or ``scale_grad_by_freq``). Of a source ``w`` itself: index form (module
     docstring); else as any operation (tracked without per-example ids, escaped with them)."""
-    owner = [s for s in sources if s.root is w]
+    param, transposed = param_of(w)
+    owner = [s for s in sources if s.root is w or (param is not None and not transposed and s.param is param)]
     exact = owner and padding is not False and isinstance(ids, _Tensor) and not isinstance(ids, Tracked)
     out = func(*args, **kwargs)
     if not exact:
@@ -325,3 +395,53 @@ def _lookup_op(func, args, kwargs, ids, w, padding, sources, B, batched: bool):
 
     out.register_hook(hook)
     return out
+
+
+def _product_args(func, args, kwargs):
+    """``(x, M, bias, linear)`` of ``F.linear(x, M, bias)`` (``x @ M^T + bias``) or ``matmul(x, M)``."""
+    if func is _F.linear:
+        bound = {**dict(zip(("input", "weight", "bias"), args)), **kwargs}
+        return bound.get("input"), bound.get("weight"), bound.get("bias"), True
+    bound = {**dict(zip(("input", "other"), args)), **{k: v for k, v in kwargs.items() if k != "out"}}
+    return bound.get("input"), bound.get("other", bound.get("mat2")), None, False
+
+
+def _product_op(func, args, kwargs, sources, B):
+    """``F.linear(x, M[, b])`` or ``x @ M`` with ``x`` per-example rows (``(B, ..., k)``) and ``M`` an alias
+    of a parameter ``W`` or of its transpose: example ``i``'s contribution to ``W`` recorded in factored
+    form (module docstring); a tracked ``b`` is added as a broadcast. Anything else escapes."""
+    x, M, bias, linear = _product_args(func, args, kwargs)
+    param, transposed = param_of(M)
+    ok = (param is not None and M.ndim == 2 and isinstance(x, _Tensor) and not isinstance(x, Tracked)
+          and x.ndim >= 2 and x.shape[0] == B and "out" not in kwargs)
+    owners = [s for s in sources if ok and s.param is param]
+    if not owners or any(s.param is not param for s in _sources_of([M])):
+        return _escaping(func(*args, **kwargs), sources, _name(func))
+    out = _unwrap(_F.linear(x, M) if linear else func(x, M))
+    if out.requires_grad:
+        # W-oriented factors: x @ M gives dM_i = sum_t x_t g_t^T, F.linear gives dM_i = sum_t g_t x_t^T
+        swap = (not linear) != transposed  # (U, V) = (x, g) when True, else (g, x)
+        refs = [weakref.ref(s) for s in owners]
+        X, version = x.detach(), x._version
+        out.register_hook(_product_hook(refs, X, version, swap, B))
+    if bias is None:
+        return out
+    flat, spec = _pytree.tree_flatten(((out, bias), {}))
+    return _additive_op(torch.add, flat, spec, [out], B)
+
+
+def _product_hook(refs, X, version, swap: bool, B: int):
+    def hook(g):
+        if pulling():
+            return
+        for ref in refs:
+            s = ref()
+            if s is None or s.root is None:
+                continue
+            if X._version != version:
+                s.escape("an in-place change of the rows multiplied by it")
+                continue
+            G, A = g.reshape(B, -1, g.shape[-1]), X.reshape(B, -1, X.shape[-1])
+            s.products.append((A, G) if swap else (G, A))
+
+    return hook
