@@ -65,11 +65,12 @@ def _where_not(bad, t):
     return torch.where(mask, torch.zeros((), dtype=t.dtype, device=t.device), t)
 
 
-def _mismatch(parts_sum, parts_abs, total, points: int, batch: int) -> bool:
-    """Whether the per-example parts fail to add up to autograd's gradient (module docstring)."""
+def _mismatch(parts_sum, parts_abs, total, points: int, batch: int, dtype=None) -> bool:
+    """Whether the per-example parts fail to add up to autograd's gradient (module docstring); ``dtype``:
+    the precision autograd formed it in, where lower than its own (a product under autocast)."""
     if total is None:
         return parts_sum is not None and bool(parts_sum.ne(0).any())
-    tol = 4 * gamma(batch + points + 16, total.dtype)
+    tol = 4 * gamma(batch + points + 16, dtype or total.dtype)
     total = total.to(F64)
     if parts_sum is None:
         return bool(total.ne(0).any())
@@ -171,14 +172,16 @@ def _parts(src: Source, p) -> list | None:
     parts += [_lookup_part(look.ids, look.dense, look.padding_idx, B, p) for look in src.lookups
               if look.dense is not None]
     work = torch.promote_types(p.dtype, torch.float32)
-    parts += [Factored(U, V, work=work) for U, V in src.products]
+    parts += [Factored(U, V, work=work) for U, V, _ in src.products]
+    dtypes = [d for _, _, d in src.products] + ([src.total.dtype] if src.total is not None else [])
+    coarsest = max(dtypes, key=lambda d: torch.finfo(d).eps) if dtypes else None
     total, absolute = None, None
     for part in parts:
         s, a = _batch_sums(part, p)
         total, absolute = (s, a) if total is None else (total + s, absolute + a)
     points = (src.points + len(src.factored) + sum(look.points for look in src.lookups)
-              + sum(U.shape[0] * U.shape[1] for U, _ in src.products))  # a product sums B T terms
-    return None if not src.verified and _mismatch(total, absolute, src.total, points, B) else parts
+              + sum(U.shape[0] * U.shape[1] for U, _, _ in src.products))  # a product sums B T terms
+    return None if not src.verified and _mismatch(total, absolute, src.total, points, B, coarsest) else parts
 
 
 def joined(contributions: dict, trainable: dict) -> LayerGradients:

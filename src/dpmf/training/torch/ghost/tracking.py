@@ -98,7 +98,8 @@ class Source:
     (``None``: they are); ``total``: the gradient autograd formed for ``root`` (a hook fills it where no
     other record exists); ``parent``: the parameter source a lookup source belongs to; ``param``: the
     parameter a *parameter source* stands for (its aliases, and their transposes, are known by it:
-    :func:`param_of`); ``products``: ``(U, V)`` of its products with per-example rows, in its orientation."""
+    :func:`param_of`); ``products``: ``(U, V, dtype)`` of its products with per-example rows, in its
+    orientation, and the precision the product ran in (autocast's, where it was on)."""
 
     def __init__(self, root, batch: int, *, parent: "Source | None" = None, ids=None, padding_idx=None,
                  param=None) -> None:
@@ -423,14 +424,14 @@ def _product_op(func, args, kwargs, sources, B):
         swap = (not linear) != transposed  # (U, V) = (x, g) when True, else (g, x)
         refs = [weakref.ref(s) for s in owners]
         X, version = x.detach(), x._version
-        out.register_hook(_product_hook(refs, X, version, swap, B))
+        out.register_hook(_product_hook(refs, X, version, swap, B, out.dtype))
     if bias is None:
         return out
     flat, spec = _pytree.tree_flatten(((out, bias), {}))
     return _additive_op(torch.add, flat, spec, [out], B)
 
 
-def _product_hook(refs, X, version, swap: bool, B: int):
+def _product_hook(refs, X, version, swap: bool, B: int, dtype):
     def hook(g):
         if pulling():
             return
@@ -442,6 +443,6 @@ def _product_hook(refs, X, version, swap: bool, B: int):
                 s.escape("an in-place change of the rows multiplied by it")
                 continue
             G, A = g.reshape(B, -1, g.shape[-1]), X.reshape(B, -1, X.shape[-1])
-            s.products.append((A, G) if swap else (G, A))
+            s.products.append((A, G, dtype) if swap else (G, A, dtype))
 
     return hook
