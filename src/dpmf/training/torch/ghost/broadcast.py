@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum
+from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum, zero_rows
 from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients
 from dpmf.training.torch.ghost.sequence import F64, gamma
 from dpmf.training.torch.ghost.tracking import Source, mark_param, plain, pulling, track
@@ -59,10 +59,7 @@ def is_bias_table(name: str, module) -> bool:
 
 
 def _where_not(bad, t):
-    if t is None:
-        return None
-    mask = bad.to(t.device).view(-1, *([1] * (t.ndim - 1)))
-    return torch.where(mask, torch.zeros((), dtype=t.dtype, device=t.device), t)
+    return None if t is None else zero_rows(t, bad)
 
 
 def _mismatch(parts_sum, parts_abs, total, points: int, batch: int, dtype=None) -> bool:

@@ -59,7 +59,7 @@ from dpmf.training.torch.ghost.sequence import (
 
 torch = require_torch()
 
-__all__ = ["PerExample", "Factored", "joint_sq_norms", "joint_weighted_sum", "from_contributions"]
+__all__ = ["PerExample", "Factored", "joint_sq_norms", "joint_weighted_sum", "from_contributions", "zero_rows"]
 
 
 class PerExample:
@@ -82,10 +82,11 @@ class PerExample:
 
     def without_rows(self, bad) -> "PerExample":
         """A copy whose ``bad`` examples contribute 0."""
-        return PerExample(_zero_rows(self.grads, bad))
+        return PerExample(zero_rows(self.grads, bad))
 
 
-def _zero_rows(t, bad):
+def zero_rows(t, bad):
+    """``t`` with the rows (dim 0) of the ``bad`` examples set to 0."""
     mask = bad.to(t.device).view(-1, *([1] * (t.ndim - 1)))
     return torch.where(mask, torch.zeros((), dtype=t.dtype, device=t.device), t)
 
@@ -116,8 +117,8 @@ class Factored:
 
     def without_rows(self, bad) -> "Factored":
         """A copy whose ``bad`` examples contribute 0 (their rows zeroed: ``0 * inf`` would poison the rest)."""
-        U = self.U if self.index else _zero_rows(self.U, bad)
-        return Factored(U, _zero_rows(self.V, bad), rows=self.R if self.index else None, keep=self.keep,
+        U = self.U if self.index else zero_rows(self.U, bad)
+        return Factored(U, zero_rows(self.V, bad), rows=self.R if self.index else None, keep=self.keep,
                         work=self.work)
 
     @property
