@@ -389,3 +389,24 @@ def test_direct_reads_inside_a_checkpointed_block():
     torch.manual_seed(0)
     model = Checkpointed().double()
     ghost_reference.check(model, {"ids": _ids()}, token_loss(_ids(seed=1)), 5, rtol=1e-10)
+
+
+class RowsAndPositions(torch.nn.Module):
+    """Rows of a Linear's weight indexed by per-example ids (``W[ids]``) and an Embedding's first ``T`` rows
+    added to every example (``h + pos.weight[:T]``, position embeddings read as a table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(D, V)
+        self.pos = torch.nn.Embedding(16, D)
+
+    def forward(self, ids):
+        h = self.out.weight[ids] + self.pos.weight[: ids.shape[1]]
+        return self.out(torch.tanh(h))
+
+
+def test_indexed_rows_and_a_position_table_read_directly():
+    torch.manual_seed(0)
+    model = RowsAndPositions().double()
+    clipper = ghost_reference.check(model, {"ids": _ids()}, token_loss(_ids(seed=1)), 5, rtol=1e-10)
+    assert clipper.fallback_layers() == []

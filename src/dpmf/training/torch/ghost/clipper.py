@@ -183,8 +183,9 @@ class GhostClipper(Clipper):
         module: the model. Every sub-module owning trainable parameters is a *layer*: Linear,
             Conv1d/2d, Embedding (also ``sparse=True``), LayerNorm, GroupNorm, RMSNorm, Hugging Face
             ``Conv1D`` and RMSNorm-like classes have ghost rules; any other uses per-example gradients
-            of that layer only. Layers may share parameters (tied weights) and be called several
-            times. Inputs must be batch-first (inputs shared by the batch are expanded to it).
+            of that layer only. Layers may share parameters (tied weights), be called several
+            times, and have their parameters read directly in the forward (``h @ embed.weight.t()``).
+            Inputs must be batch-first (inputs shared by the batch are expanded to it).
         loss_fn: ``loss_fn(output, targets) -> scalar`` over the batch (reduced as ``loss_reduction``
             says), ``loss_fn(output)`` when there are no targets, or ``None`` when the model returns
             its loss (used by :meth:`clipped_sum`; the loop mode never calls it).
