@@ -1,17 +1,22 @@
 """Ghost mode on Hugging Face models built from configurations (no download): a private step against a
 plain step, and against Opacus 1.6 ghost clipping where it runs; peak training memory.
 
-Models (float32, dropout 0, ``B = 16`` sequences of ``T = 64`` tokens, vocabulary 4096):
+Models (float32, dropout 0, ``B = 16`` examples; sequences of ``T`` tokens (default 128), vocabulary 4096;
+issue 52's sizes):
 
-* ``gpt2``: ``GPT2LMHeadModel``, 3 layers, width 128, 4 heads, tied input/output embeddings;
-* ``llama``: ``LlamaForCausalLM``, 3 layers, width 128, MLP 344, 4 heads, 2 key/value heads (GQA), untied;
-* ``lora``: ``peft.get_peft_model(llama, LoraConfig(r=8, target_modules=q/k/v/o))``: adapters only.
+* ``gpt2-6``: ``GPT2LMHeadModel``, 6 layers, width 256, 4 heads, tied input/output embeddings;
+* ``llama-6``: ``LlamaForCausalLM``, 6 layers, width 256, MLP 688, 4 heads, 2 key/value heads (GQA), untied;
+* ``gpt2``, ``llama``: the same families at 2 layers, width 128 (Llama MLP 344);
+* ``lora``: ``peft.get_peft_model(gpt2-6, LoraConfig(r=8, target_modules=c_attn))``: adapters only;
+* ``vit``: ``ViTForImageClassification``, image 32, patch 8 (17 tokens), 4 layers, width 128, MLP 512,
+  4 heads, 10 classes, ``B = 32``.
 
 A step: ``zero_grad``, ``out = model(**batch)``, the per-example loss (each sequence's mean next-token
-loss over its own positions, from the logits; mean over the batch), ``backward``, ``optimizer.step()``
-(SGD). Sides: ``plain`` (torch), ``dpmf`` (``make_private``, ``Identity`` strategy, fixed batches of
-16 from its loader, noise multiplier 1), ``opacus`` (``PrivacyEngine.make_private(...,
-grad_sample_mode="ghost")`` with its criterion wrapper and ``shape=``, the same per-sequence loss).
+loss over its own positions, from the logits; for ViT each image's cross-entropy; mean over the
+batch), ``backward``, ``optimizer.step()`` (SGD). Sides: ``plain`` (torch), ``dpmf`` (``make_private``,
+``Identity`` strategy, fixed batches from its loader, noise multiplier 1), ``opacus``
+(``PrivacyEngine.make_private(..., grad_sample_mode="ghost")`` with its criterion wrapper and ``shape=``,
+the same per-sequence loss).
 Timing: one process, torch on one thread, CPU time of the process (``time.process_time``: wall time
 on a shared machine measures the other users); after warm-up, ``rounds`` rounds in each of which every side
 (rotated order) runs ``block`` timed steps; reported: the median step of each side and the ratio of
@@ -19,7 +24,8 @@ medians to plain, with the range of per-round ratios. Peak memory: each (model, 
 subprocess with ``MALLOC_MMAP_THRESHOLD_=65536``: ``VmHWM`` over 3 steps minus ``VmRSS`` before the side
 was built (the peak RSS reset through ``/proc/self/clear_refs``), and its ratio to plain's.
 
-Run: ``python benchmarks/bench_torch_hf.py [--only gpt2,llama,lora] [--seq T] [--rounds R] [--no-memory]``.
+Run: ``python benchmarks/bench_torch_hf.py [--only gpt2-6,llama-6,gpt2,llama,lora,vit] [--seq T] [--rounds R]
+[--sides plain,dpmf,opacus] [--no-memory]``.
 """
 
 from __future__ import annotations
@@ -34,8 +40,12 @@ import time
 import traceback
 import warnings
 
-B, T, VOCAB = 16, 64, 4096
+B, T, VOCAB = 16, 128, 4096
 SIDES = ["plain", "dpmf", "opacus"]
+#: name -> (family, layers, width); every model's other sizes follow from these (module docstring)
+MODELS = {"gpt2-6": ("gpt2", 6, 256), "llama-6": ("llama", 6, 256), "gpt2": ("gpt2", 2, 128),
+          "llama": ("llama", 2, 128), "lora": ("lora", 6, 256), "vit": ("vit", 4, 128)}
+VIT_B, VIT_IMAGE, VIT_PATCH, VIT_CLASSES = 32, 32, 8, 10
 
 
 def set_sequence_length(t: int) -> None:
@@ -56,21 +66,34 @@ def make_model(kind: str):
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    if kind == "gpt2":
-        cfg = transformers.GPT2Config(n_layer=3, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=128,
+    family, layers, width = MODELS[kind]
+    if family in ("gpt2", "lora"):
+        cfg = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=4, vocab_size=VOCAB, n_positions=max(T, 128),
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
                                       bos_token_id=0, eos_token_id=0)
-        return transformers.GPT2LMHeadModel(cfg)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=344, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = transformers.LlamaForCausalLM(cfg)
-    if kind == "lora":
-        import peft
+        model = transformers.GPT2LMHeadModel(cfg)
+        if family == "lora":
+            import peft
 
-        model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
-                                                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
-    return model
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
+                                                                   target_modules=["c_attn"], fan_in_fan_out=True))
+        return model
+    if family == "vit":
+        cfg = transformers.ViTConfig(image_size=VIT_IMAGE, patch_size=VIT_PATCH, num_channels=3, hidden_size=width,
+                                     num_hidden_layers=layers, num_attention_heads=4, intermediate_size=4 * width,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=VIT_CLASSES)
+        return transformers.ViTForImageClassification(cfg)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=width, intermediate_size=width * 43 // 16,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=max(T, 128), tie_word_embeddings=False, bos_token_id=0,
+                                   eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def batch_size(kind: str) -> int:
+    return VIT_B if MODELS[kind][0] == "vit" else B
 
 
 class Tokens:
@@ -88,8 +111,33 @@ class Tokens:
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(T, dtype=torch.long)}
 
 
+class Images:
+    def __init__(self, n: int):
+        torch = _torch()
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 3, VIT_IMAGE, VIT_IMAGE, generator=g)
+        self.y = torch.randint(0, VIT_CLASSES, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"pixel_values": self.x[i], "labels": self.y[i]}
+
+
+def dataset(kind: str, n: int):
+    return Images(n) if MODELS[kind][0] == "vit" else Tokens(n)
+
+
+def model_inputs(batch) -> dict:
+    """What the model is called on (the labels stay out: the loss is formed from the logits)."""
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
 def per_example_loss(logits, batch):
     F = _torch().nn.functional
+    if "labels" in batch:  # an image classifier: one label per example
+        return F.cross_entropy(logits, batch["labels"], reduction="none")
     tok = F.cross_entropy(logits[:, :-1].transpose(1, 2), batch["input_ids"][:, 1:], reduction="none")
     return tok.mean(1)
 
@@ -100,14 +148,15 @@ def build(kind: str, side: str, steps: int):
     model = make_model(kind)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-3)
-    data = Tokens(B * steps)
+    n = batch_size(kind)
+    data = dataset(kind, n * steps)
     if side == "plain":
-        loader = iter(torch.utils.data.DataLoader(data, batch_size=B))
+        loader = iter(torch.utils.data.DataLoader(data, batch_size=n))
 
         def step():
             b = next(loader)
             opt.zero_grad()
-            per_example_loss(model(**b).logits, b).mean().backward()
+            per_example_loss(model(**model_inputs(b)).logits, b).mean().backward()
             opt.step()
 
         return step, model
@@ -123,14 +172,14 @@ def build(kind: str, side: str, steps: int):
         def step():
             b = next(loader)
             run.optimizer.zero_grad()
-            per_example_loss(run.module(**b).logits, b).mean().backward()
+            per_example_loss(run.module(**model_inputs(b)).logits, b).mean().backward()
             run.optimizer.step()
 
         step.run = run
         return step, model
     from opacus import PrivacyEngine
 
-    loader = torch.utils.data.DataLoader(data, batch_size=B)
+    loader = torch.utils.data.DataLoader(data, batch_size=n)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pmodel, popt, crit, ploader = PrivacyEngine(accountant="prv").make_private(
@@ -143,8 +192,13 @@ def build(kind: str, side: str, steps: int):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             popt.zero_grad()
-            logits = pmodel(**b).logits[:, :-1]
-            loss = crit(logits.reshape(-1, logits.shape[-1]), b["input_ids"][:, 1:].reshape(-1), shape=logits.shape)
+            out = pmodel(**model_inputs(b)).logits
+            if "labels" in b:
+                loss = crit(out, b["labels"])
+            else:
+                logits = out[:, :-1]
+                loss = crit(logits.reshape(-1, logits.shape[-1]), b["input_ids"][:, 1:].reshape(-1),
+                            shape=logits.shape)
             loss.backward()
             popt.step()
 
@@ -152,7 +206,7 @@ def build(kind: str, side: str, steps: int):
 
 
 def time_kind(kind: str, rounds: int, block: int, warmup: int = 2) -> dict:
-    steps = warmup + rounds * block + 4
+    steps = warmup + 2 + rounds * block + 4
     runners, failed = {}, {}
     for side in SIDES:
         try:
@@ -221,21 +275,23 @@ def memory(kind: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="gpt2,llama,lora")
+    ap.add_argument("--only", default=",".join(MODELS))
+    ap.add_argument("--sides", default=",".join(SIDES), help="plain is always run (the reference)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--block", type=int, default=2)
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--memory-worker", nargs=3)
     ap.add_argument("--json")
-    ap.add_argument("--seq", type=int, default=T, help="tokens per sequence T (default 64; at most 128)")
+    ap.add_argument("--seq", type=int, default=T, help="tokens per sequence T (default 128)")
     args = ap.parse_args()
     set_sequence_length(args.seq)
+    SIDES[:] = ["plain"] + [s for s in args.sides.split(",") if s in SIDES and s != "plain"]
     if args.memory_worker:
         set_sequence_length(int(args.memory_worker[2]))
         memory_worker(*args.memory_worker[:2])
         return
     results = {}
-    print(f"B = {B}, T = {T}")
+    print(f"B = {B} (ViT {VIT_B}), T = {T}")
     print("| model | side | median step (s) | / plain | per-round range | peak memory (MiB) | / plain |")
     print("|---|---|---|---|---|---|---|")
     for kind in args.only.split(","):

@@ -5,7 +5,8 @@ functorch modes on an unchanged ``nn.LSTM``/``nn.GRU`` model, and Opacus 1.6.0's
 Model: ``Linear`` head on the last output of a recurrent layer (``nn.LSTM`` or ``nn.GRU``, input 32,
 hidden 64, batch_first), float32, inputs ``(B, T, 32)`` random, 10 classes, cross-entropy (mean).
 Setups: ``lstm`` (1 layer, ``B = 64``, ``T = 32``), ``lstm2bi`` (2 layers, bidirectional, ``B = 32``,
-``T = 32``), ``gru`` (1 layer, ``B = 64``, ``T = 32``).
+``T = 32``), ``gru`` (1 layer, ``B = 64``, ``T = 32``), ``lstm_text`` (issue 52's text classifier: token ids
+of a vocabulary of 1000 through ``Embedding(1000, 32)`` into the 1-layer LSTM, ``B = 32``, ``T = 64``).
 
 A step is ``zero_grad``, forward, loss, backward, and ``SGD.step``; the private sides also form the
 clipped sum and add Gaussian noise ``sigma C N(0, I)`` before dividing by ``B``:
@@ -45,10 +46,12 @@ def _setups():
         "lstm": dict(cell="LSTM", layers=1, bidirectional=False, B=64, T=32),
         "lstm2bi": dict(cell="LSTM", layers=2, bidirectional=True, B=32, T=32),
         "gru": dict(cell="GRU", layers=1, bidirectional=False, B=64, T=32),
+        # issue 52's text classifier: token ids -> Embedding(1000, 32) -> LSTM(32, 64) -> head
+        "lstm_text": dict(cell="LSTM", layers=1, bidirectional=False, B=32, T=64, vocab=1000),
     }
 
 
-def _model(torch, cell, layers, bidirectional, opacus=False):
+def _model(torch, cell, layers, bidirectional, opacus=False, vocab=None):
     if opacus:
         from opacus.layers import DPGRU, DPLSTM
 
@@ -59,11 +62,12 @@ def _model(torch, cell, layers, bidirectional, opacus=False):
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
+            self.emb = torch.nn.Embedding(vocab, 32) if vocab else None
             self.rnn = cls(32, 64, num_layers=layers, bidirectional=bidirectional, batch_first=True)
             self.head = torch.nn.Linear(64 * (2 if bidirectional else 1), 10)
 
         def forward(self, x):
-            return self.head(self.rnn(x)[0][:, -1])
+            return self.head(self.rnn(x if self.emb is None else self.emb(x))[0][:, -1])
 
     return Net()
 
@@ -72,6 +76,8 @@ def _load(model, state):
     """Load an ``nn.LSTM`` model's weights into its Opacus twin (DPLSTM maps names only at its own level)."""
     model.rnn.load_state_dict({k.removeprefix("rnn."): v for k, v in state.items() if k.startswith("rnn.")})
     model.head.load_state_dict({k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")})
+    if model.emb is not None:
+        model.emb.load_state_dict({k.removeprefix("emb."): v for k, v in state.items() if k.startswith("emb.")})
 
 
 def build(setup: dict, sigma: float = 1.0, clip: float = 1.0):
@@ -83,13 +89,15 @@ def build(setup: dict, sigma: float = 1.0, clip: float = 1.0):
     F = torch.nn.functional
     torch.manual_seed(0)
     B, T = setup["B"], setup["T"]
-    x, y = torch.randn(B, T, 32), torch.randint(0, 10, (B,))
-    base = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"])
+    vocab = setup.get("vocab")
+    x = torch.randint(0, vocab, (B, T)) if vocab else torch.randn(B, T, 32)
+    y = torch.randint(0, 10, (B,))
+    base = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], vocab=vocab)
     state = base.state_dict()
     sides, probes = {}, {}
 
     def fresh():
-        m = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"])
+        m = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], vocab=vocab)
         m.load_state_dict(state)
         return m, torch.optim.SGD(m.parameters(), lr=0.01)
 
@@ -139,7 +147,7 @@ def build(setup: dict, sigma: float = 1.0, clip: float = 1.0):
     try:
         from opacus import GradSampleModule, PrivacyEngine
 
-        m3 = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], opacus=True)
+        m3 = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], opacus=True, vocab=vocab)
         _load(m3, state)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -155,7 +163,7 @@ def build(setup: dict, sigma: float = 1.0, clip: float = 1.0):
 
         sides["opacus_hooks"] = opacus_hooks
 
-        m4 = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], opacus=True)
+        m4 = _model(torch, setup["cell"], setup["layers"], setup["bidirectional"], opacus=True, vocab=vocab)
         _load(m4, state)
         gsm = GradSampleModule(m4)
 
@@ -212,7 +220,7 @@ def time_sides(sides: dict, rounds: int, block: int = 3, warmup: int = 2) -> dic
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="lstm,lstm2bi,gru")
+    ap.add_argument("--only", default="lstm,lstm2bi,gru,lstm_text")
     ap.add_argument("--rounds", type=int, default=8)
     args = ap.parse_args(argv)
     setups = _setups()
