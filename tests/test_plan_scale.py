@@ -23,6 +23,7 @@ from dpmf.cli.main import app
 from dpmf.errors import CalibrationError
 from dpmf.planner import TrainingRun, candidates, plan
 from dpmf.planning.cache import PlanCache
+from dpmf.planning.candidates import REL_TOL
 from dpmf.privacy.calibration import NoiseLimitExceeded, search_hint, smallest_noise
 from dpmf.sampling import PoissonSampling
 from dpmf.strategies import BinaryTree, Identity
@@ -59,11 +60,23 @@ def unpruned():
 
 
 # ---------------------------------------------------------------------------------- pruning
+def same_row(a, b) -> bool:
+    """Two calibrations of one candidate: equal but for where the search went, which a limit changes
+    (a plan's search starts at its passing limit: the noise within the calibration's tolerance)."""
+    da, db = (dict(values(r)) for r in (a, b))
+    moved = ("noise_multiplier", "epsilon", "prefix_sum_rmse", "rmse_per_example_in_batch", "epsilon_by_direction")
+    if any(da[k] != db[k] for k in da if k not in moved) or da["method"] != db["method"]:
+        return False
+    return (math.isclose(a.noise_multiplier, b.noise_multiplier, rel_tol=2 * REL_TOL)
+            and math.isclose(a.prefix_sum_rmse, b.prefix_sum_rmse, rel_tol=2 * REL_TOL)
+            and a.epsilon <= RUN.epsilon and b.epsilon <= RUN.epsilon)
+
+
 def test_pruning_keeps_the_best_row_and_every_calibrated_value(unpruned):
     pruned = plan(RUN, only=cheap(), prune=True, thorough=True, cache=None)
     assert not any(r.pruned for r in unpruned)
     assert any(r.pruned for r in pruned), "this case must prune something, or the test proves nothing"
-    assert values(pruned[0]) == values(unpruned[0]) and not pruned[0].pruned
+    assert same_row(pruned[0], unpruned[0]) and not pruned[0].pruned
     full = {(r.strategy, r.sampling): r for r in unpruned}
     for r in pruned:
         twin = full[(r.strategy, r.sampling)]
@@ -72,7 +85,7 @@ def test_pruning_keeps_the_best_row_and_every_calibrated_value(unpruned):
             assert twin.noise_multiplier > r.noise_multiplier or r.strategy == "optimal-mf"
             assert r.epsilon > RUN.epsilon or r.strategy == "optimal-mf"
         else:
-            assert values(r) == values(twin)
+            assert same_row(r, twin)
             assert r.epsilon <= RUN.epsilon and r.certified
 
 

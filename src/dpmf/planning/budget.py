@@ -113,17 +113,17 @@ def _child(i: int, cand: Candidate, run: TrainingRun, threshold: float, conn, sp
     pickled into a file of the folder ``spool`` and its path sent."""
     import os
     import pickle
-    import tempfile
 
     from dpmf import progress
+    from dpmf.files import atomic_write
     from dpmf.planning.evaluate import evaluate
     from dpmf.resources import one_blas_thread
 
     try:  # (one BLAS thread: the workers already fill the CPUs, and threaded small products are slower)
         with progress.reporting("off"), one_blas_thread():
             row = evaluate(cand, run, threshold, callback=lambda s, e: conn.send(("eval", i, float(s), float(e))))
-        fd, path = tempfile.mkstemp(dir=spool, suffix=".row")
-        with os.fdopen(fd, "wb") as f:
+        path = os.path.join(spool, f"{i}.row")
+        with atomic_write(path, "plan row", fsync=False) as f:  # (a transport file: the parent reads it at once)
             pickle.dump(row, f, protocol=pickle.HIGHEST_PROTOCOL)
         conn.send(("row", i, path))
     except BaseException as exc:  # (reported to the parent, which raises it there)

@@ -7,7 +7,9 @@ max_noise_multiplier=sigma_0)``): its accountants are evaluated once at ``sigma_
 every one reports an epsilon above the target there, the candidate is *pruned* -- its calibrated
 noise would be larger than ``sigma_0`` (epsilon is non-increasing in the noise), so its RMSE is
 larger than the threshold and it cannot be the best row. Pruning decides only which rows are
-calibrated precisely; it never changes a reported epsilon or which row is best, and a pruned row
+calibrated precisely; it never makes a reported epsilon unsound or changes which row is best (a
+search that passes ``sigma_0`` starts there, so a calibrated noise may differ from an unpruned
+plan's within the calibration's tolerance, ``REL_TOL``), and a pruned row
 says it is a bound. The check costs one evaluation, at a noise where the candidate is no better
 than a row already found (accountants get cheaper as the noise grows).
 

@@ -107,6 +107,6 @@ def test_individual_filtering_refuses_the_variants():
     from dpmf.training.torch.individual import IndividualAccounting
 
     for scheme in (BallsInBinsSampling(2, 4, fresh_slots=True), BallsInBinsSampling(2, 4, num_selected=2)):
-        privacy = SimpleNamespace(plan=SimpleNamespace(strategy=Identity(4), scheme=scheme))  # (checked first)
+        privacy = SimpleNamespace(run_spec=SimpleNamespace(strategy=Identity(4), scheme=scheme))  # (checked first)
         with pytest.raises(UnsupportedConfigurationError, match=f"fresh_slots={scheme.fresh_slots}.*not proved"):
             IndividualAccounting(privacy)
