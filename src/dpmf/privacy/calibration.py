@@ -54,9 +54,9 @@ def search_hint(start: Optional[float], *, near: bool = False) -> Iterator[None]
     ``start`` (a noise multiplier expected to pass, e.g. the unamplified one: amplification only
     lowers epsilon) instead of 1. ``near=True``: the start is a noise already seen to pass and
     expected near the answer (a plan's limit, :func:`dpmf.calibrate`'s ``max_noise_multiplier``):
-    the first step below it aims just under the answer the ``1 / sigma^2`` law predicts
-    (:func:`_near_factor`) instead of at least halving the noise (smaller noises cost more to
-    evaluate). Only the path changes; the answer is still an evaluated, passing noise.
+    the steps below it aim at the answer the ``1 / sigma^2`` law predicts (:func:`_near_factor`:
+    the first just above, the next just under) instead of at least halving the noise (smaller
+    noises cost more to evaluate). Only the path changes; the answer is still an evaluated, passing noise.
 
     ``dpmf.calibrate`` sets it around accountants that run their own search (MMCC, random
     allocation), so a search starts from a cheap upper bracket and shrinks towards the answer
@@ -176,14 +176,14 @@ def smallest_noise(
     else:  # shrink until the target fails (or the accountant's smallest noise passes)
         if hi <= floor[0]:
             return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
-        lo, eps_lo = ev_at_least(hi * (_near_factor if near else _shrink_factor)(eps_hi, target))
+        lo, eps_lo = ev_at_least(hi * (_near_factor(eps_hi, target, first=True) if near else _shrink_factor(eps_hi, target)))
         while eps_lo <= target or lo >= hi:
             if lo >= hi:  # (the accountant's smallest noise turned out to be above a noise it evaluated)
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
             hi, eps_hi = lo, eps_lo
             if hi <= floor[0]:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
-            lo = hi * _shrink_factor(eps_lo, target)
+            lo = hi * (_near_factor(eps_lo, target) if near else _shrink_factor(eps_lo, target))
             if lo < 1e-6 and not floor[0]:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
             lo, eps_lo = ev_at_least(lo)
@@ -257,13 +257,17 @@ def _shrink_factor(eps: float, target: float) -> float:
     return min(0.5, max(0.125, 0.8 * math.sqrt(eps / target)))
 
 
-def _near_factor(eps: float, target: float) -> float:
-    """The first step below a passing start known to be near the answer (:func:`search_hint`'s
-    ``near``): 2% under ``sqrt(eps / target)``, where epsilon ``~ 1 / sigma^2`` puts the answer, so
-    the next noise most likely fails just below it and brackets it tightly (never more than 8x)."""
+def _near_factor(eps: float, target: float, first: bool = False) -> float:
+    """A step below a passing noise in a search whose start is near the answer (:func:`search_hint`'s
+    ``near``), by ``sqrt(eps / target)``, where epsilon ``~ 1 / sigma^2`` puts the answer: the first
+    step aims 1% *above* it, so it most likely passes and certifies a noise within about 1% of the
+    answer at once (a plan stopped by its budget keeps it); the next ones 2% under it, so the noise
+    most likely fails just below the answer and brackets it tightly. Never more than 8x at once,
+    and always below the passing noise."""
     if not (eps > 0 and math.isfinite(eps)):
         return 0.125
-    return min(0.98, max(0.125, 0.98 * math.sqrt(eps / target)))
+    aim = (1.01 if first else 0.98) * math.sqrt(eps / target)
+    return min(0.995 if first else 0.98, max(0.125, aim))
 
 
 def largest_count(
