@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from dpmf.memo import BoundedMemo, array_key, clear_all
+from dpmf.memo import BoundedMemo, array_key
 
 
 def test_memo_returns_the_stored_result_and_drops_the_oldest():
@@ -30,13 +30,6 @@ def test_array_key_is_content_not_identity():
     assert array_key(a) != array_key(b)
 
 
-def test_clear_all_empties_every_memo():
-    m = BoundedMemo(4)
-    m.get(1, lambda: 1)
-    clear_all()
-    assert len(m) == 0
-
-
 def test_fresh_slot_fits_run_once_per_gram(monkeypatch):
     """A calibration evaluates one strategy at many noises: the Markov members (noise-free fits of
     the epochs' Grams) are fitted once, and the reports are the same as when fitted anew."""
@@ -55,6 +48,6 @@ def test_fresh_slot_fits_run_once_per_gram(monkeypatch):
     fc._MEMBERS.clear()
     from dpmf.accounting.allocation import pld
 
-    monkeypatch.setattr(pld, "_MEMO", {})
+    monkeypatch.setattr(pld, "_MEMO", BoundedMemo(4))
     again = [dpmf.account(strat, scheme, s, 1e-5, method="allocation_pld").epsilon for s in (2.0, 2.5)]
     assert again == first and len(fits) == 2

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import weakref
 from typing import Callable, Hashable, TypeVar
 
 import numpy as np
 
-__all__ = ["BoundedMemo", "array_key", "clear_all"]
+__all__ = ["BoundedMemo", "array_key"]
 
 T = TypeVar("T")
 
@@ -26,14 +25,13 @@ class BoundedMemo:
     """At most ``size`` results by key, the oldest dropped first.
 
     ``get(key, compute)`` returns the stored result for ``key`` or stores ``compute()``;
-    ``copy=True`` hands out a deep copy (for results the caller may change: dicts of numbers).
+    ``copy_out=True`` hands out a deep copy (for results the caller may change: dicts of numbers).
     Keys must hold every input that changes the result (numbers as floats/ints, arrays through
     :func:`array_key`)."""
 
     def __init__(self, size: int) -> None:
         self.size = int(size)
         self._items: dict = {}
-        _ALL.add(self)
 
     def get(self, key: Hashable, compute: Callable[[], T], *, copy_out: bool = False) -> T:
         if key not in self._items:
@@ -48,15 +46,6 @@ class BoundedMemo:
 
     def __len__(self) -> int:
         return len(self._items)
-
-
-_ALL: "weakref.WeakSet[BoundedMemo]" = weakref.WeakSet()
-
-
-def clear_all() -> None:
-    """Empty every memo (tests that change a module's settings start from nothing)."""
-    for m in list(_ALL):
-        m.clear()
 
 
 def array_key(*arrays) -> tuple:

@@ -18,6 +18,7 @@ from dpmf.accounting import dispatch
 from dpmf.accounting.allocation import account_allocation, calibrate_allocation
 from dpmf.accounting.allocation import pld as allocation_pld
 from dpmf.accounting.allocation.accountant import noise_and_report
+from dpmf.memo import BoundedMemo
 from dpmf.privacy.calibration import NoiseLimitExceeded, smallest_noise
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import Identity, bsr
@@ -192,7 +193,7 @@ def test_allocation_pld_evaluations_are_memoized_by_their_inputs(monkeypatch):
     """The same reductions, scheme, noise, delta and options give the stored result (a copy: the
     caller may change it); any other noise, delta or scheme is computed."""
     strategy, scheme = bsr(8, 2), BallsInBinsSampling(1, 8)
-    monkeypatch.setattr(allocation_pld, "_MEMO", {})
+    monkeypatch.setattr(allocation_pld, "_MEMO", BoundedMemo(256))
     runs: list[float] = []
     real = allocation_pld._epsilon_of
     monkeypatch.setattr(allocation_pld, "_epsilon_of", lambda *a: runs.append(a[3]) or real(*a))

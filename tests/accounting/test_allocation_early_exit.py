@@ -19,6 +19,7 @@ import pytest
 from dpmf.accounting.allocation import pld
 from dpmf.accounting.allocation.surrogates import markov_programs
 from dpmf.accounting.allocation.surrogates.markov_chain import MarkovSurrogate
+from dpmf.memo import BoundedMemo
 from dpmf.accounting.allocation.surrogates.markov_programs import calls_at, markov_epsilon, puts_at
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import bsr
@@ -93,10 +94,10 @@ def test_markov_epsilon_is_the_same_with_and_without_exits(monkeypatch):
 @pytest.mark.parametrize("sigma", [0.9326489806331935, 2.0])
 def test_allocation_pld_epsilon_is_the_same_with_and_without_exits(monkeypatch, sigma):
     """The whole evaluation (bsr(24, 4), 2 epochs): every reduction row equal, bit for bit."""
-    monkeypatch.setattr(pld, "_MEMO", {})
+    monkeypatch.setattr(pld, "_MEMO", BoundedMemo(256))
     strategy, scheme = bsr(24, 4), BallsInBinsSampling(epochs=2, steps=24)
     fast = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
-    monkeypatch.setattr(pld, "_MEMO", {})
+    monkeypatch.setattr(pld, "_MEMO", BoundedMemo(256))
     real = MarkovSurrogate.table
     monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, stop=None, **k: real(self, *a, **k))
     whole = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)

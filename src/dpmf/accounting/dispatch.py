@@ -597,21 +597,19 @@ def _search_method(run: _CalibrationRun, i: int, memo: dict, evaluate, best) -> 
     own_limit = m.fast_calibration is not None and m.calibration_limit and bound is not None
     if searches and bound is not None and not own_limit and (m.fast_calibration is not None or bound != cap):
         _probe_bound(run, m, opts, bound, memo, evaluate)
-        if run.limit is not None and bound in memo and (hint is None or bound < hint):
-            hint = bound  # (see below)
-    if own_limit and run.limit is not None and (hint is None or bound < hint):
-        # a plan's limit (max_noise_multiplier): a search that passes there starts there instead of
-        # at larger noises it would only leave again (its own search checks the limit first; the
-        # allocation accountants memoize that evaluation), so every evaluation of a budgeted plan's
-        # candidate is a noise it may keep. Outside a plan (no limit) the searches are unchanged.
+    if run.limit is not None and (own_limit or bound in memo) and (hint is None or bound < hint):
+        # a plan's limit (max_noise_multiplier): a search that passes there (probed above, or checked
+        # first by its own search, whose accountant memoizes it) starts there instead of at larger
+        # noises it would only leave again, so every evaluation of a budgeted plan's candidate is a
+        # noise it may keep. Outside a plan (no limit) the searches are unchanged.
         hint = bound
     if not searches:
         return m.fast_calibration(run.strategy, run.scheme, run.target, run.delta, **opts)
     if m.fast_calibration is not None:
         if hint is None and not run.start:
             run.start.append(_search_start(run.strategy, run.scheme, run.target, run.delta))
-        # (in a plan -- a limit -- every search's first step below a passing start aims just under the
-        # answer: its evaluations at small noises are the costliest, and halving often lands there)
+        # (in a plan -- a limit -- the steps below a passing start aim at the 1/sigma^2 answer instead
+        # of halving: evaluations at small noises are the costliest; search_hint's near)
         with search_hint(hint if hint is not None else run.start[0], near=run.limit is not None):
             sigma = m.fast_calibration(
                 run.strategy, run.scheme, run.target, run.delta, **opts, rel_tol=run.rel_tol, callback=run.note,

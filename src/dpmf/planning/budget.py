@@ -235,8 +235,6 @@ class _Workers:
         costly = [i for i in allowed if i not in self.quick]
         if self.quick and costly and not any(j not in self.quick for j in self.active):
             return costly[0]  # (the reserved worker)
-        if self.late() and not costly:
-            return allowed[0] if allowed[0] in self.quick else None
         return allowed[0]
 
     def fill(self) -> None:

@@ -65,7 +65,6 @@ that could underflow to zero, and ``g_max`` is rounded up.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -90,10 +89,12 @@ from dpmf.accounting.allocation.dominating_pair import (
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError
+from dpmf.memo import BoundedMemo
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
 from dpmf.privacy.calibration import ProgressCallback
 from dpmf.privacy.gdp import gaussian_epsilon
+from dpmf.resources import one_blas_thread
 from dpmf.sampling.schemes import BallsInBinsSampling
 from dpmf.strategies.identity import Identity
 
@@ -300,8 +301,7 @@ def allocation_pld_epsilon(
 #: reductions (frozen: every member's numbers) and the scheme determine the computation, so equal keys
 #: give equal results. A calibration repeated in one process (the README's two training examples, a
 #: plan row and its report) costs nothing the second time.
-_MEMO: dict = {}
-_MEMO_SIZE = 256
+_MEMO = BoundedMemo(256)
 
 
 def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
@@ -310,11 +310,8 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
     if groups is None:
         return _epsilon_of(strategy, scheme, groups, sigma, d, accuracy, max_points)
     key = (groups, scheme, float(sigma), float(d), float(accuracy), int(max_points))
-    if key not in _MEMO:
-        if len(_MEMO) >= _MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = _epsilon_of(strategy, scheme, groups, sigma, d, accuracy, max_points)
-    return copy.deepcopy(_MEMO[key])
+    return _MEMO.get(key, lambda: _epsilon_of(strategy, scheme, groups, sigma, d, accuracy, max_points),
+                     copy_out=True)
 
 
 def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
@@ -395,8 +392,6 @@ def account_allocation_pld(
       A certified :class:`PrivacyReport`, epsilon the worst of both directions; diagnostics hold
       the refinement levels, the Gaussian-mechanism bound and the exact epochs reduction.
     """
-    from dpmf.resources import one_blas_thread
-
     sigma = _v.positive("noise_multiplier", noise_multiplier)
     d = _v.open_unit("delta", delta)
     with one_blas_thread():  # (small Grams: the fits' eigenvalues, the members' products)

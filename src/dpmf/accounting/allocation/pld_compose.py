@@ -71,13 +71,13 @@ deviations of the per-copy loss.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
 from scipy import special
 
 from dpmf.accounting.allocation.grid import CAP_MARGIN, CUT_BUDGET, Law, Plan, convolve, refine, sum_law
+from dpmf.memo import BoundedMemo
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.privacy.gdp import gaussian_epsilon
 
@@ -320,18 +320,14 @@ def composition_epsilon(eta: float, parts: list[tuple[int, int]], delta: float, 
     ``(m, copies)`` in ``parts``, every step a Gaussian of parameter ``eta = 1 / sigma^2`` (each copy's
     law from the grid engine, :mod:`~dpmf.accounting.allocation.grid`)."""
     key = (float(eta), tuple((int(m), int(c)) for m, c in parts), float(delta), float(rel_tol), int(max_points))
-    if key not in _MEMO:
-        if len(_MEMO) >= _MEMO_SIZE:
-            _MEMO.pop(next(iter(_MEMO)))
-        _MEMO[key] = _composition_epsilon(eta, parts, delta, rel_tol=rel_tol, max_points=max_points)
-    return copy.deepcopy(_MEMO[key])
+    return _MEMO.get(key, lambda: _composition_epsilon(eta, parts, delta, rel_tol=rel_tol, max_points=max_points),
+                     copy_out=True)
 
 
 #: Results by (eta, parts, delta, rel_tol, max_points): the planner's rows "fresh slots each epoch"
 #: and "k of k t fresh" often reduce to the same composition, and their calibrations probe the same
 #: noises in the same order (a deterministic search), so the second row costs nothing.
-_MEMO: dict = {}
-_MEMO_SIZE = 512
+_MEMO = BoundedMemo(512)
 
 
 def _composition_epsilon(eta: float, parts, delta: float, *, rel_tol: float, max_points: int) -> dict:
