@@ -146,6 +146,37 @@ def test_a_weighted_sum_with_missing_unknown_or_misshapen_parameters_is_named(su
         _run(bad_sums)
 
 
+def test_a_rule_giving_negative_norms_is_named_not_trained_on():
+    """A negative squared norm would lower the example's total below its true norm, so it would be
+    clipped too little: refused naming the rule, eager or formed later (the rule's own test, the same
+    rule with its norms made non-negative, trains)."""
+    def negative(module, call, trainable):
+        right = from_contributions({"w": PerExample(_per(call))}, trainable)
+        return LayerGradients(-1.0 - right.sq, right.weighted_sum)
+
+    def lazy_negative(module, call, trainable):
+        right = from_contributions({"w": PerExample(_per(call))}, trainable)
+        return LayerGradients(lambda: -1.0 - right.sq, right.weighted_sum)
+
+    def fixed(module, call, trainable):
+        right = from_contributions({"w": PerExample(_per(call))}, trainable)
+        return LayerGradients(1.0 + right.sq, right.weighted_sum)
+
+    for rule in (negative, lazy_negative):
+        with pytest.raises(InvalidParameterError, match=rf"{rule.__name__} returned a negative squared norm .*'1'"):
+            _run(rule)
+    assert _run(fixed).norms.shape == (6,)
+
+
+def test_a_rule_giving_non_finite_norms_from_finite_data_is_named_not_blamed_on_the_data():
+    def nan_norms(module, call, trainable):
+        right = from_contributions({"w": PerExample(_per(call))}, trainable)
+        return LayerGradients(right.sq * float("nan"), right.weighted_sum)
+
+    with pytest.raises(InvalidParameterError, match=r"nan_norms returned a non-finite squared norm from a finite"):
+        _run(nan_norms)
+
+
 def test_an_error_inside_a_rule_names_the_rule_and_the_layer():
     def broken(module, call, trainable):
         return trainable["zzz"]

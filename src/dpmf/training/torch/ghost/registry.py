@@ -250,12 +250,24 @@ def _checked_sums(rule, layer: str, trainable: dict, weighted_sum: Callable) -> 
     return checked
 
 
-def _checked_sq(rule, layer: str, batch: int, sq):
-    """``sq`` if it is a real floating tensor of shape ``(batch,)``; else the rule's mistake, named."""
+def _checked_sq(rule, layer: str, batch: int, sq, call: LayerCall | None = None):
+    """``sq`` if it is a real floating tensor of shape ``(batch,)``; else the rule's mistake, named.
+
+    With ``call`` (a rule not dpmf's own) also its values: a negative squared norm would lower the
+    example's total norm below the truth and clip it too little (a privacy failure, not a numerical
+    one), and a non-finite one where the call's own input and output gradient are finite is the
+    rule's, not the data's (which the clipper's non-finite check would blame)."""
     if not isinstance(sq, torch.Tensor) or tuple(sq.shape) != (batch,) or not sq.is_floating_point():
         got = (f"a {sq.dtype} tensor of shape {tuple(sq.shape)}" if isinstance(sq, torch.Tensor)
                else type(sq).__name__)
         raise _junk(rule, layer, f"sq = {got} (batch {batch})")
+    if call is not None and batch:
+        low = sq.detach().min()
+        if bool(low < 0):
+            raise _junk(rule, layer, f"a negative squared norm (sq min {float(low):.3g}; sq bounds ||g_i||^2 >= 0)")
+        if not bool(torch.isfinite(sq).all()) and all(
+                bool(torch.isfinite(t).all()) for t in (call.input, call.grad_output) if isinstance(t, torch.Tensor)):
+            raise _junk(rule, layer, "a non-finite squared norm from a finite input and output gradient")
     return sq
 
 
@@ -279,11 +291,12 @@ def apply_rule(rule: Rule, module, call: LayerCall, trainable: dict, layer: str)
         return None
     if not isinstance(out, LayerGradients):
         raise _junk(rule, layer, f"a {type(out).__name__}")
+    user = None if getattr(rule, "__module__", "").startswith("dpmf.") else call  # dpmf's rules: proved >= 0
     if out.lazy:  # checked when formed
         form = out._sq
-        out.sq = lambda: _checked_sq(rule, layer, call.batch, form())
+        out.sq = lambda: _checked_sq(rule, layer, call.batch, form(), user)
     else:
-        _checked_sq(rule, layer, call.batch, out.sq)
+        _checked_sq(rule, layer, call.batch, out.sq, user)
     if not callable(out.weighted_sum):
         raise _junk(rule, layer, f"a weighted_sum that is not callable ({type(out.weighted_sum).__name__})")
     if out.contributions is not None and not (isinstance(out.contributions, dict)
