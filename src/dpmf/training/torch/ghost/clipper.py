@@ -68,7 +68,7 @@ from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
 from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import broadcast, conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients
-from dpmf.training.torch.ghost.joint import joint_sq_norms, joint_weighted_sum
+from dpmf.training.torch.ghost.joint import Factored, joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import (
     CALL_BATCH,
     LayerCall,
@@ -77,7 +77,7 @@ from dpmf.training.torch.ghost.registry import (
     call_batch,
     rule_for,
 )
-from dpmf.training.torch.ghost.sequence import F64, gamma, gram_cache
+from dpmf.training.torch.ghost.sequence import F64, gamma, gram_cache, gram_norms
 from dpmf.training.torch.ghost.tracking import param_of
 
 torch = require_torch()
@@ -654,36 +654,48 @@ class GhostClipper(Clipper):
         layer_grads = []
         joint: dict[int, list] = {k: list(parts) for k, parts in direct.items() if parts}
         with self.suspended(), gram_cache():
-            for u, cs in calls:
-                together = len(cs) > 1 or any(k in self._shared or k in joint for k in u.index.values())
-                for c in cs:
-                    for t, version in c.versions:
-                        if t._version != version:
-                            raise UnsupportedConfigurationError(
-                                f"the input of layer {u.name!r} was modified in place after the forward (an "
-                                "in-place operation such as ReLU(inplace=True) on it); use the out-of-place version"
-                            )
-                    c = broadcast.expanded_call(u.name, u.module, c)  # a bias table's call, per example
-                    lg = apply_rule(u.rule, u.module, c, u.trainable, u.name) if u.rule is not None else (
-                        c.shared.gradients(u.trainable) if u.tracked and c.shared is not None else None)
-                    if lg is not None and together and (lg.contributions is None
-                                                        or set(lg.contributions) != set(u.trainable)):
-                        lg = None  # the rule cannot give cross terms: per-example gradients of this call
-                    if lg is None:
-                        u.fell_back = u.fell_back or u.rule is not None or u.tracked
-                        lg = fallback_gradients(u.module, c, u.trainable, u.name)
-                    if not together:
-                        sq += lg.sq.to(device)
-                        layer_grads.append((u.index, lg))
-                        continue
-                    for name, contribution in lg.contributions.items():
-                        joint.setdefault(u.index[name], []).extend(
-                            contribution if isinstance(contribution, list) else [contribution])
+            formed = self._rule_gradients(calls, joint)
+            # the Gram-form norms of all layers alone, formed together (sequence.gram_norms)
+            gram_norms([c.sequence_pair for _, lg, together in formed if not together and lg.lazy and lg.contributions
+                        for c in lg.contributions.values() if isinstance(c, Factored) and c.sequence_pair is not None])
+            for u, lg, together in formed:
+                if not together:
+                    sq += lg.sq.to(device)
+                    layer_grads.append((u.index, lg))
+                    continue
+                for name, contribution in lg.contributions.items():
+                    joint.setdefault(u.index[name], []).extend(
+                        contribution if isinstance(contribution, list) else [contribution])
             for k, contributions in joint.items():
                 sq += joint_sq_norms(contributions).to(device)
                 param = self.params[k]
                 layer_grads.append(({"p": k}, LayerGradients(None, functools.partial(_joint_sum, contributions, param))))
         return layer_grads, sq
+
+    def _rule_gradients(self, calls, joint: dict) -> list:
+        """``[(unit, its call's LayerGradients, together)]``: every call's rule (or the fallback's per-example
+        gradients); ``together``: joined per parameter with other calls' (:meth:`_layer_gradients`)."""
+        formed = []
+        for u, cs in calls:
+            together = len(cs) > 1 or any(k in self._shared or k in joint for k in u.index.values())
+            for c in cs:
+                for t, version in c.versions:
+                    if t._version != version:
+                        raise UnsupportedConfigurationError(
+                            f"the input of layer {u.name!r} was modified in place after the forward (an "
+                            "in-place operation such as ReLU(inplace=True) on it); use the out-of-place version"
+                        )
+                c = broadcast.expanded_call(u.name, u.module, c)  # a bias table's call, per example
+                lg = apply_rule(u.rule, u.module, c, u.trainable, u.name) if u.rule is not None else (
+                    c.shared.gradients(u.trainable) if u.tracked and c.shared is not None else None)
+                if lg is not None and together and (lg.contributions is None
+                                                    or set(lg.contributions) != set(u.trainable)):
+                    lg = None  # the rule cannot give cross terms: per-example gradients of this call
+                if lg is None:
+                    u.fell_back = u.fell_back or u.rule is not None or u.tracked
+                    lg = fallback_gradients(u.module, c, u.trainable, u.name)
+                formed.append((u, lg, together))
+        return formed
 
     @contextlib.contextmanager
     def _switched(self, name: str, value: bool):

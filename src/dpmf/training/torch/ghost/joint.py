@@ -137,9 +137,16 @@ class Factored:
         """``sum_t ||u_t|| ||v_t||`` in ``work``, rounded up: float64 ``(B,)``."""
         return self.row_norm_sums(work)[0]
 
+    @property
+    def sequence_pair(self):
+        """``(A, G, work)``: what :meth:`sq_alone` hands to
+        :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` (``None`` in index form), so that
+        :func:`~dpmf.training.torch.ghost.sequence.gram_norms` can form many layers' norms at once first."""
+        return None if self.index else (self.V, self.U, self.work)
+
     def sq_alone(self):
         if not self.index:  # the clipped sum of this contribution alone: as its norms' plan says
-            sq, self._alone_sum = sequence_parts(self.V, self.U, self.work)
+            sq, self._alone_sum = sequence_parts(*self.sequence_pair)
             return sq
         # exact grouping: sum_v ||sum_{t: x_t = v} g_t||^2, the rows summed in float64
         B, R = self.batch, self.R

@@ -62,7 +62,7 @@ from dpmf.training.torch.clipping import toward_zero
 torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
-           "norm_plan"]
+           "norm_plan", "gram_cache", "gram_norms"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -110,7 +110,15 @@ def _row_norm_products(A, G):
     return (torch.linalg.vector_norm(A, dim=2) * torch.linalg.vector_norm(G, dim=2)).sum(1)
 
 
-def gram_bound(n2, s, su, sv, R: int, C: int, T: int, work):
+def _gammas(m, dtype):
+    """:func:`gamma` of an int, or elementwise of a float64 tensor of ints."""
+    if not isinstance(m, torch.Tensor):
+        return gamma(m, dtype)
+    mu = m * (torch.finfo(dtype).eps / 2)
+    return torch.where(mu >= 1, float("inf"), mu / (1 - mu))
+
+
+def gram_bound(n2, s, su, sv, R, C, T: int, work):
     """Upper bound of the exact ``sum_{s,t} (u_s . u_t)(v_s . v_t)`` from its computed value (module
     docstring, "Gram form"): ``n2`` the float64 contraction of the working-precision Grams ``a = (u_s . u_t)``
     and ``b = (v_s . v_t)`` (:func:`contract`); ``s``, ``su``, ``sv`` upper bounds of
@@ -121,8 +129,11 @@ def gram_bound(n2, s, su, sv, R: int, C: int, T: int, work):
     bounded from the row norms rather than summed: ``|a_st| <= (1 + gamma_R) ||u_s|| ||u_t|| + R eta``, so
     ``sum |a| <= (1 + gamma_R) su^2 + T^2 R eta`` and, with ``sum_{s,t} ||u_s|| ||u_t|| ||v_s|| ||v_t|| = s^2``,
     ``sum |a b| <= (1 + gamma_R)(1 + gamma_C) s^2 + eta ((1 + gamma_R) C su^2 + (1 + gamma_C) R sv^2) +
-    T^2 R C eta^2``. (``sum |a b|`` enters only through the float64 term, ``gamma^{(64)}_{T^2+2}`` times it.)"""
-    g_r, g_c = gamma(R + 2, work), gamma(C + 2, work)
+    T^2 R C eta^2``. (``sum |a b|`` enters only through the float64 term, ``gamma^{(64)}_{T^2+2}`` times it.)
+
+    Many layers at once (:func:`gram_norms`): ``R`` and ``C`` float64 ``(L, 1)`` tensors, the others ``(L, B)``;
+    every entry gets the same formula as alone."""
+    g_r, g_c = _gammas(R + 2, work), _gammas(C + 2, work)
     eta = torch.finfo(work).smallest_normal
     TT = T * T
     abs_a = (1 + g_r) * su * su + TT * R * eta
@@ -150,15 +161,17 @@ def row_norm_sums(U, V, work, d: int):
     return ((un * vn).sum(1).to(F64) * up, un.sum(1).to(F64) * up, vn.sum(1).to(F64) * up)
 
 
-_GRAMS: dict | None = None  # inside gram_cache(): input Grams by the input's memory
+_GRAMS: dict | None = None  # inside gram_cache(): input Grams and row norms, norms formed by gram_norms
 
 
 @contextlib.contextmanager
 def gram_cache():
-    """Within the block, the Gram ``A Aᵀ`` of an input is formed once for all layers that read the
-    same tensor (a Llama block's q/k/v projections, its gate/up projections). The key is the memory
-    (storage, offset, shape, strides, dtype) and the version counter of the recorded input: every
-    recorded tensor stays alive during the block, so equal keys mean equal values."""
+    """Within the block, the Gram ``A Aᵀ`` of an input (and its row norms) is formed once for all layers
+    that read the same tensor (a Llama block's q/k/v projections, its gate/up projections), and the norms
+    :func:`gram_norms` formed for many layers at once are found by :func:`sequence_parts`. The key of an
+    input is its memory (storage, offset, shape, strides, dtype) and version counter; of a layer's pair,
+    the two tensors themselves (held by the entry). Every recorded tensor stays alive during the block,
+    so equal keys mean equal values."""
     global _GRAMS
     old, _GRAMS = _GRAMS, {}
     try:
@@ -167,29 +180,93 @@ def gram_cache():
         _GRAMS = old
 
 
+def _memory_key(A, *tag):
+    """The cache key of ``A``'s values (module docstring of :func:`gram_cache`), or None outside it."""
+    if _GRAMS is None or A.device.type == "meta":
+        return None
+    return (A.untyped_storage().data_ptr(), A.storage_offset(), tuple(A.shape), tuple(A.stride()), A.dtype,
+            A._version) + tag
+
+
 def _input_gram(A, work):
     """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`gram_cache`)."""
-    key = None
-    if _GRAMS is not None and A.device.type != "meta":
-        key = (A.untyped_storage().data_ptr(), A.storage_offset(), tuple(A.shape), tuple(A.stride()), A.dtype,
-               A._version, work)
-        got = _GRAMS.get(key)
-        if got is not None:
-            return got
-    Aw = A.to(work)
-    gram = torch.bmm(Aw, Aw.transpose(1, 2))
-    if key is not None:
-        _GRAMS[key] = gram
-    return gram
+    key = _memory_key(A, work, "gram")
+    got = None if key is None else _GRAMS.get(key)
+    if got is None:
+        Aw = A.to(work)
+        got = torch.bmm(Aw, Aw.transpose(1, 2))
+        if key is not None:
+            _GRAMS[key] = got
+    return got
+
+
+def _input_rows(A, work):
+    """``||a_t||`` in ``work``, ``(B, T)`` (cached inside :func:`gram_cache`)."""
+    key = _memory_key(A, work, "rows")
+    got = None if key is None else _GRAMS.get(key)
+    if got is None:
+        got = torch.linalg.vector_norm(A.to(work), dim=2)
+        if key is not None:
+            _GRAMS[key] = got
+    return got
+
+
+def gram_norms(pairs) -> None:
+    """Inside :func:`gram_cache`, the Gram-form norms (:func:`sequence_sq_norms`) of every ``(A, G, work)``
+    of ``pairs`` that :func:`norm_plan` sends to the Gram form, formed for all of them together and found
+    there by :func:`sequence_parts`. Per layer only its Grams and row norms are formed; the float64
+    contraction, the row-norm sums and the rounding bound (:func:`gram_bound`, the same formula entry by
+    entry) are one pass over the layers of each ``(B, T, work)`` -- a model with short sequences and many
+    layers (ViT: 17 tokens) spent most of its norm time in these small per-layer operations."""
+    if _GRAMS is None:
+        return
+    groups: dict = {}
+    for A, G, work in pairs:
+        B, T, d_in = A.shape
+        if (B == 0 or T == 1 or A.device.type == "meta" or (id(A), id(G), work) in _GRAMS
+                or norm_plan(T, d_in, G.shape[2]) != "gram"):
+            continue
+        _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
+        groups.setdefault((B, T, work, A.device), []).append((A, G))
+    for (B, T, work, device), jobs in groups.items():
+        L = len(jobs)
+        grams = torch.empty(2, L, B, T, T, dtype=work, device=device)
+        rows = torch.empty(2, L, B, T, dtype=work, device=device)
+        gram_g, gram_a = (t.unbind(0) for t in grams.unbind(0))
+        rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
+        for k, (A, G) in enumerate(jobs):
+            Gw = G.to(work)
+            torch.bmm(Gw, Gw.transpose(1, 2), out=gram_g[k])
+            gram_a[k].copy_(_input_gram(A, work))
+            torch.linalg.vector_norm(Gw, dim=2, out=rows_g[k])
+            rows_a[k].copy_(_input_rows(A, work))
+        d_out = torch.tensor([[G.shape[2]] for _, G in jobs], dtype=F64, device=device)
+        d_in = torch.tensor([[A.shape[2]] for A, _ in jobs], dtype=F64, device=device)
+        up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
+        n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
+        un, vn = rows[0], rows[1]
+        out = gram_bound(n2, (un * vn).sum(2).to(F64) * up, un.sum(2).to(F64) * up, vn.sum(2).to(F64) * up,
+                         d_out, d_in, T, work)
+        finite = torch.isfinite(out).all(1).tolist()
+        for k, (A, G) in enumerate(jobs):
+            sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64)  # overflow in ``work``
+            _GRAMS[(id(A), id(G), work)] = (A, G, sq)
 
 
 def _gram_sq_norms(A, G, work):
     """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound."""
+    if _GRAMS is not None:
+        got = _GRAMS.get((id(A), id(G), work))
+        if got is not None and got[0] is A and got[1] is G:
+            return got[2]
     T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
     Gw = G.to(work)
     s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
     n2 = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
-    return gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
+    out = gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
+    if work != F64 and not bool(torch.isfinite(out).all()):  # overflow in the working precision
+        return _gram_sq_norms(A, G, F64)
+    return out
 
 
 def sequence_sq_norms(A, G, work_dtype=torch.float32):
@@ -218,10 +295,7 @@ def sequence_parts(A, G, work_dtype=torch.float32):
         return sq * (1 + gamma(max(d_in, d_out) + 2, F64)), book_keeping
     plan = norm_plan(T, d_in, d_out)
     if plan == "gram":
-        out = _gram_sq_norms(A, G, work_dtype)
-        if not bool(torch.isfinite(out).all()) and work_dtype != F64:  # overflow in the working precision
-            out = _gram_sq_norms(A, G, F64)
-        return out, book_keeping
+        return _gram_sq_norms(A, G, work_dtype), book_keeping
     if plan == "keep":
         P, sq = _materialized(A, G, work_dtype)
 
