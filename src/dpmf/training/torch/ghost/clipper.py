@@ -68,7 +68,7 @@ from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
 from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import broadcast, conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
 from dpmf.training.torch.ghost.fallback import fallback_gradients
-from dpmf.training.torch.ghost.joint import Factored, joint_sq_norms, joint_weighted_sum
+from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import (
     CALL_BATCH,
     LayerCall,
@@ -77,7 +77,7 @@ from dpmf.training.torch.ghost.registry import (
     call_batch,
     rule_for,
 )
-from dpmf.training.torch.ghost.sequence import F64, gamma, gram_cache, gram_norms
+from dpmf.training.torch.ghost.sequence import F64, gamma, gram_norms, per_example_norms, per_example_sums, step_cache
 from dpmf.training.torch.ghost.tracking import param_of
 
 torch = require_torch()
@@ -135,6 +135,14 @@ def _without_rows(call: LayerCall, bad) -> LayerCall:
     return LayerCall(tuple(clean(a) for a in call.args), {k: clean(v) for k, v in call.kwargs.items()},
                      call.outputs, [None if g is None else clean(g) for g in call.grads], B, versions=[],
                      shared=None if call.shared is None else call.shared.without_rows(bad))
+
+
+def _contributions(lg: LayerGradients) -> list:
+    """A layer's contributions (:mod:`~dpmf.training.torch.ghost.joint`), lists flattened; [] if it gives none."""
+    out = []
+    for c in (lg.contributions or {}).values():
+        out.extend(c if isinstance(c, list) else [c])
+    return out
 
 
 def _joint_sum(contributions, param, f) -> dict:
@@ -637,9 +645,11 @@ class GhostClipper(Clipper):
             f = f * check_weights(self._weights, B).to(device)
         f = f * scale
         sums: list = [None] * len(self.params)
-        for index, lg in layer_grads:
-            for name, s in lg.weighted_sum(f).items():
-                sums[index[name]] = s
+        with step_cache():  # the small per-example sums of all layers in one product, the factors cast once
+            per_example_sums([c.grads for _, lg in layer_grads for c in _contributions(lg) if isinstance(c, PerExample)], f)
+            for index, lg in layer_grads:
+                for name, s in lg.weighted_sum(f).items():
+                    sums[index[name]] = s
         return BatchResult(sums, norms, B)
 
     def _layer_gradients(self, calls, B: int, device, direct: dict):
@@ -653,11 +663,12 @@ class GhostClipper(Clipper):
         sq = torch.zeros(B, dtype=F64, device=device)
         layer_grads = []
         joint: dict[int, list] = {k: list(parts) for k, parts in direct.items() if parts}
-        with self.suspended(), gram_cache():
+        with self.suspended(), step_cache():
             formed = self._rule_gradients(calls, joint)
-            # the Gram-form norms of all layers alone, formed together (sequence.gram_norms)
-            gram_norms([c.sequence_pair for _, lg, together in formed if not together and lg.lazy and lg.contributions
-                        for c in lg.contributions.values() if isinstance(c, Factored) and c.sequence_pair is not None])
+            # the norms of the layers alone, formed together (sequence.gram_norms, sequence.per_example_norms)
+            alone = [c for _, lg, together in formed if not together and lg.lazy for c in _contributions(lg)]
+            gram_norms([c.sequence_pair for c in alone if isinstance(c, Factored) and c.sequence_pair is not None])
+            per_example_norms([c.grads for c in alone if isinstance(c, PerExample)])
             for u, lg, together in formed:
                 if not together:
                     sq += lg.sq.to(device)

@@ -42,12 +42,12 @@ per-example gradient is formed in float64 (products of float32 numbers are exact
 from __future__ import annotations
 
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.clipping import toward_zero
 from dpmf.training.torch.ghost.registry import LayerGradients
 from dpmf.training.torch.ghost.sequence import (
     CHUNK_FLOATS,
     F64,
     contract,
+    factors_toward_zero,
     gamma,
     gram_bound,
     norm_plan,
@@ -55,6 +55,7 @@ from dpmf.training.torch.ghost.sequence import (
     rows_sq_norms,
     sequence_parts,
     sequence_weighted_sum,
+    weighted_rows,
 )
 
 torch = require_torch()
@@ -73,12 +74,12 @@ class PerExample:
         return self.grads.shape[0]
 
     def sq_alone(self):
-        return rows_sq_norms(self.grads.to(F64)) if self.batch else torch.zeros(0, dtype=F64, device=self.grads.device)
+        return rows_sq_norms(self.grads) if self.batch else torch.zeros(0, dtype=F64, device=self.grads.device)
 
     def weighted_sum(self, f, param):
         if self.batch == 0:
             return torch.zeros_like(param)
-        return torch.tensordot(f.to(self.grads.device), self.grads.to(F64), dims=1).to(param.dtype)
+        return weighted_rows(self.grads, f).to(param.dtype)
 
     def without_rows(self, bad) -> "PerExample":
         """A copy whose ``bad`` examples contribute 0."""
@@ -168,7 +169,7 @@ class Factored:
             return sequence_weighted_sum(self.V, self.U, f.to(self.V.device), param.dtype).reshape(param.shape)
         B = self.batch
         idx, V = self.U.reshape(B, -1), self.V.reshape(B, -1, self.C)
-        scale = toward_zero(f.to(V.device), param.dtype).view(-1, 1, 1)
+        scale = factors_toward_zero(f.to(V.device), param.dtype).view(-1, 1, 1)
         if self.keep is not None:
             keep = self.keep.reshape(B, -1)
             rows, vals = idx[keep], (V.to(param.dtype) * scale)[keep]

@@ -62,7 +62,8 @@ from dpmf.training.torch.clipping import toward_zero
 torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
-           "norm_plan", "gram_cache", "gram_norms"]
+           "norm_plan", "step_cache", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
+           "factors_toward_zero"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -161,17 +162,20 @@ def row_norm_sums(U, V, work, d: int):
     return ((un * vn).sum(1).to(F64) * up, un.sum(1).to(F64) * up, vn.sum(1).to(F64) * up)
 
 
-_GRAMS: dict | None = None  # inside gram_cache(): input Grams and row norms, norms formed by gram_norms
+_GRAMS: dict | None = None  # inside step_cache(): what one backward's layers share (step_cache)
 
 
 @contextlib.contextmanager
-def gram_cache():
-    """Within the block, the Gram ``A Aᵀ`` of an input (and its row norms) is formed once for all layers
-    that read the same tensor (a Llama block's q/k/v projections, its gate/up projections), and the norms
-    :func:`gram_norms` formed for many layers at once are found by :func:`sequence_parts`. The key of an
-    input is its memory (storage, offset, shape, strides, dtype) and version counter; of a layer's pair,
-    the two tensors themselves (held by the entry). Every recorded tensor stays alive during the block,
-    so equal keys mean equal values."""
+def step_cache():
+    """Within the block (the norms and clipped sums of one backward), what many layers share is formed
+    once: the Gram ``A Aᵀ`` of an input and its row norms, for all layers that read the same tensor (a
+    Llama block's q/k/v projections, its gate/up projections); the norms :func:`gram_norms` and
+    :func:`per_example_norms` formed for many layers at once (found by :func:`sequence_parts` and
+    :func:`rows_sq_norms`), the sums of :func:`per_example_sums` (found by :func:`weighted_rows`); the clip
+    factors rounded toward zero (:func:`factors_toward_zero`). The key of an input is its memory
+    (storage, offset, shape, strides, dtype) and version counter; of a layer's tensors, the tensors
+    themselves (held by the entry, compared by identity). Every recorded tensor stays alive during the
+    block, so equal keys mean equal values."""
     global _GRAMS
     old, _GRAMS = _GRAMS, {}
     try:
@@ -181,7 +185,7 @@ def gram_cache():
 
 
 def _memory_key(A, *tag):
-    """The cache key of ``A``'s values (module docstring of :func:`gram_cache`), or None outside it."""
+    """The cache key of ``A``'s values (module docstring of :func:`step_cache`), or None outside it."""
     if _GRAMS is None or A.device.type == "meta":
         return None
     return (A.untyped_storage().data_ptr(), A.storage_offset(), tuple(A.shape), tuple(A.stride()), A.dtype,
@@ -189,7 +193,7 @@ def _memory_key(A, *tag):
 
 
 def _input_gram(A, work):
-    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`gram_cache`)."""
+    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`step_cache`)."""
     key = _memory_key(A, work, "gram")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
@@ -201,7 +205,7 @@ def _input_gram(A, work):
 
 
 def _input_rows(A, work):
-    """``||a_t||`` in ``work``, ``(B, T)`` (cached inside :func:`gram_cache`)."""
+    """``||a_t||`` in ``work``, ``(B, T)`` (cached inside :func:`step_cache`)."""
     key = _memory_key(A, work, "rows")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
@@ -212,7 +216,7 @@ def _input_rows(A, work):
 
 
 def gram_norms(pairs) -> None:
-    """Inside :func:`gram_cache`, the Gram-form norms (:func:`sequence_sq_norms`) of every ``(A, G, work)``
+    """Inside :func:`step_cache`, the Gram-form norms (:func:`sequence_sq_norms`) of every ``(A, G, work)``
     of ``pairs`` that :func:`norm_plan` sends to the Gram form, formed for all of them together and found
     there by :func:`sequence_parts`. Per layer only its Grams and row norms are formed; the float64
     contraction, the row-norm sums and the rounding bound (:func:`gram_bound`, the same formula entry by
@@ -300,7 +304,7 @@ def sequence_parts(A, G, work_dtype=torch.float32):
         P, sq = _materialized(A, G, work_dtype)
 
         def kept(f, dtype):
-            fz = toward_zero(f.to(P.device), P.dtype)
+            fz = factors_toward_zero(f.to(P.device), P.dtype)
             return torch.mv(P.reshape(B, -1).t(), fz).reshape(d_out, d_in).to(dtype)
 
         return sq, kept
@@ -335,7 +339,7 @@ def sequence_weighted_sum(A, G, f, dtype):
     B, d_in, d_out = A.shape[0], A.shape[-1], G.shape[-1]
     if B == 0:
         return torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
-    fz = toward_zero(f, dtype).view(-1, 1, 1)
+    fz = factors_toward_zero(f, dtype).view(-1, 1, 1)
     scale_g = d_out <= d_in  # the factors multiply the narrower of the two
     if A.is_contiguous() and G.is_contiguous():
         g, a = (G.to(dtype) * fz, A.to(dtype)) if scale_g else (G.to(dtype), A.to(dtype) * fz)
@@ -352,7 +356,93 @@ def sequence_weighted_sum(A, G, f, dtype):
     return out
 
 
-def rows_sq_norms(rows64):
-    """``||r_i||^2`` of float64 per-example rows ``(B, ...)`` (materialized small gradients)."""
-    r = rows64.reshape(rows64.shape[0], -1)
+def _cached(key, *held):
+    """The value stored under ``key`` inside :func:`step_cache` for the very tensors ``held``, or None."""
+    got = None if _GRAMS is None else _GRAMS.get(key)
+    if got is None or any(a is not b for a, b in zip(got[:-1], held)):
+        return None
+    return got[-1]
+
+
+def factors_toward_zero(f, dtype):
+    """:func:`~dpmf.training.torch.clipping.toward_zero` of the clip factors ``f``, formed once per dtype
+    inside :func:`step_cache` (every layer scales by the same factors)."""
+    got = _cached(("toward_zero", id(f), dtype), f)
+    if got is None:
+        got = toward_zero(f, dtype)
+        if _GRAMS is not None:
+            _GRAMS[("toward_zero", id(f), dtype)] = (f, got)
+    return got
+
+
+def rows_sq_norms(rows):
+    """``||r_i||^2`` in float64 of per-example rows ``(B, ...)`` of any float dtype (materialized small
+    gradients; their float64 copy squared and summed), or what :func:`per_example_norms` formed for them."""
+    got = _cached(("rows_sq", id(rows)), rows)
+    if got is not None:
+        return got
+    r = rows.to(F64).reshape(rows.shape[0], -1)
     return (r * r).sum(1)
+
+
+def _flat64(tensors, B: int, device):
+    """The float64 ``(B, N)`` of per-example tensors side by side and their column offsets (cached inside
+    :func:`step_cache` for the same list of tensors)."""
+    key = ("flat64",) + tuple(id(t) for t in tensors)
+    got = _cached(key, *tensors)
+    if got is None:
+        got = (torch.cat([t if t.ndim == 2 else t.reshape(B, -1) for t in tensors], dim=1).to(F64) if tensors else
+               torch.zeros(B, 0, dtype=F64, device=device))
+        if _GRAMS is not None:
+            _GRAMS[key] = (*tensors, got)
+    sizes = [t[0].numel() if B else 0 for t in tensors]
+    return got, sizes
+
+
+def _per_example_groups(tensors) -> dict:
+    """Distinct float tensors of at least one row, by ``(B, device)``."""
+    groups: dict = {}
+    seen = set()
+    for t in tensors:
+        if id(t) in seen or t.ndim == 0 or t.shape[0] == 0 or t.device.type == "meta":
+            continue
+        seen.add(id(t))
+        groups.setdefault((t.shape[0], t.device), []).append(t)
+    return groups
+
+
+def per_example_norms(tensors) -> None:
+    """Inside :func:`step_cache`, :func:`rows_sq_norms` of every per-example tensor of ``tensors`` (biases,
+    normalization layers: ``(B, *shape)``), formed together: one float64 copy of all of them side by
+    side, squared, and summed per tensor (one ``index_add``); found there by :func:`rows_sq_norms`. The
+    same float64 numbers as alone, summed in another order (float64 rounding, as before)."""
+    if _GRAMS is None:
+        return
+    for (B, device), group in _per_example_groups(tensors).items():
+        flat, sizes = _flat64(group, B, device)
+        which = torch.repeat_interleave(torch.arange(len(group), device=device), torch.tensor(sizes, device=device))
+        sq = torch.zeros(B, len(group), dtype=F64, device=device).index_add_(1, which, flat * flat)
+        for t, col in zip(group, sq.unbind(1)):
+            _GRAMS[("rows_sq", id(t))] = (t, col)
+
+
+def weighted_rows(rows, f):
+    """``sum_i f_i r_i`` in float64, ``rows.shape[1:]``, of per-example rows ``(B, ...)`` and float64 factors
+    ``f`` (``(B,)``), or what :func:`per_example_sums` formed for them."""
+    got = _cached(("rows_sum", id(rows)), rows, f)
+    if got is not None:
+        return got
+    return torch.tensordot(f.to(rows.device), rows.to(F64), dims=1)
+
+
+def per_example_sums(tensors, f) -> None:
+    """Inside :func:`step_cache`, :func:`weighted_rows` of every per-example tensor of ``tensors`` with the
+    clip factors ``f``, formed together (one float64 product with the float64 copy of
+    :func:`per_example_norms`); found there by :func:`weighted_rows`."""
+    if _GRAMS is None:
+        return
+    for (B, device), group in _per_example_groups(tensors).items():
+        flat, sizes = _flat64(group, B, device)
+        sums = torch.mv(flat.t(), f.to(device))
+        for t, part in zip(group, sums.split(sizes)):
+            _GRAMS[("rows_sum", id(t))] = (t, f, part.view(t.shape[1:]))
