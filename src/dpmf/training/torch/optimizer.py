@@ -104,7 +104,7 @@ class DPOptimizer(torch.optim.Optimizer):
         return norms
 
     def _add(self, grads, norms) -> None:
-        if self._sum is None:
+        if self._sum is None:  # (a copy: a rule's sums may be tensors it holds; step() adds the noise in place)
             self._sum = [g.detach().clone() for g in grads]
         else:
             for acc, g in zip(self._sum, grads):
@@ -184,9 +184,9 @@ class DPOptimizer(torch.optim.Optimizer):
                 dist.all_reduce(s, op=dist.ReduceOp.SUM, group=self.process_group)
         noise = self.noise.unflatten(self.noise.draw())
         scale = 1.0 / self.plan.normalizer
-        with torch.no_grad():
+        with torch.no_grad():  # (the sums are this step's own: formed in place)
             for p, s, w in zip(self.params, sums, noise):
-                p.grad = ((s + w.to(device=s.device, dtype=s.dtype)) * scale).to(p.dtype)
+                p.grad = s.add_(w.to(device=s.device, dtype=s.dtype)).mul_(scale).to(p.dtype)
         self.last_norms = torch.cat(self._norms) if self._norms else torch.zeros(0, dtype=torch.float64)
         self._sum, self._norms, self._examples = None, [], 0
         out = self.original_optimizer.step()
