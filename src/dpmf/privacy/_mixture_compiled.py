@@ -114,16 +114,10 @@ def _horner_block(u, start, stop, c, center, beta, h, s0, mc, loss, slope, p, dp
 
 
 @nb.njit(cache=True, nogil=True)
-def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma: no cover - compiled
-    """``(L, L')`` at the points ``u`` (sorted for speed, any order is correct) of a lattice mixture
-    by Horner's rule around the nearest center (module docstring); ``alpha``, ``s`` serve the points
-    farther than ``SPAN`` from every center."""
-    n = u.size
+def _lattice_into(u, n, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho):  # pragma: no cover
+    """:func:`lattice_loss` of ``u[:n]`` with the caller's scratch arrays ``p``, ``dp``, ``rho``."""
     dmax = beta.shape[1] - 1
     reach = SPAN / (h * dmax)
-    p = np.empty(BLOCK)
-    dp = np.empty(BLOCK)
-    rho = np.empty(BLOCK)
     c0 = centers[0]
     step = centers[1] - centers[0] if centers.size > 1 else 1.0
     last = centers.size - 1
@@ -145,6 +139,71 @@ def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma:
                 _horner_block(u, j, j + 1, cj, centers[cj], beta, h, s0, mc, loss, slope, p, dp, rho)
             else:
                 loss[j], slope[j] = _direct_point(u[j], alpha, s)
+
+
+@nb.njit(cache=True, nogil=True)
+def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma: no cover - compiled
+    """``(L, L')`` at the points ``u`` (sorted for speed, any order is correct) of a lattice mixture
+    by Horner's rule around the nearest center (module docstring); ``alpha``, ``s`` serve the points
+    farther than ``SPAN`` from every center."""
+    p = np.empty(BLOCK)
+    dp = np.empty(BLOCK)
+    rho = np.empty(BLOCK)
+    _lattice_into(u, u.size, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho)
+
+
+#: Most Newton steps per point in :func:`newton_inverse` (the numpy loop's limit).
+NEWTON_STEPS = 60
+
+
+@nb.njit(cache=True, nogil=True)
+def newton_inverse(target, u, left, right, centers, beta, mc, h, s0, alpha, s):  # pragma: no cover
+    """Newton's method for ``L(u) = target`` in place, a block of ``BLOCK`` points at a time: the
+    steps of :func:`dpmf.privacy.mixture._inverse_loss` (start ``u`` left of the root, step clamped
+    to ``[left, right]``, done when the step is below ``1e-9 max(1, |u|)`` or the residual below 8
+    ulps of ``max(1, |target|)``), evaluated by :func:`lattice_loss`'s rule (``centers.size == 0``:
+    the direct rule). Returns ``False`` when a point did not converge in :data:`NEWTON_STEPS`."""
+    n = u.size
+    p = np.empty(BLOCK)
+    dp = np.empty(BLOCK)
+    rho = np.empty(BLOCK)
+    ub = np.empty(BLOCK)
+    lb = np.empty(BLOCK)
+    sb = np.empty(BLOCK)
+    idx = np.empty(BLOCK, dtype=np.int64)
+    eps = 2.220446049250313e-16
+    for start in range(0, n, BLOCK):
+        m = 0
+        for j in range(start, min(n, start + BLOCK)):
+            idx[m] = j
+            m += 1
+        for _ in range(NEWTON_STEPS):
+            for k in range(m):
+                ub[k] = u[idx[k]]
+            if centers.size > 0:
+                _lattice_into(ub, m, centers, beta, mc, h, s0, alpha, s, lb, sb, p, dp, rho)
+            else:
+                for k in range(m):
+                    lb[k], sb[k] = _direct_point(ub[k], alpha, s)
+            keep = 0
+            for k in range(m):
+                j = idx[k]
+                old = ub[k]
+                resid = lb[k] - target[j]
+                new = old - resid / sb[k]
+                if not math.isfinite(new):
+                    new = old
+                new = min(max(new, left[j]), right[j])
+                u[j] = new
+                if abs(new - old) > 1e-9 * max(1.0, abs(new)) and abs(resid) > 8 * eps * max(1.0, abs(target[j])):
+                    idx[keep] = j
+                    keep += 1
+            m = keep
+            if m == 0:
+                break
+        if m > 0:
+            return False
+    return True
 
 
 @nb.njit(cache=True, nogil=True)

@@ -68,3 +68,86 @@ def log_mgfs(probs, orders):  # pragma: no cover - compiled
         out[j] = (j + 1) * (n - 1) / n + math.log(up[j]) if up[j] > 0 else -math.inf
         out[orders + j] = math.log(down[j]) if down[j] > 0 else -math.inf
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def log_mgf_ladder(probs, t0, orders, floor):  # pragma: no cover - compiled
+    """``(top, bottom)``: ``top[j - 1] = log sum_i p_i e^{j t0 (i - (n - 1))}`` and ``bottom[j - 1] =
+    log sum_i p_i e^{-j t0 i}`` for ``j = 1..orders`` (``n = len(probs)``; every term <= p_i, so
+    nothing overflows), in one pass: per point one exponential per side and its powers; ``floor``
+    is added to each sum before the logarithm (the caller's allowance for underflowed terms).
+    Rounding: see :func:`dpmf.privacy.fourier_composition.window`, which raises the values."""
+    n = probs.size
+    up = np.zeros(orders)
+    down = np.zeros(orders)
+    for i in range(n):
+        p = probs[i]
+        if p == 0.0:
+            continue
+        bu = math.exp(t0 * (i - (n - 1)))
+        bd = math.exp(-t0 * i)
+        pu = p
+        pd = p
+        for j in range(orders):
+            pu *= bu
+            pd *= bd
+            up[j] += pu
+            down[j] += pd
+    top = np.empty(orders)
+    bottom = np.empty(orders)
+    for j in range(orders):
+        top[j] = math.log(up[j] + floor)
+        bottom[j] = math.log(down[j] + floor)
+    return top, bottom
+
+
+@nb.njit(cache=True, nogil=True)
+def multiply_power(acc, z, k):  # pragma: no cover - compiled
+    """``acc *= z ** k`` elementwise (``k >= 1``; binary exponentiation per element, in one pass)."""
+    for m in range(z.size):
+        base = z[m]
+        result = 1.0 + 0.0j
+        e = k
+        while True:
+            if e & 1:
+                result *= base
+            e >>= 1
+            if e == 0:
+                break
+            base *= base
+        acc[m] *= result
+
+
+@nb.njit(cache=True, nogil=True)
+def power(z, k):  # pragma: no cover - compiled
+    """``z **= k`` elementwise in place (``k >= 1``; binary exponentiation per element)."""
+    for m in range(z.size):
+        base = z[m]
+        result = 1.0 + 0.0j
+        e = k
+        while True:
+            if e & 1:
+                result *= base
+            e >>= 1
+            if e == 0:
+                break
+            base *= base
+        z[m] = result
+
+
+@nb.njit(cache=True, nogil=True)
+def index_moments(probs):  # pragma: no cover - compiled
+    """``(mean, variance)`` of the index law ``probs`` (normalized by its mass; ``(0, 0)`` if none)."""
+    mass = 0.0
+    first = 0.0
+    for i in range(probs.size):
+        mass += probs[i]
+        first += probs[i] * i
+    if not mass > 0.0:
+        return 0.0, 0.0
+    mean = first / mass
+    second = 0.0
+    for i in range(probs.size):
+        d = i - mean
+        second += probs[i] * d * d
+    return mean, max(second / mass, 0.0)

@@ -315,6 +315,14 @@ def _inverse_loss(
     u = np.interp(target, table, grid)
     idx = np.clip(np.searchsorted(table, target, side="left"), 1, grid.size - 1)
     left, right = grid[idx - 1], grid[idx]
+    kernel = getattr(evaluate, "kernel", None)
+    if kernel is not None and target.ndim == 1:
+        # the same steps compiled, a block of points at a time (no numpy pass per step)
+        from dpmf.privacy._mixture_compiled import newton_inverse
+
+        if not newton_inverse(np.ascontiguousarray(target), u, left, right, *kernel):
+            raise NumericalError("inverse privacy loss: Newton iteration did not converge")
+        return u
     active = np.ones(target.shape, dtype=bool)
     for _ in range(60):
         ua = u[active]
@@ -440,6 +448,11 @@ def _compiled_loss(a: np.ndarray, s: np.ndarray, h: float, lo: float, hi: float)
             lattice_loss(flat, centers, beta, mc, h, float(s[0]), a, s, loss, slope)
         return loss.reshape(u.shape), slope.reshape(u.shape)
 
+    # (the same rule's arguments, for the compiled Newton steps of :func:`_inverse_loss`)
+    if plan is None:
+        evaluate.kernel = (np.zeros(0), np.zeros((1, 1)), np.zeros(0), 1.0, float(s[0]), a, s)
+    else:
+        evaluate.kernel = (plan[0], plan[1], plan[2], float(h), float(s[0]), a, s)
     return evaluate
 
 
