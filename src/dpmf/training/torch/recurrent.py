@@ -8,24 +8,9 @@ This module computes the same function with ``F.linear`` and pointwise operation
 * the functorch clipper (:mod:`~dpmf.training.torch.grad_sample`) can ``vmap`` the whole model:
   :func:`plain_recurrent` swaps the forward of every recurrent layer of a model for
   :func:`recurrent_forward` while per-example gradients are taken (the user's model is unchanged);
-* the ghost rule (:mod:`~dpmf.training.torch.ghost.recurrent`) gets, from :func:`gate_gradients`, the
-  gradients of the gate pre-activations of one recorded layer call (a forward without autograd that keeps
-  the gate activations, then the backward through time by hand), from which every weight's
-  per-example gradient is a sum of outer products over time (a Linear along the sequence).
-
-Backward through time (derivatives from the saved outputs: ``sigma' = s (1 - s)``, ``tanh' = 1 - y^2``,
-``relu' = [y > 0]``), with ``dh`` the gradient reaching ``h_t`` (from the output at ``t`` and from step
-``t + 1``) and ``u, v`` the input and hidden pre-activations:
-
-* RNN: ``du_t = dv_t = dh * act'``, ``dh_{t-1} = dv_t W_hh``;
-* GRU: ``dn = dh (1 - z) (1 - n^2)``, ``du = [dr', dz', dn]``, ``dv = [dr', dz', dn * r]`` with
-  ``dr' = dn * h_n * r (1 - r)``, ``dz' = dh (h_{t-1} - n) z (1 - z)``; ``dh_{t-1} = dh z + dv W_hh``;
-* LSTM: ``dm = dh W_hr`` (projected; ``dh`` is then the gradient of ``W_hr m_t``) or ``dh``;
-  ``dc = dc_{t+1} + dm o (1 - tanh(c_t)^2)``; ``du = dv = [dc g i(1-i), dc c_{t-1} f(1-f), dc i (1-g^2),
-  dm tanh(c_t) o(1-o)]``; ``dc_{t-1} = dc f``, ``dh_{t-1} = dv W_hh``;
-
-and a lower layer's output receives ``sum over directions du W_ih``. Tested equal to autograd through
-PyTorch's own layers (float64 per-example references, every option).
+* the ghost rule (:mod:`~dpmf.training.torch.ghost.recurrent`) shares its equations, weight names
+  (:func:`weight_names`) and kinds (:func:`cell_kind`); its gate gradients are formed in
+  :mod:`~dpmf.training.torch.ghost.recurrent_gates`.
 
 The equations are PyTorch's (``torch.nn.RNN``/``GRU``/``LSTM`` documentation; ``sigma`` the logistic
 function, ``*`` elementwise), per layer ``l`` and direction, at step ``t``, with ``x_t`` the layer's
@@ -62,7 +47,7 @@ from dpmf.training.torch._deps import require_torch
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["RECURRENT_TYPES", "recurrent_forward", "weight_names", "plain_recurrent", "is_plain_recurrent", "check_unpacked",
+__all__ = ["RECURRENT_TYPES", "recurrent_forward", "weight_names", "cell_kind", "plain_recurrent", "is_plain_recurrent", "check_unpacked",
            "time_first", "check_layout"]
 
 #: the layer types re-stated here (a subclass counts only if it keeps their ``forward``)
@@ -157,7 +142,8 @@ def _weights(module, layer: int, direction: int, params) -> dict:
     return w
 
 
-def _kind(module) -> str:
+def cell_kind(module) -> str:
+    """``"LSTM"``, ``"GRU"``, ``"RNN_TANH"`` or ``"RNN_RELU"``: which equations ``module`` runs."""
     if isinstance(module, torch.nn.LSTM):
         return "LSTM"
     if isinstance(module, torch.nn.GRU):
@@ -198,7 +184,7 @@ def recurrent_forward(module, input, hx=None, *, params: dict | None = None):
     (differentiable, and batched by ``torch.func.vmap``). ``params``: tensors to use instead of the
     module's parameters of those names."""
     check_unpacked(module, input)
-    kind = _kind(module)
+    kind = cell_kind(module)
     lstm = kind == "LSTM"
     batched = input.dim() == 3
     x = input if batched else input.unsqueeze(0 if module.batch_first else 1)
@@ -268,159 +254,3 @@ def plain_recurrent(model, batch: int | None = None):
     finally:
         for m in swapped:
             m.__dict__.pop("forward", None)
-
-
-# ---------------------------------------------------------------------------- gate gradients (ghost rule)
-def _states(kind, w, xs, h, c, reverse: bool) -> dict:
-    """Forward of one layer and direction (no autograd), keeping what the backward through time needs:
-    the outputs ``out``, the states each step read ``h_in``, and the derivative factors of every step,
-    formed for all steps at once after the loop (only the recurrence itself runs step by step)."""
-    B, T = xs.shape[:2]
-    gi = F.linear(xs, w["ih"], w["b_ih"])
-    H_out = h.shape[-1]
-    h0 = h
-    out = xs.new_empty(B, T, H_out)
-    st = {"x": xs, "out": out}
-    if kind == "GRU":
-        H = H_out
-        rz, n_all, ghn = xs.new_empty(B, T, 2 * H), xs.new_empty(B, T, H), xs.new_empty(B, T, H)
-    elif kind == "LSTM":
-        H = c.shape[-1]
-        pre_all, c_all = xs.new_empty(B, T, 4 * H), xs.new_empty(B, T, H)
-        c_in0 = c
-        m_all = xs.new_empty(B, T, H) if w["hr"] is not None else None
-    else:
-        pre_all = xs.new_empty(B, T, H_out)
-    for t in (range(T - 1, -1, -1) if reverse else range(T)):
-        gh = F.linear(h, w["hh"], w["b_hh"])
-        if kind == "GRU":
-            s = torch.sigmoid(gi[:, t, :2 * H] + gh[:, :2 * H])
-            rz[:, t] = s
-            r, z = s[:, :H], s[:, H:]
-            ghn[:, t] = h_n = gh[:, 2 * H:]
-            n_all[:, t] = n = torch.tanh(gi[:, t, 2 * H:] + r * h_n)
-            h = n + z * (h - n)
-        elif kind == "LSTM":
-            pre_all[:, t] = pre = gi[:, t] + gh
-            s = torch.sigmoid(pre)
-            c = s[:, H:2 * H] * c + s[:, :H] * torch.tanh(pre[:, 2 * H:3 * H])
-            c_all[:, t] = c
-            h = s[:, 3 * H:] * torch.tanh(c)
-            if m_all is not None:
-                m_all[:, t] = h
-                h = F.linear(h, w["hr"])
-        else:
-            pre_all[:, t] = pre = gi[:, t] + gh
-            h = torch.tanh(pre) if kind == "RNN_TANH" else torch.relu(pre)
-        out[:, t] = h
-    # the state step t read: h0 at the first step of the direction, else the neighbouring output
-    if reverse:
-        st["h_in"] = torch.cat((out[:, 1:], h0.unsqueeze(1)), 1)
-    else:
-        st["h_in"] = torch.cat((h0.unsqueeze(1), out[:, :-1]), 1)
-    if kind == "GRU":  # du = [dpn Kr, dh Kz, dpn], dpn = dh Kn; dv = du * [1, 1, r]
-        r, z = rz[..., :H], rz[..., H:]
-        Kn = (1 - z) * (1 - n_all * n_all)
-        st["P"] = torch.cat((Kn * ghn * r * (1 - r), (st["h_in"] - n_all) * z * (1 - z), Kn), -1)
-        st["R"] = torch.cat((torch.ones_like(rz), r), -1)
-        st["z"] = z
-    elif kind == "LSTM":  # dc += dm Kc; du = [dc, dc, dc, dm] * P; dc_{t-1} = dc f
-        s = torch.sigmoid(pre_all)
-        i, f, o = s[..., :H], s[..., H:2 * H], s[..., 3 * H:]
-        g = torch.tanh(pre_all[..., 2 * H:3 * H])
-        c_in = torch.cat((c_all[:, 1:], c_in0.unsqueeze(1)), 1) if reverse else torch.cat(
-            (c_in0.unsqueeze(1), c_all[:, :-1]), 1)
-        tc = torch.tanh(c_all)
-        st["Kc"] = o * (1 - tc * tc)
-        st["P"] = torch.cat((g * i * (1 - i), c_in * f * (1 - f), i * (1 - g * g), tc * o * (1 - o)), -1)
-        st["f"] = f
-        st["m"] = m_all
-    else:
-        st["P"] = 1 - out * out if kind == "RNN_TANH" else (pre_all > 0).to(out.dtype)
-    return st
-
-
-def _through_time(kind, w, st, dout, dh, dc, reverse: bool) -> dict:
-    """Backward through time of one layer and direction: the gradients of the pre-activations
-    ``u_t = W_ih x_t + b_ih`` (``dgi``), ``v_t = W_hh h_{t-1} + b_hh`` (``dgh``) and, projected LSTM,
-    of ``h_t = W_hr m_t`` (``dhr``), each ``(B, T, .)`` in time order (module docstring)."""
-    B, T = dout.shape[:2]
-    G = w["ih"].shape[0]
-    dgi = dout.new_empty(B, T, G)
-    dhr = dout.new_empty(B, T, dout.shape[2]) if kind == "LSTM" and w["hr"] is not None else None
-    W_hh, P = w["hh"], st["P"]
-    for t in (range(T) if reverse else range(T - 1, -1, -1)):
-        dh = dh + dout[:, t]
-        if kind == "GRU":
-            dgi[:, t] = v = torch.cat((dh, dh, dh), -1) * P[:, t]
-            dh = dh * st["z"][:, t] + (v * st["R"][:, t]) @ W_hh
-        elif kind == "LSTM":
-            if dhr is not None:
-                dhr[:, t] = dh
-                dm = dh @ w["hr"]
-            else:
-                dm = dh
-            dc = dc + dm * st["Kc"][:, t]
-            dgi[:, t] = v = torch.cat((dc, dc, dc, dm), -1) * P[:, t]
-            dc = dc * st["f"][:, t]
-            dh = v @ W_hh
-        else:
-            dgi[:, t] = v = dh * P[:, t]
-            dh = v @ W_hh
-    dgh = dgi * st["R"] if kind == "GRU" else dgi  # RNN/LSTM: u_t and v_t are added, same gradient
-    return {"dgi": dgi, "dgh": dgh, "dhr": dhr}
-
-
-def gate_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: dict) -> list:
-    """Per layer and direction, ``(layer, direction, tensors)`` with the inputs and pre-activation
-    gradients whose outer products over time are the per-example weight gradients: ``x``/``dgi``
-    (``W_ih``, ``b_ih``), ``h_in``/``dgh`` (``W_hh``, ``b_hh``; ``h_in`` the state each step read),
-    ``m``/``dhr`` (``W_hr``), all batch-first ``(B, T, .)``.
-
-    A forward without autograd that keeps the gate activations, then the backward through time of
-    :func:`recurrent_forward`'s equations by hand (the derivatives of ``sigma`` and ``tanh`` from their
-    outputs), layer by layer from the top, at the gradients that reached ``output``, ``h_n`` and ``c_n``
-    (``None``: zero). ``input``: batched 3-D, in the layer's layout; ``hx`` as the layer takes it."""
-    check_unpacked(module, input)
-    kind = _kind(module)
-    lstm = kind == "LSTM"
-    x = input if module.batch_first else input.transpose(0, 1).contiguous()
-    B, T = x.shape[:2]
-    D = 2 if module.bidirectional else 1
-    H = module.hidden_size
-    H_out = module.proj_size if lstm and module.proj_size > 0 else H
-    L = module.num_layers
-    if hx is None:
-        h0 = x.new_zeros(L * D, B, H_out)
-        c0 = x.new_zeros(L * D, B, H) if lstm else None
-    else:
-        h0, c0 = (hx if lstm else (hx, None))
-    with torch.no_grad():
-        saved, layer_in = [], x
-        for layer in range(L):
-            for d in range(D):
-                k = layer * D + d
-                w = _weights(module, layer, d, params)
-                saved.append((w, _states(kind, w, layer_in, h0[k], c0[k] if lstm else None, bool(d))))
-            outs = [saved[layer * D + d][1]["out"] for d in range(D)]
-            layer_in = outs[0] if D == 1 else torch.cat(outs, -1)
-        if grad_output is None:
-            dout = x.new_zeros(B, T, D * H_out)
-        else:
-            dout = grad_output if module.batch_first else grad_output.transpose(0, 1)
-        result = [None] * (L * D)
-        for layer in range(L - 1, -1, -1):
-            d_below = None
-            for d in range(D):
-                k = layer * D + d
-                w, st = saved[k]
-                dh = grad_h_n[k] if grad_h_n is not None else x.new_zeros(B, H_out)
-                dc = (grad_c_n[k] if grad_c_n is not None else x.new_zeros(B, H)) if lstm else None
-                g = _through_time(kind, w, st, dout[..., d * H_out:(d + 1) * H_out], dh, dc, bool(d))
-                result[k] = (layer, d, {"x": st["x"], "dgi": g["dgi"], "h_in": st["h_in"], "dgh": g["dgh"],
-                                        "m": st.get("m"), "dhr": g["dhr"]})
-                if layer:
-                    below = g["dgi"] @ w["ih"]
-                    d_below = below if d_below is None else d_below + below
-            dout = d_below
-    return result

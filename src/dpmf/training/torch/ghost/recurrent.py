@@ -12,20 +12,28 @@ per-example gradient is a Linear's along the sequence. For one layer and directi
 where ``du, dv, dh`` are the gradients of the loss with respect to those pre-activations (for the GRU,
 ``dv`` is the gradient of ``W_hh h + b_hh`` itself, whose ``n`` block reaches the state through
 ``r * (.)``). The fused kernel PyTorch ran in the forward does not expose ``du, dv``, so the rule
-recomputes them from the recorded input, initial state and the gradients that reached ``output``,
-``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gradient):
-:func:`~dpmf.training.torch.recurrent.gate_gradients` runs the layer's equations forward without
-autograd, keeping the gate activations, and the backward through time by hand. One batched pass: no
-per-example loop, no ``B x parameters`` tensor. Norms and clipped sums then come from
-the same factored contributions as a Linear's (:mod:`~dpmf.training.torch.ghost.joint`: Gram or
-materialized by cost, with its rounding bound; a recurrent layer called twice in one forward is joined
-with its cross terms like any repeated layer), so the norm bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. The recomputation
-agrees with autograd through the fused kernel to rounding (tested in float64); the clip bound does not
-depend on that.
+recomputes them (:func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`) from the recorded
+input, initial state, *output* (the top layer's hidden states: read, not recomputed; an output
+modified in place after the forward is refused, as a modified input is) and the gradients that
+reached ``output``, ``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gradient): the gates from
+batched products, the backward through time compiled. One batched pass: no per-example loop, no
+``B x parameters`` tensor.
+
+Norms and clipped sums: the parameters that share one gradient factor form one product. RNN and LSTM
+have ``du = dv``, so ``[g(W_ih), g(W_hh), g(b_ih), g(b_hh)]_i = du_i^T [x_i, h_i, 1, 1]`` -- a Linear
+along the sequence with input ``[x, h_{t-1}, 1, 1]`` (its Gram ``du du^T`` formed once for the four
+parameters; GRU: ``du^T [x, 1]`` and ``dv^T [h, 1]``); its squared norm is the sum of theirs, with the
+rounding bound of :mod:`~dpmf.training.torch.ghost.sequence` (Gram or materialized by cost), and its
+clipped sum is split back into the parameters. So the norm bounds exactly what is summed: the
+recomputed ``(x, h, du, dv)``. A recurrent layer called twice in one forward (or a weight shared) is
+joined with its cross terms like any repeated layer, from per-parameter contributions
+(:mod:`~dpmf.training.torch.ghost.joint`). The recomputation agrees with autograd through the fused
+kernel to rounding (tested in float64); the clip bound does not depend on that.
 
 Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, dropout between
 layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can),
-and a ``batch_first=False`` call with as many time steps as examples, whose layout shapes cannot tell
+an output modified in place after the forward, and a ``batch_first=False`` call with as many time
+steps as examples, whose layout shapes cannot tell
 (:func:`~dpmf.training.torch.recurrent.check_layout`; :func:`~dpmf.training.torch.recurrent.time_first`
 declares it).
 """
@@ -34,9 +42,11 @@ from __future__ import annotations
 
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
-from dpmf.training.torch.ghost.joint import Factored, PerExample, from_contributions
+from dpmf.training.torch.ghost.joint import Factored, PerExample
+from dpmf.training.torch.ghost.recurrent_gates import gate_gradients
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
-from dpmf.training.torch.recurrent import RECURRENT_TYPES, check_layout, check_unpacked, gate_gradients, weight_names
+from dpmf.training.torch.ghost.sequence import F64, sequence_parts
+from dpmf.training.torch.recurrent import RECURRENT_TYPES, cell_kind, check_layout, check_unpacked, weight_names
 
 torch = require_torch()
 
@@ -66,16 +76,79 @@ def recurrent_batch(module, args, kwargs, *, name: str = "", model_batch: int | 
     return x.shape[0] if module.batch_first else x.shape[1]
 
 
-def _contributions(pieces, trainable) -> dict:
-    """``{parameter name: contribution}``: a weight's per-example gradient ``sum_t g_t a_t^T`` is
-    :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
-    ``sum_t g_t`` is materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
-    out = {}
-    for A, G, weight, bias in pieces:
-        if weight in trainable:
-            out[weight] = Factored(G, A, work=torch.promote_types(trainable[weight].dtype, torch.float32))
-        if bias is not None and bias in trainable:
-            out[bias] = PerExample(G.to(torch.promote_types(trainable[bias].dtype, torch.float32)).sum(1))
+class _Group:
+    """Parameters of one layer and direction that share the gradient factor ``G`` ``(B, T, R)``: ``columns``
+    ``[(name, A or None)]``, ``A`` ``(B, T, C)`` a weight's input rows, ``None`` a bias (a column of ones);
+    together one Linear along the sequence with input ``[A_1, A_2, ..., 1, 1]`` (module docstring)."""
+
+    def __init__(self, G, columns) -> None:
+        self.G, self.columns = G, columns
+        self._parts = None
+
+    def without_rows(self, bad) -> "_Group":
+        keep = lambda t: torch.where(bad.view(-1, 1, 1), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
+        return _Group(keep(self.G), [(n, None if A is None else keep(A)) for n, A in self.columns])
+
+    def tensors(self) -> list:
+        return [self.G] + [A for _, A in self.columns if A is not None]
+
+    def parts(self):
+        """``(sq, summed)`` of :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` on the joined input."""
+        if self._parts is None:
+            G = self.G
+            ones = G.new_ones(G.shape[0], G.shape[1], 1)
+            A = torch.cat([ones if A is None else A for _, A in self.columns], 2)
+            self._parts = sequence_parts(A, G, G.dtype)
+        return self._parts
+
+    def weighted_sum(self, f, trainable) -> dict:
+        """``{name: sum_i f_i g_{i,name}}``: the joined clipped sum, split into its parameters' columns."""
+        dtype = trainable[self.columns[0][0]].dtype
+        joined = self.parts()[1](f, dtype)
+        out, lo = {}, 0
+        for name, A in self.columns:
+            width = 1 if A is None else A.shape[2]
+            out[name] = joined[:, lo:lo + width].reshape(trainable[name].shape).to(trainable[name].dtype)
+            lo += width
+        return out
+
+    def contributions(self, trainable) -> dict:
+        """Per parameter (for joint use: a layer called twice, a shared weight): a weight's is
+        :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
+        ``sum_t g_t`` materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
+        out = {}
+        for name, A in self.columns:
+            work = torch.promote_types(trainable[name].dtype, torch.float32)
+            out[name] = PerExample(self.G.to(work).sum(1)) if A is None else Factored(self.G, A, work=work)
+        return out
+
+
+def _groups(kind, rec, names, trainable) -> list:
+    """The :class:`_Group` s of one layer and direction (``rec``: its tensors from
+    :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only."""
+    def group(G, columns):
+        cols = [(names[role], A) for role, A in columns if role in names and names[role] in trainable]
+        return [_Group(G, cols)] if cols else []
+
+    if kind == "GRU":
+        out = group(rec["dgi"], [("ih", rec["x"]), ("b_ih", None)]) + group(
+            rec["dgh"], [("hh", rec["h_in"]), ("b_hh", None)])
+    else:  # du = dv
+        out = group(rec["dgi"], [("ih", rec["x"]), ("hh", rec["h_in"]), ("b_ih", None), ("b_hh", None)])
+    if rec["dhr"] is not None:
+        out += group(rec["dhr"], [("hr", rec["m"])])
+    return out
+
+
+def _recorded_output(module, call):
+    """The call's output sequence, checked unmodified since the forward (the rule reads its hidden states)."""
+    out = call.outputs[0] if call.outputs else None
+    if out is None or call.output_versions is None or out._version != call.output_versions[0]:
+        raise UnsupportedConfigurationError(
+            f"the output of a {type(module).__name__} was modified in place after the forward (an in-place "
+            "operation such as out.relu_() or dropout(..., inplace=True) on it); ghost clipping reads its hidden "
+            "states from it: use the out-of-place version"
+        )
     return out
 
 
@@ -88,6 +161,7 @@ def recurrent_rule(module, call, trainable):
             "dropout=0 (e.g. dropout between separate single-layer modules), or eval mode"
         )
     x, hx = _input_and_state(call)
+    out = _recorded_output(module, call)
     w0 = next(iter(module.parameters()))
     work = torch.promote_types(w0.dtype, torch.float32)
     params = {n: p.detach().to(work) for n, p in module.named_parameters()}
@@ -95,24 +169,42 @@ def recurrent_rule(module, call, trainable):
     if hx is not None:
         hx = tuple(h.to(work) for h in hx) if isinstance(hx, (tuple, list)) else hx.to(work)
     grads = [None if g is None else g.to(work) for g in call.grads] + [None, None]
-    pieces = []  # (A, G, weight name, bias name): one Linear along time each
-    for layer, d, rec in gate_gradients(module, x, hx, grads[0], grads[1], grads[2], params):
-        names = weight_names(module, layer, d)
-        pieces.append((rec["x"], rec["dgi"], names["ih"], names.get("b_ih")))
-        pieces.append((rec["h_in"], rec["dgh"], names["hh"], names.get("b_hh")))
-        if rec["dhr"] is not None:
-            pieces.append((rec["m"], rec["dhr"], names["hr"], None))
-    return _layer_gradients(pieces, trainable, call, module)
+    kind = cell_kind(module)
+    groups = []
+    for layer, d, rec in gate_gradients(module, x, hx, grads[0], grads[1], grads[2], params,
+                                        output=out.detach().to(work)):
+        groups += _groups(kind, rec, weight_names(module, layer, d), trainable)
+    return _layer_gradients(groups, trainable, call, module)
 
 
-def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
+def _gradients(groups, trainable) -> LayerGradients:
+    """Norms added over the groups (formed when first read), clipped sums split per parameter, and the
+    per-parameter contributions for joint use."""
+    def sq():
+        out = groups[0].parts()[0]
+        for g in groups[1:]:
+            out = out + g.parts()[0]
+        return out
+
+    def weighted_sum(f):
+        sums = {}
+        for g in groups:
+            sums.update(g.weighted_sum(f, trainable))
+        return sums
+
+    contributions = {}
+    for g in groups:
+        contributions.update(g.contributions(trainable))
+    return LayerGradients(sq, weighted_sum, contributions=contributions)
+
+
+def _layer_gradients(groups, trainable, call, module) -> LayerGradients:
     """Norms from the recomputed tensors as they are; clipped sums with any example whose tensors are not
     finite set to 0 (its norm is then inf or NaN, so its clip factor is 0 anyway: ``0 * inf`` must not
     poison the sum). The rows are zeroed here, on the recomputed batch-first tensors, because the
     clipper's own zeroing of such examples works along dim 0, which is not the batch of every tensor a
     recurrent call holds (``(T, B, d)`` inputs, ``(L*D, B, H)`` states)."""
     B = call.batch
-    device = pieces[0][0].device
     if not call.versions and _ambiguous(module, call):
         raise UnsupportedConfigurationError(
             f"{type(module).__name__} saw a non-finite gradient with nonfinite='skip', and its call has another "
@@ -120,17 +212,20 @@ def _layer_gradients(pieces, trainable, call, module) -> LayerGradients:
             "states), so the examples to drop cannot be told apart; use batch_first=True and another batch size, "
             "or nonfinite='raise'"
         )
-    raw = from_contributions(_contributions(pieces, trainable), trainable)
-    if bool(torch.isfinite(raw.sq).all()):  # a non-finite entry of A or G makes its example's norm inf/NaN
+    if not groups:  # (no trainable parameter: the clipper calls no rule)
+        return LayerGradients(torch.zeros(B, dtype=F64), lambda f: {})
+    device = groups[0].G.device
+    raw = _gradients(groups, trainable)
+    raw_sq = raw.sq
+    if bool(torch.isfinite(raw_sq).all()):  # a non-finite entry of A or G makes its example's norm inf/NaN
         return raw
     bad = torch.zeros(B, dtype=torch.bool, device=device)
-    for A, G, _, _ in pieces:
-        bad |= ~torch.isfinite(A).flatten(1).all(1) | ~torch.isfinite(G).flatten(1).all(1)
-    bad |= ~torch.isfinite(raw.sq).to(device)
-    keep = lambda t: torch.where(bad.view(-1, *([1] * (t.ndim - 1))), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
-    clean = from_contributions(_contributions([(keep(A), keep(G), w, b) for A, G, w, b in pieces], trainable),
-                               trainable)
-    sq = torch.where(bad.to(raw.sq.device), torch.full_like(raw.sq, float("nan")), raw.sq)
+    for g in groups:
+        for t in g.tensors():
+            bad |= ~torch.isfinite(t).flatten(1).all(1)
+    bad |= ~torch.isfinite(raw_sq).to(device)
+    clean = _gradients([g.without_rows(bad) for g in groups], trainable)
+    sq = torch.where(bad.to(raw_sq.device), torch.full_like(raw_sq, float("nan")), raw_sq)
     # joint use (the layer called twice) takes norms from the contributions: keep the non-finite ones in
     # the first pass, so the example is seen; the clipper's second pass (a cleaned copy) sums the clean ones
     joint = clean.contributions if not call.versions else raw.contributions

@@ -95,6 +95,13 @@ class LayerCall:
     #: (:mod:`~dpmf.training.torch.ghost.broadcast`): a layer's parameters used directly, or the output
     #: of a call made without a batch dimension
     shared: Any = None
+    #: ``_version`` of each of ``outputs`` when the call was recorded (a rule that reads an output, as the
+    #: recurrent rule reads the hidden states, checks that it was not modified in place since)
+    output_versions: list | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_versions is None:
+            self.output_versions = [t._version for t in self.outputs]
 
     @property
     def input(self):

@@ -1,0 +1,165 @@
+"""Compiled (numba) loops of the recurrent ghost rule (private): the LSTM cell recurrence and the
+backward through time of ``RNN``, ``GRU`` and ``LSTM``, one layer and direction, on CPU arrays.
+
+Why compiled: everything else of the rule is batched over all time steps (two GEMMs for the gate
+pre-activations, the activations in one pass, :mod:`~dpmf.training.torch.ghost.recurrent_gates`);
+what is left is sequential by nature -- ``c_t = f_t c_{t-1} + i_t g_t`` and the backward recurrence
+``dh_{t-1} = dgates_t W_hh`` -- and as a Python loop of tensor operations it cost more than the plain
+training step itself (issue 52: 8.7 ms of a 5.5 ms step, most of it per-operation overhead on
+``32 x 64`` tensors). Here one call runs a whole direction: per step one product by ``W_hh`` (BLAS
+``gemm`` through ``np.dot``; the caller holds BLAS to one thread) and one pass over the batch that
+forms the gate gradients from the saved activations (no transcendental function: ``sigma' = s(1-s)``,
+``tanh' = 1 - y^2`` from the values).
+
+The formulas are :mod:`~dpmf.training.torch.ghost.recurrent_gates`' (its module docstring); arrays are
+batch-major and C-contiguous, ``(B, T, .)``, all of one float dtype; ``reverse``: the direction runs
+from ``t = T-1`` down to 0, so its backward runs from 0 up. Outputs are written into the arrays
+passed (``dg``, ...). The rounding differs from the per-step tensor loop the rule runs on other
+devices only in the order of operations (tested equal to rounding); the rule's norms bound exactly
+what these loops return, whatever their rounding.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+
+@nb.njit(cache=True, nogil=True)
+def lstm_cells(s, g, c0, reverse, c):  # pragma: no cover - compiled
+    """``c[:, t] = f_t * c_{t-1} + i_t * g_t`` with ``i, f`` from ``s = sigma(pre)`` ``(B, T, 4H)`` (blocks
+    ``i, f, g, o``), ``g = tanh(pre_g)`` ``(B, T, H)``, ``c_{-1} = c0`` ``(B, H)``."""
+    B, T, H = g.shape
+    for b in range(B):
+        prev = c0[b]
+        for k in range(T):
+            t = T - 1 - k if reverse else k
+            sr, gr, cr = s[b, t], g[b, t], c[b, t]
+            for j in range(H):
+                cr[j] = sr[H + j] * prev[j] + sr[j] * gr[j]
+            prev = cr
+
+
+@nb.njit(cache=True, nogil=True)
+def lstm_bptt(dout, dh0, dc0, s, g, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr):  # pragma: no cover
+    """LSTM backward through time: ``dg`` ``(B, T, 4H)`` the gate pre-activation gradients, ``dhr``
+    ``(B, T, H_out)`` the gradients of ``h_t = W_hr m_t`` (``proj``; else untouched). ``dout``: the
+    gradient reaching the direction's outputs ``(B, T, H_out)``; ``dh0``, ``dc0``: reaching ``h_n``, ``c_n``;
+    ``tc = tanh(c)``; ``w_hh`` ``(4H, H_out)``, ``w_hr`` ``(H_out, H)``."""
+    B, T, Ho = dout.shape
+    H = g.shape[2]
+    dh = dh0.copy()
+    dc = dc0.copy()
+    dm = np.empty((B, H), dout.dtype)
+    v = np.empty((B, 4 * H), dout.dtype)
+    for k in range(T):
+        t = k if reverse else T - 1 - k
+        tp = t + 1 if reverse else t - 1  # the step before t in the direction's order
+        _add_rows(dh, dout, t)
+        if proj:
+            for b in range(B):
+                dhr[b, t] = dh[b]
+            np.dot(dh, w_hr, dm)
+        else:
+            dm[:] = dh
+        for b in range(B):
+            sr, gr, y, dcb, a, vr = s[b, t], g[b, t], tc[b, t], dc[b], dm[b], v[b]
+            cp = c0[b] if k == T - 1 else c[b, tp]
+            i, f, o = sr[:H], sr[H:2 * H], sr[3 * H:]
+            vi, vf, vg, vo = vr[:H], vr[H:2 * H], vr[2 * H:3 * H], vr[3 * H:]
+            for j in range(H):  # dc += dm o (1 - tanh(c)^2)
+                dcb[j] += a[j] * (o[j] - o[j] * y[j] * y[j])
+            for j in range(H):  # dc g i (1 - i)
+                vi[j] = dcb[j] * (gr[j] * (i[j] - i[j] * i[j]))
+            for j in range(H):  # dc c_{t-1} f (1 - f)
+                vf[j] = dcb[j] * (cp[j] * (f[j] - f[j] * f[j]))
+            for j in range(H):  # dc i (1 - g^2)
+                vg[j] = dcb[j] * (i[j] - i[j] * gr[j] * gr[j])
+            for j in range(H):  # dm tanh(c) o (1 - o)
+                vo[j] = a[j] * (y[j] * (o[j] - o[j] * o[j]))
+            for j in range(H):  # dc_{t-1} = dc f
+                dcb[j] *= f[j]
+            dg[b, t] = vr
+        np.dot(v, w_hh, dh)
+
+
+@nb.njit(cache=True, nogil=True)
+def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, dgi, dgh):  # pragma: no cover - compiled
+    """GRU backward through time: ``dgi`` ``(B, T, 3H)`` the gradients of ``W_ih x_t + b_ih``, ``dgh`` those
+    of ``W_hh h_{t-1} + b_hh`` (its ``n`` block times ``r``). ``rz`` ``(B, T, 2H)``: ``r, z``; ``n``; ``ghn``: the
+    ``n`` block of ``W_hh h_{t-1} + b_hh``; ``h_in``: the state each step read; ``w_hh`` ``(3H, H)``."""
+    B, T, H = dout.shape
+    one = np.ones(1, dout.dtype)[0]  # (a literal 1 would make float32 arithmetic float64)
+    dh = dh0.copy()
+    dz = np.empty((B, H), dout.dtype)
+    w = np.empty((B, 3 * H), dout.dtype)
+    for k in range(T):
+        t = k if reverse else T - 1 - k
+        _add_rows(dh, dout, t)
+        for b in range(B):
+            a, rzr, nr, gh, hr, vr, wr, dzb = dh[b], rz[b, t], n[b, t], ghn[b, t], h_in[b, t], dgi[b, t], w[b], dz[b]
+            r, z = rzr[:H], rzr[H:]
+            vrr, vz, vn, wn = vr[:H], vr[H:2 * H], vr[2 * H:], wr[2 * H:]
+            for j in range(H):  # dn = dh (1 - z)(1 - n^2)
+                vn[j] = a[j] * ((one - z[j]) * (one - nr[j] * nr[j]))
+            for j in range(H):  # dn v_n r (1 - r)
+                vrr[j] = vn[j] * (gh[j] * (r[j] - r[j] * r[j]))
+            for j in range(H):  # dh (h_{t-1} - n) z (1 - z)
+                vz[j] = a[j] * ((hr[j] - nr[j]) * (z[j] - z[j] * z[j]))
+            for j in range(H):
+                dzb[j] = a[j] * z[j]
+            wr[:2 * H] = vr[:2 * H]
+            for j in range(H):  # dv's n block: dn r
+                wn[j] = vn[j] * r[j]
+            dgh[b, t] = wr
+        np.dot(w, w_hh, dh)
+        dh += dz
+
+
+@nb.njit(cache=True, nogil=True)
+def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, dg):  # pragma: no cover - compiled
+    """Elman RNN backward through time: ``dg`` ``(B, T, H)`` the pre-activation gradients, from the
+    outputs ``y`` (``tanh' = 1 - y^2``; ``relu' = [y > 0]``); ``w_hh`` ``(H, H)``."""
+    B, T, H = dout.shape
+    dh = dh0.copy()
+    v = np.empty((B, H), dout.dtype)
+    for k in range(T):
+        t = k if reverse else T - 1 - k
+        _add_rows(dh, dout, t)
+        for b in range(B):
+            a, yr, vr = dh[b], y[b, t], v[b]
+            if relu:
+                for j in range(H):
+                    vr[j] = a[j] if yr[j] > 0 else a[j] * 0
+            else:
+                for j in range(H):
+                    vr[j] = a[j] - a[j] * yr[j] * yr[j]
+            dg[b, t] = vr
+        np.dot(v, w_hh, dh)
+
+
+@nb.njit(cache=True, nogil=True)
+def _add_rows(dh, dout, t):  # pragma: no cover - compiled
+    """``dh += dout[:, t]``."""
+    for b in range(dh.shape[0]):
+        a, d = dh[b], dout[b, t]
+        for j in range(dh.shape[1]):
+            a[j] += d[j]
+
+
+#: threadpoolctl's view of the BLAS libraries loaded (numba's ``np.dot`` calls scipy's), made once:
+#: ``threadpool_limits`` scans the loaded libraries at every entry (1.5 ms, a quarter of a training step)
+_BLAS = None
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread (0.02 ms to enter). The libraries are found once, after
+    the BLAS these loops call is loaded; a library loaded later is not limited (only these loops' BLAS
+    matters here). See :func:`dpmf.resources.one_blas_thread` for why one thread."""
+    global _BLAS
+    if _BLAS is None:
+        import scipy.linalg.cython_blas  # noqa: F401  (the BLAS of numba's np.dot)
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")

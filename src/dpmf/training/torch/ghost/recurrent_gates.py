@@ -1,0 +1,280 @@
+"""The gate pre-activation gradients of one recorded ``nn.RNN``/``GRU``/``LSTM`` call, for the ghost rule
+(:mod:`~dpmf.training.torch.ghost.recurrent`): every weight's per-example gradient is a sum over time of
+outer products of these with the layer's inputs or states (a Linear along the sequence).
+
+The equations are PyTorch's (:mod:`~dpmf.training.torch.recurrent`). Per layer and direction, with
+``x_t`` its input, ``h_{t-1}`` the state step ``t`` read (``h0`` at the direction's first step, else the
+neighbouring output), ``u_t = W_ih x_t + b_ih`` and ``v_t = W_hh h_{t-1} + b_hh``:
+
+1. *Outputs*: the top layer's outputs are the recorded call's ``output`` (the rule checks that it was not
+   modified in place since the forward); a lower layer's are PyTorch's own kernel run again on that
+   layer alone (``torch.lstm`` / ``gru`` / ``rnn_*``, one layer, no autograd). So every ``h_{t-1}`` is
+   known before any gate is formed.
+2. *Gates*, batched over all steps (no loop): RNN needs none (``act'`` from the outputs); GRU
+   ``r, z = sigma(u + v)``, ``n = tanh(u_n + r v_n)`` from two GEMMs; LSTM ``[i, f, g, o]`` from two GEMMs
+   and the cell recurrence ``c_t = f c_{t-1} + i g`` (the one loop of the forward: elementwise).
+3. *Backward through time*, with ``dh`` the gradient reaching ``h_t`` (from the output at ``t`` and from
+   step ``t + 1``), derivatives from the saved values (``sigma' = s (1 - s)``, ``tanh' = 1 - y^2``,
+   ``relu' = [y > 0]``):
+
+   * RNN: ``du_t = dv_t = dh act'``, ``dh_{t-1} = dv_t W_hh``;
+   * GRU: ``dn = dh (1 - z)(1 - n^2)``, ``du = [dn v_n r (1 - r), dh (h_{t-1} - n) z (1 - z), dn]``,
+     ``dv = du * [1, 1, r]``; ``dh_{t-1} = dh z + dv W_hh``;
+   * LSTM: ``dm = dh W_hr`` (projected; ``dh`` is then the gradient of ``W_hr m_t``) or ``dh``;
+     ``dc = dc_{t+1} + dm o (1 - tanh(c_t)^2)``; ``du = dv = [dc g i (1-i), dc c_{t-1} f (1-f), dc i (1-g^2),
+     dm tanh(c_t) o (1-o)]``; ``dc_{t-1} = dc f``, ``dh_{t-1} = dv W_hh``;
+
+   and a lower layer's output receives ``sum over directions du W_ih``. On CPU the two sequential loops
+   (cell recurrence, backward through time) are compiled (:mod:`~dpmf.training.torch.ghost._recurrent_compiled`,
+   BLAS on one thread); elsewhere they run as per-step tensor operations with the same formulas.
+
+All tensors batch-major ``(B, T, .)`` and contiguous. Tested equal to autograd through PyTorch's own
+layers (float64 per-example references, every option) and the compiled loops equal to the tensor loops.
+The norms need no agreement beyond rounding: they bound exactly the tensors returned here.
+"""
+
+from __future__ import annotations
+
+from dpmf.training.torch._deps import require_torch
+from dpmf.training.torch.recurrent import cell_kind, check_unpacked, weight_names
+
+torch = require_torch()
+F = torch.nn.functional
+
+__all__ = ["gate_gradients", "rerun_layer"]
+
+#: PyTorch's fused recurrent functions (what ``nn.RNN``/``GRU``/``LSTM`` call), by :func:`cell_kind`
+_KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
+
+
+def _weights(module, layer: int, direction: int, params) -> dict:
+    w = {"b_ih": None, "b_hh": None, "hr": None}
+    for role, name in weight_names(module, layer, direction).items():
+        w[role] = params[name]
+    return w
+
+
+def rerun_layer(module, layer: int, x, h0, c0, params):
+    """Layer ``layer``'s output ``(B, T, D * H_out)`` for the batch-major input ``x``, both directions, by
+    PyTorch's own kernel on that layer alone (no dropout, no autograd); ``h0``, ``c0``: its ``(D, B, .)``
+    initial states; ``params``: the module's parameters by name."""
+    D = 2 if module.bidirectional else 1
+    kind = cell_kind(module)
+    roles = ("ih", "hh", "b_ih", "b_hh", "hr")
+    flat = []
+    for d in range(D):
+        names = weight_names(module, layer, d)
+        flat += [params[names[r]] for r in roles if r in names]
+    fn = getattr(torch, _KERNELS[kind])
+    hx = (h0.contiguous(), c0.contiguous()) if kind == "LSTM" else h0.contiguous()
+    with torch.no_grad():
+        return fn(x, hx, flat, module.bias, 1, 0.0, False, module.bidirectional, True)[0]
+
+
+def _shifted(y, h0, reverse: bool):
+    """The state each step read: ``h0`` at the direction's first step, else the neighbouring output."""
+    if reverse:
+        return torch.cat((y[:, 1:], h0.unsqueeze(1)), 1)
+    return torch.cat((h0.unsqueeze(1), y[:, :-1]), 1)
+
+
+def _states(kind, w, x, y, h0, c0, reverse: bool, compiled: bool) -> dict:
+    """Step 2 of the module docstring for one layer and direction: input ``x``, outputs ``y`` (both
+    ``(B, T, .)`` contiguous), initial states ``h0``, ``c0``."""
+    st = {"x": x, "h_in": _shifted(y, h0, reverse), "y": y}
+    if kind.startswith("RNN"):
+        return st
+    H = w["hh"].shape[0] // (4 if kind == "LSTM" else 3)
+    B, T = x.shape[:2]
+    gi = F.linear(x, w["ih"], w["b_ih"])
+    gh = F.linear(st["h_in"], w["hh"], w["b_hh"])
+    if kind == "GRU":
+        st["rz"] = rz = torch.sigmoid(gi[..., :2 * H] + gh[..., :2 * H])
+        st["ghn"] = ghn = gh[..., 2 * H:].contiguous()
+        st["n"] = torch.tanh(torch.addcmul(gi[..., 2 * H:], rz[..., :H], ghn))
+        return st
+    pre = gi.add_(gh)
+    st["s"] = s = torch.sigmoid(pre)
+    st["g"] = g = torch.tanh(pre[..., 2 * H:3 * H])
+    st["c0"] = c0 = c0.contiguous()
+    c = x.new_empty(B, T, H)
+    if compiled:
+        from dpmf.training.torch.ghost._recurrent_compiled import lstm_cells
+
+        lstm_cells(s.numpy(), g.numpy(), c0.numpy(), reverse, c.numpy())
+    else:
+        ig = s[..., :H] * g
+        f = s[..., H:2 * H]
+        prev = c0
+        for t in (range(T - 1, -1, -1) if reverse else range(T)):
+            c[:, t] = prev = torch.addcmul(ig[:, t], f[:, t], prev)
+    st["c"] = c
+    st["tc"] = tc = torch.tanh(c)
+    st["m"] = s[..., 3 * H:] * tc if w["hr"] is not None else None
+    return st
+
+
+def _through_time_tensors(kind, w, st, dout, dh, dc, reverse: bool) -> dict:
+    """Step 3 of the module docstring as per-step tensor operations (any device)."""
+    B, T = dout.shape[:2]
+    G = w["ih"].shape[0]
+    dgi = dout.new_empty(B, T, G)
+    dgh = dout.new_empty(B, T, G) if kind == "GRU" else dgi
+    proj = kind == "LSTM" and w["hr"] is not None
+    dhr = dout.new_empty(B, T, dout.shape[2]) if proj else None
+    W_hh = w["hh"]
+    H = st["c"].shape[2] if kind == "LSTM" else dout.shape[2]
+    for t in (range(T) if reverse else range(T - 1, -1, -1)):
+        dh = dh + dout[:, t]
+        if kind == "GRU":
+            r, z, n = st["rz"][:, t, :H], st["rz"][:, t, H:], st["n"][:, t]
+            kn = dh * ((1 - z) * (1 - n * n))
+            vr = kn * (st["ghn"][:, t] * r * (1 - r))
+            vz = dh * ((st["h_in"][:, t] - n) * z * (1 - z))
+            dgi[:, t] = torch.cat((vr, vz, kn), -1)
+            dgh[:, t] = v = torch.cat((vr, vz, kn * r), -1)
+            dh = dh * z + v @ W_hh
+        elif kind == "LSTM":
+            s, g, tc = st["s"][:, t], st["g"][:, t], st["tc"][:, t]
+            i, f, o = s[:, :H], s[:, H:2 * H], s[:, 3 * H:]
+            first = t == (T - 1 if reverse else 0)
+            cp = st["c0"] if first else st["c"][:, t + 1 if reverse else t - 1]
+            if proj:
+                dhr[:, t] = dh
+                dm = dh @ w["hr"]
+            else:
+                dm = dh
+            d = dc + dm * (o * (1 - tc * tc))
+            dgi[:, t] = v = torch.cat((d * (g * i * (1 - i)), d * (cp * f * (1 - f)), d * (i * (1 - g * g)),
+                                       dm * (tc * o * (1 - o))), -1)
+            dc = d * f
+            dh = v @ W_hh
+        else:
+            y = st["y"][:, t]
+            act = (y > 0).to(y.dtype) if kind == "RNN_RELU" else 1 - y * y
+            dgi[:, t] = v = dh * act
+            dh = v @ W_hh
+    return {"dgi": dgi, "dgh": dgh, "dhr": dhr}
+
+
+def _through_time_compiled(kind, w, st, dout, dh, dc) -> dict:
+    """Step 3 by the compiled loops (CPU; the caller holds BLAS to one thread)."""
+    from dpmf.training.torch.ghost._recurrent_compiled import gru_bptt, lstm_bptt, rnn_bptt
+
+    B, T = dout.shape[:2]
+    G = w["ih"].shape[0]
+    dgi = dout.new_empty(B, T, G)
+    dgh = dout.new_empty(B, T, G) if kind == "GRU" else dgi
+    n = lambda t: t.detach().contiguous().numpy()  # noqa: E731  (views; copies only of strided tensors)
+    rev = st["reverse"]
+    if kind == "GRU":
+        gru_bptt(n(dout), n(dh), n(st["rz"]), n(st["n"]), n(st["ghn"]), n(st["h_in"]), n(w["hh"]), rev,
+                   dgi.numpy(), dgh.numpy())
+        return {"dgi": dgi, "dgh": dgh, "dhr": None}
+    if kind == "LSTM":
+        proj = w["hr"] is not None
+        dhr = dout.new_empty(B, T, dout.shape[2]) if proj else dout.new_empty(1, 1, 1)
+        w_hr = w["hr"] if proj else dout.new_empty(1, 1)
+        lstm_bptt(n(dout), n(dh), n(dc), n(st["s"]), n(st["g"]), n(st["c"]), n(st["tc"]), n(st["c0"]),
+                    n(w["hh"]), n(w_hr), proj, rev, dgi.numpy(), dhr.numpy())
+        return {"dgi": dgi, "dgh": dgi, "dhr": dhr if proj else None}
+    rnn_bptt(n(dout), n(dh), n(st["y"]), kind == "RNN_RELU", n(w["hh"]), rev, dgi.numpy())
+    return {"dgi": dgi, "dgh": dgi, "dhr": None}
+
+
+def _compiles(x) -> bool:
+    """Whether the compiled loops take tensors like ``x`` (CPU, float32 or float64)."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+
+
+def gate_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: dict, *, output=None,
+                   compiled: bool | None = None) -> list:
+    """Per layer and direction, ``(layer, direction, tensors)`` with the inputs and pre-activation
+    gradients whose outer products over time are the per-example weight gradients: ``x``/``dgi``
+    (``W_ih``, ``b_ih``), ``h_in``/``dgh`` (``W_hh``, ``b_hh``; ``h_in`` the state each step read),
+    ``m``/``dhr`` (``W_hr``), all batch-major ``(B, T, .)`` and contiguous (module docstring).
+
+    ``input``: batched 3-D, in the layer's layout; ``hx`` as the layer takes it; ``grad_*``: the gradients
+    that reached ``output``, ``h_n``, ``c_n`` (``None``: zero), in the layer's layout; ``params``: the
+    module's parameters by name (in the working precision); ``output``: the call's recorded (unmodified)
+    output, or ``None`` to run the top layer again too; ``compiled``: the compiled loops (default: where
+    they apply, CPU float32/float64) or the tensor loops."""
+    check_unpacked(module, input)
+    kind = cell_kind(module)
+    lstm = kind == "LSTM"
+    bf = module.batch_first
+    x = (input if bf else input.transpose(0, 1)).contiguous()
+    B, T = x.shape[:2]
+    D = 2 if module.bidirectional else 1
+    H = module.hidden_size
+    H_out = module.proj_size if lstm and module.proj_size > 0 else H
+    L = module.num_layers
+    if hx is None:
+        h0 = x.new_zeros(L * D, B, H_out)
+        c0 = x.new_zeros(L * D, B, H) if lstm else None
+    else:
+        h0, c0 = (hx if lstm else (hx, None))
+    compiled = _compiles(x) if compiled is None else compiled
+    with torch.no_grad(), _one_blas_thread(compiled):
+        saved, layer_in = [], x
+        for layer in range(L):
+            span = slice(layer * D, (layer + 1) * D)
+            if layer == L - 1 and output is not None:
+                y = output if bf else output.transpose(0, 1)
+            else:
+                y = rerun_layer(module, layer, layer_in, h0[span], c0[span] if lstm else None, params)
+            for d in range(D):
+                k = layer * D + d
+                w = _weights(module, layer, d, params)
+                st = _states(kind, w, layer_in, y[..., d * H_out:(d + 1) * H_out].contiguous(), h0[k],
+                             c0[k] if lstm else None, bool(d), compiled)
+                st["reverse"] = bool(d)
+                saved.append((w, st))
+            layer_in = y.contiguous()
+        return _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled)
+
+
+def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled) -> list:
+    """Step 3 of the module docstring for every layer and direction, from the top layer down."""
+    lstm = kind == "LSTM"
+    B, T = x.shape[:2]
+    D = 2 if module.bidirectional else 1
+    L = module.num_layers
+    H = module.hidden_size
+    H_out = module.proj_size if lstm and module.proj_size > 0 else H
+    if grad_output is None:
+        dout = x.new_zeros(B, T, D * H_out)
+    else:
+        dout = grad_output if module.batch_first else grad_output.transpose(0, 1)
+    result = [None] * (L * D)
+    for layer in range(L - 1, -1, -1):
+        d_below = None
+        for d in range(D):
+            k = layer * D + d
+            w, st = saved[k]
+            dh = grad_h_n[k] if grad_h_n is not None else x.new_zeros(B, H_out)
+            dc = (grad_c_n[k] if grad_c_n is not None else x.new_zeros(B, H)) if lstm else None
+            part = dout[..., d * H_out:(d + 1) * H_out].contiguous()
+            if compiled:
+                g = _through_time_compiled(kind, w, st, part, dh, dc)
+            else:
+                g = _through_time_tensors(kind, w, st, part, dh, dc, st["reverse"])
+            result[k] = (layer, d, {"x": st["x"], "dgi": g["dgi"], "h_in": st["h_in"], "dgh": g["dgh"],
+                                    "m": st.get("m"), "dhr": g["dhr"]})
+            if layer:
+                below = g["dgi"] @ w["ih"]
+                d_below = below if d_below is None else d_below.add_(below)
+        dout = d_below
+    return result
+
+
+def _one_blas_thread(compiled: bool):
+    """BLAS on one thread around the compiled loops (their per-step ``gemm`` of ``B x 4H`` by ``4H x H``:
+    a threaded OpenBLAS took 10x the CPU time at ``B = 64``, ``H = 64``); nothing otherwise."""
+    import contextlib
+
+    if not compiled:
+        return contextlib.nullcontext()
+    from dpmf.training.torch.ghost._recurrent_compiled import one_blas_thread
+
+    return one_blas_thread()
