@@ -1,9 +1,11 @@
 """The allocation speed-up (issue 50, item 3) against values stored from the code before it (commit
 2cb94a5; ``benchmarks/allocation_speed_reference.py`` wrote ``data/allocation_speed_reference.json``).
 
-Every number must equal the stored one within 1e-6 relative (the compiled kernels now loop over 1-d
+Every epsilon must equal the stored one within 1e-6 relative (the compiled kernels now loop over 1-d
 row views, which vectorizes them; each table entry is the same sum in the same order, so they are
-bit-identical, and so is the calibration's search). The calibrated noise must also pass its target.
+bit-identical). The calibrations search with fewer steps since (secant steps, ``smallest_noise(secant=True)``),
+so they keep the calibration contract against the stored answers rather than equal them: certified,
+within ``rel_tol`` of the stored noise, bracketed by a failing noise.
 """
 
 from __future__ import annotations
@@ -47,15 +49,26 @@ def test_allocation_pld_epsilon_equals_stored(row):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("row", DATA["calibrate"], ids=lambda r: r["case"])
-def test_calibration_equals_stored(row):
+def test_calibration_keeps_the_contract_of_the_stored_one(row):
+    """The search's path changed (``smallest_noise(secant=True)``: fewer evaluations), so the noise may
+    be another one of the ``rel_tol`` window than the stored answer's: it must be certified (its report
+    is ``account_allocation_pld`` there, at or below the target), within ``rel_tol`` of the stored
+    answer, and bracketed by a noise that ``account_allocation_pld`` fails, less than ``rel_tol`` below
+    it (the calibration contract: the smallest noise found within ``rel_tol`` of a failing one)."""
     import dpmf
 
-    cal = dpmf.calibrate(bsr(row["n"], row["bands"]), BallsInBinsSampling(epochs=row["epochs"], steps=row["steps"]),
-                         row["target_epsilon"], row["delta"])
-    assert cal.report.epsilon <= row["target_epsilon"]
+    rel_tol = 1e-4  # (dpmf.calibrate's default)
+    strategy, scheme = bsr(row["n"], row["bands"]), BallsInBinsSampling(epochs=row["epochs"], steps=row["steps"])
+    seen = []
+    cal = dpmf.calibrate(strategy, scheme, row["target_epsilon"], row["delta"], callback=lambda s, e: seen.append(s))
+    sigma, target = cal.noise_multiplier, row["target_epsilon"]
     assert cal.report.method == row["method"]
-    assert _close(cal.noise_multiplier, row["noise_multiplier"]), (cal.noise_multiplier, row["noise_multiplier"])
-    assert _close(cal.report.epsilon, row["epsilon"]), (cal.report.epsilon, row["epsilon"])
+    assert cal.report.epsilon <= target
+    again = account_allocation_pld(strategy, scheme, sigma, row["delta"])  # (memoized: the search's own evaluation)
+    assert again.epsilon == cal.report.epsilon
+    assert abs(sigma - row["noise_multiplier"]) <= rel_tol * row["noise_multiplier"], (sigma, row["noise_multiplier"])
+    below = [s for s in seen if sigma * (1 - rel_tol) <= s < sigma]
+    assert any(account_allocation_pld(strategy, scheme, s, row["delta"]).epsilon > target for s in below), (sigma, seen)
 
 
 def test_the_stored_file_is_the_one_from_before():

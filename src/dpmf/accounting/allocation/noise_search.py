@@ -23,6 +23,7 @@ def smallest_noise_and_report(
     callback: ProgressCallback | None = None,
     limit: float | None = None,
     initial: float | None = None,
+    secant: bool = False,
 ) -> tuple[float, R]:
     """``(sigma, report_at(sigma))`` for the smallest ``sigma`` (to relative ``rel_tol``, searched
     by :func:`~dpmf.privacy.calibration.smallest_noise` from ``initial`` or the active
@@ -38,5 +39,5 @@ def smallest_noise_and_report(
     """
     if limit is not None:
         check_limit(epsilon_at, target, limit, callback=callback)
-    sigma = smallest_noise(epsilon_at, target, initial=initial, rel_tol=rel_tol, callback=callback).value
+    sigma = smallest_noise(epsilon_at, target, initial=initial, rel_tol=rel_tol, callback=callback, secant=secant).value
     return sigma, report_at(sigma)
