@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpmf.errors import InvalidParameterError  # noqa: E402
+from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError  # noqa: E402
 from dpmf.training.torch.ghost import (  # noqa: E402
     GHOST_RULES,
     GhostClipper,
@@ -187,7 +187,8 @@ def test_an_error_inside_a_rule_names_the_rule_and_the_layer():
 
 def test_plain_gives_ordinary_autograd_on_a_private_model():
     """Ghost mode runs rule layers on detached parameters, so torch.autograd.grad with respect to them
-    fails; ``clipper.plain()`` is the documented way to plain gradients (the same as an unwrapped copy)."""
+    is refused (test_ghost_plain_grads); ``clipper.plain()`` is the documented way to plain gradients
+    (the same as an unwrapped copy)."""
     import copy
 
     from dpmf.sampling import PoissonSampling
@@ -202,7 +203,7 @@ def test_plain_gives_ordinary_autograd_on_a_private_model():
                        strategy=Identity(4), sampling=PoissonSampling(0.25, 4), noise_multiplier=1.0, delta=1e-5,
                        max_grad_norm=1.0, seed=0, accountant="unamplified", grad_sample_mode="ghost")
     loss = torch.nn.functional.cross_entropy(model(X[:4]), Y[:4])
-    with pytest.raises(RuntimeError, match="not have been used in the graph"):  # what plain() is for
+    with pytest.raises(UnsupportedConfigurationError, match="clipper.plain"):  # what plain() is for
         torch.autograd.grad(loss, list(model.parameters()))
     before = sum(len(u.calls) for u in run.optimizer.clipper.units)
     with run.optimizer.clipper.plain():

@@ -45,9 +45,11 @@ Loop speed: inside the model's forward (and only when this is the model's only c
 built-in rules run on detached copies of their parameters, so the loop's ``backward()`` does not form
 the batch weight gradients that the book-keeping sums replace; ``.grad`` of those parameters stays
 ``None`` until ``optimizer.step()`` writes the noisy clipped sum. :meth:`GhostClipper.clipped_sum`
-does not detach (it differentiates with respect to the parameters). For plain gradients of such a
-model (``torch.autograd.grad`` with respect to its parameters), run the forward inside
-``with clipper.plain():`` (``run.optimizer.clipper``).
+does not detach (it differentiates with respect to the parameters). The detached layers' outputs stay
+linked to their parameters (:mod:`~dpmf.training.torch.ghost.detached`), so ``torch.autograd.grad``
+(or ``backward(inputs=...)``) with respect to those parameters is refused with a dpmf error rather than
+torch's "not used in the graph" or missing gradients; for plain gradients of such a model run the
+forward inside ``with clipper.plain():`` (``run.optimizer.clipper``).
 
 Refused rather than computed wrong (clear errors): a layer whose input has another number of rows
 than the model's batch (naming it), a captured input modified in place before the backward, a second
@@ -67,6 +69,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
 from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import broadcast, conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
+from dpmf.training.torch.ghost.detached import DetachedParameters
 from dpmf.training.torch.ghost.fallback import fallback_gradients
 from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import (
@@ -228,7 +231,6 @@ class GhostClipper(Clipper):
         self._handles += [u.module.register_forward_pre_hook(functools.partial(self._unit_pre_hook, u),
                                                              with_kwargs=True)
                           for u in self.units if not isinstance(u.module, WHOLE_LAYERS)]
-        self._grad_root = None  # a 0-dim leaf that makes a detached layer's output require grad
         self._model_batch: int | None = None
         # first, so that the model's own layer hooks (a model that owns parameters itself) see its batch
         self._handles.append(module.register_forward_pre_hook(self._model_pre_hook, with_kwargs=True, prepend=True))
@@ -256,6 +258,10 @@ class GhostClipper(Clipper):
         # through the direct reads' aliases (checked at the backward's end: nothing else reached them)
         self._watched = {k for k, us in self._units_of.items() if all(u.detachable for u in us)}
         self._handles += [p.register_hook(functools.partial(self._param_hook, k)) for k, p in enumerate(self.params)]
+        # detached layers' outputs linked to their parameters: autograd.grad on them refused (ghost.detached)
+        self._detached = DetachedParameters([p for k, p in enumerate(self.params)
+                                             if any(u.detachable for u in self._units_of.get(k, ()))],
+                                            [u.name for u in self.units if u.detachable], self._refused_backward)
 
     # ------------------------------------------------------------------ layers
     def _find_units(self) -> list[_Unit]:
@@ -346,6 +352,8 @@ class GhostClipper(Clipper):
 
     def _model_post_hook(self, module, args, output):
         self._in_model = max(0, self._in_model - 1)
+        if self._in_model == 0:
+            self._detached.forward_done()
         if self._in_model == 0 and self._direct is not None:
             for u in self.units:  # (a forward that raised inside a layer left its swap)
                 self._restore(u)
@@ -437,10 +445,8 @@ class GhostClipper(Clipper):
         capture, unit.capture = unit.capture, None
         if not self._capturing():
             return
-        if detached and isinstance(output, torch.Tensor) and output.is_floating_point() and not output.requires_grad:
-            if self._grad_root is None:
-                self._grad_root = torch.zeros((), dtype=output.dtype, device=output.device, requires_grad=True)
-            output = output.detach() + self._grad_root.to(device=output.device)
+        if detached and isinstance(output, torch.Tensor) and output.is_floating_point():
+            output = self._detached.link(output)  # (requires grad through the token where the input did not)
         if self._recomputing():
             self._recomputed(unit)
             return output if detached else None
@@ -491,6 +497,8 @@ class GhostClipper(Clipper):
 
     def _param_hook(self, k, grad):
         """Every parameter that receives a gradient must belong to a layer whose call was captured."""
+        if grad is None:
+            return  # a detached layer's parameter in backward(): no gradient formed (ghost.detached)
         self._touched.add(k)
         captured = bool(self._direct_pending) and not self._suspended  # a captured forward awaits this backward
         if captured and k in self._watched and self._detach_ok:
@@ -542,6 +550,13 @@ class GhostClipper(Clipper):
         finally:
             for c in pending:
                 _release(c)
+
+    def _refused_backward(self) -> None:
+        """A backward refused inside the engine (ghost.detached): its queued end never runs; this step's
+        captures are dropped, as by ``zero_grad``."""
+        self._queued = False
+        self._touched, self._param_grads, self._undetached = set(), {}, set()
+        self.discard()
 
     def _drop_calls(self) -> None:
         for u in self.units:
@@ -731,7 +746,7 @@ class GhostClipper(Clipper):
         """Ordinary (non-private) autograd inside: ``with run.optimizer.clipper.plain(): grads =
         torch.autograd.grad(loss, model.parameters())``. Outside it, ghost mode runs layers with built-in
         rules on detached parameters (module docstring), so ``torch.autograd.grad`` with respect to them
-        fails with torch's "appears to not have been used in the graph"; inside, the forward uses the
+        is refused (:mod:`~dpmf.training.torch.ghost.detached`); inside, the forward uses the
         parameters themselves and nothing is captured for the private step. (``close()`` removes
         ghost mode from the model for good.)"""
         return self.suspended()
