@@ -482,3 +482,62 @@ def test_make_private_refuses_the_ambiguous_layout_at_the_step_and_trains_it_dec
     for x, y in loader:
         step(x, y)
     assert privacy.steps_done == 4
+
+
+# ------------------------------------------------------------------ the ghost rule's loops (issue 52, item 3)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("cell, kw", [
+    ("RNN", dict(num_layers=2, bidirectional=True)),
+    ("RNN", dict(nonlinearity="relu")),
+    ("GRU", dict(num_layers=2, bidirectional=True)),
+    ("LSTM", dict(num_layers=2, bidirectional=True)),
+    ("LSTM", dict(proj_size=2, bias=False)),
+])
+def test_compiled_loops_equal_the_tensor_loops(cell, kw, dtype):
+    """The compiled cell recurrence and backward through time (CPU) give the tensor loops' gate gradients
+    (any device's path) to rounding, with every output carrying gradient and given initial states."""
+    from dpmf.training.torch.ghost.recurrent_gates import gate_gradients
+
+    torch.manual_seed(4)
+    m = CELLS[cell](3, 4, batch_first=True, **kw).to(dtype)
+    B, T = 5, 6
+    L, D = m.num_layers, 2 if m.bidirectional else 1
+    h_out = kw.get("proj_size", 0) or 4
+    x = torch.randn(B, T, 3, dtype=dtype)
+    h0 = torch.randn(L * D, B, h_out, dtype=dtype)
+    hx = (h0, torch.randn(L * D, B, 4, dtype=dtype)) if cell == "LSTM" else h0
+    with torch.no_grad():
+        out = m(x, hx)[0]
+    grads = [torch.randn(B, T, D * h_out, dtype=dtype), torch.randn(L * D, B, h_out, dtype=dtype),
+             torch.randn(L * D, B, 4, dtype=dtype) if cell == "LSTM" else None]
+    params = dict(m.named_parameters())
+    runs = [gate_gradients(m, x, hx, *grads, {n: p.detach() for n, p in params.items()}, output=out, compiled=c)
+            for c in (True, False)]
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+    for (l1, d1, a), (l2, d2, b) in zip(*runs):
+        assert (l1, d1) == (l2, d2)
+        for key in a:
+            assert (a[key] is None) == (b[key] is None), key
+            if a[key] is not None:
+                assert torch.allclose(a[key], b[key], **tol), (cell, l1, d1, key)
+
+
+def test_output_modified_in_place_refused_in_ghost_mode():
+    """The rule reads the hidden states from the layer's output: changed in place after the forward, it
+    is refused (as a modified input is), never read."""
+
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = torch.nn.GRU(3, 4, batch_first=True)
+            self.head = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            out, _ = self.rnn(x)
+            return self.head(out.mul_(2)[:, -1])
+
+    torch.manual_seed(0)
+    ghost = GhostClipper(InPlace().double(), F.cross_entropy, 1.0)
+    with pytest.raises(UnsupportedConfigurationError, match="output of a GRU was modified in place.*out-of-place"):
+        ghost.clipped_sum(torch.randn(4, 5, 3, dtype=torch.float64), torch.randint(0, 2, (4,)))
+    ghost.close()

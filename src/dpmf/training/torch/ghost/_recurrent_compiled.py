@@ -26,28 +26,29 @@ import numpy as np
 
 
 @nb.njit(cache=True, nogil=True)
-def lstm_cells(s, g, c0, reverse, c):  # pragma: no cover - compiled
-    """``c[:, t] = f_t * c_{t-1} + i_t * g_t`` with ``i, f`` from ``s = sigma(pre)`` ``(B, T, 4H)`` (blocks
-    ``i, f, g, o``), ``g = tanh(pre_g)`` ``(B, T, H)``, ``c_{-1} = c0`` ``(B, H)``."""
-    B, T, H = g.shape
+def lstm_cells(act, c0, reverse, c):  # pragma: no cover - compiled
+    """``c[:, t] = f_t * c_{t-1} + i_t * g_t`` with the gate activations ``act = [i, f, g, o]`` ``(B, T, 4H)``
+    (``sigma``, ``sigma``, ``tanh``, ``sigma`` of the pre-activations), ``c_{-1} = c0`` ``(B, H)``."""
+    B, T, H = c.shape
     for b in range(B):
         prev = c0[b]
         for k in range(T):
             t = T - 1 - k if reverse else k
-            sr, gr, cr = s[b, t], g[b, t], c[b, t]
+            ar, cr = act[b, t], c[b, t]
             for j in range(H):
-                cr[j] = sr[H + j] * prev[j] + sr[j] * gr[j]
+                cr[j] = ar[H + j] * prev[j] + ar[j] * ar[2 * H + j]
             prev = cr
 
 
 @nb.njit(cache=True, nogil=True)
-def lstm_bptt(dout, dh0, dc0, s, g, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr):  # pragma: no cover
+def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr):  # pragma: no cover
     """LSTM backward through time: ``dg`` ``(B, T, 4H)`` the gate pre-activation gradients, ``dhr``
     ``(B, T, H_out)`` the gradients of ``h_t = W_hr m_t`` (``proj``; else untouched). ``dout``: the
     gradient reaching the direction's outputs ``(B, T, H_out)``; ``dh0``, ``dc0``: reaching ``h_n``, ``c_n``;
-    ``tc = tanh(c)``; ``w_hh`` ``(4H, H_out)``, ``w_hr`` ``(H_out, H)``."""
+    ``act``: the gate activations (:func:`lstm_cells`); ``tc = tanh(c)``; ``w_hh`` ``(4H, H_out)``, ``w_hr``
+    ``(H_out, H)``."""
     B, T, Ho = dout.shape
-    H = g.shape[2]
+    H = c.shape[2]
     dh = dh0.copy()
     dc = dc0.copy()
     dm = np.empty((B, H), dout.dtype)
@@ -63,9 +64,9 @@ def lstm_bptt(dout, dh0, dc0, s, g, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dh
         else:
             dm[:] = dh
         for b in range(B):
-            sr, gr, y, dcb, a, vr = s[b, t], g[b, t], tc[b, t], dc[b], dm[b], v[b]
+            ar, y, dcb, a, vr = act[b, t], tc[b, t], dc[b], dm[b], v[b]
             cp = c0[b] if k == T - 1 else c[b, tp]
-            i, f, o = sr[:H], sr[H:2 * H], sr[3 * H:]
+            i, f, gr, o = ar[:H], ar[H:2 * H], ar[2 * H:3 * H], ar[3 * H:]
             vi, vf, vg, vo = vr[:H], vr[H:2 * H], vr[2 * H:3 * H], vr[3 * H:]
             for j in range(H):  # dc += dm o (1 - tanh(c)^2)
                 dcb[j] += a[j] * (o[j] - o[j] * y[j] * y[j])

@@ -116,10 +116,12 @@ class _Group:
         """Per parameter (for joint use: a layer called twice, a shared weight): a weight's is
         :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
         ``sum_t g_t`` materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
-        out = {}
+        out, bias = {}, {}
         for name, A in self.columns:
             work = torch.promote_types(trainable[name].dtype, torch.float32)
-            out[name] = PerExample(self.G.to(work).sum(1)) if A is None else Factored(self.G, A, work=work)
+            if A is None:  # (b_ih and b_hh of an LSTM or RNN: one sum for both)
+                bias.setdefault(work, PerExample(self.G.to(work).sum(1)))
+            out[name] = bias[work] if A is None else Factored(self.G, A, work=work)
         return out
 
 
