@@ -34,6 +34,35 @@ def test_smallest_noise_passes_and_is_smallest(sensitivity, target, initial, rel
     assert (res.value, res.epsilon) in res.trace
 
 
+def _allocation_like(sigma: float) -> float:
+    """epsilon ~ sigma^-p with p steepening as sigma falls (``d log eps / d log sigma = -(1.6 + 0.6 / (1 +
+    sigma^2))``: -1.65 at sigma 3.4, -1.8 at 1.5, the shape of random allocation's curves, README CLI
+    example), times a jitter of 1e-5 relative (a grid's digits); non-increasing."""
+    x = math.log(sigma)
+    smooth = 2.2 * x - 0.3 * math.log1p(math.exp(2 * x))
+    return 4.0 * math.exp(-smooth + 1e-5 * math.sin(1e4 * x))
+
+
+@pytest.mark.parametrize("target", [0.5, 2.0, 4.0])
+@pytest.mark.parametrize("initial", [0.05, 3.44, 40.0])  # grow and shrink branches
+@pytest.mark.parametrize("accountant", ["allocation-like", "gaussian", "steps"])
+def test_secant_search_keeps_the_contract_in_fewer_evaluations(target, initial, accountant):
+    """``secant=True``: the answer passes, a noise less than ``rel_tol`` below it was evaluated and
+    fails (the same contract as the default search), and on smooth accountants it takes no more
+    evaluations than the default; a step function (no slope to follow) still ends."""
+    eps_of = {"allocation-like": _allocation_like, "gaussian": gaussian_accountant(3.0),
+              "steps": lambda s: math.ceil(8.0 / s) / 4.0}[accountant]
+    plain = smallest_noise(eps_of, target, initial=initial, rel_tol=1e-4)
+    fast = smallest_noise(eps_of, target, initial=initial, rel_tol=1e-4, secant=True)
+    assert fast.epsilon == eps_of(fast.value) <= target
+    assert any(fast.value * (1 - 1e-4) <= x < fast.value and e > target for x, e in fast.trace)
+    assert fast.value == pytest.approx(plain.value, rel=2e-4) or accountant == "steps"
+    if accountant != "steps":
+        assert fast.evaluations <= plain.evaluations
+    else:  # (a step function: both land on the same step's edge, to the tolerance)
+        assert fast.value == pytest.approx(plain.value, rel=1e-4)
+
+
 def test_smallest_noise_calls_callback_for_every_evaluation():
     calls = []
     res = smallest_noise(gaussian_accountant(2.0), 1.0, callback=lambda s, e: calls.append((s, e)))

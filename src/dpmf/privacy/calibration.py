@@ -118,9 +118,9 @@ def smallest_noise(
     Markov members) takes fewer steps to the same contract: below a passing start the first step aims
     just above the ``1 / sigma^2`` answer (as a ``near`` start's), the next ones at the root that the
     last two passing points' slope of ``log epsilon`` vs ``log sigma`` predicts, a little below it
-    (:func:`_secant_factor`), and inside the bracket a step aims just above the secant root of the
-    two points nearest the target, then just below the passing end (:func:`_secant_bracket`), so two
-    steps that land where aimed close it. The answer is still an evaluated, passing noise within ``rel_tol`` of
+    (:func:`_secant_factor`), and inside the bracket each step aims just beyond the secant root on the
+    side of the end farther from it, then just below the passing end (:func:`_secant_bracket`), so
+    two or three steps that land where aimed close it. The answer is still an evaluated, passing noise within ``rel_tol`` of
     an evaluated, failing one -- possibly another one of that window than the default path's.
     """
     target = _v.positive("target_epsilon", target_epsilon)
@@ -313,27 +313,27 @@ def _secant_bracket(ev, trace, lo: float, hi: float, eps_hi: float, target: floa
     """Close the bracket ``epsilon(lo) > target >= epsilon(hi)`` to ``hi - lo <= rel_tol hi`` (the
     ``secant`` search of :func:`smallest_noise`); ``(hi, epsilon(hi))``.
 
-    Each step takes the secant root ``r`` (in ``log epsilon`` vs ``log sigma``) of the two evaluations
-    nearest the target, wherever they lie. While the passing end ``hi`` is more than ``0.9 rel_tol``
-    above ``r`` the step aims ``0.3 rel_tol`` above ``r`` (it most likely passes there, within
-    ``0.9 rel_tol`` of the root); once it is not, the step is ``0.9 rel_tol`` below ``hi`` (it most
-    likely fails, and then closes the bracket). So two steps close it when the secant's error is
-    within ``(-0.3, 0.6) rel_tol`` (a chord from a far passing point errs above the root).
-    Safeguards: each step lies strictly inside the bracket (by 0.1% of its width), and after two
-    steps in a row that did not halve the width the next one bisects (so the search always ends)."""
+    Each step estimates the root ``r`` (in ``log epsilon`` vs ``log sigma``) from the evaluation
+    nearest the target and the slope of its chord to the nearest one at least ``20 rel_tol`` away
+    (closer chords would follow an accountant's own digits, ~1e-5-1e-4 of epsilon for grids, not its
+    slope). It then aims ``0.3 rel_tol`` beyond ``r`` on the side of the bracket's end that is farther
+    from ``r`` (above: it most likely passes there; below: fails), so that end comes within about
+    ``rel_tol`` of the root; once the passing end is within ``0.9 rel_tol`` above ``r`` the step is
+    ``0.9 rel_tol`` below it (it most likely fails, and then closes the bracket). Safeguards: each
+    step lies strictly inside the bracket (by 0.1% of its width), and after three steps in a row that
+    did not halve the width the next one bisects (so the search always ends)."""
     slow = 0
     step = math.log1p(rel_tol)
     while hi - lo > rel_tol * hi:
         x_lo, x_hi = math.log(lo), math.log(hi)
         width = x_hi - x_lo
-        pts = sorted(_log_points(trace, target), key=lambda p: abs(p[1]))[:2]
-        guess = None
-        if slow < 2 and len(pts) == 2 and pts[0][1] != pts[1][1] and pts[0][0] != pts[1][0]:
-            (x0, f0), (x1, f1) = pts
-            root = x0 - f0 * (x1 - x0) / (f1 - f0)
-            guess = root + 0.3 * step if x_hi - root > 0.9 * step else x_hi - 0.9 * step
-        if guess is None or not math.isfinite(guess):
+        root = _secant_root(_log_points(trace, target), 20 * step) if slow < 3 else None
+        if root is None:
             guess = 0.5 * (x_lo + x_hi)
+        elif x_hi - root <= 0.9 * step:
+            guess = x_hi - 0.9 * step
+        else:
+            guess = root + 0.3 * step if x_hi - root >= root - x_lo else root - 0.3 * step
         guess = min(max(guess, x_lo + 0.001 * width), x_hi - 0.001 * width)
         mid = math.exp(guess)
         eps_mid = ev(mid)
@@ -343,6 +343,21 @@ def _secant_bracket(ev, trace, lo: float, hi: float, eps_hi: float, target: floa
             lo = mid
         slow = slow + 1 if math.log(hi) - math.log(lo) > 0.5 * width else 0
     return hi, eps_hi
+
+
+def _secant_root(points: list[tuple[float, float]], min_chord: float) -> float | None:
+    """The root of the line through the point of ``points`` (``(log sigma, log(epsilon / target))``)
+    nearest the target and the nearest one at least ``min_chord`` from it in ``log sigma`` (else the
+    next nearest); ``None`` when there is no such line."""
+    if len(points) < 2:
+        return None
+    ranked = sorted(points, key=lambda p: abs(p[1]))
+    x0, f0 = ranked[0]
+    x1, f1 = next((p for p in ranked[1:] if abs(p[0] - x0) >= min_chord), ranked[1])
+    if f1 == f0 or x1 == x0:
+        return None
+    root = x0 - f0 * (x1 - x0) / (f1 - f0)
+    return root if math.isfinite(root) else None
 
 
 def largest_count(
