@@ -2,7 +2,8 @@
 
 Works for any monotone accountant given as a function. The search brackets the answer (from a
 starting point: given, or a *hint* such as the unamplified noise, see :func:`search_hint`), then
-narrows the bracket by safeguarded regula falsi. The returned value is always one the accountant
+narrows the bracket by safeguarded regula falsi (or, for accountants whose evaluations cost seconds,
+by secant steps that aim to close it in two: ``smallest_noise(secant=True)``). The returned value is always one the accountant
 was evaluated at and found to pass, so it is never on the wrong side of the target, whatever the
 accountant's discretization does: starting points and hints only change how fast the search is
 (and which sigmas it evaluates, which matters for accountants whose cost grows at small noise),
