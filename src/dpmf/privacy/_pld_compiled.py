@@ -102,37 +102,40 @@ def log_mgf_ladder(probs, t0, orders, floor):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def multiply_power(acc, z, k):  # pragma: no cover - compiled
-    """``acc *= z ** k`` elementwise (``k >= 1``; binary exponentiation per element, in one pass)."""
-    for m in range(z.size):
-        base = z[m]
-        result = 1.0 + 0.0j
-        e = k
-        while True:
-            if e & 1:
-                result *= base
-            e >>= 1
-            if e == 0:
-                break
-            base *= base
-        acc[m] *= result
+def power(z, k):  # pragma: no cover - compiled
+    """``z **= k`` elementwise in place (``k >= 1``): binary exponentiation, bit by bit over the whole
+    array (each element sees the same products in the same order as a per-element loop)."""
+    n = z.size
+    base = z.copy()
+    first = True
+    e = k
+    while True:
+        if e & 1:
+            if first:
+                for m in range(n):
+                    z[m] = base[m]
+                first = False
+            else:
+                for m in range(n):
+                    z[m] *= base[m]
+        e >>= 1
+        if e == 0:
+            break
+        for m in range(n):
+            base[m] *= base[m]
 
 
 @nb.njit(cache=True, nogil=True)
-def power(z, k):  # pragma: no cover - compiled
-    """``z **= k`` elementwise in place (``k >= 1``; binary exponentiation per element)."""
+def multiply_power(acc, z, k):  # pragma: no cover - compiled
+    """``acc *= z ** k`` elementwise (``k >= 1``; :func:`power` of a copy of ``z``, then the product)."""
+    if k == 1:
+        for m in range(z.size):
+            acc[m] *= z[m]
+        return
+    w = z.copy()
+    power(w, k)
     for m in range(z.size):
-        base = z[m]
-        result = 1.0 + 0.0j
-        e = k
-        while True:
-            if e & 1:
-                result *= base
-            e >>= 1
-            if e == 0:
-                break
-            base *= base
-        z[m] = result
+        acc[m] *= w[m]
 
 
 @nb.njit(cache=True, nogil=True)

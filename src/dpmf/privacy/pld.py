@@ -303,19 +303,11 @@ def compose_many(
     instead of ``O(N k)`` in a fixed order (MMCC: the composed ramp-up rows of BandMF-16 x 500 are
     ~20 parts of ~2.5e5 points next to one part of ~4.5e6). Convolution is associative, so only
     floating-point rounding and the per-convolution tail truncation (``tail_mass_truncation`` moved
-    to +inf each time, pessimistic) depend on the order.
-
-    When every part is dense (MMCC's rows, mixtures, subsampled Gaussians) the parts are instead
-    composed in one Fourier domain per stage (:mod:`dpmf.privacy.fourier_composition`: each part
-    transformed once at the result's size, raised to its count; fewer transforms and fewer tail
-    truncations, so the result is as tight or tighter)."""
+    to +inf each time, pessimistic) depend on the order."""
     import heapq
 
     plds = list(plds)
     counts = [1] * len(plds) if counts is None else [int(k) for k in counts]
-    if len(plds) > 1 or (plds and counts[0] > 1):
-        if all(dp_pld.is_dense(p.remove) and dp_pld.is_dense(p.add) for p in plds):
-            return _compose_dense_many(plds, counts, tail_mass_truncation)
     heap = []
     for i, (pld, k) in enumerate(zip(plds, counts)):
         part = pld.self_compose(k, tail_mass_truncation) if k > 1 else pld
@@ -331,37 +323,6 @@ def compose_many(
         heapq.heappush(heap, (_grid_size(ab), order, ab))
         order += 1
     return heap[0][2]
-
-
-def _compose_dense_many(plds, counts, tail: float) -> "PrivacyLossDistribution":
-    """:func:`compose_many` of dense parts, one direction at a time, by
-    :func:`~dpmf.privacy.fourier_composition.compose_parts` (symmetric parts once)."""
-    from dpmf.privacy.fourier_composition import Part, compose_parts, infinity_mass
-
-    disc = plds[0].discretization
-    for p in plds:
-        if not math.isclose(p.discretization, disc, rel_tol=0, abs_tol=0):
-            raise InvalidParameterError(
-                f"cannot compose PLDs with different discretizations: {disc!r} and {p.discretization!r}")
-    tail = _v.non_negative("tail_mass_truncation", tail)
-
-    def one(direction: str):
-        parts, infs = [], []
-        for p, k in zip(plds, counts):
-            lower, probs, inf, _ = dp_pld.dense_arrays(p._direction(direction))
-            parts.append(Part(lower, probs, k))
-            infs.append(inf)
-        for pmf, k in zip((p._direction(direction) for p in plds), counts):
-            if k > 1:
-                _check_self_compose_fits(pmf, k, tail)
-        lower, probs, moved = compose_parts(parts, tail)
-        inf = min(1.0, infinity_mass(infs, counts) + moved)
-        return dense_pmf(lower, probs, inf, disc)
-
-    remove = one("remove")
-    if all(p.symmetric for p in plds):
-        return PrivacyLossDistribution(remove, remove)
-    return PrivacyLossDistribution(remove, one("add"))
 
 
 def from_probability_mass_functions(
