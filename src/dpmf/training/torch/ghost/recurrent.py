@@ -19,14 +19,14 @@ reached ``output``, ``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gr
 batched products, the backward through time compiled. One batched pass: no per-example loop, no
 ``B x parameters`` tensor.
 
-Norms and clipped sums: the parameters that share one gradient factor form one product. RNN and LSTM
-have ``du = dv``, so ``[g(W_ih), g(W_hh), g(b_ih), g(b_hh)]_i = du_i^T [x_i, h_i, 1, 1]`` -- a Linear
-along the sequence with input ``[x, h_{t-1}, 1, 1]`` (its Gram ``du du^T`` formed once for the four
-parameters; GRU: ``du^T [x, 1]`` and ``dv^T [h, 1]``); its squared norm is the sum of theirs, with the
-rounding bound of :mod:`~dpmf.training.torch.ghost.sequence` (Gram or materialized by cost), and its
-clipped sum is split back into the parameters. So the norm bounds exactly what is summed: the
+Norms and clipped sums: each weight is a Linear along the sequence (``U = du`` or ``dv``, ``V`` its input
+rows ``x`` or ``h_{t-1}``; :mod:`~dpmf.training.torch.ghost.sequence`: Gram, kept or materialized by cost,
+with its rounding bound), and every bias of a layer and direction is the materialized ``sum_t du_t``
+(formed once for ``b_ih`` and ``b_hh`` of an RNN or LSTM, where ``du = dv``). (Joining ``[x, h_{t-1}]`` into
+one input, to form the Gram of ``du`` once, was measured slower -- the ``x`` part alone is cheapest kept --
+and its rounding bound 3.5x looser in float32.) So the norm bounds exactly what is summed: the
 recomputed ``(x, h, du, dv)``. A recurrent layer called twice in one forward (or a weight shared) is
-joined with its cross terms like any repeated layer, from per-parameter contributions
+joined with its cross terms like any repeated layer, from the same per-parameter contributions
 (:mod:`~dpmf.training.torch.ghost.joint`). The recomputation agrees with autograd through the fused
 kernel to rounding (tested in float64); the clip bound does not depend on that.
 
@@ -77,57 +77,70 @@ def recurrent_batch(module, args, kwargs, *, name: str = "", model_batch: int | 
 
 
 class _Group:
-    """Parameters of one layer and direction that share the gradient factor ``G`` ``(B, T, R)``: ``columns``
-    ``[(name, A or None)]``, ``A`` ``(B, T, C)`` a weight's input rows, ``None`` a bias (a column of ones);
-    together one Linear along the sequence with input ``[A_1, A_2, ..., 1, 1]`` (module docstring)."""
+    """The parameters of one layer and direction that share the gradient factor ``G`` ``(B, T, R)``: at most
+    one weight (``columns`` ``[(name, A)]``, ``A`` ``(B, T, C)`` its input rows: a Linear along the sequence,
+    :func:`~dpmf.training.torch.ghost.sequence.sequence_parts`) and biases (``[(name, None)]``), whose
+    per-example gradients are all the same ``sum_t g_t``, materialized once
+    (:class:`~dpmf.training.torch.ghost.joint.PerExample`, float64 norms)."""
 
     def __init__(self, G, columns) -> None:
         self.G, self.columns = G, columns
+        weights = [(n, A) for n, A in columns if A is not None]
+        self.weight = weights[0] if weights else None
+        self.biases = [n for n, A in columns if A is None]
         self._parts = None
+        self._bias = {}
 
     def without_rows(self, bad) -> "_Group":
         keep = lambda t: torch.where(bad.view(-1, 1, 1), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
         return _Group(keep(self.G), [(n, None if A is None else keep(A)) for n, A in self.columns])
 
     def tensors(self) -> list:
-        return [self.G] + [A for _, A in self.columns if A is not None]
+        return [self.G] + ([self.weight[1]] if self.weight else [])
 
-    def parts(self):
-        """``(sq, summed)`` of :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` on the joined input."""
+    def bias(self, param) -> PerExample:
+        """``sum_t g_t`` in ``param``'s working precision (one tensor for ``b_ih`` and ``b_hh``)."""
+        work = torch.promote_types(param.dtype, torch.float32)
+        if work not in self._bias:
+            self._bias[work] = PerExample(self.G.to(work).sum(1))
+        return self._bias[work]
+
+    def parts(self, trainable):
+        """``(sq, summed)``: the squared norms over the group's parameters, float64 ``(B,)``, and the
+        weight's clipped sum ``summed(f, dtype)`` (``None`` without a weight)."""
         if self._parts is None:
-            G = self.G
-            ones = G.new_ones(G.shape[0], G.shape[1], 1)
-            A = torch.cat([ones if A is None else A for _, A in self.columns], 2)
-            self._parts = sequence_parts(A, G, G.dtype)
+            sq, summed = None, None
+            if self.weight:
+                sq, summed = sequence_parts(self.weight[1], self.G, self.G.dtype)
+            for name in self.biases:
+                b = self.bias(trainable[name]).sq_alone()
+                sq = b if sq is None else sq + b
+            self._parts = (sq, summed)
         return self._parts
 
     def weighted_sum(self, f, trainable) -> dict:
-        """``{name: sum_i f_i g_{i,name}}``: the joined clipped sum, split into its parameters' columns."""
-        dtype = trainable[self.columns[0][0]].dtype
-        joined = self.parts()[1](f, dtype)
-        out, lo = {}, 0
-        for name, A in self.columns:
-            width = 1 if A is None else A.shape[2]
-            out[name] = joined[:, lo:lo + width].reshape(trainable[name].shape).to(trainable[name].dtype)
-            lo += width
+        """``{name: sum_i f_i g_{i,name}}`` over the group's parameters."""
+        out = {name: self.bias(trainable[name]).weighted_sum(f, trainable[name]) for name in self.biases}
+        if self.weight:
+            name = self.weight[0]
+            out[name] = self.parts(trainable)[1](f, trainable[name].dtype)
         return out
 
     def contributions(self, trainable) -> dict:
-        """Per parameter (for joint use: a layer called twice, a shared weight): a weight's is
+        """Per parameter (for joint use: a layer called twice, a shared weight): the weight's is
         :class:`~dpmf.training.torch.ghost.joint.Factored` (``U = G``, ``V = A``, as a Linear's), a bias's
-        ``sum_t g_t`` materialized (:class:`~dpmf.training.torch.ghost.joint.PerExample`)."""
-        out, bias = {}, {}
-        for name, A in self.columns:
-            work = torch.promote_types(trainable[name].dtype, torch.float32)
-            if A is None:  # (b_ih and b_hh of an LSTM or RNN: one sum for both)
-                bias.setdefault(work, PerExample(self.G.to(work).sum(1)))
-            out[name] = bias[work] if A is None else Factored(self.G, A, work=work)
+        the materialized ``sum_t g_t``."""
+        out = {name: self.bias(trainable[name]) for name in self.biases}
+        if self.weight:
+            name, A = self.weight
+            out[name] = Factored(self.G, A, work=torch.promote_types(trainable[name].dtype, torch.float32))
         return out
 
 
 def _groups(kind, rec, names, trainable) -> list:
     """The :class:`_Group` s of one layer and direction (``rec``: its tensors from
-    :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only."""
+    :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only. RNN and
+    LSTM: ``du = dv``, so both biases go with ``W_ih`` (one sum ``sum_t du_t``) and ``W_hh`` shares ``G``."""
     def group(G, columns):
         cols = [(names[role], A) for role, A in columns if role in names and names[role] in trainable]
         return [_Group(G, cols)] if cols else []
@@ -135,8 +148,9 @@ def _groups(kind, rec, names, trainable) -> list:
     if kind == "GRU":
         out = group(rec["dgi"], [("ih", rec["x"]), ("b_ih", None)]) + group(
             rec["dgh"], [("hh", rec["h_in"]), ("b_hh", None)])
-    else:  # du = dv
-        out = group(rec["dgi"], [("ih", rec["x"]), ("hh", rec["h_in"]), ("b_ih", None), ("b_hh", None)])
+    else:
+        out = group(rec["dgi"], [("ih", rec["x"]), ("b_ih", None), ("b_hh", None)]) + group(
+            rec["dgi"], [("hh", rec["h_in"])])
     if rec["dhr"] is not None:
         out += group(rec["dhr"], [("hr", rec["m"])])
     return out
@@ -183,9 +197,9 @@ def _gradients(groups, trainable) -> LayerGradients:
     """Norms added over the groups (formed when first read), clipped sums split per parameter, and the
     per-parameter contributions for joint use."""
     def sq():
-        out = groups[0].parts()[0]
+        out = groups[0].parts(trainable)[0]
         for g in groups[1:]:
-            out = out + g.parts()[0]
+            out = out + g.parts(trainable)[0]
         return out
 
     def weighted_sum(f):
