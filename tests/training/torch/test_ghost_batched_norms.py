@@ -37,11 +37,18 @@ def _pairs(gen):
     shared = torch.randn(B, 9, 24, generator=gen)
     pairs = [(shared, torch.randn(B, 9, 24, generator=gen)), (shared, torch.randn(B, 9, 24, generator=gen)),
              (torch.randn(B, 9, 40, generator=gen), torch.randn(B, 9, 12, generator=gen)),
-             (torch.randn(B, 6, 30, generator=gen), torch.randn(B, 6, 20, generator=gen))]
+             (torch.randn(B, 6, 30, generator=gen), torch.randn(B, 6, 20, generator=gen)),
+             (torch.randn(B, 6, 16, generator=gen), torch.randn(B, 6, 28, generator=gen))]
     return [(A, G, torch.float32) for A, G in pairs]
 
 
-def test_gram_norms_equal_each_layer_alone():
+DEFAULT_STACK = sequence.STACK_FLOATS
+
+
+@pytest.mark.parametrize("stack", [DEFAULT_STACK, 2 * 5 * 81 * 2])
+def test_gram_norms_equal_each_layer_alone(stack, monkeypatch):
+    """All layers of a (B, T) stacked, or (a small stack) two at a time and one alone."""
+    monkeypatch.setattr(sequence, "STACK_FLOATS", stack)
     pairs = _pairs(torch.Generator().manual_seed(0))
     for A, G, _ in pairs:
         assert sequence.norm_plan(A.shape[1], A.shape[2], G.shape[2]) == "gram"
@@ -49,7 +56,8 @@ def test_gram_norms_equal_each_layer_alone():
     with step_cache():
         gram_norms(pairs)
         together = [sequence_parts(A, G, w)[0] for A, G, w in pairs]
-        assert all(sequence._GRAMS.get((id(A), id(G), w)) is not None for A, G, w in pairs)  # formed together
+        stacked = [sequence._GRAMS.get((id(A), id(G), w)) is not None for A, G, w in pairs]
+        assert stacked == ([True] * 5 if stack == DEFAULT_STACK else [True, True, False, True, True])
     for a, t, (A, G, _) in zip(alone, together, pairs):
         assert torch.allclose(t, a, rtol=1e-12, atol=0)
         exact = _exact(A, G)

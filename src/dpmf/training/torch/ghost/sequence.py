@@ -70,6 +70,8 @@ F64 = torch.float64
 CHUNK_FLOATS = 1 << 23
 #: floats of per-example gradients whose float64 norms are taken at once (the norm makes a float64 copy)
 NORM_FLOATS = 1 << 20
+#: Gram entries (of all layers, both Grams) stacked at once by :func:`gram_norms` (4 MB in float64)
+STACK_FLOATS = 1 << 19
 #: cost of one Gram entry's float64 contraction (conversions, product, sum), in float32 GEMM multiply-adds
 GRAM_PASS = 70
 #: cost of one materialized entry's float64 norm
@@ -217,11 +219,13 @@ def _input_rows(A, work):
 
 def gram_norms(pairs) -> None:
     """Inside :func:`step_cache`, the Gram-form norms (:func:`sequence_sq_norms`) of every ``(A, G, work)``
-    of ``pairs`` that :func:`norm_plan` sends to the Gram form, formed for all of them together and found
+    of ``pairs`` that :func:`norm_plan` sends to the Gram form, formed several layers at a time and found
     there by :func:`sequence_parts`. Per layer only its Grams and row norms are formed; the float64
     contraction, the row-norm sums and the rounding bound (:func:`gram_bound`, the same formula entry by
     entry) are one pass over the layers of each ``(B, T, work)`` -- a model with short sequences and many
-    layers (ViT: 17 tokens) spent most of its norm time in these small per-layer operations."""
+    layers (ViT: 17 tokens) spent most of its norm time in these small per-layer operations. At most
+    :data:`STACK_FLOATS` Gram entries are stacked at once (a stack of long sequences' Grams would be tens
+    of MB formed anew each step, slower than the layers one by one, which then stay as they were)."""
     if _GRAMS is None:
         return
     groups: dict = {}
@@ -233,28 +237,39 @@ def gram_norms(pairs) -> None:
         _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
         groups.setdefault((B, T, work, A.device), []).append((A, G))
     for (B, T, work, device), jobs in groups.items():
-        L = len(jobs)
-        grams = torch.empty(2, L, B, T, T, dtype=work, device=device)
-        rows = torch.empty(2, L, B, T, dtype=work, device=device)
-        gram_g, gram_a = (t.unbind(0) for t in grams.unbind(0))
-        rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
-        for k, (A, G) in enumerate(jobs):
-            Gw = G.to(work)
-            torch.bmm(Gw, Gw.transpose(1, 2), out=gram_g[k])
-            gram_a[k].copy_(_input_gram(A, work))
-            torch.linalg.vector_norm(Gw, dim=2, out=rows_g[k])
-            rows_a[k].copy_(_input_rows(A, work))
-        d_out = torch.tensor([[G.shape[2]] for _, G in jobs], dtype=F64, device=device)
-        d_in = torch.tensor([[A.shape[2]] for A, _ in jobs], dtype=F64, device=device)
-        up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
-        n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
-        un, vn = rows[0], rows[1]
-        out = gram_bound(n2, (un * vn).sum(2).to(F64) * up, un.sum(2).to(F64) * up, vn.sum(2).to(F64) * up,
-                         d_out, d_in, T, work)
-        finite = torch.isfinite(out).all(1).tolist()
-        for k, (A, G) in enumerate(jobs):
-            sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64)  # overflow in ``work``
-            _GRAMS[(id(A), id(G), work)] = (A, G, sq)
+        size = max(1, STACK_FLOATS // (2 * B * T * T))
+        for lo in range(0, len(jobs), size):
+            chunk = jobs[lo : lo + size]
+            if len(chunk) > 1:
+                _gram_chunk(chunk, B, T, work, device)
+            else:  # alone: as sequence_parts forms it
+                del _GRAMS[(id(chunk[0][0]), id(chunk[0][1]), work)]
+
+
+def _gram_chunk(jobs, B: int, T: int, work, device) -> None:
+    """:func:`gram_norms` of several layers of the same ``(B, T, work)``, stacked."""
+    L = len(jobs)
+    grams = torch.empty(2, L, B, T, T, dtype=work, device=device)
+    rows = torch.empty(2, L, B, T, dtype=work, device=device)
+    gram_g, gram_a = (t.unbind(0) for t in grams.unbind(0))
+    rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
+    for k, (A, G) in enumerate(jobs):
+        Gw = G.to(work)
+        torch.bmm(Gw, Gw.transpose(1, 2), out=gram_g[k])
+        gram_a[k].copy_(_input_gram(A, work))
+        torch.linalg.vector_norm(Gw, dim=2, out=rows_g[k])
+        rows_a[k].copy_(_input_rows(A, work))
+    d_out = torch.tensor([[G.shape[2]] for _, G in jobs], dtype=F64, device=device)
+    d_in = torch.tensor([[A.shape[2]] for A, _ in jobs], dtype=F64, device=device)
+    up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
+    n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
+    un, vn = rows[0], rows[1]
+    out = gram_bound(n2, (un * vn).sum(2).to(F64) * up, un.sum(2).to(F64) * up, vn.sum(2).to(F64) * up,
+                     d_out, d_in, T, work)
+    finite = torch.isfinite(out).all(1).tolist()
+    for k, (A, G) in enumerate(jobs):
+        sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64)  # overflow in ``work``
+        _GRAMS[(id(A), id(G), work)] = (A, G, sq)
 
 
 def _gram_sq_norms(A, G, work):
