@@ -11,7 +11,9 @@ and output gradients, and the clipped sum by book-keeping, from one forward and 
   that layer alone (:mod:`~dpmf.training.torch.ghost.fallback`);
 * :class:`Factored` / :class:`PerExample` / :func:`from_contributions` -- what a rule returns so that
   a parameter used by several calls (tied weights, a layer called twice) gets exact cross terms
-  (:mod:`~dpmf.training.torch.ghost.joint`).
+  (:mod:`~dpmf.training.torch.ghost.joint`);
+* the loop's detached parameters kept in the graph, so that ``torch.autograd.grad`` on them is refused
+  with a dpmf error naming ``clipper.plain()`` (:mod:`~dpmf.training.torch.ghost.detached`).
 """
 
 from dpmf.training.torch.ghost.clipper import GhostClipper, model_loss
