@@ -359,19 +359,23 @@ _ALLOCATION_PLD_BASE = 1.0
 #: epochs (ring members and the ranked family: bsr(32, 4) / bsr(100, 4) over 2 epochs, ~1.6 / ~5.9 s of
 #: 16 / 50 slots; one evaluation 2.5-3.3 / 8.3-8.9 CPU-s with the moving average), fresh slots (members
 #: modulo 1 and 2, 8 tables each, plus their fits: 5 fresh epochs of 64 at sigma 2, 9.5 CPU-s). Were
-#: 0.08 / 0.10 / 0.2 (1.6-1.8x high after the kernels vectorized).
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.04, "ring": 0.11, "fresh": 0.13}
+#: 0.08 / 0.10 / 0.2 (1.6-1.8x high after the kernels vectorized). Ring 0.11 -> 0.08 and fresh 0.13 ->
+#: 0.10 after the chain step's closed forms vectorized (2026-12-02, load 8: bsr(32, 4) at sigma 1.2679
+#: 3.05 CPU-s, 5 fresh epochs of 64 at sigma 2 5.6 CPU-s).
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.04, "ring": 0.08, "fresh": 0.10}
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
 #: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
-#: over 4 epochs of 64 slots: ~5 s).
-_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.08}
+#: over 4 epochs of 64 slots: ~5 s; order 3 0.08 -> 0.05 after its call step's closed form vectorized:
+#: bsr(32, 4)'s 16-slot table 1.5 -> 0.9 CPU-s).
+_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.05}
 #: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
 #: with 3-4 epochs; bench_allocation_fresh_correlated.py: +3 to +7 s per evaluation).
 _BAND_FRESH_SECONDS = 6.0
 #: Evaluations of ``dpmf.calibrate`` with the Markov members, measured (allocation_pld searched first,
 #: the Renyi accountant probed once): 6 (README snippet, bsr(32, 4) over 2 epochs), 7 (README CLI example,
-#: bsr(100, 4)), 9 cheaper ones after the fits (5 fresh epochs of 64 slots); was 10.
-_MARKOV_CALIBRATION_EVALS = 7
+#: bsr(100, 4)), 9 cheaper ones after the fits (5 fresh epochs of 64 slots); was 10. With the secant
+#: steps (``smallest_noise(secant=True)``): 5 (snippet) and 6 (CLI example), plus the Renyi probe.
+_MARKOV_CALIBRATION_EVALS = 6
 #: ... and in ``dpmf plan``, which calibrates its best row (the default plan's bsr-4 fresh row: 12
 #: evaluations, measured 2026-11-26; not re-measured since).
 _PLAN_MARKOV_EVALS = 12
