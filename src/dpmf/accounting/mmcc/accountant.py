@@ -350,9 +350,13 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
     return tuple((first[k], counts[k]) for k in first)
 
 
-#: Bytes per loss-grid point counted by :func:`_row_discretization` (a low count: one float64 array
-#: and a half; building a row PLD takes several, so only clear cases are refused).
-_GRID_BYTES = 16.0
+#: Peak bytes per loss-grid point of a whole MMCC run (row mixtures' quadrature nodes, both
+#: directions' PMFs, the compositions' FFT buffers), measured: BinaryTree(16), q 1/16, sigma 0.5
+#: peaked at 2.5 GiB for a widest-row grid of 1.66e7 points (150 bytes a point), so 160.
+_GRID_BYTES = 160.0
+
+#: Share of the available memory one MMCC run may plan for (the rest for the caller and its peers).
+_MEMORY_SHARE = 0.5
 
 
 def _row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
@@ -361,14 +365,15 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float, ent
     fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
     the rule every PLD accountant follows), never a refusal short of float64's range.
 
-    Fit test (unchanged from the refusal it replaces): a row of total sensitivity ``S`` (sum of its
-    entries) spans at least ``20 S / sigma`` in privacy loss when its sensitivity is nearly
-    deterministic (posterior bounds near 1: the loss is ``S^2 / (2 sigma^2) +- 10 S / sigma``), i.e.
-    ``20 S / (sigma * discretization)`` grid points of :data:`_GRID_BYTES` each, against the memory
-    available; and a one-entry row of the largest entry ``entry`` at probability ``sampling_prob``
-    (the subsampled Gaussian) must fit its own point limit (the refusal this replaces). When either
-    fails, the coarser grid is sized from the widest row (both directions' loss levels, about
-    ``2 (u^2 / 2 + 10 u)`` for ``u = S / sigma``).
+    Fit test: the widest row's grid -- both directions' loss levels, about ``2 (u^2 / 2 + 10 u)``
+    for ``u = S / sigma`` and a row of total sensitivity ``S`` (sum of its entries), at least one
+    step's width -- at :data:`_GRID_BYTES` per point (the whole run's peak, measured) must fit in
+    :data:`_MEMORY_SHARE` of the memory available; and a one-entry row of the largest entry
+    ``entry`` at probability ``sampling_prob`` (the subsampled Gaussian) must fit its own point
+    limit. When either fails, the coarser grid is sized to that budget from the same width (a
+    coarser grid is pessimistic: the epsilon is sound and a little larger). Until 2026-12-02 the
+    test counted ``20 u`` points at 16 bytes, so BinaryTree(256) at sigma 0.5 (``u = 512``: 2.7e9
+    points at 1e-4) planned for 1e8 points and was killed for memory at 22 GiB.
     """
     from dpmf.errors import NoiseTooSmallError
     from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, MAX_STEP_GRID_POINTS,
@@ -377,16 +382,15 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float, ent
 
     from dpmf.privacy.gaussian_plds import step_grid_points
 
-    points_budget = available_memory() / _GRID_BYTES
-    fit = 20.0 * row_sum / sigma
+    points_budget = _MEMORY_SHARE * available_memory() / _GRID_BYTES
     u = row_sum / sigma
+    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
+    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
     # the step rule of a one-entry row (largest entry, probability q): the subsampled Gaussian's limit
     step_fits = entry is None or step_grid_points(sigma, sampling_prob, entry, discretization=discretization) <= (
         MAX_STEP_GRID_POINTS)
-    if math.isfinite(fit) and fit / discretization + 1 <= points_budget and step_fits:
+    if math.isfinite(width) and width / discretization + 1 <= points_budget and step_fits:
         return discretization
-    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
-    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
     try:
         return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf)
     except ArithmeticError:
