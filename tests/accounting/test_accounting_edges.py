@@ -4,6 +4,8 @@ the unamplified bracket; the cost model's shape."""
 
 import dataclasses
 
+import math
+
 import pytest
 
 import dpmf
@@ -105,7 +107,9 @@ def _mmcc_seconds(strategy, scheme, sigma):
 
 
 @pytest.mark.parametrize("strategy_of", [BinaryTree, lambda n: bsr(n, 4)], ids=["tree", "bsr4"])
-def test_the_mmcc_cost_model_grows_with_steps_and_falls_with_noise(strategy_of):
+def test_the_mmcc_cost_model_grows_with_steps_and_falls_with_noise(strategy_of, monkeypatch):
+    # on the requested grid (memory without limit: no row is coarsened)
+    monkeypatch.setattr("dpmf.resources.available_memory", lambda: math.inf)
     sigmas = [0.3, 0.5, 1.0, 2.0, 4.0, 10.0, 40.0]
     for n in (16, 64, 256):
         secs = [_mmcc_seconds(strategy_of(n), PoissonSampling(1 / 16, n), s) for s in sigmas]
@@ -113,3 +117,20 @@ def test_the_mmcc_cost_model_grows_with_steps_and_falls_with_noise(strategy_of):
     for s in sigmas:
         secs = [_mmcc_seconds(strategy_of(n), PoissonSampling(1 / 16, n), s) for n in (16, 64, 256, 1024)]
         assert all(a < b for a, b in zip(secs, secs[1:])), (s, secs)  # more steps: more rows
+
+
+def test_the_mmcc_cost_model_follows_the_coarser_grid_memory_forces(monkeypatch):
+    """BinaryTree(256) at sigma 0.5: its widest row spans 2.7e9 points of the 1e-4 grid, far beyond
+    16 GiB, so the accountant coarsens it (2026-12-02: the old fit test planned 1e8 points and the run
+    was killed for memory at 22 GiB); the estimate then counts the coarser grid's points and time."""
+    from dpmf.accounting.mmcc.accountant import row_grid
+
+    monkeypatch.setattr("dpmf.resources.available_memory", lambda: 16.0 * 2**30)
+    strategy, scheme = BinaryTree(256), PoissonSampling(1 / 16, 256)
+    step, points = row_grid(256.0, 0.5)
+    assert step > 1e-4 and points <= 2**22 + 1
+    est = accounting_cost(strategy, scheme, 0.5, method="mmcc")
+    assert est.memory_bytes < 8 * 2**30  # what the accountant plans for, not the 1e-4 grid's 400 GiB
+    monkeypatch.setattr("dpmf.resources.available_memory", lambda: math.inf)
+    assert row_grid(256.0, 0.5)[0] == 1e-4
+    assert accounting_cost(strategy, scheme, 0.5, method="mmcc").seconds > 10 * est.seconds

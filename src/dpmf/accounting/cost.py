@@ -244,12 +244,17 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Above sigma = 10 every family falls a further ``(10 / sigma)^2`` (narrow grids).
 
+    Where the widest row's grid would not fit in memory the accountant coarsens it
+    (:func:`~dpmf.accounting.mmcc.accountant.row_grid`) and the time falls like
+    ``(1e-4 / step)^0.85`` (binary tree T = 64 / 128 / 256 at sigma 0.5: 6.1 / 5.0 / 13.9 CPU-s on
+    grids 0.0064 / 0.0256 / 0.1024, estimates 7.6 / 7.7 / 7.8 s).
+
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
-    the widest row's PLD: ``~64`` bytes per loss-grid point, at least ``20 S / sigma / 1e-4``
-    points for a row of total sensitivity ``S`` (the largest row sum: ``n`` for the tree; the
-    n = 2048 tree rows reach 6e6 points, 866 MiB resident; the tree at n = 1000, sigma = 1 needs
-    arrays of 1.9e8 points, over 15 GiB)."""
+    the widest row's loss range ``2 (u^2 / 2 + 10 u)`` (``u = S / sigma``, ``S`` the largest row
+    sum: ``n`` for the tree) at 160 bytes per grid point (a whole run's measured peak: BinaryTree(16)
+    at sigma 0.5, 2.5 GiB for 1.66e7 points; BinaryTree(256) at sigma 0.5 on its coarser grid read
+    1.6 GiB for 2.6e6 points, so large trees can take ~4x this)."""
     from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
     from dpmf.strategies.identity import Identity
     from dpmf.strategies.toeplitz import ToeplitzStrategy
@@ -292,7 +297,17 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     else:
         C = getattr(strategy, "C", None)
         row_sum = float(abs(C).sum(axis=1).max()) if C is not None and getattr(C, "ndim", 0) == 2 and n <= 8192 else float(n)
-    grid = 64.0 * 20.0 * row_sum / max(sig, 1e-12) / 1e-4
+    from dpmf.accounting.mmcc.accountant import _GRID_BYTES, row_grid
+
+    try:
+        step, points = row_grid(row_sum, max(sig, 1e-12))
+    except DPMFError:  # a noise no grid holds (the accountant refuses it): the requested grid's points
+        u = row_sum / max(sig, 1e-12)
+        step, points = 1e-4, (u * u + 20.0 * u) / 1e-4
+    if step > 1e-4:  # a coarser grid (memory): time falls like (1e-4 / step)^0.85, measured on the
+        # binary tree at sigma 0.5 (n = 64 / 128 / 256: 6.1 / 5.0 / 13.9 CPU-s, grids 64-1024x coarser)
+        secs *= (1e-4 / step) ** 0.85
+    grid = _GRID_BYTES * points
     if structured:
         pairs = n * (math.log2(max(n, 2)) + 1) if isinstance(strategy, BinaryTree) else n * min(width, n)
         memory = 64.0 * pairs + grid

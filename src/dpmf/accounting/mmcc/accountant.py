@@ -358,6 +358,11 @@ _GRID_BYTES = 160.0
 #: Share of the available memory one MMCC run may plan for (the rest for the caller and its peers).
 _MEMORY_SHARE = 0.5
 
+#: Points of the coarser grid when the requested one does not fit: 2^22 (~0.7 GiB at
+#: :data:`_GRID_BYTES`), far finer than one step's coarse grid (2^16), since an MMCC run composes
+#: rows of very different widths and the rounding of each adds up.
+_COARSE_POINTS = float(2**22)
+
 
 def _row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
                         sampling_prob: float = 1.0) -> float:
@@ -370,8 +375,9 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float, ent
     step's width -- at :data:`_GRID_BYTES` per point (the whole run's peak, measured) must fit in
     :data:`_MEMORY_SHARE` of the memory available; and a one-entry row of the largest entry
     ``entry`` at probability ``sampling_prob`` (the subsampled Gaussian) must fit its own point
-    limit. When either fails, the coarser grid is sized to that budget from the same width (a
-    coarser grid is pessimistic: the epsilon is sound and a little larger). Until 2026-12-02 the
+    limit. When either fails, the grid is the finest power-of-two multiple with at most
+    :data:`_COARSE_POINTS` points over the same width (a coarser grid is pessimistic: the epsilon is
+    sound and a little larger). Until 2026-12-02 the
     test counted ``20 u`` points at 16 bytes, so BinaryTree(256) at sigma 0.5 (``u = 512``: 2.7e9
     points at 1e-4) planned for 1e8 points and was killed for memory at 22 GiB.
     """
@@ -392,7 +398,8 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float, ent
     if math.isfinite(width) and width / discretization + 1 <= points_budget and step_fits:
         return discretization
     try:
-        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf)
+        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf,
+                                   coarse_points=min(_COARSE_POINTS, points_budget))
     except ArithmeticError:
         # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
         smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
@@ -405,6 +412,15 @@ def _row_discretization(row_sum: float, sigma: float, discretization: float, ent
         ) from None
 
 
+
+
+def row_grid(row_sum: float, sigma: float, discretization: float = 1e-4) -> tuple[float, float]:
+    """``(grid step, points)`` of the widest row's PLD at this noise: the step
+    :func:`_row_discretization` chooses and the points of the row's loss range
+    ``2 (u^2 / 2 + 10 u)``, ``u = S / sigma``, on it (the cost model sizes time and memory by them)."""
+    step = _row_discretization(row_sum, sigma, discretization)
+    u = row_sum / sigma
+    return step, 2.0 * (0.5 * u * u + 10.0 * u) / step + 1.0
 
 
 def _structured_row_sum(strategy) -> float | None:
