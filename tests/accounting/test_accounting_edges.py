@@ -123,7 +123,7 @@ def test_the_mmcc_cost_model_follows_the_coarser_grid_memory_forces(monkeypatch)
     """BinaryTree(256) at sigma 0.5: its widest row spans 2.7e9 points of the 1e-4 grid, far beyond
     16 GiB, so the accountant coarsens it (2026-12-02: the old fit test planned 1e8 points and the run
     was killed for memory at 22 GiB); the estimate then counts the coarser grid's points and time."""
-    from dpmf.accounting.mmcc.accountant import row_grid
+    from dpmf.accounting.mmcc.grid import row_grid
 
     monkeypatch.setattr("dpmf.resources.available_memory", lambda: 16.0 * 2**30)
     strategy, scheme = BinaryTree(256), PoissonSampling(1 / 16, 256)

@@ -160,3 +160,24 @@ def test_mmcc_epsilons_equal_those_before_the_kernels(case):
     report = dpmf.account(strategy, scheme, case["sigma"], case["delta"], method="mmcc")
     assert report.epsilon == pytest.approx(case["epsilon"], rel=1e-6)
     assert report.diagnostics["independent_rows_heuristic_epsilon"] == pytest.approx(case["heuristic"], rel=1e-6)
+
+
+@pytest.mark.parametrize("lattice", [True, False])
+def test_compiled_newton_matches_numpy_newton(lattice):
+    from dpmf.privacy import mixture as M
+
+    c = np.arange(0.0, 3.01, 0.25)
+    p = np.exp(-c * 2.0)
+    p /= p.sum()
+    mech = M.GaussianMixture.create(c, p, 0.9, 0.25 if lattice else None)
+    a, s = mech._a, mech._s
+    targets = np.linspace(mech.min_loss + 1e-3, 12.0, 5001)
+    evaluate = M._compiled_loss(a, s, mech.lattice / mech.noise_multiplier, -12.0, 16.0)
+    fast = M._inverse_loss(a, s, targets, table_range=(-12.0, 16.0), evaluate=evaluate)
+
+    def plain(u):  # the same evaluator without the compiled Newton steps
+        return evaluate(u)
+
+    slow = M._inverse_loss(a, s, targets, table_range=(-12.0, 16.0), evaluate=plain)
+    np.testing.assert_allclose(fast, slow, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(M._lse(fast, a, s)[0], targets, rtol=1e-12, atol=1e-12)

@@ -245,7 +245,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     Above sigma = 10 every family falls a further ``(10 / sigma)^2`` (narrow grids).
 
     Where the widest row's grid would not fit in memory the accountant coarsens it
-    (:func:`~dpmf.accounting.mmcc.accountant.row_grid`) and the time falls like
+    (:func:`~dpmf.accounting.mmcc.grid.row_grid`) and the time falls like
     ``(1e-4 / step)^0.85`` (binary tree T = 64 / 128 / 256 at sigma 0.5: 6.1 / 5.0 / 13.9 CPU-s on
     grids 0.0064 / 0.0256 / 0.1024, estimates 7.6 / 7.7 / 7.8 s).
 
@@ -297,7 +297,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     else:
         C = getattr(strategy, "C", None)
         row_sum = float(abs(C).sum(axis=1).max()) if C is not None and getattr(C, "ndim", 0) == 2 and n <= 8192 else float(n)
-    from dpmf.accounting.mmcc.accountant import _GRID_BYTES, row_grid
+    from dpmf.accounting.mmcc.grid import GRID_BYTES, row_grid
 
     try:
         step, points = row_grid(row_sum, max(sig, 1e-12))
@@ -307,7 +307,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     if step > 1e-4:  # a coarser grid (memory): time falls like (1e-4 / step)^0.85, measured on the
         # binary tree at sigma 0.5 (n = 64 / 128 / 256: 6.1 / 5.0 / 13.9 CPU-s, grids 64-1024x coarser)
         secs *= (1e-4 / step) ** 0.85
-    grid = _GRID_BYTES * points
+    grid = GRID_BYTES * points
     if structured:
         pairs = n * (math.log2(max(n, 2)) + 1) if isinstance(strategy, BinaryTree) else n * min(width, n)
         memory = 64.0 * pairs + grid

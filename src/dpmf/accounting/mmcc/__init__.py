@@ -2,6 +2,8 @@
 
 * :mod:`.tail_bounds` - Alg. 2/4 and App. F.3: posterior-probability tail bounds, sigma-free part;
 * :mod:`.rows` - App. F.2/F.4: one pessimistic PLD per distinct row, serial/processes/Dask;
+* :mod:`.grid` - the rows' loss grid: the requested one while it fits in memory, else a coarser one
+  (the cost model sizes runs by it);
 * :mod:`.structured` - the tail-bound structures of Toeplitz strategies and the binary tree from
   their parameters (Poisson and cyclic Poisson), without the dense encoder;
 * :mod:`.accountant` - Alg. 1/3: :func:`account_mmcc`, :class:`MMCCAccountant`,

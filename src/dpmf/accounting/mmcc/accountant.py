@@ -100,6 +100,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
+from dpmf.accounting.mmcc.grid import row_discretization
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
@@ -273,7 +274,7 @@ _KEY_BYTES_BUDGET = 8 * 2**20
 
 def _unit_keys(struct, grid_step: float) -> tuple[list, list, np.ndarray, float]:
     """Reuse keys (units with equal keys have identical PLDs at every sigma) and the total
-    sensitivity of every unit (sigma-free, for :func:`_row_discretization`).
+    sensitivity of every unit (sigma-free, for :func:`~dpmf.accounting.mmcc.grid.row_discretization`).
 
     A key is ``(tag, size, SHA-256 of the unit's sorted (value, a, a^2, s) rows)``, about 40 bytes
     whatever the unit's size, so the keys of a dense Toeplitz ``C`` take ``O(n)`` memory, not
@@ -348,79 +349,6 @@ def _group(keys: list) -> tuple[tuple[int, int], ...]:
             counts[k] = 0
         counts[k] += 1
     return tuple((first[k], counts[k]) for k in first)
-
-
-#: Peak bytes per loss-grid point of a whole MMCC run (row mixtures' quadrature nodes, both
-#: directions' PMFs, the compositions' FFT buffers), measured: BinaryTree(16), q 1/16, sigma 0.5
-#: peaked at 2.5 GiB for a widest-row grid of 1.66e7 points (150 bytes a point), so 160.
-_GRID_BYTES = 160.0
-
-#: Share of the available memory one MMCC run may plan for (the rest for the caller and its peers).
-_MEMORY_SHARE = 0.5
-
-#: Points of the coarser grid when the requested one does not fit: 2^22 (~0.7 GiB at
-#: :data:`_GRID_BYTES`), far finer than one step's coarse grid (2^16), since an MMCC run composes
-#: rows of very different widths and the rounding of each adds up.
-_COARSE_POINTS = float(2**22)
-
-
-def _row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
-                        sampling_prob: float = 1.0) -> float:
-    """The loss grid of every row PLD at this noise: ``discretization`` while the widest row's grid
-    fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
-    the rule every PLD accountant follows), never a refusal short of float64's range.
-
-    Fit test: the widest row's grid -- both directions' loss levels, about ``2 (u^2 / 2 + 10 u)``
-    for ``u = S / sigma`` and a row of total sensitivity ``S`` (sum of its entries), at least one
-    step's width -- at :data:`_GRID_BYTES` per point (the whole run's peak, measured) must fit in
-    :data:`_MEMORY_SHARE` of the memory available; and a one-entry row of the largest entry
-    ``entry`` at probability ``sampling_prob`` (the subsampled Gaussian) must fit its own point
-    limit. When either fails, the grid is the finest power-of-two multiple with at most
-    :data:`_COARSE_POINTS` points over the same width (a coarser grid is pessimistic: the epsilon is
-    sound and a little larger). Until 2026-12-02 the
-    test counted ``20 u`` points at 16 bytes, so BinaryTree(256) at sigma 0.5 (``u = 512``: 2.7e9
-    points at 1e-4) planned for 1e8 points and was killed for memory at 22 GiB.
-    """
-    from dpmf.errors import NoiseTooSmallError
-    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, MAX_STEP_GRID_POINTS,
-                                            grid_discretization, step_width)
-    from dpmf.resources import available_memory
-
-    from dpmf.privacy.gaussian_plds import step_grid_points
-
-    points_budget = _MEMORY_SHARE * available_memory() / _GRID_BYTES
-    u = row_sum / sigma
-    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
-    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
-    # the step rule of a one-entry row (largest entry, probability q): the subsampled Gaussian's limit
-    step_fits = entry is None or step_grid_points(sigma, sampling_prob, entry, discretization=discretization) <= (
-        MAX_STEP_GRID_POINTS)
-    if math.isfinite(width) and width / discretization + 1 <= points_budget and step_fits:
-        return discretization
-    try:
-        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf,
-                                   coarse_points=min(_COARSE_POINTS, points_budget))
-    except ArithmeticError:
-        # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
-        smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
-        raise NoiseTooSmallError(
-            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: an MMCC row of total sensitivity "
-            f"{row_sum:.6g} spans a privacy-loss range of about (S / noise)^2 = {u * u:.3g}, which needs a grid step "
-            f"above {MAX_DISCRETIZATION:g} (the coarsest float64 PLDs allow); use a noise multiplier >= "
-            f"{smallest:.4g}",
-            smallest,
-        ) from None
-
-
-
-
-def row_grid(row_sum: float, sigma: float, discretization: float = 1e-4) -> tuple[float, float]:
-    """``(grid step, points)`` of the widest row's PLD at this noise: the step
-    :func:`_row_discretization` chooses and the points of the row's loss range
-    ``2 (u^2 / 2 + 10 u)``, ``u = S / sigma``, on it (the cost model sizes time and memory by them)."""
-    step = _row_discretization(row_sum, sigma, discretization)
-    u = row_sum / sigma
-    return step, 2.0 * (0.5 * u * u + 10.0 * u) / step + 1.0
 
 
 def _structured_row_sum(strategy) -> float | None:
@@ -697,13 +625,13 @@ class MMCCAccountant:
         return out
 
     def discretization_at(self, noise_multiplier: float) -> float:
-        """The loss grid of the rows at this noise (:func:`_row_discretization` for the widest row of
-        every phase): the requested :attr:`discretization` unless that cannot fit in memory."""
+        """The loss grid of the rows at this noise (:func:`~dpmf.accounting.mmcc.grid.row_discretization`
+        for the widest row of every phase): the requested :attr:`discretization` unless that cannot fit in memory."""
         widest = max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
         if widest <= 0:
             return self.discretization
         entry = max(a.largest_entry for a in self.analyses)
-        return _row_discretization(widest, noise_multiplier, self.discretization, entry, self.scheme.sampling_prob)
+        return row_discretization(widest, noise_multiplier, self.discretization, entry, self.scheme.sampling_prob)
 
     def epsilon(self, noise_multiplier: float) -> float:
         """MMCC epsilon at ``noise_multiplier`` (worst phase), without the heuristic."""
@@ -934,7 +862,7 @@ def account_mmcc(
     """
     row_sum = _structured_row_sum(strategy)
     if row_sum is not None:  # refuse a hopeless run (loss beyond float64) before the sigma-free setup
-        _row_discretization(row_sum, _v.positive("noise_multiplier", noise_multiplier),
+        row_discretization(row_sum, _v.positive("noise_multiplier", noise_multiplier),
                             _v.positive("discretization", discretization))
     acc = MMCCAccountant(
         strategy,

@@ -137,7 +137,7 @@ def row_pld(
             return subsampled_gaussian(noise_multiplier, float(p[0]), float(c[0]), discretization=discretization)
         except NoiseTooSmallError:
             # its one-step grid exceeds the subsampled Gaussian's point limit at this grid (which the
-            # MMCC accountant chose for all rows from memory, ``_row_discretization``): the same pair
+            # MMCC accountant chose for all rows from memory, ``grid.row_discretization``): the same pair
             # as a two-point mixture, whose PLD has no point limit (equally pessimistic)
             if float(p[0]) >= 1.0:
                 return mixture_of_gaussians(c, np.ones(1), noise_multiplier, discretization=discretization)

@@ -1,0 +1,76 @@
+"""The loss grid of MMCC's row PLDs: the requested discretization while the widest row's grid fits
+in memory, else a coarser power-of-two multiple (pessimistic: every loss still rounded up). Shared by
+the accountant (:mod:`.accountant`) and the cost model (:mod:`dpmf.accounting.cost`), which sizes a
+run's time and memory by the grid chosen here."""
+
+from __future__ import annotations
+
+import math
+
+
+#: Peak bytes per loss-grid point of a whole MMCC run (row mixtures' quadrature nodes, both
+#: directions' PMFs, the compositions' FFT buffers), measured: BinaryTree(16), q 1/16, sigma 0.5
+#: peaked at 2.5 GiB for a widest-row grid of 1.66e7 points (150 bytes a point), so 160.
+GRID_BYTES = 160.0
+
+#: Share of the available memory one MMCC run may plan for (the rest for the caller and its peers).
+MEMORY_SHARE = 0.5
+
+#: Points of the coarser grid when the requested one does not fit: 2^22 (~0.7 GiB at
+#: :data:`GRID_BYTES`), far finer than one step's coarse grid (2^16), since an MMCC run composes
+#: rows of very different widths and the rounding of each adds up.
+COARSE_POINTS = float(2**22)
+
+
+def row_discretization(row_sum: float, sigma: float, discretization: float, entry: float | None = None,
+                       sampling_prob: float = 1.0) -> float:
+    """The loss grid of every row PLD at this noise: ``discretization`` while the widest row's grid
+    fits in memory, else a coarser one (:func:`~dpmf.privacy.gaussian_plds.grid_discretization`,
+    the rule every PLD accountant follows), never a refusal short of float64's range.
+
+    Fit test: the widest row's grid -- both directions' loss levels, about ``2 (u^2 / 2 + 10 u)``
+    for ``u = S / sigma`` and a row of total sensitivity ``S`` (sum of its entries), at least one
+    step's width -- at :data:`GRID_BYTES` per point (the whole run's peak, measured) must fit in
+    :data:`MEMORY_SHARE` of the memory available; and a one-entry row of the largest entry
+    ``entry`` at probability ``sampling_prob`` (the subsampled Gaussian) must fit its own point
+    limit. When either fails, the grid is the finest power-of-two multiple with at most
+    :data:`COARSE_POINTS` points over the same width (a coarser grid is pessimistic: the epsilon is
+    sound and a little larger). Until 2026-12-02 the test counted ``20 u`` points at 16 bytes, so BinaryTree(256) at sigma 0.5 (``u = 512``: 2.7e9
+    points at 1e-4) planned for 1e8 points and was killed for memory at 22 GiB.
+    """
+    from dpmf.errors import NoiseTooSmallError
+    from dpmf.privacy.gaussian_plds import (COARSE_STEP_GRID_POINTS, MAX_DISCRETIZATION, MAX_STEP_GRID_POINTS,
+                                            grid_discretization, step_grid_points, step_width)
+    from dpmf.resources import available_memory
+
+    points_budget = MEMORY_SHARE * available_memory() / GRID_BYTES
+    u = row_sum / sigma
+    # a mixture row's grid spans both directions' loss levels: about 2 (u^2 / 2 + 10 u) for u = S / sigma
+    width = max(step_width(sigma, 1.0, row_sum), 2.0 * (0.5 * u * u + 10.0 * u))
+    # the step rule of a one-entry row (largest entry, probability q): the subsampled Gaussian's limit
+    step_fits = entry is None or step_grid_points(sigma, sampling_prob, entry, discretization=discretization) <= (
+        MAX_STEP_GRID_POINTS)
+    if math.isfinite(width) and width / discretization + 1 <= points_budget and step_fits:
+        return discretization
+    try:
+        return grid_discretization(discretization, width, max_points=points_budget, fit_width=math.inf,
+                                   coarse_points=min(COARSE_POINTS, points_budget))
+    except ArithmeticError:
+        # the loss range grows like (S / sigma)^2: the noise at which the coarsest grid holds it
+        smallest = row_sum / math.sqrt(MAX_DISCRETIZATION * COARSE_STEP_GRID_POINTS / 2.0)
+        raise NoiseTooSmallError(
+            f"noise_multiplier {sigma!r} is too small for any privacy-loss grid: an MMCC row of total sensitivity "
+            f"{row_sum:.6g} spans a privacy-loss range of about (S / noise)^2 = {u * u:.3g}, which needs a grid step "
+            f"above {MAX_DISCRETIZATION:g} (the coarsest float64 PLDs allow); use a noise multiplier >= "
+            f"{smallest:.4g}",
+            smallest,
+        ) from None
+
+
+def row_grid(row_sum: float, sigma: float, discretization: float = 1e-4) -> tuple[float, float]:
+    """``(grid step, points)`` of the widest row's PLD at this noise: the step
+    :func:`row_discretization` chooses and the points of the row's loss range
+    ``2 (u^2 / 2 + 10 u)``, ``u = S / sigma``, on it (the cost model sizes time and memory by them)."""
+    step = row_discretization(row_sum, sigma, discretization)
+    u = row_sum / sigma
+    return step, 2.0 * (0.5 * u * u + 10.0 * u) / step + 1.0
