@@ -541,3 +541,151 @@ def test_output_modified_in_place_refused_in_ghost_mode():
     with pytest.raises(UnsupportedConfigurationError, match="output of a GRU was modified in place.*out-of-place"):
         ghost.clipped_sum(torch.randn(4, 5, 3, dtype=torch.float64), torch.randint(0, 2, (4,)))
     ghost.close()
+
+
+# ------------------------------------------------------------------ the loop: the layer's backward is the rule's (issue 52)
+class Fed(Net):
+    """:class:`Net` with a Linear before the recurrent layer and the initial states made by Linears, so the
+    layer's backward must give its input and state gradients to the layers below."""
+
+    def __init__(self, cell, **kw):
+        super().__init__(cell, **kw)
+        h_out = kw.get("proj_size", 0) or 4
+        self.inp, self.h_init, self.c_init = torch.nn.Linear(3, 3), torch.nn.Linear(h_out, h_out), torch.nn.Linear(4, 4)
+
+    def forward(self, x, h0=None, c0=None):
+        return super().forward(torch.tanh(self.inp(x)), None if h0 is None else self.h_init(h0),
+                               None if c0 is None else self.c_init(c0))
+
+
+def fed(cell, B=5, T=4, states=False, seed=0, **kw):
+    model, inputs, y = make(cell, B=B, T=T, states=states, seed=seed, **kw)
+    torch.manual_seed(seed + 1)
+    return Fed(cell, **kw).double(), inputs, y
+
+
+def loop_step(ghost, model, inputs, y):
+    """One ``loss.backward()`` of the loop and what it formed: ``(sums, norms)``."""
+    F.cross_entropy(model(*inputs), y).backward()
+    sums, norms, _ = ghost.collect()
+    return sums, norms
+
+
+def count_backwards(monkeypatch):
+    """How many times the recurrent backward through time runs (the rule's and the layer's)."""
+    import dpmf.training.torch.ghost.recurrent as rule
+    import dpmf.training.torch.ghost.recurrent_gates as gates
+
+    runs = {"n": 0}
+    real = gates.gates_and_input_gradients
+
+    def counted(*a, **k):
+        runs["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(gates, "gates_and_input_gradients", counted)
+    monkeypatch.setattr(rule, "gates_and_input_gradients", counted)
+    return runs
+
+
+@pytest.mark.parametrize("cell, kw, states", CONFIGS, ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(CONFIGS)])
+def test_loop_backward_is_the_rules_own_and_exact(cell, kw, states, monkeypatch):
+    """In the loop the layer's backward is the rule's backward through time, run once per step: its input
+    and state gradients reach the layers below (whose clipped sums depend on them) and its gate gradients
+    give the layer's own norms; everything equal to the float64 per-example reference through PyTorch's
+    layers. The weights' ``.grad`` stays None (no batch gradient formed)."""
+    model, inputs, y = fed(cell, states=states, **kw)
+    clip = float(reference(model, inputs, y, 1.0, 0.0)[1].median())  # some examples clipped, some not
+    ghost = GhostClipper(model, F.cross_entropy, clip)
+    runs = count_backwards(monkeypatch)
+    sums, norms = loop_step(ghost, model, inputs, y)
+    assert runs["n"] == 1
+    assert all(p.grad is None for p in model.rnn.parameters())
+    with ghost.plain():
+        want, ref_norms = reference(model, inputs, y, clip, ghost.margin)
+    ghost.close()
+    assert (norms >= ref_norms * (1 - 1e-12)).all() and torch.allclose(norms, ref_norms, rtol=1e-9, atol=0)
+    assert (ref_norms > clip).any() and (ref_norms < clip).any()
+    for name, a, b in zip(ghost.param_names, sums, want):
+        assert torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12), name
+
+
+def test_loop_weights_restored_and_plain_runs_torchs_layer():
+    """After each forward the layer holds its own parameters again (also the list torch's RNNs run on);
+    inside ``clipper.plain()`` the forward is PyTorch's, with ordinary gradients of the weights."""
+    model, inputs, y = fed("LSTM", states=True, num_layers=2, batch_first=True)
+    ghost = GhostClipper(model, F.cross_entropy, 1.0)
+    loop_step(ghost, model, inputs, y)
+    assert all(w is p for w, p in zip(model.rnn._flat_weights, model.rnn.parameters()))
+    with ghost.plain():
+        F.cross_entropy(model(*inputs), y).backward()
+    got = [p.grad.clone() for p in model.rnn.parameters()]
+    ghost.close()
+    model.zero_grad()
+    F.cross_entropy(model(*inputs), y).backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, model.rnn.parameters()))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_loop_non_finite_example_skipped(batch_first):
+    """nonfinite='skip' in the loop: an inf input's example contributes 0, the others as without it."""
+    model, inputs, y = fed("LSTM", B=5, T=4, states=True, batch_first=batch_first, num_layers=2,
+                           bidirectional=True)
+    x = inputs[0].clone()
+    x[2, 1, 0] = float("inf")
+    keep = [0, 1, 3, 4]
+    ghost = GhostClipper(model, F.cross_entropy, 0.3, nonfinite="skip")
+    sums, norms = loop_step(ghost, model, (x, *inputs[1:]), y)
+    assert ghost.skipped_nonfinite == 1 and not torch.isfinite(norms[2])
+    with ghost.plain():
+        want, ref_norms = reference(model, tuple(t[keep] for t in inputs), y[keep], 0.3, ghost.margin)
+    ghost.close()
+    assert torch.allclose(norms[keep], ref_norms, rtol=1e-9, atol=0)
+    for name, a, b in zip(ghost.param_names, sums, want):
+        assert torch.isfinite(a).all() and torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12), name
+
+
+def test_loop_output_modified_in_place_refused():
+    """The loop form too: an output changed in place before the backward is refused, never read."""
+
+    class InPlace(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.head = torch.nn.Linear(3, 3), torch.nn.Linear(4, 2)
+            self.rnn = torch.nn.LSTM(3, 4, batch_first=True)
+
+        def forward(self, x):
+            out, _ = self.rnn(self.inp(x))
+            return self.head(out.mul_(2)[:, -1])
+
+    torch.manual_seed(0)
+    model = InPlace().double()
+    ghost = GhostClipper(model, F.cross_entropy, 1.0)
+    with pytest.raises(UnsupportedConfigurationError, match="output of a LSTM was modified in place"):
+        loop_step(ghost, model, (torch.randn(4, 5, 3, dtype=torch.float64),), torch.randint(0, 2, (4,)))
+    ghost.close()
+
+
+def test_loop_checkpointed_recurrent_layer_exact():
+    """A recurrent layer inside non-reentrant activation checkpointing: recomputed in the backward, the
+    same norms and sums as without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Ckpt(Fed):
+        def forward(self, x, h0=None, c0=None):
+            return checkpoint(super().forward, x, h0, c0, use_reentrant=False)
+
+    model, inputs, y = fed("GRU", states=True, num_layers=2, batch_first=True)
+    plain_sums = None
+    for cls in (Fed, Ckpt):
+        torch.manual_seed(1)
+        m = cls("GRU", num_layers=2, batch_first=True).double()
+        m.load_state_dict(model.state_dict())
+        ghost = GhostClipper(m, F.cross_entropy, 0.5)
+        sums, norms = loop_step(ghost, m, inputs, y)
+        ghost.close()
+        if plain_sums is None:
+            plain_sums, plain_norms = sums, norms
+            continue
+        assert torch.allclose(norms, plain_norms, rtol=1e-12)
+        assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(sums, plain_sums))

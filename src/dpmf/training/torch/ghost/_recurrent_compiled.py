@@ -14,9 +14,10 @@ forms the gate gradients from the saved activations (no transcendental function:
 The formulas are :mod:`~dpmf.training.torch.ghost.recurrent_gates`' (its module docstring); arrays are
 batch-major and C-contiguous, ``(B, T, .)``, all of one float dtype; ``reverse``: the direction runs
 from ``t = T-1`` down to 0, so its backward runs from 0 up. Outputs are written into the arrays
-passed (``dg``, ...). The rounding differs from the per-step tensor loop the rule runs on other
-devices only in the order of operations (tested equal to rounding); the rule's norms bound exactly
-what these loops return, whatever their rounding.
+passed (``dg``, ...); each backward returns the gradients reaching the initial states. The rounding
+differs from the per-step tensor loop the rule runs on other devices only in the order of operations
+(tested equal to rounding); the rule's norms bound exactly what these loops return, whatever their
+rounding.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
     ``(B, T, H_out)`` the gradients of ``h_t = W_hr m_t`` (``proj``; else untouched). ``dout``: the
     gradient reaching the direction's outputs ``(B, T, H_out)``; ``dh0``, ``dc0``: reaching ``h_n``, ``c_n``;
     ``act``: the gate activations (:func:`lstm_cells`); ``tc = tanh(c)``; ``w_hh`` ``(4H, H_out)``, ``w_hr``
-    ``(H_out, H)``."""
+    ``(H_out, H)``. Returns ``(dh, dc)``: the gradients reaching the initial states ``h0``, ``c0``."""
     B, T, Ho = dout.shape
     H = c.shape[2]
     dh = dh0.copy()
@@ -82,13 +83,15 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
                 dcb[j] *= f[j]
             dg[b, t] = vr
         np.dot(v, w_hh, dh)
+    return dh, dc
 
 
 @nb.njit(cache=True, nogil=True)
 def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, dgi, dgh):  # pragma: no cover - compiled
     """GRU backward through time: ``dgi`` ``(B, T, 3H)`` the gradients of ``W_ih x_t + b_ih``, ``dgh`` those
     of ``W_hh h_{t-1} + b_hh`` (its ``n`` block times ``r``). ``rz`` ``(B, T, 2H)``: ``r, z``; ``n``; ``ghn``: the
-    ``n`` block of ``W_hh h_{t-1} + b_hh``; ``h_in``: the state each step read; ``w_hh`` ``(3H, H)``."""
+    ``n`` block of ``W_hh h_{t-1} + b_hh``; ``h_in``: the state each step read; ``w_hh`` ``(3H, H)``. Returns the
+    gradient reaching the initial state ``h0``."""
     B, T, H = dout.shape
     one = np.ones(1, dout.dtype)[0]  # (a literal 1 would make float32 arithmetic float64)
     dh = dh0.copy()
@@ -115,12 +118,14 @@ def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, dgi, dgh):  # pragma: n
             dgh[b, t] = wr
         np.dot(w, w_hh, dh)
         dh += dz
+    return dh
 
 
 @nb.njit(cache=True, nogil=True)
 def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, dg):  # pragma: no cover - compiled
     """Elman RNN backward through time: ``dg`` ``(B, T, H)`` the pre-activation gradients, from the
-    outputs ``y`` (``tanh' = 1 - y^2``; ``relu' = [y > 0]``); ``w_hh`` ``(H, H)``."""
+    outputs ``y`` (``tanh' = 1 - y^2``; ``relu' = [y > 0]``); ``w_hh`` ``(H, H)``. Returns the gradient reaching
+    the initial state ``h0``."""
     B, T, H = dout.shape
     dh = dh0.copy()
     v = np.empty((B, H), dout.dtype)
@@ -137,6 +142,7 @@ def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, dg):  # pragma: no cover - compi
                     vr[j] = a[j] - a[j] * yr[j] * yr[j]
             dg[b, t] = vr
         np.dot(v, w_hh, dh)
+    return dh
 
 
 @nb.njit(cache=True, nogil=True)

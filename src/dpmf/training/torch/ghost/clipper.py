@@ -114,6 +114,8 @@ class _Unit:
     tracked: bool = False  # no rule: parameters broadcast over the batch are followed (ghost.broadcast)
     bias_table: bool = False  # always called without a batch dimension (T5's relative_attention_bias)
     capture: Any = None  # the tracked parameters of the call in progress
+    flat_weights: Any = None  # a torch RNN's list of its weights, while the call in progress runs detached
+    own: Any = None  # the rule's own backward for the call in progress (its rule's ``own_backward``)
 
 
 @dataclass
@@ -368,6 +370,11 @@ class GhostClipper(Clipper):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
             self._detach(unit)
+            own = getattr(unit.rule, "own_backward", None)
+            got = None if own is None else own(module, args, kwargs)
+            if got is not None:  # the call runs on detached inputs; the forward hook joins them by the rule's backward
+                unit.own, args, kwargs = got
+                return args, kwargs
         elif unit.rule is not None and unit.swapped is None and any(
                 param_of(module._parameters.get(n))[0] is not None for n in unit.trainable):
             self._detach(unit, detach=False)  # its own call on the parameters, not on the aliases of direct reads
@@ -389,6 +396,11 @@ class GhostClipper(Clipper):
         for n, p in unit.trainable.items():
             unit.swapped[n] = unit.module._parameters[n]
             unit.module._parameters[n] = p.detach() if detach else p
+        names = getattr(unit.module, "_flat_weights_names", None)
+        if names is not None:  # torch's RNNs run on this list of their weights, not on _parameters
+            unit.flat_weights = unit.module._flat_weights
+            unit.module._flat_weights = [unit.module._parameters[n] if n in unit.trainable else w
+                                         for n, w in zip(names, unit.flat_weights)]
 
     @staticmethod
     def _restore(unit: _Unit) -> None:
@@ -396,6 +408,9 @@ class GhostClipper(Clipper):
             for n, p in unit.swapped.items():
                 unit.module._parameters[n] = p
             unit.swapped, unit.detached = None, False
+        if unit.flat_weights is not None:
+            unit.module._flat_weights, unit.flat_weights = unit.flat_weights, None
+        unit.own = None
 
     def _expand(self, unit: _Unit, module, args, kwargs):
         """A layer whose main input is shared by the batch (dim 0 of size 1 while the model's batch is
@@ -441,12 +456,15 @@ class GhostClipper(Clipper):
 
     def _forward_hook(self, unit: _Unit, module, args, kwargs, output):
         detached = unit.swapped is not None and unit.detached
+        own = unit.own
         self._restore(unit)
         capture, unit.capture = unit.capture, None
+        if own is not None:
+            output = own(output)  # (the rule's backward joins the outputs to the inputs)
         if not self._capturing():
-            return
-        if detached and isinstance(output, torch.Tensor) and output.is_floating_point():
-            output = self._detached.link(output)  # (requires grad through the token where the input did not)
+            return output if own is not None else None
+        if detached:
+            output = self._linked(output)  # (requires grad through the token where the input did not)
         if self._recomputing():
             self._recomputed(unit)
             return output if detached else None
@@ -480,6 +498,15 @@ class GhostClipper(Clipper):
             output, call.shared = broadcast.OutputCapture.track_outputs(output, batch)
             return output
         return output if detached else None
+
+    def _linked(self, output):
+        """A detached layer's floating output tensors (a tensor, or tuples of them: a recurrent layer's
+        ``(out, (h_n, c_n))``) joined to this forward's token (:mod:`~dpmf.training.torch.ghost.detached`)."""
+        if isinstance(output, torch.Tensor):
+            return self._detached.link(output) if output.is_floating_point() else output
+        if isinstance(output, tuple) and type(output) is tuple:
+            return tuple(self._linked(o) for o in output)
+        return output
 
     def _grad_hook(self, unit, call, k, grad):
         if broadcast.pulling():

@@ -30,6 +30,18 @@ joined with its cross terms like any repeated layer, from the same per-parameter
 (:mod:`~dpmf.training.torch.ghost.joint`). The recomputation agrees with autograd through the fused
 kernel to rounding (tested in float64); the clip bound does not depend on that.
 
+The backward through time runs once per step. In the loop (``loss.backward()``), where ghost mode runs
+a layer on detached weights (``GhostClipper._detach``; for these layers also the list of weights
+PyTorch's kernel reads), the call runs on detached inputs too -- PyTorch's fused kernel then records no
+graph -- and its outputs are joined to its inputs by :class:`_OwnBackward`, whose backward is this rule's
+(:func:`~dpmf.training.torch.ghost.recurrent_gates.gates_and_input_gradients`: the gate gradients, and from
+them the gradients of the input, ``h0`` and ``c0``); the rule then takes those gate gradients instead of
+forming them again (where they came from exactly the output gradients its call holds). PyTorch's own
+backward of the layer, which repeats the backward through time and forms the weight gradients ghost mode
+discards, does not run. Where that does not apply (not CPU float32/float64, autocast, packed or unbatched
+input, :meth:`GhostClipper.clipped_sum`, ``clipper.plain()``), PyTorch's kernel and backward run as they are
+and the rule forms the gate gradients itself. Tested equal to the float64 per-example reference in both.
+
 Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, dropout between
 layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can),
 an output modified in place after the forward, and a ``batch_first=False`` call with as many time
@@ -43,7 +55,7 @@ from __future__ import annotations
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample
-from dpmf.training.torch.ghost.recurrent_gates import gate_gradients
+from dpmf.training.torch.ghost.recurrent_gates import gate_gradients, gates_and_input_gradients
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
 from dpmf.training.torch.ghost.sequence import F64, sequence_parts
 from dpmf.training.torch.recurrent import RECURRENT_TYPES, cell_kind, check_layout, check_unpacked, weight_names
@@ -54,7 +66,10 @@ __all__ = ["recurrent_rule", "recurrent_batch"]
 
 
 def _input_and_state(call):
-    args, kwargs = call.args, call.kwargs
+    return _arguments(call.args, call.kwargs)
+
+
+def _arguments(args, kwargs):
     x = args[0] if args else kwargs.get("input")
     hx = args[1] if len(args) > 1 else kwargs.get("hx")
     return x, hx
@@ -178,6 +193,13 @@ def recurrent_rule(module, call, trainable):
         )
     x, hx = _input_and_state(call)
     out = _recorded_output(module, call)
+    kind = cell_kind(module)
+    shared = _OwnBackward.gates_of(call)
+    if shared is not None:  # the layer's own backward formed them (own_backward): not again
+        groups = []
+        for layer, d, rec in shared:
+            groups += _groups(kind, rec, weight_names(module, layer, d), trainable)
+        return _layer_gradients(groups, trainable, call, module)
     w0 = next(iter(module.parameters()))
     work = torch.promote_types(w0.dtype, torch.float32)
     params = {n: p.detach().to(work) for n, p in module.named_parameters()}
@@ -185,7 +207,6 @@ def recurrent_rule(module, call, trainable):
     if hx is not None:
         hx = tuple(h.to(work) for h in hx) if isinstance(hx, (tuple, list)) else hx.to(work)
     grads = [None if g is None else g.to(work) for g in call.grads] + [None, None]
-    kind = cell_kind(module)
     groups = []
     for layer, d, rec in gate_gradients(module, x, hx, grads[0], grads[1], grads[2], params,
                                         output=out.detach().to(work)):
@@ -256,6 +277,116 @@ def _ambiguous(module, call) -> bool:
     state = hx is not None or any(g is not None for g in call.grads[1:])
     return (not module.batch_first and x.shape[0] == B) or (state and L == B)
 
+
+class _OwnBackward(torch.autograd.Function):
+    """``(module, params, x, h0, c0, anchor, *outputs) -> aliases of outputs``: the recurrent call's outputs,
+    computed already (by PyTorch's fused kernel, on detached inputs and weights: no graph), joined to its
+    inputs ``x``, ``h0``, ``c0`` by the rule's own backward through time
+    (:func:`~dpmf.training.torch.ghost.recurrent_gates.gates_and_input_gradients`), which forms the gate
+    gradients the rule needs and the gradients of the inputs and initial states from them. The gate
+    gradients are kept on the node (``dpmf_gates``, with the output gradients they came from) for the
+    rule, so the backward through time runs once per step. ``anchor``: a 0-dim leaf requiring gradient,
+    so the node exists when no input needs a gradient (it is given none). Nothing is saved with
+    ``save_for_backward`` (the inputs and outputs are kept as detached aliases, which share their version
+    counters): an output modified in place before the backward is run again here, and refused by the rule."""
+
+    @staticmethod
+    def forward(ctx, module, params, x, h0, c0, anchor, *outputs):
+        ctx.set_materialize_grads(False)
+        ctx.module, ctx.params, ctx.x, ctx.h0, ctx.c0 = module, params, x.detach(), h0, c0
+        ctx.out, ctx.out_version = outputs[0], outputs[0]._version
+        ctx.n_outputs = len(outputs)
+        ctx.dpmf_gates = None
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        module, h0, c0 = ctx.module, ctx.h0, ctx.c0
+        hx = None if h0 is None else ((h0.detach(), c0.detach()) if c0 is not None else h0.detach())
+        out = ctx.out if ctx.out._version == ctx.out_version else None  # (None: run again; the rule refuses)
+        dc_n = grads[2] if len(grads) > 2 else None
+        need = ctx.needs_input_grad
+        gates, (dx, dh0, dc0) = gates_and_input_gradients(module, ctx.x, hx, grads[0], grads[1], dc_n, ctx.params,
+                                                          output=out, inputs=need[2])
+        ctx.dpmf_gates = (grads, gates)
+        return (None, None, dx if need[2] else None, dh0 if need[3] else None,
+                dc0 if need[4] else None, None) + (None,) * ctx.n_outputs
+
+    @staticmethod
+    def gates_of(call):
+        """The gate gradients :class:`_OwnBackward` formed for ``call`` (its first output's node, or the node
+        under the clipper's link), if they came from exactly the gradients the call holds; else None."""
+        node = getattr(call.outputs[0], "grad_fn", None) if call.outputs else None
+        for _ in range(2):
+            if node is None:
+                return None
+            got = getattr(node, "dpmf_gates", None)
+            if got is not None:
+                grads, gates = got
+                return gates if _same_tensors(grads, call.grads) else None
+            node = node.next_functions[0][0] if node.next_functions else None
+        return None
+
+
+def _same_tensors(a, b) -> bool:
+    """Whether two lists hold the same tensors (the same memory, shape and strides; None for None)."""
+    b = list(b) + [None] * (len(a) - len(b))
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and x.data_ptr() == y.data_ptr()
+                                      and x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype)
+        for x, y in zip(a, b))
+
+
+def own_backward(module, args, kwargs):
+    """The loop's forward of a recurrent layer whose weights the clipper detached (``GhostClipper._detach``):
+    ``(finish, args, kwargs)`` -- the call runs on detached inputs (PyTorch's fused kernel records no graph)
+    and ``finish(output)`` joins its outputs to the inputs by :class:`_OwnBackward`; or None where the
+    rule's backward does not apply (then the fused kernel runs as it is): not CPU float32/float64 with one
+    dtype, a packed or unbatched input, dropout between layers in training mode (refused by the rule), under
+    autocast, inside a ``torch.func`` transform."""
+    x, hx = _arguments(args, kwargs)
+    lstm = isinstance(module, torch.nn.LSTM)
+    states = () if hx is None else (tuple(hx) if isinstance(hx, (tuple, list)) else (hx,))
+    params = dict(module.named_parameters())
+    if (not isinstance(x, torch.Tensor) or x.ndim != 3 or x.device.type != "cpu"
+            or x.dtype not in (torch.float32, torch.float64) or len(states) != (2 if lstm and hx is not None else
+                                                                              (1 if hx is not None else 0))
+            or any(not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.ndim != 3 for t in states)
+            or any(p.dtype != x.dtype or p.requires_grad for p in params.values())
+            or (module.training and module.dropout > 0 and module.num_layers > 1)
+            or torch.is_autocast_enabled("cpu") or torch._C._functorch.is_functorch_wrapped_tensor(x)):
+        return None
+    h0 = states[0] if states else None
+    c0 = states[1] if lstm and states else None
+    new_hx = None if hx is None else (tuple(t.detach() for t in states) if lstm else h0.detach())
+    new_args, new_kwargs = _with_inputs(args, kwargs, x.detach(), new_hx)
+
+    def finish(output):
+        out, state = output
+        outputs = (out, *state) if lstm else (out, state)
+        anchor = torch.zeros((), dtype=x.dtype, requires_grad=True)
+        joined = _OwnBackward.apply(module, {n: p.detach() for n, p in params.items()}, x, h0, c0, anchor, *outputs)
+        return (joined[0], (joined[1], joined[2])) if lstm else (joined[0], joined[1])
+
+    return finish, new_args, new_kwargs
+
+
+def _with_inputs(args, kwargs, x, hx):
+    """The call's ``(args, kwargs)`` with its input and state replaced."""
+    args, kwargs = list(args), dict(kwargs)
+    if args:
+        args[0] = x
+    else:
+        kwargs["input"] = x
+    if len(args) > 1:
+        args[1] = hx
+    elif "hx" in kwargs:
+        kwargs["hx"] = hx
+    return tuple(args), kwargs
+
+
+recurrent_rule.own_backward = own_backward
+recurrent_rule.detachable = True
 
 for _t in RECURRENT_TYPES:
     CALL_BATCH[_t] = recurrent_batch

@@ -28,7 +28,10 @@ neighbouring output), ``u_t = W_ih x_t + b_ih`` and ``v_t = W_hh h_{t-1} + b_hh`
    (cell recurrence, backward through time) are compiled (:mod:`~dpmf.training.torch.ghost._recurrent_compiled`,
    BLAS on one thread); elsewhere they run as per-step tensor operations with the same formulas.
 
-All tensors batch-major ``(B, T, .)`` and contiguous. Tested equal to autograd through PyTorch's own
+The same backward gives the layer's input and initial-state gradients (:func:`gates_and_input_gradients`:
+``d_input = sum over directions du W_ih`` of the first layer, ``d_h0``/``d_c0`` what each recurrence carries
+past its first step): in the loop it *is* the layer's backward
+(:class:`~dpmf.training.torch.ghost.recurrent._OwnBackward`). All tensors batch-major ``(B, T, .)`` and contiguous. Tested equal to autograd through PyTorch's own
 layers (float64 per-example references, every option) and the compiled loops equal to the tensor loops.
 The norms need no agreement beyond rounding: they bound exactly the tensors returned here.
 """
@@ -41,7 +44,7 @@ from dpmf.training.torch.recurrent import cell_kind, check_unpacked, weight_name
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["gate_gradients", "rerun_layer"]
+__all__ = ["gate_gradients", "gates_and_input_gradients", "rerun_layer"]
 
 #: PyTorch's fused recurrent functions (what ``nn.RNN``/``GRU``/``LSTM`` call), by :func:`cell_kind`
 _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -164,7 +167,7 @@ def _through_time_tensors(kind, w, st, dout, dh, dc, reverse: bool) -> dict:
             act = (y > 0).to(y.dtype) if kind == "RNN_RELU" else 1 - y * y
             dgi[:, t] = v = dh * act
             dh = v @ W_hh
-    return {"dgi": dgi, "dgh": dgh, "dhr": dhr}
+    return {"dgi": dgi, "dgh": dgh, "dhr": dhr, "dh0": dh, "dc0": dc}
 
 
 def _through_time_compiled(kind, w, st, dout, dh, dc) -> dict:
@@ -178,18 +181,19 @@ def _through_time_compiled(kind, w, st, dout, dh, dc) -> dict:
     n = lambda t: t.detach().contiguous().numpy()  # noqa: E731  (views; copies only of strided tensors)
     rev = st["reverse"]
     if kind == "GRU":
-        gru_bptt(n(dout), n(dh), n(st["rz"]), n(st["n"]), n(st["ghn"]), n(st["h_in"]), n(w["hh"]), rev,
-                   dgi.numpy(), dgh.numpy())
-        return {"dgi": dgi, "dgh": dgh, "dhr": None}
+        dh0 = gru_bptt(n(dout), n(dh), n(st["rz"]), n(st["n"]), n(st["ghn"]), n(st["h_in"]), n(w["hh"]), rev,
+                       dgi.numpy(), dgh.numpy())
+        return {"dgi": dgi, "dgh": dgh, "dhr": None, "dh0": torch.from_numpy(dh0), "dc0": None}
     if kind == "LSTM":
         proj = w["hr"] is not None
         dhr = dout.new_empty(B, T, dout.shape[2]) if proj else dout.new_empty(1, 1, 1)
         w_hr = w["hr"] if proj else dout.new_empty(1, 1)
-        lstm_bptt(n(dout), n(dh), n(dc), n(st["act"]), n(st["c"]), n(st["tc"]), n(st["c0"]),
-                    n(w["hh"]), n(w_hr), proj, rev, dgi.numpy(), dhr.numpy())
-        return {"dgi": dgi, "dgh": dgi, "dhr": dhr if proj else None}
-    rnn_bptt(n(dout), n(dh), n(st["y"]), kind == "RNN_RELU", n(w["hh"]), rev, dgi.numpy())
-    return {"dgi": dgi, "dgh": dgi, "dhr": None}
+        dh0, dc0 = lstm_bptt(n(dout), n(dh), n(dc), n(st["act"]), n(st["c"]), n(st["tc"]), n(st["c0"]),
+                             n(w["hh"]), n(w_hr), proj, rev, dgi.numpy(), dhr.numpy())
+        return {"dgi": dgi, "dgh": dgi, "dhr": dhr if proj else None, "dh0": torch.from_numpy(dh0),
+                "dc0": torch.from_numpy(dc0)}
+    dh0 = rnn_bptt(n(dout), n(dh), n(st["y"]), kind == "RNN_RELU", n(w["hh"]), rev, dgi.numpy())
+    return {"dgi": dgi, "dgh": dgi, "dhr": None, "dh0": torch.from_numpy(dh0), "dc0": None}
 
 
 def _compiles(x) -> bool:
@@ -199,6 +203,13 @@ def _compiles(x) -> bool:
 
 def gate_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: dict, *, output=None,
                    compiled: bool | None = None) -> list:
+    """The list of :func:`gates_and_input_gradients` alone (same arguments)."""
+    return gates_and_input_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params, output=output,
+                                     compiled=compiled, inputs=False)[0]
+
+
+def gates_and_input_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: dict, *, output=None,
+                              compiled: bool | None = None, inputs: bool = True) -> tuple:
     """Per layer and direction, ``(layer, direction, tensors)`` with the inputs and pre-activation
     gradients whose outer products over time are the per-example weight gradients: ``x``/``dgi``
     (``W_ih``, ``b_ih``), ``h_in``/``dgh`` (``W_hh``, ``b_hh``; ``h_in`` the state each step read),
@@ -208,7 +219,13 @@ def gate_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: d
     that reached ``output``, ``h_n``, ``c_n`` (``None``: zero), in the layer's layout; ``params``: the
     module's parameters by name (in the working precision); ``output``: the call's recorded (unmodified)
     output, or ``None`` to run the top layer again too; ``compiled``: the compiled loops (default: where
-    they apply, CPU float32/float64) or the tensor loops."""
+    they apply, CPU float32/float64) or the tensor loops.
+
+    Returns ``(that list, (d_input, d_h0, d_c0))``: with it, the gradients reaching the call's input (in
+    its layout; ``None`` unless ``inputs``) and initial states ``(L * D, B, .)`` (``d_c0`` ``None`` but for
+    the LSTM) -- the layer's backward, from the same backward through time: ``d_input = sum over
+    directions du W_ih`` of the first layer, ``d_h0``, ``d_c0`` what each direction's recurrence carries
+    past its first step."""
     check_unpacked(module, input)
     kind = cell_kind(module)
     lstm = kind == "LSTM"
@@ -241,11 +258,16 @@ def gate_gradients(module, input, hx, grad_output, grad_h_n, grad_c_n, params: d
                 st["reverse"] = bool(d)
                 saved.append((w, st))
             layer_in = y.contiguous()
-        return _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled)
+        result, (dx, dh0, dc0) = _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled,
+                                           inputs)
+    if dx is not None and not bf:
+        dx = dx.transpose(0, 1)
+    return result, (dx, dh0, dc0)
 
 
-def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled) -> list:
-    """Step 3 of the module docstring for every layer and direction, from the top layer down."""
+def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled, inputs: bool) -> tuple:
+    """Step 3 of the module docstring for every layer and direction, from the top layer down: ``(the list of
+    :func:`gate_gradients`, (d_input batch-major or None, d_h0, d_c0))``."""
     lstm = kind == "LSTM"
     B, T = x.shape[:2]
     D = 2 if module.bidirectional else 1
@@ -256,7 +278,7 @@ def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled)
         dout = x.new_zeros(B, T, D * H_out)
     else:
         dout = grad_output if module.batch_first else grad_output.transpose(0, 1)
-    result = [None] * (L * D)
+    result, dh0, dc0 = [None] * (L * D), [None] * (L * D), [None] * (L * D)
     for layer in range(L - 1, -1, -1):
         d_below = None
         for d in range(D):
@@ -271,11 +293,12 @@ def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled)
                 g = _through_time_tensors(kind, w, st, part, dh, dc, st["reverse"])
             result[k] = (layer, d, {"x": st["x"], "dgi": g["dgi"], "h_in": st["h_in"], "dgh": g["dgh"],
                                     "m": st.get("m"), "dhr": g["dhr"]})
-            if layer:
+            dh0[k], dc0[k] = g["dh0"], g["dc0"]
+            if layer or inputs:
                 below = g["dgi"] @ w["ih"]
                 d_below = below if d_below is None else d_below.add_(below)
         dout = d_below
-    return result
+    return result, (dout, torch.stack(dh0), torch.stack(dc0) if lstm else None)
 
 
 def _one_blas_thread(compiled: bool):
