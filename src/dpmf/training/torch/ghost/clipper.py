@@ -369,9 +369,10 @@ class GhostClipper(Clipper):
         if not self._capturing() or not (self._in_model or self._recomputing()):
             return None
         if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
-            self._detach(unit)
-            own = getattr(unit.rule, "own_backward", None)
+            own = getattr(unit.rule, "own_backward", None)  # (a rule with one detaches only where it applies)
             got = None if own is None else own(module, args, kwargs)
+            if own is None or got is not None:
+                self._detach(unit)
             if got is not None:  # the call runs on detached inputs; the forward hook joins them by the rule's backward
                 unit.own, args, kwargs = got
                 return args, kwargs
@@ -397,10 +398,11 @@ class GhostClipper(Clipper):
             unit.swapped[n] = unit.module._parameters[n]
             unit.module._parameters[n] = p.detach() if detach else p
         names = getattr(unit.module, "_flat_weights_names", None)
-        if names is not None:  # torch's RNNs run on this list of their weights, not on _parameters
-            unit.flat_weights = unit.module._flat_weights
-            unit.module._flat_weights = [unit.module._parameters[n] if n in unit.trainable else w
-                                         for n, w in zip(names, unit.flat_weights)]
+        if names is not None:  # torch's RNNs run on this list of their weights (and its weak references)
+            m = unit.module
+            unit.flat_weights = (m._flat_weights, m._flat_weight_refs)
+            m._flat_weights = [m._parameters[n] if n in unit.trainable else w for n, w in zip(names, m._flat_weights)]
+            m._flat_weight_refs = [None if w is None else weakref.ref(w) for w in m._flat_weights]
 
     @staticmethod
     def _restore(unit: _Unit) -> None:
@@ -409,7 +411,7 @@ class GhostClipper(Clipper):
                 unit.module._parameters[n] = p
             unit.swapped, unit.detached = None, False
         if unit.flat_weights is not None:
-            unit.module._flat_weights, unit.flat_weights = unit.flat_weights, None
+            (unit.module._flat_weights, unit.module._flat_weight_refs), unit.flat_weights = unit.flat_weights, None
         unit.own = None
 
     def _expand(self, unit: _Unit, module, args, kwargs):

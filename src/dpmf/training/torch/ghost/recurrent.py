@@ -31,16 +31,16 @@ joined with its cross terms like any repeated layer, from the same per-parameter
 kernel to rounding (tested in float64); the clip bound does not depend on that.
 
 The backward through time runs once per step. In the loop (``loss.backward()``), where ghost mode runs
-a layer on detached weights (``GhostClipper._detach``; for these layers also the list of weights
-PyTorch's kernel reads), the call runs on detached inputs too -- PyTorch's fused kernel then records no
+layers on detached weights (``GhostClipper._detach``; for these layers also the list of weights PyTorch's
+kernel reads), a recurrent call runs on detached inputs too -- PyTorch's fused kernel then records no
 graph -- and its outputs are joined to its inputs by :class:`_OwnBackward`, whose backward is this rule's
 (:func:`~dpmf.training.torch.ghost.recurrent_gates.gates_and_input_gradients`: the gate gradients, and from
 them the gradients of the input, ``h0`` and ``c0``); the rule then takes those gate gradients instead of
 forming them again (where they came from exactly the output gradients its call holds). PyTorch's own
 backward of the layer, which repeats the backward through time and forms the weight gradients ghost mode
 discards, does not run. Where that does not apply (not CPU float32/float64, autocast, packed or unbatched
-input, :meth:`GhostClipper.clipped_sum`, ``clipper.plain()``), PyTorch's kernel and backward run as they are
-and the rule forms the gate gradients itself. Tested equal to the float64 per-example reference in both.
+input, :meth:`GhostClipper.clipped_sum`, ``clipper.plain()``), nothing is detached: PyTorch's kernel and
+backward run as they are and the rule forms the gate gradients itself. Tested equal to the float64 per-example reference in both.
 
 Refused with a clear message: a ``PackedSequence`` input, unbatched (2-D) input, dropout between
 layers in training mode (a re-run cannot reproduce the masks; ``grad_sample_mode="functorch"`` can),
@@ -338,21 +338,22 @@ def _same_tensors(a, b) -> bool:
 
 
 def own_backward(module, args, kwargs):
-    """The loop's forward of a recurrent layer whose weights the clipper detached (``GhostClipper._detach``):
-    ``(finish, args, kwargs)`` -- the call runs on detached inputs (PyTorch's fused kernel records no graph)
-    and ``finish(output)`` joins its outputs to the inputs by :class:`_OwnBackward`; or None where the
-    rule's backward does not apply (then the fused kernel runs as it is): not CPU float32/float64 with one
+    """The loop's forward of a recurrent layer, before the clipper detaches its weights
+    (``GhostClipper._detach``): ``(finish, args, kwargs)`` -- the call runs on detached inputs and weights
+    (PyTorch's fused kernel records no graph) and ``finish(output)`` joins its outputs to the inputs by
+    :class:`_OwnBackward`; or None where the rule's backward does not apply (then nothing is detached and
+    the fused kernel and its backward run as they are): not CPU float32/float64 with one
     dtype, a packed or unbatched input, dropout between layers in training mode (refused by the rule), under
     autocast, inside a ``torch.func`` transform."""
     x, hx = _arguments(args, kwargs)
     lstm = isinstance(module, torch.nn.LSTM)
     states = () if hx is None else (tuple(hx) if isinstance(hx, (tuple, list)) else (hx,))
-    params = dict(module.named_parameters())
+    params = {n: p.detach() for n, p in module.named_parameters()}
     if (not isinstance(x, torch.Tensor) or x.ndim != 3 or x.device.type != "cpu"
             or x.dtype not in (torch.float32, torch.float64) or len(states) != (2 if lstm and hx is not None else
                                                                               (1 if hx is not None else 0))
             or any(not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.ndim != 3 for t in states)
-            or any(p.dtype != x.dtype or p.requires_grad for p in params.values())
+            or any(p.dtype != x.dtype for p in params.values())
             or (module.training and module.dropout > 0 and module.num_layers > 1)
             or torch.is_autocast_enabled("cpu") or torch._C._functorch.is_functorch_wrapped_tensor(x)):
         return None
@@ -365,7 +366,7 @@ def own_backward(module, args, kwargs):
         out, state = output
         outputs = (out, *state) if lstm else (out, state)
         anchor = torch.zeros((), dtype=x.dtype, requires_grad=True)
-        joined = _OwnBackward.apply(module, {n: p.detach() for n, p in params.items()}, x, h0, c0, anchor, *outputs)
+        joined = _OwnBackward.apply(module, params, x, h0, c0, anchor, *outputs)
         return (joined[0], (joined[1], joined[2])) if lstm else (joined[0], joined[1])
 
     return finish, new_args, new_kwargs
