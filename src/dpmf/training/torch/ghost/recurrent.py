@@ -293,7 +293,8 @@ class _OwnBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, module, params, x, h0, c0, anchor, *outputs):
         ctx.set_materialize_grads(False)
-        ctx.module, ctx.params, ctx.x, ctx.h0, ctx.c0 = module, params, x.detach(), h0, c0
+        det = lambda t: None if t is None else t.detach()  # noqa: E731  (aliases: no graph kept through the node)
+        ctx.module, ctx.params, ctx.x, ctx.h0, ctx.c0 = module, params, x.detach(), det(h0), det(c0)
         ctx.out, ctx.out_version = outputs[0], outputs[0]._version
         ctx.n_outputs = len(outputs)
         ctx.dpmf_gates = None
@@ -302,7 +303,7 @@ class _OwnBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         module, h0, c0 = ctx.module, ctx.h0, ctx.c0
-        hx = None if h0 is None else ((h0.detach(), c0.detach()) if c0 is not None else h0.detach())
+        hx = None if h0 is None else ((h0, c0) if c0 is not None else h0)
         out = ctx.out if ctx.out._version == ctx.out_version else None  # (None: run again; the rule refuses)
         dc_n = grads[2] if len(grads) > 2 else None
         need = ctx.needs_input_grad
