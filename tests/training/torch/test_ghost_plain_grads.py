@@ -132,3 +132,18 @@ def test_hooks_on_detached_parameters_see_no_gradient():
     model[0].weight.register_hook(lambda g: seen.append(g))
     CE(model(X[:4]), Y[:4]).backward()
     assert seen == [None] and model[0].weight.grad is None
+
+
+def test_a_private_model_can_be_deep_copied_after_a_step():
+    """The refusal's guard keeps no autograd node (they cannot be copied): ``copy.deepcopy`` of a model
+    wrapped by make_private works after a training step, as users do for EMA or evaluation copies."""
+    model, X, Y = _mlp()
+    run = _private(model, X, Y)
+    run.optimizer.zero_grad()
+    CE(model(X[:4]), Y[:4]).backward()
+    run.optimizer.step()
+    copied = copy.deepcopy(model)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), copied.parameters()))
+    # and the refusal still works on the original after the copy
+    with pytest.raises(UnsupportedConfigurationError, match=r"clipper\.plain\(\)"):
+        torch.autograd.grad(CE(model(X[:4]), Y[:4]), list(model.parameters()))

@@ -84,9 +84,15 @@ class DetachedParameters:
     def __init__(self, params, layers, on_refused: Callable[[], None]) -> None:
         self.params, self.layers, self._on_refused = tuple(params), list(layers), on_refused
         self._sentinel = torch.zeros((), requires_grad=True)
-        # its gradient accumulator, kept alive so that every graph links this very node
-        self.sentinel_node = self._sentinel.view_as(self._sentinel).grad_fn.next_functions[0][0]
         self._token = None
+
+    @property
+    def sentinel_node(self):
+        """The sentinel's gradient accumulator, found when asked (not stored: a stored autograd node
+        cannot be deep-copied, and ``copy.deepcopy(model)`` of a private model must work). While a
+        graph holds Gate, that graph holds the accumulator, so torch returns this very node."""
+        with torch.enable_grad():  # (asked inside a backward, where grad mode is off)
+            return self._sentinel.view_as(self._sentinel).grad_fn.next_functions[0][0]
 
     def link(self, output):
         """``output`` (a detached layer's, floating) joined to this forward's token."""
