@@ -246,15 +246,15 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Where the widest row's grid would not fit in memory the accountant coarsens it
     (:func:`~dpmf.accounting.mmcc.grid.row_grid`) and the time falls like
-    ``(1e-4 / step)^0.85`` (binary tree T = 64 / 128 / 256 at sigma 0.5: 6.1 / 5.0 / 13.9 CPU-s on
-    grids 0.0064 / 0.0256 / 0.1024, estimates 7.6 / 7.7 / 7.8 s).
+    ``(1e-4 / step)^0.6`` (binary tree T = 64 / 128 / 256 at sigma 0.5: 2.7 / 3.1 / 1.9 CPU-s on
+    grids 0.41 / 1.64 / 6.55, estimates 1.8 / 2.5 / 3.5 s).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
     the widest row's loss range ``2 (u^2 / 2 + 10 u)`` (``u = S / sigma``, ``S`` the largest row
     sum: ``n`` for the tree) at 160 bytes per grid point (a whole run's measured peak: BinaryTree(16)
-    at sigma 0.5, 2.5 GiB for 1.66e7 points; BinaryTree(256) at sigma 0.5 on its coarser grid read
-    1.6 GiB for 2.6e6 points, so large trees can take ~4x this)."""
+    at sigma 0.5, 2.5 GiB for 1.66e7 points; on a coarse grid the rest of the run dominates: the
+    coarsened trees above peaked at 0.2-0.5 GiB)."""
     from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
     from dpmf.strategies.identity import Identity
     from dpmf.strategies.toeplitz import ToeplitzStrategy
@@ -304,10 +304,10 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     except DPMFError:  # a noise no grid holds (the accountant refuses it): the requested grid's points
         u = row_sum / max(sig, 1e-12)
         step, points = 1e-4, (u * u + 20.0 * u) / 1e-4
-    if step > 1e-4:  # a coarser grid (memory): time falls like (1e-4 / step)^0.85, measured on the
-        # binary tree at sigma 0.5 (n = 64 / 128 / 256: 6.1 / 5.0 / 13.9 CPU-s, grids 64-1024x coarser)
-        secs *= (1e-4 / step) ** 0.85
-    grid = GRID_BYTES * points
+    if step > 1e-4:  # a coarser grid (memory): time falls like (1e-4 / step)^0.6, measured on the
+        # binary tree at sigma 0.5 (n = 64 / 128 / 256: 2.7 / 3.1 / 1.9 CPU-s on grids 4096-65536x coarser)
+        secs *= (1e-4 / step) ** 0.6
+    grid = GRID_BYTES * points + 2.5e8  # (+ the process: numpy, SciPy, dp_accounting, the kernels, ~0.2 GiB)
     if structured:
         pairs = n * (math.log2(max(n, 2)) + 1) if isinstance(strategy, BinaryTree) else n * min(width, n)
         memory = 64.0 * pairs + grid
