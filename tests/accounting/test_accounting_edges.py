@@ -134,3 +134,14 @@ def test_the_mmcc_cost_model_follows_the_coarser_grid_memory_forces(monkeypatch)
     monkeypatch.setattr("dpmf.resources.available_memory", lambda: math.inf)
     assert row_grid(256.0, 0.5)[0] == 1e-4
     assert accounting_cost(strategy, scheme, 0.5, method="mmcc").seconds > 10 * est.seconds
+
+
+def test_a_memory_forced_coarser_mmcc_grid_is_never_below_the_requested_one(monkeypatch):
+    """The coarser grid memory forces (``mmcc/grid.py``) rounds every loss up: its epsilon is above the
+    requested grid's, never below (a rounding gone the optimistic way would fail here)."""
+    strategy, scheme = BinaryTree(8), PoissonSampling(1 / 8, 8)
+    fine = dpmf.account(strategy, scheme, 1.0, 1e-5, method="mmcc")
+    monkeypatch.setattr("dpmf.resources.available_memory", lambda: 512.0 * 2**20)  # room for 1.7e6 points: 2.2e6 needed
+    coarse = dpmf.account(strategy, scheme, 1.0, 1e-5, method="mmcc")
+    assert coarse.diagnostics["discretization"] > fine.diagnostics["discretization"] == 1e-4
+    assert fine.epsilon <= coarse.epsilon <= 1.05 * fine.epsilon
