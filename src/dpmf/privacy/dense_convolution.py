@@ -16,10 +16,16 @@ tree of 64 steps: 10 s of 45 s in the first, 12 s in the second):
   ``scipy.special.logsumexp`` (40 exponentials per point, 40 passes); each is raised by its rounding
   allowance, so the range can only be wider than dp_accounting's (by a point, rarely), never
   narrower;
-* the self-convolution itself stays dp_accounting's complex ``ifft(fft(p)^k)``, bit for bit: real
-  transforms would halve it, but their different rounding moves the FFT's noise floor (~1e-18 per
-  point, both ways; at delta 1e-10 that is ~1e-7 of epsilon) and the numbers would no longer be
-  dp_accounting's.
+* the self-convolution by **real** transforms, ``irfft(rfft(p)^k)`` with the power by repeated
+  squaring (half the transform of dp_accounting's complex ``ifft(fft(p)^k)``, and ~log2(k) complex
+  multiplies instead of ``k``-th powers by ``exp(k log z)``: 2.7x less time on the 1.3e7-point
+  grids of MMCC BandMF-16 x 500). The numbers differ from dp_accounting's only by the FFT's
+  rounding, whose noise floor (~1e-19 per point, of either sign) is the same for both; against a
+  long-double transform neither is systematically closer (benchmarks/README.md, issue 50, evening);
+* :func:`self_compose_convolve_dense`: ``p^{*k} * b`` in one spectrum (the self-convolution's
+  range as above, then one product and one inverse transform), two transforms of the largest
+  size fewer than self-composing and then composing (:func:`dpmf.privacy.pld.compose_many`'s last
+  merge).
 
 Soundness is dp_accounting's: the truncated prefix moves up, the suffix and (for the
 self-convolution, whose range is cut by the Chernoff bound) ``tail`` go to ``+inf``.
@@ -33,7 +39,7 @@ import numpy as np
 
 from dpmf.privacy import dp_pld
 
-__all__ = ["compose_dense", "self_compose_dense"]
+__all__ = ["compose_dense", "self_compose_convolve_dense", "self_compose_dense"]
 
 
 def _prefix_to_truncate(c: np.ndarray, threshold: float) -> int:
@@ -118,16 +124,59 @@ def self_convolve_bounds(probs: np.ndarray, count: int, tail: float) -> tuple[in
     return lower, upper
 
 
+def _spectrum_power(probs: np.ndarray, count: int, length: int) -> np.ndarray:
+    """``rfft(probs, length) ** count`` by repeated squaring (in place; ``count >= 1``)."""
+    from scipy import fft
+
+    base = fft.rfft(probs, length)
+    out = None
+    while True:
+        if count & 1:
+            out = base.copy() if out is None else np.multiply(out, base, out=out)
+        count >>= 1
+        if not count:
+            return out
+        np.multiply(base, base, out=base)
+
+
 def self_compose_dense(a, count: int, tail: float):
-    """dp_accounting's ``DensePLDPmf.self_compose``, bit for bit (module docstring)."""
+    """dp_accounting's ``DensePLDPmf.self_compose`` by real transforms (module docstring): the
+    ``count``-fold sum on its Chernoff range ``[lo, hi]``, computed circularly on at least
+    ``hi - lo + 1`` points (the mass outside the range, ``<= tail``, lands inside by aliasing *and*
+    is counted again at ``+inf``, so the result dominates the exact law)."""
     from scipy import fft
 
     low, probs, inf, disc = dp_pld.dense_arrays(a)
     probs = np.asarray(probs, dtype=np.float64)
     lo, hi = self_convolve_bounds(probs, count, tail)
     out_len = hi - lo + 1
-    length = fft.next_fast_len(max(out_len, probs.size))
-    full = np.real(fft.ifft(fft.fft(probs, length) ** count))
+    length = fft.next_fast_len(max(out_len, probs.size), real=True)
+    full = fft.irfft(_spectrum_power(probs, count, length), length)
     out = np.roll(full, -lo)[:out_len]
     inf_prob = tail - math.expm1(count * math.log1p(-inf))
     return dp_pld.make_dense(low * count + lo, out, inf_prob, disc)
+
+
+def self_compose_convolve_dense(a, count: int, b, tail: float):
+    """``self_compose_dense(a, count, tail)`` composed with ``b`` (``compose_dense``), in one
+    spectrum: the ``count``-fold sum's Chernoff window ``[lo, hi]`` convolved with ``b`` needs
+    ``hi - lo + len(b)`` points, so the circular convolution on that many holds the window's
+    convolution without overlap; the mass outside the window (``<= tail``) lands inside by aliasing and is
+    counted again at ``+inf``, as in the self-composition; then the tails are truncated as
+    :func:`compose_dense` does (pessimistic)."""
+    from scipy import fft
+
+    la, pa, ia, disc = dp_pld.dense_arrays(a)
+    lb, pb, ib, _ = dp_pld.dense_arrays(b)
+    pa = np.asarray(pa, dtype=np.float64)
+    lo, hi = self_convolve_bounds(pa, count, tail)
+    out_len = hi - lo + pb.size
+    length = fft.next_fast_len(max(out_len, pa.size), real=True)
+    spectrum = _spectrum_power(pa, count, length)
+    np.multiply(spectrum, fft.rfft(np.asarray(pb, dtype=np.float64), length), out=spectrum)
+    # (the sum index s + t of the window's entry i is lo + i, circularly)
+    probs = np.roll(fft.irfft(spectrum, length), -lo)[:out_len]
+    ia_k = tail - math.expm1(count * math.log1p(-ia))
+    inf = ia_k + ib - ia_k * ib
+    offset, probs, right = truncate_tails(probs, tail)
+    return dp_pld.make_dense(la * count + lo + lb + offset, probs, inf + right, disc)

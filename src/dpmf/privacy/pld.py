@@ -80,12 +80,29 @@ def _compose_pmfs(a, b, tail: float):
 
 def _self_compose_pmf(pmf, count: int, tail: float):
     """dp_accounting's ``count``-fold self-composition; dense PMFs by :mod:`.dense_convolution`
-    (real FFTs, vectorized Chernoff bounds)."""
+    (real transforms, vectorized Chernoff bounds)."""
     if dp_pld.is_dense(pmf):
         from dpmf.privacy.dense_convolution import self_compose_dense
 
         return self_compose_dense(pmf, count, tail)
     return pmf.self_compose(count, tail)
+
+
+def _no_memory(count: int) -> InvalidParameterError:
+    return InvalidParameterError(
+        f"composing {count:,} runs needs more memory than this machine has (dp_accounting's privacy loss "
+        "grid); use a smaller times (fewer runs)"
+    )
+
+
+def _self_compose_compose_pmf(a, count: int, b, tail: float):
+    """``a`` self-composed ``count`` times, then composed with ``b``; dense PMFs in one spectrum
+    (:func:`.dense_convolution.self_compose_convolve_dense`)."""
+    if dp_pld.is_dense(a) and dp_pld.is_dense(b):
+        from dpmf.privacy.dense_convolution import self_compose_convolve_dense
+
+        return self_compose_convolve_dense(a, count, b, tail)
+    return _compose_pmfs(_self_compose_pmf(a, count, tail), b, tail)
 
 
 def _epsilon_for_delta(pmf, delta: float) -> float:
@@ -187,10 +204,7 @@ class PrivacyLossDistribution:
         return losses, probs, inf
 
     # ----------------------------------------------------------------- composition
-    def compose(
-        self, other: "PrivacyLossDistribution", tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
-    ) -> "PrivacyLossDistribution":
-        """The PLD of running both mechanisms on independent randomness (convolution)."""
+    def _check_composable(self, other: object) -> None:
         if not isinstance(other, PrivacyLossDistribution):
             raise InvalidParameterError(f"other must be a PrivacyLossDistribution, got {type(other).__name__}")
         if not math.isclose(self.discretization, other.discretization, rel_tol=0, abs_tol=0):
@@ -198,6 +212,12 @@ class PrivacyLossDistribution:
                 "cannot compose PLDs with different discretizations: "
                 f"{self.discretization!r} and {other.discretization!r}"
             )
+
+    def compose(
+        self, other: "PrivacyLossDistribution", tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
+    ) -> "PrivacyLossDistribution":
+        """The PLD of running both mechanisms on independent randomness (convolution)."""
+        self._check_composable(other)
         tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
         remove = _compose_pmfs(self.remove, other.remove, tail)
         if self.symmetric and other.symmetric:
@@ -219,13 +239,32 @@ class PrivacyLossDistribution:
             if not self.symmetric:
                 add = _self_compose_pmf(self.add, count, tail)
         except MemoryError:
-            raise InvalidParameterError(
-                f"composing {count:,} runs needs more memory than this machine has (dp_accounting's privacy loss "
-                "grid); use a smaller times (fewer runs)"
-            ) from None
+            raise _no_memory(count) from None
         if self.symmetric:
             return PrivacyLossDistribution(remove, remove)
         return PrivacyLossDistribution(remove, add)
+
+    def self_compose_then(
+        self, count: int, other: "PrivacyLossDistribution",
+        tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION,
+    ) -> "PrivacyLossDistribution":
+        """``self.self_compose(count).compose(other)`` with one transform of the largest size
+        instead of three (:func:`.dense_convolution.self_compose_convolve_dense`; the same law up to
+        the FFT's rounding and the tail truncation, pessimistic)."""
+        count = _v.positive_int("count", count)
+        if count == 1:
+            return self.compose(other, tail_mass_truncation)
+        self._check_composable(other)
+        tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
+        for direction in ("remove", "add") if not self.symmetric else ("remove",):
+            _check_self_compose_fits(self._direction(direction), count, tail)
+        try:
+            remove = _self_compose_compose_pmf(self.remove, count, other.remove, tail)
+            if self.symmetric and other.symmetric:
+                return PrivacyLossDistribution(remove, remove)
+            return PrivacyLossDistribution(remove, _self_compose_compose_pmf(self.add, count, other.add, tail))
+        except MemoryError:
+            raise _no_memory(count) from None
 
     def regrid(self, discretization: float) -> "PrivacyLossDistribution":
         """The same PLD on the grid ``k * discretization``, every loss rounded **up** (pessimistic:
@@ -303,25 +342,36 @@ def compose_many(
     instead of ``O(N k)`` in a fixed order (MMCC: the composed ramp-up rows of BandMF-16 x 500 are
     ~20 parts of ~2.5e5 points next to one part of ~4.5e6). Convolution is associative, so only
     floating-point rounding and the per-convolution tail truncation (``tail_mass_truncation`` moved
-    to +inf each time, pessimistic) depend on the order."""
+    to +inf each time, pessimistic) depend on the order. The part with the largest self-composition
+    (``count x`` grid points) is left for last and self-composed in the spectrum of that last
+    convolution (:meth:`PrivacyLossDistribution.self_compose_then`)."""
     import heapq
 
     plds = list(plds)
     counts = [1] * len(plds) if counts is None else [int(k) for k in counts]
+    if not plds:
+        return None
+    # the part whose self-composition is largest is composed last, in one spectrum with the rest
+    # (PrivacyLossDistribution.self_compose_then: two transforms of the largest size fewer)
+    last = max(range(len(plds)), key=lambda i: (counts[i] > 1, counts[i] * _grid_size(plds[i])))
+    if counts[last] == 1 or len(plds) == 1:
+        last = None
     heap = []
     for i, (pld, k) in enumerate(zip(plds, counts)):
+        if i == last:
+            continue
         part = pld.self_compose(k, tail_mass_truncation) if k > 1 else pld
         heap.append((_grid_size(part), i, part))
-    if not heap:
-        return None
     heapq.heapify(heap)
-    order = len(heap)
+    order = len(plds)
     while len(heap) > 1:
         _, _, a = heapq.heappop(heap)
         _, _, b = heapq.heappop(heap)
         ab = a.compose(b, tail_mass_truncation)
         heapq.heappush(heap, (_grid_size(ab), order, ab))
         order += 1
+    if last is not None:
+        return plds[last].self_compose_then(counts[last], heap[0][2], tail_mass_truncation)
     return heap[0][2]
 
 
