@@ -689,3 +689,67 @@ def test_loop_checkpointed_recurrent_layer_exact():
             continue
         assert torch.allclose(norms, plain_norms, rtol=1e-12)
         assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(sums, plain_sums))
+
+
+# ------------------------------------------------------------------ kept per-example gradients (issue 52, item 3)
+@pytest.mark.parametrize("cell, kw, states", [CONFIGS[1], CONFIGS[3], CONFIGS[6], CONFIGS[7]],
+                         ids=["RNN-1", "GRU-3", "LSTM-6", "LSTM-7"])
+@pytest.mark.parametrize("loop", [False, True])
+def test_kept_and_gram_forms_both_equal_the_reference(cell, kw, states, loop, monkeypatch):
+    """The rule's two forms of a layer's norms and sums -- the per-example gradients kept (one batched
+    product, norms and sums from it; what these small layers take) and the Gram form with book-keeping
+    (forced here: no ``P`` kept) -- both give the float64 per-example reference, in ``clipped_sum`` and in
+    the loop."""
+    from dpmf.training.torch.ghost import recurrent as rule
+
+    model, inputs, y = (fed if loop else make)(cell, states=states, **kw)
+    kept = []
+    real = rule._Kept.applies.__func__
+
+    def spy(cls, G, columns):
+        kept.append(real(cls, G, columns))
+        return kept[-1]
+
+    monkeypatch.setattr(rule._Kept, "applies", classmethod(spy))
+    for ratio in (rule._Kept.KEEP_RATIO, 0):
+        monkeypatch.setattr(rule._Kept, "KEEP_RATIO", ratio)
+        kept.clear()
+        if loop:
+            clip = float(reference(model, inputs, y, 1.0, 0.0)[1].median())
+            ghost = GhostClipper(model, F.cross_entropy, clip)
+            sums, norms = loop_step(ghost, model, inputs, y)
+            with ghost.plain():
+                want, ref_norms = reference(model, inputs, y, clip, ghost.margin)
+            ghost.close()
+            assert (norms >= ref_norms * (1 - 1e-12)).all() and torch.allclose(norms, ref_norms, rtol=1e-9, atol=0)
+            for name, a, b in zip(ghost.param_names, sums, want):
+                assert torch.allclose(a.double(), b, rtol=1e-9, atol=1e-12), name
+        else:
+            check("ghost", model, inputs, y)
+        assert kept and all(kept) == bool(ratio) and any(kept) == bool(ratio)
+
+
+def test_kept_norms_bound_the_float64_gradient_of_the_float32_tensors():
+    """The kept form's norms (float32 products, float64 norms plus the product's rounding bound) are upper
+    bounds of the exact per-example gradient norms of the very float32 tensors it was given, close to them."""
+    from dpmf.training.torch.ghost.recurrent import _Kept
+
+    torch.manual_seed(3)
+    B, T = 6, 40
+    G = torch.randn(B, T, 16) * torch.logspace(-3, 3, B).view(-1, 1, 1)
+    x, h = torch.randn(B, T, 5), torch.randn(B, T, 4)
+    group = _Kept(G, [("w_ih", x), ("w_hh", h), ("b_ih", None), ("b_hh", None)])
+    trainable = {"w_ih": torch.zeros(16, 5), "w_hh": torch.zeros(16, 4), "b_ih": torch.zeros(16), "b_hh": torch.zeros(16)}
+    sq, _ = group.parts(trainable)
+    g64 = G.double()
+    exact = ((g64.transpose(1, 2) @ x.double()) ** 2).sum((1, 2)) + ((g64.transpose(1, 2) @ h.double()) ** 2).sum((1, 2))
+    exact = exact + 2 * (g64.sum(1) ** 2).sum(1)
+    assert (sq >= exact).all() and torch.allclose(sq, exact, rtol=1e-4)
+    f = torch.rand(B, dtype=torch.float64)
+    sums = group.weighted_sum(f, trainable)
+    want = {"w_ih": torch.einsum("b,btr,btc->rc", f, g64, x.double()),
+            "w_hh": torch.einsum("b,btr,btc->rc", f, g64, h.double())}
+    want["b_ih"] = want["b_hh"] = torch.einsum("b,btr->r", f, g64)
+    for name, s in sums.items():
+        assert s.dtype == torch.float32 and s.shape == trainable[name].shape
+        assert torch.allclose(s.double(), want[name], rtol=1e-4, atol=1e-4 * float(want[name].abs().max())), name

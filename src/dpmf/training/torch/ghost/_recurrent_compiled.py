@@ -154,6 +154,39 @@ def _add_rows(dh, dout, t):  # pragma: no cover - compiled
             a[j] += d[j]
 
 
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def kept_sq_norms(P, G, A, bounds, g_t, out):  # pragma: no cover - compiled
+    """Per example ``b`` and row segment ``k`` (``bounds[k]:bounds[k + 1]`` of the middle axis of ``P``, the
+    last of ``A``): ``out[b, k] = (||P[b, seg]|| + g_t s)^2`` with ``s = sum_t ||G[b, t]|| ||A[b, t, seg]||``,
+    every square and sum in float64 (the squares of float32 numbers are exact there). ``P`` ``(B, C, R)``: the
+    per-example gradients ``A_b^T G_b`` (transposed) as computed; ``G`` ``(B, T, R)``; ``A`` ``(B, T, C)``;
+    ``g_t``: the relative error bound of the computed products (``gamma_T``). Sums of squares are sums of
+    non-negative terms, so their float64 error bound (relative ``gamma_n``) holds in any order of summation
+    (reassociation allowed, so the loops vectorize); the caller adds it."""
+    B, T = G.shape[:2]
+    gn = np.empty(T)
+    for b in range(B):
+        for t in range(T):
+            gn[t] = np.sqrt(_sum_sq(G[b, t]))
+        for k in range(bounds.size - 1):
+            lo, hi = bounds[k], bounds[k + 1]
+            s = 0.0
+            for t in range(T):
+                s += gn[t] * np.sqrt(_sum_sq(A[b, t, lo:hi]))
+            n = np.sqrt(_sum_sq(P[b, lo:hi].reshape(-1))) + g_t * s
+            out[b, k] = n * n
+
+
+@nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _sum_sq(v):  # pragma: no cover - compiled
+    """``sum_j v_j^2`` in float64 of a contiguous 1-D array (a loop on its own vectorizes)."""
+    acc = 0.0
+    for j in range(v.size):
+        x = np.float64(v[j])
+        acc += x * x
+    return acc
+
+
 #: threadpoolctl's view of the BLAS libraries loaded (numba's ``np.dot`` calls scipy's), made once:
 #: ``threadpool_limits`` scans the loaded libraries at every entry (1.5 ms, a quarter of a training step)
 _BLAS = None

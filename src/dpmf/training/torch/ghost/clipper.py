@@ -143,9 +143,10 @@ def _without_rows(call: LayerCall, bad) -> LayerCall:
 
 
 def _contributions(lg: LayerGradients) -> list:
-    """A layer's contributions (:mod:`~dpmf.training.torch.ghost.joint`), lists flattened; [] if it gives none."""
+    """A layer's contributions (:mod:`~dpmf.training.torch.ghost.joint`), lists flattened; [] if it gives none
+    or has not formed them (a rule's contributions formed only for a joined call: ``LayerGradients``)."""
     out = []
-    for c in (lg.contributions or {}).values():
+    for c in (lg.formed_contributions or {}).values():
         out.extend(c if isinstance(c, list) else [c])
     return out
 

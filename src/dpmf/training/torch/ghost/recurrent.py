@@ -57,7 +57,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample
 from dpmf.training.torch.ghost.recurrent_gates import gate_gradients, gates_and_input_gradients
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
-from dpmf.training.torch.ghost.sequence import F64, sequence_parts
+from dpmf.training.torch.ghost.sequence import F64, factors_toward_zero, gamma, sequence_parts
 from dpmf.training.torch.recurrent import RECURRENT_TYPES, cell_kind, check_layout, check_unpacked, weight_names
 
 torch = require_torch()
@@ -152,20 +152,129 @@ class _Group:
         return out
 
 
+class _Kept:
+    """The parameters of one layer and direction that share the gradient factor ``G`` ``(B, T, R)``
+    (``columns`` as :class:`_Group`'s, any number of weights), with their per-example gradients
+    *materialized* at once: ``P_i = G_i^T [A_1, A_2, ..., 1]_i`` ``(B, R, C)``, one batched product (the
+    column of ones gives ``sum_t g_t``, every bias's gradient), their norms from ``P`` itself and the
+    clipped sum ``sum_i f_i P_i`` one matrix-vector product of that same ``P``. Where ``P`` fits
+    (:meth:`applies`) this is cheaper than the Gram form plus book-keeping: the per-example products
+    cost what one book-keeping product costs, and no Gram or second product is formed (a recurrent layer's
+    sequences are long and its weights small).
+
+    Norms (compiled, :func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_sq_norms`): per parameter
+    ``(||P_i|| + gamma_T s_i)^2`` with ``s_i = sum_t ||g_{i,t}|| ||a_{i,t}||``, everything in float64, so an
+    upper bound of the exact ``||G_i^T A_i||^2`` (:mod:`~dpmf.training.torch.ghost.sequence`, "Materialized
+    form"), inflated by the float64 rounding of those sums; the clipped sum is of the very ``P`` whose
+    norms were taken."""
+
+    #: ``P`` is kept where it has at most this many times the floats of ``G`` and the inputs it is formed from
+    KEEP_RATIO = 4
+
+    @classmethod
+    def applies(cls, G, columns) -> bool:
+        """CPU float32/float64 (the compiled norms), and ``P`` small enough (:data:`KEEP_RATIO`)."""
+        if G.device.type != "cpu" or G.dtype not in (torch.float32, torch.float64) or G.shape[0] == 0:
+            return False
+        B, T, R = G.shape
+        widths = [A.shape[2] for _, A in columns if A is not None]
+        C = sum(widths) + (1 if len(widths) < len(columns) else 0)
+        return B * R * C <= cls.KEEP_RATIO * B * T * (R + sum(widths))
+
+    def __init__(self, G, columns) -> None:
+        self.G, self.columns = G, columns
+        self._P = self._sq = None
+
+    def without_rows(self, bad) -> "_Kept":
+        keep = lambda t: torch.where(bad.view(-1, 1, 1), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
+        return _Kept(keep(self.G), [(n, None if A is None else keep(A)) for n, A in self.columns])
+
+    def tensors(self) -> list:
+        return [self.G] + [A for _, A in self.columns if A is not None]
+
+    def _segments(self):
+        """``(A, bounds, which)``: the joined inputs ``(B, T, C)`` (ones last, for the biases), the column
+        bounds of each weight (and of the ones), and per parameter the index of its segment."""
+        weights = [(n, A) for n, A in self.columns if A is not None]
+        parts = [A.to(self.G.dtype) for _, A in weights]
+        which, bounds = {}, [0]
+        for k, (name, A) in enumerate(weights):
+            which[name] = k
+            bounds.append(bounds[-1] + A.shape[2])
+        biases = [n for n, A in self.columns if A is None]
+        if biases:
+            parts.append(self.G.new_ones(*self.G.shape[:2], 1))
+            bounds.append(bounds[-1] + 1)
+            which.update({n: len(weights) for n in biases})
+        A = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+        return A.contiguous(), bounds, which
+
+    def _form(self):
+        import numpy as np
+
+        from dpmf.training.torch.ghost._recurrent_compiled import kept_sq_norms
+
+        G = self.G.contiguous()
+        A, bounds, which = self._segments()
+        B, T, R = G.shape
+        P = torch.bmm(A.transpose(1, 2), G)  # (B, C, R): P_i^T, each parameter's rows one block
+        seg = torch.empty(B, len(bounds) - 1, dtype=F64)
+        kept_sq_norms(P.numpy(), G.numpy(), A.numpy(), np.asarray(bounds, dtype=np.int64), gamma(T, G.dtype),
+                      seg.numpy())
+        seg *= 1 + 2 * gamma(R * A.shape[2] + R + A.shape[2] + T + 16, F64)  # (the float64 sums' rounding)
+        self._P, self._which, self._bounds = P, which, bounds
+        self._sq = seg[:, list(which.values())].sum(1)
+
+    def parts(self, trainable):
+        """``(sq, None)``: the squared norms over the group's parameters, float64 ``(B,)``."""
+        if self._P is None:
+            self._form()
+        return self._sq, None
+
+    def weighted_sum(self, f, trainable) -> dict:
+        """``{name: sum_i f_i P_{i,name}}`` over the group's parameters, from the kept ``P``."""
+        if self._P is None:
+            self._form()
+        P = self._P
+        B, C, R = P.shape
+        flat = torch.mv(P.reshape(B, -1).t(), factors_toward_zero(f.to(P.device), P.dtype)).view(C, R)
+        out = {}
+        for name, k in self._which.items():
+            part = flat[self._bounds[k] : self._bounds[k + 1]].t()  # (R, width): the weight; (R, 1): a bias
+            out[name] = part.contiguous().to(trainable[name].dtype).view_as(trainable[name])
+        return out
+
+    def contributions(self, trainable) -> dict:
+        """Per parameter, as :class:`_Group`'s (joint use is rare: formed from ``G`` and the inputs)."""
+        out = {}
+        for name, A in self.columns:
+            work = torch.promote_types(trainable[name].dtype, torch.float32)
+            out[name] = (PerExample(self.G.to(work).sum(1)) if A is None else Factored(self.G, A, work=work))
+        return out
+
+
 def _groups(kind, rec, names, trainable) -> list:
-    """The :class:`_Group` s of one layer and direction (``rec``: its tensors from
-    :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only. RNN and
-    LSTM: ``du = dv``, so both biases go with ``W_ih`` (one sum ``sum_t du_t``) and ``W_hh`` shares ``G``."""
+    """The groups of one layer and direction (``rec``: its tensors from
+    :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only: a
+    :class:`_Kept` per gradient factor where it applies, else :class:`_Group` s. RNN and LSTM: ``du = dv``, so
+    ``W_ih``, ``W_hh`` and both biases share ``G`` (the biases one sum ``sum_t du_t``)."""
     def group(G, columns):
         cols = [(names[role], A) for role, A in columns if role in names and names[role] in trainable]
-        return [_Group(G, cols)] if cols else []
+        if not cols:
+            return []
+        if _Kept.applies(G, cols):
+            return [_Kept(G, cols)]
+        weights = [c for c in cols if c[1] is not None]
+        biases = [c for c in cols if c[1] is None]
+        if not weights:
+            return [_Group(G, biases)]
+        return [_Group(G, [weights[0]] + biases)] + [_Group(G, [w]) for w in weights[1:]]
 
     if kind == "GRU":
         out = group(rec["dgi"], [("ih", rec["x"]), ("b_ih", None)]) + group(
             rec["dgh"], [("hh", rec["h_in"]), ("b_hh", None)])
     else:
-        out = group(rec["dgi"], [("ih", rec["x"]), ("b_ih", None), ("b_hh", None)]) + group(
-            rec["dgi"], [("hh", rec["h_in"])])
+        out = group(rec["dgi"], [("ih", rec["x"]), ("hh", rec["h_in"]), ("b_ih", None), ("b_hh", None)])
     if rec["dhr"] is not None:
         out += group(rec["dhr"], [("hr", rec["m"])])
     return out
@@ -229,10 +338,16 @@ def _gradients(groups, trainable) -> LayerGradients:
             sums.update(g.weighted_sum(f, trainable))
         return sums
 
-    contributions = {}
-    for g in groups:
-        contributions.update(g.contributions(trainable))
-    return LayerGradients(sq, weighted_sum, contributions=contributions)
+    def contributions():
+        out = {}
+        for g in groups:
+            out.update(g.contributions(trainable))
+        return out
+
+    # kept per-example gradients: contributions only for a joined call; Gram groups: formed now, so that the
+    # clipper forms the norms of many layers' Gram pairs at once (sequence.gram_norms)
+    kept = any(isinstance(g, _Kept) for g in groups)
+    return LayerGradients(sq, weighted_sum, contributions=contributions if kept else contributions())
 
 
 def _layer_gradients(groups, trainable, call, module) -> LayerGradients:
@@ -265,8 +380,8 @@ def _layer_gradients(groups, trainable, call, module) -> LayerGradients:
     sq = torch.where(bad.to(raw_sq.device), torch.full_like(raw_sq, float("nan")), raw_sq)
     # joint use (the layer called twice) takes norms from the contributions: keep the non-finite ones in
     # the first pass, so the example is seen; the clipper's second pass (a cleaned copy) sums the clean ones
-    joint = clean.contributions if not call.versions else raw.contributions
-    return LayerGradients(sq, clean.weighted_sum, contributions=joint)
+    joint = clean if not call.versions else raw
+    return LayerGradients(sq, clean.weighted_sum, contributions=lambda: joint.contributions)
 
 
 def _ambiguous(module, call) -> bool:

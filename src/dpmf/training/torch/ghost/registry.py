@@ -127,12 +127,30 @@ class LayerGradients:
     ``contributions``: optional ``{name: contribution}`` (:mod:`~dpmf.training.torch.ghost.joint`): what
     this call adds to each parameter's per-example gradient, in a form whose cross terms with another
     call's can be taken. Needed when a parameter is used by several calls (tied weights, a layer called
-    twice); a rule without it is replaced by the fallback for such calls."""
+    twice); a rule without it is replaced by the fallback for such calls. It may be a function of no
+    argument, formed when first read (only for such calls: a rule whose norms and sums alone come another
+    way, e.g. the recurrent rule's kept per-example gradients, then forms no contribution it does not need;
+    :attr:`formed_contributions` reads it without forming it)."""
 
-    def __init__(self, sq, weighted_sum: Callable[[Any], dict], contributions: dict | None = None) -> None:
+    def __init__(self, sq, weighted_sum: Callable[[Any], dict], contributions: "dict | Callable | None" = None) -> None:
         self._sq = sq
         self.weighted_sum = weighted_sum
-        self.contributions = contributions
+        self._contributions = contributions
+
+    @property
+    def contributions(self) -> dict | None:
+        if callable(self._contributions):
+            self._contributions = self._contributions()
+        return self._contributions
+
+    @contributions.setter
+    def contributions(self, value) -> None:
+        self._contributions = value
+
+    @property
+    def formed_contributions(self) -> dict | None:
+        """:attr:`contributions` if formed (or given as a dict), else None (not formed here)."""
+        return None if callable(self._contributions) else self._contributions
 
     @property
     def lazy(self) -> bool:
@@ -150,7 +168,8 @@ class LayerGradients:
         self._sq = value
 
     def __repr__(self) -> str:
-        return f"LayerGradients(sq={'<not formed>' if self.lazy else self._sq!r}, contributions={self.contributions!r})"
+        contributions = "<not formed>" if callable(self._contributions) else repr(self._contributions)
+        return f"LayerGradients(sq={'<not formed>' if self.lazy else self._sq!r}, contributions={contributions})"
 
 
 Rule = Callable[[Any, LayerCall, dict], "LayerGradients | None"]
@@ -237,6 +256,13 @@ def _junk(rule, layer: str, what: str) -> InvalidParameterError:
     )
 
 
+def _checked_contributions(rule, layer: str, trainable: dict, contributions):
+    """``contributions`` if None or a dict over (some of) the trainable names."""
+    if contributions is not None and not (isinstance(contributions, dict) and set(contributions) <= set(trainable)):
+        raise _junk(rule, layer, f"contributions for {contributions!r}, expected a dict over {sorted(trainable)}")
+    return contributions
+
+
 def _checked_sums(rule, layer: str, trainable: dict, weighted_sum: Callable) -> Callable:
     """``weighted_sum`` whose result is checked: one tensor of the parameter's shape per trainable name."""
 
@@ -306,9 +332,11 @@ def apply_rule(rule: Rule, module, call: LayerCall, trainable: dict, layer: str)
         _checked_sq(rule, layer, call.batch, out.sq, user)
     if not callable(out.weighted_sum):
         raise _junk(rule, layer, f"a weighted_sum that is not callable ({type(out.weighted_sum).__name__})")
-    if out.contributions is not None and not (isinstance(out.contributions, dict)
-                                              and set(out.contributions) <= set(trainable)):
-        raise _junk(rule, layer, f"contributions for {out.contributions!r}, expected a dict over {sorted(trainable)}")
+    if callable(out._contributions):  # checked when formed
+        make = out._contributions
+        out.contributions = lambda: _checked_contributions(rule, layer, trainable, make())
+    else:
+        _checked_contributions(rule, layer, trainable, out.contributions)
     out.weighted_sum = _checked_sums(rule, layer, trainable, out.weighted_sum)
     return out
 
