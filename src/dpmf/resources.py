@@ -1,7 +1,8 @@
 """Machine resources (bottom layer, next to :mod:`dpmf.errors`): the memory available now, and a
 check that refuses a dense allocation that cannot fit with a :class:`~dpmf.errors.DPMFError`
 instead of numpy's ``MemoryError`` (or the machine swapping to a halt); the CPUs available, and
-the one cap on worker processes every process pool in dpmf goes through (:func:`usable_workers`)."""
+the one cap on worker processes every process pool in dpmf goes through (:func:`usable_workers`);
+:func:`on_threads`, the one thread pool of the compiled kernels that release the GIL."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import os
 
 from dpmf.errors import InvalidParameterError
 
-__all__ = ["available_memory", "available_cpus", "check_allocation", "format_bytes", "format_seconds", "usable_workers",
-           "workers_note"]
+__all__ = ["available_memory", "available_cpus", "check_allocation", "format_bytes", "format_seconds", "on_threads",
+           "usable_workers", "workers_note"]
 
 _GIB = 2.0**30
 #: Allocations up to this many bytes are never refused (and cost no look at the machine's memory).
@@ -41,6 +42,21 @@ def available_cpus() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - platforms without affinity
         return max(1, os.cpu_count() or 1)
+
+
+def on_threads(fn, items) -> list:
+    """``[fn(x) for x in items]``, one thread per CPU (:func:`available_cpus`): for independent calls of
+    compiled kernels that release the GIL (results in the order of ``items``, the same on any number of
+    threads). A waiting thread sleeps on a lock: no CPU is spent spinning, unlike an OpenMP team on a
+    loaded machine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    items = list(items)
+    workers = min(available_cpus(), len(items))
+    if workers <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(fn, items))
 
 
 def usable_workers(workers: int, tasks: int | None = None) -> int:

@@ -61,20 +61,22 @@ def partial_sums(nu, h):  # pragma: no cover - compiled
     return uu, au
 
 
-@nb.njit(cache=True, nogil=True, parallel=True)
-def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
+@nb.njit(cache=True, nogil=True)
+def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor, out, first, stride):  # pragma: no cover - compiled
     """Call: ``min(factor * sum_l p_l V_{s+1}(state', u + x) + 1e-290, R_s(state))`` with positions
     rounded up and the closed form ``u' + R_{s+1}(state')`` at ``u' >= 0`` (``u'`` clamped at 0 from
-    below: ``V`` is non-decreasing with ``V(0) <= R``)."""
+    below: ``V`` is non-decreasing with ``V(0) <= R``), into the rows of ``out`` of the states whose
+    newer ``w - 1`` digits ``r`` are ``first, first + stride, ...`` (the caller runs ``stride`` such
+    calls on threads: :func:`dpmf.resources.on_threads`; every row is the same whatever the split)."""
     ns, nu = V.shape
-    out = np.empty((ns, nu))
     low = m ** (w - 1)
     uus, aus = partial_sums(nu, h)
-    for r in nb.prange(low):  # (the m states that differ in their oldest digit read the same m rows)
+    acc = np.empty(nu)
+    for r in range(first, low, stride):  # (the m states that differ in their oldest digit read the same m rows)
         for i in range(m):
             idx = i * low + r
             base, size = _base(idx, xs, a, c, m, w)
-            acc = np.zeros(nu)
+            acc[:] = 0.0
             for l in range(m):
                 if ps[l] == 0.0:  # (no mass: no term, and no 0 * inf)
                     continue
@@ -100,18 +102,19 @@ def call_step(V, Rn, Rs, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - c
     return out
 
 
-@nb.njit(cache=True, nogil=True, parallel=True)
-def put_step(V, xs, ps, a, c, h, m, w, factor):  # pragma: no cover - compiled
+@nb.njit(cache=True, nogil=True)
+def put_step(V, xs, ps, a, c, h, m, w, factor, out, first, stride):  # pragma: no cover - compiled
     """Put: ``min(factor * sum_l p_l W_{s+1}(state', u + x) + 1e-290, -u)`` with summands and
-    positions rounded down; ``W = 0`` at ``u' >= 0`` (node ``nu - 1``, ``u = 0``, holds 0)."""
+    positions rounded down; ``W = 0`` at ``u' >= 0`` (node ``nu - 1``, ``u = 0``, holds 0); the rows of
+    the states ``first, first + stride, ...`` (as :func:`call_step`)."""
     ns, nu = V.shape
-    out = np.empty((ns, nu))
     low = m ** (w - 1)
-    for r in nb.prange(low):
+    acc = np.empty(nu)
+    for r in range(first, low, stride):
         for i in range(m):
             idx = i * low + r
             base, size = _base(idx, xs, a, c, m, w)
-            acc = np.zeros(nu)
+            acc[:] = 0.0
             for l in range(m):
                 if ps[l] == 0.0:
                     continue

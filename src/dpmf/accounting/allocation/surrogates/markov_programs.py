@@ -19,6 +19,7 @@ from dpmf.accounting.allocation.surrogates.protocol import Surrogate
 from dpmf.accounting.allocation.surrogates.quadrature import mp_spread, spread, spread_on
 from dpmf.errors import NumericalError
 from dpmf.numerics import UNIT_ROUNDOFF
+from dpmf.resources import on_threads
 
 __all__ = [
     "call_bound_table",
@@ -228,21 +229,6 @@ def put_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = _
     puts = (w0 @ P) * factor + below * neg_u + 8 * UNIT_ROUNDOFF * neg_u + 1e-290
     puts = np.maximum.accumulate(puts[::-1])  # non-decreasing in K
     return np.arange(u_nodes) * h, puts
-
-
-def on_threads(fn, items) -> list:
-    """``[fn(x) for x in items]``, one thread per CPU: the programs are independent and their compiled
-    step releases the GIL (results in the order of ``items``, the same on any number of threads)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from dpmf.resources import available_cpus
-
-    items = list(items)
-    workers = min(available_cpus(), len(items))
-    if workers <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(fn, items))
 
 
 def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: int = _W_CELLS,
