@@ -103,3 +103,49 @@ def test_allocation_pld_epsilon_is_the_same_with_and_without_exits(monkeypatch, 
     whole = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
     assert fast.epsilon_by_direction == whole.epsilon_by_direction
     assert fast.diagnostics["reductions"] == whole.diagnostics["reductions"]
+
+
+def test_below_gives_the_same_epsilon_or_inf_and_skips_tables(monkeypatch):
+    """``markov_epsilon(below=...)``: the epsilon computed without ``below`` where it is at most
+    ``below`` (bit for bit: the strike grids follow ``eps_hi``), ``inf`` where it is above; a bound
+    below the epsilon stops the ring tables early (negative control: one far above never does)."""
+    runs = _counting(monkeypatch)
+    checked = 0
+    for q, sur, parts in _rings():
+        for d in ("remove", "add"):
+            ref = markov_epsilon(sur, 1.3, parts, DELTA, 50.0, directions=(d,))["epsilon"]
+            assert math.isfinite(ref)
+            for f, same in ((1.0, True), (1.2, True), (0.97, False), (0.5, False)):
+                runs.clear()
+                got = markov_epsilon(sur, 1.3, parts, DELTA, 50.0, directions=(d,), below=ref * f)["epsilon"]
+                assert got == ref if same else math.isinf(got), (d, f, got, ref)
+                if f == 0.5 and sur.anchor is not None:  # (the anchored rings mix 13 node tables)
+                    assert len(runs) < 13
+                checked += 1
+    assert checked >= 16
+
+
+def test_pick_chooses_as_a_ranking_of_every_member_in_full(monkeypatch):
+    """The family's pick with bounds (members then rivals, each below the best so far) against the
+    plain ranking (every member's and rival's coarse score in full, the first smallest; ``None`` when a
+    rival ranks at least as well), at the README pair's noises of a calibration (the bounds cut members
+    there: the rivals score within 2% of the best member)."""
+    from dpmf.accounting.allocation.surrogates import markov_ring
+
+    groups = pld._reductions(bsr(32, 4), BallsInBinsSampling(epochs=2, steps=32))
+    (q, family, parts), = [(q, m, p) for q, m, p in groups.markov if isinstance(m, markov_ring.SurrogateFamily)]
+
+    def plain(sigma, top):
+        def score(m):
+            return markov_epsilon(m, sigma, parts, DELTA, markov_ring._RANK_MARGIN * top, directions=("remove",),
+                                  **markov_ring._RANK_GRID)["epsilon"]
+        scores = [score(m) for m in family.members]
+        best = int(np.argmin(scores))
+        return None if min(score(r) for r in family.rivals) <= scores[best] else family.members[best]
+
+    outcomes = set()
+    for sigma, top in ((1.2679, 4.0), (1.3666, 3.66), (1.8653, 2.1)):
+        got = markov_ring.pick(family, sigma, parts, DELTA, top, ["remove"])
+        assert got is plain(sigma, top), sigma
+        outcomes.add(got is None)
+    assert outcomes == {False}  # (on this pair the family is picked at these noises)

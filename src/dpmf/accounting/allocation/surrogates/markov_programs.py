@@ -407,18 +407,25 @@ def _tables_below(sur: Surrogate, sigma: float, parts, delta: float, kind: str, 
 
 
 def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: float, *,
-                   directions=("remove", "add"), **grid) -> dict:
+                   directions=("remove", "add"), below: float | None = None, **grid) -> dict:
     """The smallest epsilon (both directions) the surrogate's call and put tables certify, searched
     in ``[0, eps_hi]``; a direction is ``inf`` if ``eps_hi`` is not certified (the member cannot win).
 
     ``parts``: ``b`` (one sum of ``b`` slots) or ``[(n, weight), ...]`` (the Jensen mixture over
     residue classes, :func:`~.markov_fit.class_grams`). remove: ``sum w C~_n(n e^eps) / n <= delta``; add:
     ``sum w e^eps P~_n(n e^-eps) / n <= delta``. ``directions``: the ones to compute (the others are
-    left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed)."""
+    left out of ``epsilon_by_direction``, and ``epsilon`` is the largest computed).
+
+    ``below`` (``<= eps_hi``): a direction is also ``inf`` when ``below`` is not certified -- its
+    epsilon would be above ``below`` (the check is non-increasing in epsilon) -- and its tables stop
+    as soon as that is proved (:func:`_tables_below`). The tables' strike grids still follow
+    ``eps_hi``, so a direction that is not ``inf`` has the epsilon it has without ``below``, bit for
+    bit (:func:`~.markov_ring.pick` ranks a family this way)."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
-    calls = (_tables_below(sur, sigma, parts, delta, "call", n_fn=lambda n: n * math.exp(eps_hi), mult=1.0,
+    e_stop = eps_hi if below is None else min(float(below), eps_hi)
+    calls = (_tables_below(sur, sigma, parts, delta, "call", n_fn=lambda n: n * math.exp(e_stop), mult=1.0,
                            k_max=lambda n: n * math.exp(eps_hi) * 1.02, grid=grid) if "remove" in directions else [])
-    puts = (_tables_below(sur, sigma, parts, delta, "put", n_fn=lambda n: n / math.exp(eps_hi), mult=math.exp(eps_hi),
+    puts = (_tables_below(sur, sigma, parts, delta, "put", n_fn=lambda n: n / math.exp(e_stop), mult=math.exp(e_stop),
                           k_max=lambda n: n * 1.0001, grid=grid) if "add" in directions else [])
 
     def rem(e):
@@ -432,7 +439,8 @@ def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: fl
     for name, fn in (("remove", rem), ("add", add)):
         if name not in directions:
             continue
-        if (calls if name == "remove" else puts) is None or fn(eps_hi) > delta:  # (None: proved above, tables cut short)
+        # (None: proved above, tables cut short)
+        if (calls if name == "remove" else puts) is None or fn(eps_hi) > delta or (e_stop < eps_hi and fn(e_stop) > delta):
             out[name] = math.inf
             continue
         lo, hi = 0.0, eps_hi
