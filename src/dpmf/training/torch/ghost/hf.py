@@ -113,6 +113,10 @@ def rms_norm_like_rule(module, call, trainable):
                                                                                         atol=tol * scale))
             if close and (best is None or err < best[0]):
                 best = (err, xhat)
+            if best is not None and best[0] == 0:
+                break  # (reproduced exactly: no other form can be closer)
+        if best is not None and best[0] == 0:
+            break
     if best is None:
         return None
     xhat = best[1]

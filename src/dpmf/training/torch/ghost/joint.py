@@ -55,6 +55,7 @@ from dpmf.training.torch.ghost.sequence import (
     rows_sq_norms,
     sequence_parts,
     sequence_weighted_sum,
+    symmetric_gram,
     weighted_rows,
 )
 
@@ -202,7 +203,16 @@ def _u_gram(a: Factored, b: Factored, work):
         return b.U.to(work).gather(2, idx).transpose(1, 2)
     if b.index:
         return _u_gram(b, a, work).transpose(1, 2)
+    if a is b:
+        return symmetric_gram(a.U, work)
     return torch.bmm(a.U.to(work), b.U.to(work).transpose(1, 2))
+
+
+def _v_gram(a: Factored, b: Factored, work):
+    """``(v_{a,s} . v_{b,t})`` for all ``s, t``: ``(B, T_a, T_b)`` in ``work``."""
+    if a is b:
+        return symmetric_gram(a.V, work)
+    return torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2))
 
 
 def _gram_joint(fac: list, work):
@@ -218,7 +228,7 @@ def _gram_joint(fac: list, work):
         s, su, sv = s + s_k, su + su_k, sv + sv_k
         for b in fac[k:]:
             twice = 1 if b is a else 2  # the (l, k) block is the transpose of (k, l)
-            n2 += twice * contract(_u_gram(a, b, work), torch.bmm(a.V.to(work), b.V.to(work).transpose(1, 2)))
+            n2 += twice * contract(_u_gram(a, b, work), _v_gram(a, b, work))
     return gram_bound(n2, s, su, sv, R, C, T + K, work)
 
 
@@ -233,7 +243,8 @@ def joint_sq_norms(contribs: list):
     fac = [c for c in contribs if isinstance(c, Factored)]
     per = [c for c in contribs if isinstance(c, PerExample)]
     T = sum(c.T for c in fac)
-    if fac and not per and norm_plan(T, fac[0].R, fac[0].C, keep=False, float64=True) == "gram":
+    if fac and not per and norm_plan(T, fac[0].R, fac[0].C, keep=False, float64=True,
+                                     syrk=device.type == "cpu") == "gram":
         work = fac[0].work
         for c in fac[1:]:
             work = torch.promote_types(work, c.work)

@@ -15,8 +15,10 @@ multiply-adds of a float32 GEMM (the mixed ghost norm of Bu et al., arXiv 2205.1
 book-keeping product and the passes over memory counted; constants measured on one CPU thread,
 ``benchmarks/README.md``, issue 52):
 
-* ``"gram"``: the two ``T x T`` Grams (``T^2 (d_in + d_out)``), their float64 contraction
-  (:data:`GRAM_PASS` per entry), then the book-keeping product (``T d_in d_out``);
+* ``"gram"``: the two ``T x T`` Grams (``T^2 (d_in + d_out)``; on the CPU symmetric products through
+  BLAS ``?syrk``, :func:`symmetric_gram`, :data:`SYRK` of that; an input read by several layers has its
+  Gram formed once), their float64 contraction (:data:`GRAM_PASS` per entry), then the book-keeping
+  product (``T d_in d_out``);
 * ``"keep"``: the per-example gradients ``P_i = G_i^T A_i`` (``T d_in d_out``, times
   :data:`BMM_PENALTY` for a batch of small products), their float64 norms, and the clipped sum
   ``sum_i f_i P_i`` from the very same tensor (:data:`KEEP_PASS` per entry): no book-keeping product. Held
@@ -56,13 +58,15 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import toward_zero
 
 torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
-           "norm_plan", "step_cache", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
+           "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
            "factors_toward_zero"]
 
 F64 = torch.float64
@@ -82,6 +86,9 @@ KEEP_PASS = 30
 BMM_PENALTY = 1.2
 #: ``"keep"`` only where ``d_in d_out <= KEEP_MEMORY T (d_in + d_out)``: ``P`` no larger than ``A`` and ``G``
 KEEP_MEMORY = 0.5
+#: cost of a symmetric Gram ``X Xᵀ`` (:func:`symmetric_gram`: BLAS ``?syrk`` through numpy, one triangle) per
+#: multiply-add of the general product (measured 0.6-0.7 at ``T = 128`` on one thread, issue 52)
+SYRK = 0.7
 
 
 def gamma(m: int, dtype) -> float:
@@ -90,13 +97,17 @@ def gamma(m: int, dtype) -> float:
     return float("inf") if mu >= 1 else mu / (1 - mu)
 
 
-def norm_plan(T: int, d_in: int, d_out: int, *, keep: bool = True, float64: bool = False) -> str:
+def norm_plan(T: int, d_in: int, d_out: int, *, keep: bool = True, float64: bool = False, syrk: bool = True,
+              input_share: int = 1) -> str:
     """``"gram"``, ``"keep"`` or ``"materialize"``: the cheapest way (module docstring) to the norms and
     the clipped sum of a linear map along ``T`` positions, ``d_in`` to ``d_out``. ``keep=False``: not
     ``"keep"`` (a caller that has no such form); ``float64``: the caller materializes in float64 (about
-    twice the time of float32)."""
+    twice the time of float32); ``syrk``: the Grams are symmetric products (:func:`symmetric_gram` on the
+    CPU, :data:`SYRK` of a general product); ``input_share``: the number of layers reading the same input,
+    whose Gram is formed once for all of them (a Llama block's q/k/v projections)."""
     size = d_in * d_out
-    cost = {"gram": T * T * (d_in + d_out + GRAM_PASS) + T * size,
+    grams = T * T * (d_in / max(1, input_share) + d_out) * (SYRK if syrk else 1.0)
+    cost = {"gram": grams + T * T * GRAM_PASS + T * size,
             "materialize": ((1 + BMM_PENALTY) * T * size + NORM_PASS * size) * (2 if float64 else 1)}
     if keep and size <= KEEP_MEMORY * T * (d_in + d_out):
         cost["keep"] = BMM_PENALTY * T * size + KEEP_PASS * size
@@ -178,12 +189,14 @@ def step_cache():
     (storage, offset, shape, strides, dtype) and version counter; of a layer's tensors, the tensors
     themselves (held by the entry, compared by identity). Every recorded tensor stays alive during the
     block, so equal keys mean equal values."""
-    global _GRAMS
+    global _GRAMS, _ONE_THREAD
     old, _GRAMS = _GRAMS, {}
-    try:
-        yield
-    finally:
-        _GRAMS = old
+    with _one_blas_thread():
+        one, _ONE_THREAD = _ONE_THREAD, True
+        try:
+            yield
+        finally:
+            _GRAMS, _ONE_THREAD = old, one
 
 
 def _memory_key(A, *tag):
@@ -194,13 +207,63 @@ def _memory_key(A, *tag):
             A._version) + tag
 
 
+#: threadpoolctl's view of the BLAS libraries loaded (numpy's), made at the first Gram on the CPU: entering
+#: ``threadpool_limits`` scans the loaded libraries each time (0.65 ms), a cached controller's limit 10 us
+_BLAS: list = []
+#: inside :func:`step_cache`: numpy's BLAS already held to one thread for the whole block
+_ONE_THREAD = False
+
+
+def _blas_controller():
+    """The cached ``ThreadpoolController``, or None (threadpoolctl missing: no numpy Grams)."""
+    if not _BLAS:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _BLAS.append(ThreadpoolController())
+        except Exception:  # noqa: BLE001 -- a dependency; without it the Grams stay in torch
+            _BLAS.append(None)
+    return _BLAS[0]
+
+
+def _one_blas_thread():
+    """numpy's BLAS on one thread inside (a threaded OpenBLAS spinning on a shared machine took 25x the CPU
+    time of one thread on these products; ``dpmf.resources.one_blas_thread`` says why in general)."""
+    c = _blas_controller()
+    if _ONE_THREAD or c is None:
+        return contextlib.nullcontext()
+    return c.limit(limits=1, user_api="blas")
+
+
+def symmetric_gram(X, work, out=None):
+    """``X Xᵀ`` per example in ``work`` (float32 or float64), ``(B, T, T)``, for ``X``: ``(B, T, d)``.
+
+    On the CPU it is numpy's ``matmul`` of ``X`` with its own transpose, which BLAS forms as a symmetric
+    rank-``d`` update (``?syrk``: one triangle, copied to the other -- exactly symmetric) on one thread: 1.6-1.9x
+    faster than ``torch.bmm`` at ``T = 128`` and 1.2-1.5x at ``T = 17`` (``benchmarks/README.md``, issue 52).
+    Every entry is still one dot product of length ``d`` in ``work``, summed in some order, so the rounding
+    bound of the module docstring (any order, blocked or with FMA) covers it. Elsewhere (another device,
+    a tensor numpy cannot view) ``torch.bmm``. ``out``: a ``(B, T, T)`` tensor of ``work`` to write into."""
+    Xw = X.to(work)
+    if (Xw.device.type != "cpu" or type(Xw) is not torch.Tensor or Xw.requires_grad or Xw.is_conj()
+            or torch._C._functorch.is_functorch_wrapped_tensor(Xw) or _blas_controller() is None):
+        return torch.bmm(Xw, Xw.transpose(1, 2), out=out)
+    if not Xw.is_contiguous():
+        Xw = Xw.contiguous()
+    if out is None:
+        out = torch.empty(Xw.shape[0], Xw.shape[1], Xw.shape[1], dtype=work, device=Xw.device)
+    xn = Xw.numpy()
+    with _one_blas_thread(), np.errstate(all="ignore"):  # (an overflow gives inf, as torch's: retried in float64)
+        np.matmul(xn, xn.transpose(0, 2, 1), out=out.numpy())
+    return out
+
+
 def _input_gram(A, work):
     """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`step_cache`)."""
     key = _memory_key(A, work, "gram")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
-        Aw = A.to(work)
-        got = torch.bmm(Aw, Aw.transpose(1, 2))
+        got = symmetric_gram(A, work)
         if key is not None:
             _GRAMS[key] = got
     return got
@@ -228,11 +291,16 @@ def gram_norms(pairs) -> None:
     of MB formed anew each step, slower than the layers one by one, which then stay as they were)."""
     if _GRAMS is None:
         return
+    pairs = list(pairs)
+    for A, _, work in pairs:  # how many layers read each input (its Gram is formed once for all)
+        key = _memory_key(A, work, "share")
+        if key is not None:
+            _GRAMS[key] = _GRAMS.get(key, 0) + 1
     groups: dict = {}
     for A, G, work in pairs:
         B, T, d_in = A.shape
         if (B == 0 or T == 1 or A.device.type == "meta" or (id(A), id(G), work) in _GRAMS
-                or norm_plan(T, d_in, G.shape[2]) != "gram"):
+                or _plan(A, G, work) != "gram"):
             continue
         _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
         groups.setdefault((B, T, work, A.device), []).append((A, G))
@@ -255,7 +323,7 @@ def _gram_chunk(jobs, B: int, T: int, work, device) -> None:
     rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
     for k, (A, G) in enumerate(jobs):
         Gw = G.to(work)
-        torch.bmm(Gw, Gw.transpose(1, 2), out=gram_g[k])
+        symmetric_gram(Gw, work, out=gram_g[k])
         gram_a[k].copy_(_input_gram(A, work))
         torch.linalg.vector_norm(Gw, dim=2, out=rows_g[k])
         rows_a[k].copy_(_input_rows(A, work))
@@ -281,7 +349,7 @@ def _gram_sq_norms(A, G, work):
     T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
     Gw = G.to(work)
     s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
-    n2 = contract(torch.bmm(Gw, Gw.transpose(1, 2)), _input_gram(A, work))
+    n2 = contract(symmetric_gram(Gw, work), _input_gram(A, work))
     out = gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
     if work != F64 and not bool(torch.isfinite(out).all()):  # overflow in the working precision
         return _gram_sq_norms(A, G, F64)
@@ -312,7 +380,7 @@ def sequence_parts(A, G, work_dtype=torch.float32):
         a, g = A[:, 0].to(F64), G[:, 0].to(F64)
         sq = (a * a).sum(1) * (g * g).sum(1)
         return sq * (1 + gamma(max(d_in, d_out) + 2, F64)), book_keeping
-    plan = norm_plan(T, d_in, d_out)
+    plan = _plan(A, G, work_dtype)
     if plan == "gram":
         return _gram_sq_norms(A, G, work_dtype), book_keeping
     if plan == "keep":
@@ -328,6 +396,14 @@ def sequence_parts(A, G, work_dtype=torch.float32):
     for lo in range(0, B, step):
         out[lo : lo + step] = _materialized(A[lo : lo + step], G[lo : lo + step], work_dtype)[1]
     return out, book_keeping
+
+
+def _plan(A, G, work) -> str:
+    """:func:`norm_plan` of a ``(B, T, d_in)`` input and ``(B, T, d_out)`` output gradient: the symmetric
+    Grams' cost on the CPU, the input's Gram shared by the layers :func:`gram_norms` saw read it."""
+    key = _memory_key(A, work, "share")
+    share = 1 if key is None else _GRAMS.get(key, 1)
+    return norm_plan(A.shape[1], A.shape[2], G.shape[2], syrk=A.device.type == "cpu", input_share=share)
 
 
 def _materialized(A, G, work):
@@ -348,26 +424,37 @@ def _materialized(A, G, work):
 def sequence_weighted_sum(A, G, f, dtype):
     """``sum_i f_i G_i^T A_i`` (``(d_out, d_in)``, ``dtype``); ``f`` float64 ``(B,)``.
 
-    One product over the flattened batch and positions when ``A`` and ``G`` are contiguous
-    ``(B, T, d)`` (Linear); otherwise (transposed views, as the convolution rule passes) a batched
-    product summed over examples, a chunk at a time, so no transposed copy of ``A`` is made."""
+    One product over the flattened batch and positions: of ``A`` and ``G`` themselves when they are
+    contiguous ``(B, T, d)`` (Linear); otherwise (transposed views, as the convolution rule passes) of
+    contiguous copies of a chunk of examples at a time (at most :data:`CHUNK_FLOATS` floats of copies), each
+    chunk's product added (a batched product of the examples summed afterwards ran 5-8x slower: ViT's patch
+    embedding, issue 52). The factors scale the narrower of the two, as a ``(B, T d)`` view (a ``(B, 1, 1)``
+    broadcast ran 2-3x slower than the same product on two dimensions)."""
     B, d_in, d_out = A.shape[0], A.shape[-1], G.shape[-1]
     if B == 0:
         return torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
-    fz = factors_toward_zero(f, dtype).view(-1, 1, 1)
+    fz = factors_toward_zero(f, dtype).view(-1, 1)
     scale_g = d_out <= d_in  # the factors multiply the narrower of the two
-    if A.is_contiguous() and G.is_contiguous():
-        g, a = (G.to(dtype) * fz, A.to(dtype)) if scale_g else (G.to(dtype), A.to(dtype) * fz)
-        return g.reshape(-1, d_out).t().mm(a.reshape(-1, d_in))
-    out = torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
-    step = max(1, CHUNK_FLOATS // max(1, d_in * d_out))
-    for lo in range(0, B, step):
-        g, a = G[lo : lo + step].to(dtype), A[lo : lo + step].to(dtype)
+
+    def product(a, g, fa):
+        n = a.shape[0]
+        g, a = g.to(dtype), a.to(dtype)
         if scale_g:
-            g = g * fz[lo : lo + step]
+            g = (g.contiguous().view(n, -1) * fa).view(-1, d_out)
+            a = a.contiguous().view(-1, d_in)
         else:
-            a = a * fz[lo : lo + step]
-        out += torch.bmm(g.transpose(1, 2), a).sum(0)
+            a = (a.contiguous().view(n, -1) * fa).view(-1, d_in)
+            g = g.contiguous().view(-1, d_out)
+        return g, a
+
+    if A.is_contiguous() and G.is_contiguous():
+        g, a = product(A, G, fz)
+        return g.t().mm(a)
+    out = torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
+    step = max(1, CHUNK_FLOATS // max(1, A.shape[1] * (d_in + d_out)))
+    for lo in range(0, B, step):
+        g, a = product(A[lo : lo + step], G[lo : lo + step], fz[lo : lo + step])
+        out.addmm_(g.t(), a)
     return out
 
 

@@ -1,0 +1,118 @@
+"""The ghost step's faster paths (issue 52 item 3, second round) give the numbers of the paths they replace.
+
+* ``sequence.symmetric_gram``: on the CPU the Gram ``X Xᵀ`` is numpy's product of ``X`` with its own transpose
+  (BLAS ``?syrk``, one thread); it must equal ``torch.bmm`` to the rounding of one dot product per entry, be
+  exactly symmetric, write into ``out=``, take any layout and float64, and give inf (not a warning) where
+  float32 overflows, so the norms' float64 retry still runs;
+* ``sequence.norm_plan``'s ``input_share``: layers reading one input are counted by ``gram_norms`` and their
+  plans chosen with the shared Gram (the k/v projections of a Llama block go to the Gram form), every plan
+  still an upper bound equal to the exact norm up to its rounding slack;
+* ``sequence.sequence_weighted_sum`` on transposed views (the convolution rule), in chunks of examples or
+  at once, equals the float64 sum of clipped per-example gradients.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dpmf.training.torch.ghost import sequence  # noqa: E402
+from dpmf.training.torch.ghost.sequence import (  # noqa: E402
+    F64,
+    gram_norms,
+    sequence_parts,
+    sequence_weighted_sum,
+    step_cache,
+    symmetric_gram,
+)
+
+
+def _bmm_gram(X, dtype):
+    Xw = X.to(dtype)
+    return torch.bmm(Xw, Xw.transpose(1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "half"])
+def test_symmetric_gram_equals_bmm(dtype, layout):
+    gen = torch.Generator().manual_seed(3)
+    B, T, d = 4, 11, 37
+    if layout == "transposed":  # a (B, d, T) tensor viewed as (B, T, d), as the convolution rule's
+        X = torch.randn(B, d, T, generator=gen).transpose(1, 2)
+    elif layout == "half":
+        X = torch.randn(B, T, d, generator=gen).to(torch.bfloat16)
+    else:
+        X = torch.randn(B, T, d, generator=gen)
+    got = symmetric_gram(X, dtype)
+    assert got.dtype == dtype and got.shape == (B, T, T)
+    assert bool((got == got.transpose(1, 2)).all())  # one triangle, copied
+    exact = _bmm_gram(X, F64)
+    # each entry is one dot product of length d in ``dtype``: |error| <= gamma_d |x_s| |x_t|
+    norms = X.to(F64).norm(dim=2)
+    slack = sequence.gamma(d, dtype) * norms.unsqueeze(2) * norms.unsqueeze(1)
+    assert bool(((got.to(F64) - exact).abs() <= slack).all())
+    assert torch.allclose(got, _bmm_gram(X, dtype), rtol=0, atol=float(slack.max()) * 2)
+    with step_cache():  # BLAS held to one thread for the block: the same numbers
+        out = torch.empty(B, T, T, dtype=dtype)
+        assert symmetric_gram(X, dtype, out=out) is out
+        assert torch.equal(out, got)
+
+
+def test_symmetric_gram_edge_shapes_and_overflow():
+    assert symmetric_gram(torch.zeros(0, 5, 3), torch.float32).shape == (0, 5, 5)
+    assert symmetric_gram(torch.zeros(2, 0, 3), torch.float32).shape == (2, 0, 0)
+    X = torch.full((2, 3, 4), 2.0**66)
+    assert bool(torch.isinf(symmetric_gram(X, torch.float32)).all())  # 2^134 > float32's max: inf, no warning
+    assert torch.equal(symmetric_gram(X, F64), torch.full((2, 3, 3), 2.0**134, dtype=F64))
+    leaf = torch.randn(2, 3, 4, requires_grad=True)  # (a tensor numpy cannot view: torch's product)
+    assert torch.allclose(symmetric_gram(leaf, torch.float32), _bmm_gram(leaf.detach(), torch.float32), rtol=1e-6)
+
+
+def _exact(A, G):
+    P = torch.bmm(G.to(F64).transpose(1, 2), A.to(F64))
+    return (P * P).sum((1, 2))
+
+
+def test_shared_input_counted_and_plans_exact():
+    """A Llama-like block at T = 128: q (256 -> 256), k and v (256 -> 128) read one input. Alone, k's plan
+    is by its own cost; inside ``step_cache`` after ``gram_norms`` saw the three, the input's Gram is
+    counted as shared. Every way still gives an upper bound within the float32 slack of the exact norm."""
+    gen = torch.Generator().manual_seed(5)
+    B, T = 3, 128
+    x = torch.randn(B, T, 256, generator=gen)
+    pairs = [(x, torch.randn(B, T, d, generator=gen), torch.float32) for d in (256, 128, 128)]
+    assert sequence.norm_plan(T, 256, 128, syrk=False) == "materialize"
+    assert sequence.norm_plan(T, 256, 128, syrk=False, input_share=3) == "gram"
+    alone = [sequence_parts(A, G, w)[0] for A, G, w in pairs]
+    with step_cache():
+        gram_norms(pairs)
+        key = sequence._memory_key(x, torch.float32, "share")
+        assert sequence._GRAMS[key] == 3
+        assert sequence._plan(x, pairs[1][1], torch.float32) == sequence.norm_plan(T, 256, 128, input_share=3)
+        shared = [sequence_parts(A, G, w)[0] for A, G, w in pairs]
+    for a, s, (A, G, _) in zip(alone, shared, pairs):
+        exact = _exact(A, G)
+        scale = (A.to(F64).norm(dim=2) * G.to(F64).norm(dim=2)).sum(1) ** 2
+        for got in (a, s):
+            assert bool((got >= exact).all())
+            assert bool((got - exact <= 2e-7 * 256 * scale).all())
+
+
+@pytest.mark.parametrize("chunk", [sequence.CHUNK_FLOATS, 3 * 7 * (12 + 5)])
+def test_weighted_sum_of_transposed_views(chunk, monkeypatch):
+    """The convolution rule's ``(B, T, d)`` views of ``(B, d, T)`` tensors: copies a chunk of examples at a time
+    (here 3 of 8, or all at once), each chunk one product, = the float64 sum of ``f_i G_i^T A_i``."""
+    monkeypatch.setattr(sequence, "CHUNK_FLOATS", chunk)
+    gen = torch.Generator().manual_seed(7)
+    B, T = 8, 7
+    for d_in, d_out in ((12, 5), (5, 12)):  # the factors scale G, then A
+        A = torch.randn(B, d_in, T, generator=gen).transpose(1, 2)
+        G = torch.randn(B, d_out, T, generator=gen).transpose(1, 2)
+        f = torch.rand(B, generator=gen, dtype=F64)
+        got = sequence_weighted_sum(A, G, f, torch.float32)
+        exact = torch.einsum("b,bto,bti->oi", f, G.to(F64), A.to(F64))
+        assert got.dtype == torch.float32 and got.shape == (d_out, d_in)
+        assert torch.allclose(got.to(F64), exact, rtol=1e-5, atol=1e-5)
+        contiguous = sequence_weighted_sum(A.contiguous(), G.contiguous(), f, torch.float32)
+        assert torch.allclose(got, contiguous, rtol=1e-5, atol=1e-5)
