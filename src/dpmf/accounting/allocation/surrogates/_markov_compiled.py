@@ -47,15 +47,20 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
     z_hi = z_lo + (nz - 1) * dz
     # the closed forms read the node positions from arrays (the same float operations as at their use),
     # so their loops vectorize (they ran scalar); bit-identical
-    ls = np.arange(nu).astype(np.float64)
     uus, aus = np.empty(nu), np.empty(nu)
     for l in range(nu):
         uus[l] = (l - (nu - 1)) * h
         aus[l] = abs(uus[l])
     top = float(nu - 1)
+    # the closed forms past u' = 0, one linear run per innovation point (_closed_forms)
+    t_lim = np.empty(xs.size, dtype=np.int64)
+    t_b, t_w = np.empty(xs.size), np.empty(xs.size)
+    hh = h * (1 + 4 * UNIT_ROUNDOFF)
+    tailf = 1 + 4 * (2 * xs.size + 16) * UNIT_ROUNDOFF
     for j in range(nout):
         z = 0.0 if initial else z_lo + j * dz
         oj = out[j]  # (1-d row views: the loops over l vectorize; the same sums, bit-identical)
+        nt = 0
         for k in range(xs.size):
             wk = ws[k]
             xi = xs[k]
@@ -100,11 +105,54 @@ def step(V, Rn, xs, ws, alpha, beta, c, rho, s, z_lo, dz, h, sl_hi, offs, initia
             if lim < 0:
                 lim = 0
             _stencil(oj, V[a, fq:], V[a + 1, fq:], lim, c00, c10, c01, c11)
-            ot, lt = oj[lim:], ls[lim:]
-            for l in range(nu - lim):
-                pos = lt[l] + qb
-                ot[l] += wk * ((pos - top) * h + rmix + 4 * UNIT_ROUNDOFF * (pos + 1.0) * h)
+            # (l >= lim: w + R(z') at u' = (l + qb - top) h >= 0, i.e. the value at lim plus (l - lim) h)
+            t_lim[nt] = lim
+            t_b[nt] = wk * ((lim + qb - top) * h + rmix + 4 * UNIT_ROUNDOFF * (lim + qb + 1.0) * h)
+            t_w[nt] = wk
+            nt += 1
+        _closed_forms(oj, t_lim, t_b, t_w, nt, hh, tailf)
     return out
+
+
+@nb.njit(cache=True, nogil=True)
+def _closed_forms(o, lims, bs, ws, nt, hh, tailf):  # pragma: no cover - compiled
+    """``o[l] += sum_t (b_t + w_t hh (l - lim_t)) tailf`` over the terms ``t`` with ``lim_t <= l``: each
+    innovation point's closed form past ``u' = 0`` (:func:`step`; ``b_t`` its value at ``lim_t``,
+    ``hh = h (1 + 4u)`` covering the positions' rounding as the per-element form did).
+
+    Where the starts fall as ``t`` grows (the summand grows with the innovation: the usual case) the
+    terms are summed as runs between consecutive starts, ``S_b + hh (C + S_w (l - s))`` with ``C`` the
+    active terms' ``sum w_t (s - lim_t)`` at the run's start ``s`` -- every part a sum of non-negative
+    terms, ``2 n_t + 6`` roundings at most, which ``tailf = 1 + 4 (2 n_t + 16) u`` covers -- in one
+    pass per run instead of one per term (the closed forms were 15-30% of a step's updates); else
+    term by term, the same bound."""
+    nu = o.size
+    falling = True
+    for t in range(1, nt):
+        if lims[t] > lims[t - 1]:
+            falling = False
+            break
+    if not falling:
+        for t in range(nt):
+            ot = o[lims[t]:]
+            b, wh = bs[t], ws[t] * hh
+            for l in range(nu - lims[t]):
+                ot[l] += (b + wh * l) * tailf
+        return
+    s_b, s_w, c = 0.0, 0.0, 0.0
+    s = lims[nt - 1] if nt else nu
+    for t in range(nt - 1, -1, -1):
+        start = lims[t]
+        c += s_w * (start - s)
+        s = start
+        s_b += bs[t]
+        s_w += ws[t]
+        end = lims[t - 1] if t > 0 else nu
+        if end <= start:
+            continue
+        ot = o[start:end]
+        for l in range(end - start):  # (vectorizes)
+            ot[l] += (s_b + hh * (c + s_w * l)) * tailf
 
 
 @nb.njit(cache=True, nogil=True)
