@@ -577,14 +577,17 @@ def count_backwards(monkeypatch):
     import dpmf.training.torch.ghost.recurrent_gates as gates
 
     runs = {"n": 0}
-    real = gates.gates_and_input_gradients
 
-    def counted(*a, **k):
-        runs["n"] += 1
-        return real(*a, **k)
+    def counting(real):
+        def counted(*a, **k):
+            runs["n"] += 1
+            return real(*a, **k)
+        return counted
 
-    monkeypatch.setattr(gates, "gates_and_input_gradients", counted)
-    monkeypatch.setattr(rule, "gates_and_input_gradients", counted)
+    for name in ("gates_and_input_gradients", "lstm_backward_kept"):  # (the latter: after the rule's own forward)
+        counted = counting(getattr(gates, name))
+        monkeypatch.setattr(gates, name, counted)
+        monkeypatch.setattr(rule, name, counted)
     return runs
 
 
@@ -706,8 +709,8 @@ def test_kept_and_gram_forms_both_equal_the_reference(cell, kw, states, loop, mo
     kept = []
     real = rule._Kept.applies.__func__
 
-    def spy(cls, G, columns):
-        kept.append(real(cls, G, columns))
+    def spy(cls, G, columns, time_major=False):
+        kept.append(real(cls, G, columns, time_major))
         return kept[-1]
 
     monkeypatch.setattr(rule._Kept, "applies", classmethod(spy))
@@ -753,3 +756,86 @@ def test_kept_norms_bound_the_float64_gradient_of_the_float32_tensors():
     for name, s in sums.items():
         assert s.dtype == torch.float32 and s.shape == trainable[name].shape
         assert torch.allclose(s.double(), want[name], rtol=1e-4, atol=1e-4 * float(want[name].abs().max())), name
+
+
+# ------------------------------------------------------------------ the LSTM's own forward in the loop (issue 52, item 3)
+@pytest.mark.parametrize("kw", [dict(batch_first=True), dict(batch_first=False, num_layers=2, bidirectional=True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_loop_lstm_forward_is_the_rules_own_and_equals_torchs(kw, dtype, monkeypatch):
+    """In the loop an LSTM's forward is the rule's own (compiled, keeping its gates for the backward): its
+    outputs ``(output, (h_n, c_n))`` equal PyTorch's layer to rounding (float32: its own vectorized
+    exponential), the backward forms no gate again, and the float32 clipped sums agree with the float64
+    per-example reference to float32 rounding."""
+    import dpmf.training.torch.ghost.recurrent as rule
+
+    calls = {"n": 0}
+    real = rule.lstm_forward_kept
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(rule, "lstm_forward_kept", counted)
+    torch.manual_seed(2)
+    lstm = torch.nn.LSTM(3, 5, **kw).to(dtype)
+    B, T = 6, 7
+    x = torch.randn(B, T, 3, dtype=dtype) * 3
+    L, D = lstm.num_layers, 2 if lstm.bidirectional else 1
+    hx = (torch.randn(L * D, B, 5, dtype=dtype), torch.randn(L * D, B, 5, dtype=dtype))
+    inp = x if lstm.batch_first else x.transpose(0, 1)
+    with torch.no_grad():
+        want = lstm(inp, hx)
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = lstm
+
+        def forward(self, a, state):
+            return self.lstm(a, state)
+
+    model = Wrap()
+    ghost = GhostClipper(model, F.cross_entropy, 1.0)
+    got = model(inp, hx)
+    assert calls["n"] == 1
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    for a, b in zip((got[0], *got[1]), (want[0], *want[1])):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, **tol)
+    ghost.close()
+
+    model, inputs, y = fed("LSTM", B=5, T=9, states=True, **kw)
+    model = model.to(dtype)
+    ghost = GhostClipper(model, F.cross_entropy, 0.5)
+    runs = count_backwards(monkeypatch)
+    sums, norms = loop_step(ghost, model, tuple(t.to(dtype) for t in inputs), y)
+    assert runs["n"] == 1
+    model64 = model.double()
+    with ghost.plain():
+        want, ref_norms = reference(model64, inputs, y, 0.5, ghost.margin)
+    ghost.close()
+    rtol = 1e-4 if dtype == torch.float32 else 1e-9
+    assert torch.allclose(norms, ref_norms, rtol=rtol, atol=0)
+    if dtype == torch.float64:
+        assert (norms >= ref_norms * (1 - 1e-12)).all()
+    for name, a, b in zip(ghost.param_names, sums, want):
+        assert torch.allclose(a.double(), b, rtol=rtol, atol=rtol * float(b.abs().max())), name
+
+
+def test_lstm_own_forward_keeps_non_finite_values_in_their_example():
+    """The compiled float32 forward (its own exponential, clamped) keeps NaN and inf where PyTorch's does:
+    a non-finite input makes that example's outputs non-finite and no other's."""
+    from dpmf.training.torch.ghost.recurrent_gates import lstm_forward_kept
+
+    torch.manual_seed(5)
+    lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    x = torch.randn(4, 5, 3)
+    x[1, 2, 0] = float("nan")
+    x[3, 1, 1] = float("inf")
+    hx = (torch.zeros(1, 4, 4), torch.zeros(1, 4, 4))
+    out, h_n, c_n, _ = lstm_forward_kept(lstm, x, hx, [p.detach() for p in lstm._flat_weights])
+    with torch.no_grad():
+        want, (wh, wc) = lstm(x, hx)
+    assert torch.equal(torch.isfinite(out), torch.isfinite(want))
+    assert not torch.isfinite(out[1, 2:]).any() and torch.isfinite(out[[0, 2]]).all()
+    finite = torch.isfinite(want)
+    assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-6)
+    assert torch.equal(torch.isfinite(c_n), torch.isfinite(wc)) and torch.equal(torch.isfinite(h_n), torch.isfinite(wh))

@@ -22,6 +22,8 @@ rounding.
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 import numpy as np
 
@@ -39,6 +41,101 @@ def lstm_cells(act, c0, reverse, c):  # pragma: no cover - compiled
             for j in range(H):
                 cr[j] = ar[H + j] * prev[j] + ar[j] * ar[2 * H + j]
             prev = cr
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")
+def lstm_forward(xw, w_t, reverse, fast, act, c, tc, ys, c0):  # pragma: no cover - compiled
+    """The LSTM forward of one layer and direction, keeping what its backward reads, time-major: ``xw``
+    ``(T, B, 4H)`` the input part ``W_ih x_t + b_ih + b_hh`` of the pre-activations; ``w_t`` ``(H, 4H)``:
+    ``W_hh`` transposed; ``ys`` ``(T + 1, B, H)``: the states, ``h0`` given in ``ys[0]`` (``ys[T]`` for the
+    reverse direction), the outputs written in the others (so ``h_t`` of step ``t`` is ``ys[t + 1]``, the state
+    it read ``ys[t]``; reversed: ``ys[t]`` and ``ys[t + 1]``); ``c0`` ``(B, H)``. Per step one product
+    ``h_{t-1} W_hh^T`` (BLAS) into ``act[t]``, then the gate activations ``act = [i, f, g, o]`` in place
+    (:func:`_sigmoid`; ``tanh(g) = 2 sigma(2 g) - 1``), ``c_t = f c_{t-1} + i g``, ``tc = tanh(c_t)``,
+    ``h_t = o tc``. ``fast``: float32 arrays, whose exponentials are :func:`_sigmoid`'s vectorized ones
+    (else ``math.exp``). Every step works on whole ``(B, .)`` blocks in flat loops."""
+    T, B, G = xw.shape
+    H = G // 4
+    dt = xw.dtype
+    ei = np.empty(B * G, np.int32)
+    e = np.empty(B * G, dt)
+    scale = np.ones(B * G, dt)  # 2 on the g blocks: tanh(g) = 2 sigma(2 g) - 1
+    for b in range(B):
+        scale[b * G + 2 * H:b * G + 3 * H] = 2
+    two = np.full(B * H, 2, dt)
+    for k in range(T):
+        t = T - 1 - k if reverse else k
+        h_prev = ys[t + 1] if reverse else ys[t]
+        h_new = ys[t] if reverse else ys[t + 1]
+        c_prev = c0 if k == 0 else c[t + 1 if reverse else t - 1]
+        a = act[t]
+        np.dot(h_prev, w_t, a)
+        af = a.reshape(B * G)
+        _add(af, xw[t].reshape(B * G))
+        _sigmoid(af, af, scale, ei, e, fast)
+        ct = c[t]
+        for b in range(B):
+            ar, cpr, cr = a[b], c_prev[b], ct[b]
+            for j in range(H):
+                cr[j] = ar[H + j] * cpr[j] + ar[j] * ar[2 * H + j]
+        _sigmoid(ct.reshape(B * H), tc[t].reshape(B * H), two, ei, e, fast)
+        tct = tc[t]
+        for b in range(B):
+            ar, tr, hr = a[b], tct[b], h_new[b]
+            for j in range(H):
+                hr[j] = ar[3 * H + j] * tr[j]
+
+
+@nb.njit(cache=True, nogil=True)
+def _copy(src, dst):  # pragma: no cover - compiled
+    """``dst[:] = src`` (1-D, contiguous; a loop: numba's slice assignment is a generic one)."""
+    for j in range(src.size):
+        dst[j] = src[j]
+
+
+@nb.njit(cache=True, nogil=True)
+def _add(a, b):  # pragma: no cover - compiled
+    """``a += b`` (1-D, contiguous)."""
+    for j in range(a.size):
+        a[j] += b[j]
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy")  # (no zero-division check: the loops vectorize)
+def _sigmoid(src, dst, scale, ei, e, fast):  # pragma: no cover - compiled
+    """``dst = 2 sigma(2 src) - 1`` where ``scale`` is 2, ``sigma(src)`` where it is 1 (1-D, contiguous, ``scale``
+    as long, ``dst`` may be ``src``; ``ei``, ``e``: int32 and float scratch at least as long): the gates'
+    activations, and ``tanh`` as ``2 sigma(2 x) - 1``. ``fast`` (float32): ``exp(-v)`` as ``2^q p(r)``,
+    ``q = floor(v log2(e) + 1/2)``, ``r = v - q ln 2`` (ln 2 in two parts, Cody and Waite), ``p`` the
+    polynomial of Cephes' ``expf`` (relative error about 1 ulp), ``2^q`` built in the exponent bits -- no
+    call, so the loop vectorizes (numba has no vector ``exp`` without Intel's SVML); ``v`` clamped to
+    ``[-87, 88]``, where ``sigma`` is 1 or below ``1e-38`` (its float32 value to rounding); NaN stays NaN.
+    Else ``math.exp``."""
+    n = src.size
+    if not fast:
+        for j in range(n):
+            s = 1.0 / (1.0 + math.exp(-(scale[j] * src[j])))
+            dst[j] = s * scale[j] - (scale[j] - 1.0)
+        return
+    for j in range(n):
+        v = -(scale[j] * src[j])
+        v = min(max(v, np.float32(-87.0)), np.float32(88.0))
+        q = np.floor(v * np.float32(1.44269504) + np.float32(0.5))
+        r = v - q * np.float32(0.693359375) + q * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        e[j] = p * r * r + r + np.float32(1.0)
+        ei[j] = (np.int32(q) + np.int32(127)) << 23
+    ef = ei.view(np.float32)
+    for j in range(n):
+        x = src[j]
+        s = np.float32(1.0) / (np.float32(1.0) + e[j] * ef[j])
+        e[j] = s * scale[j] - (scale[j] - np.float32(1.0)) if x == x else x
+    for j in range(n):  # (apart: with dst the very src, one loop would fail the compiler's overlap check)
+        dst[j] = e[j]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -82,6 +179,43 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
             for j in range(H):  # dc_{t-1} = dc f
                 dcb[j] *= f[j]
             dg[b, t] = vr
+        np.dot(v, w_hh, dh)
+    return dh, dc
+
+
+@nb.njit(cache=True, nogil=True)
+def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, dg):  # pragma: no cover - compiled
+    """:func:`lstm_bptt` without projection on the time-major arrays :func:`lstm_forward` keeps: ``dout``
+    ``(T, B, H)``, ``act`` ``(T, B, 4H)``, ``c``, ``tc`` ``(T, B, H)``, ``c0``, ``dh0``, ``dc0`` ``(B, H)``; writes
+    ``dg`` ``(T, B, 4H)`` (each step one ``(B, 4H)`` block, the left factor of that step's product by ``W_hh``).
+    Returns ``(dh, dc)``: the gradients reaching ``h0``, ``c0``."""
+    T, B, H = dout.shape
+    dh = dh0.copy()
+    dc = dc0.copy()
+    dhf = dh.reshape(B * H)
+    for k in range(T):
+        t = k if reverse else T - 1 - k
+        _add(dhf, dout[t].reshape(B * H))
+        cp = c0 if k == T - 1 else c[t + 1 if reverse else t - 1]
+        a, y, v = act[t], tc[t], dg[t]
+        for b in range(B):
+            for j in range(H):  # dc += dh o (1 - tanh(c)^2)
+                o = a[b, 3 * H + j]
+                dc[b, j] += dh[b, j] * (o - o * y[b, j] * y[b, j])
+            for j in range(H):  # dc g i (1 - i)
+                i = a[b, j]
+                v[b, j] = dc[b, j] * (a[b, 2 * H + j] * (i - i * i))
+            for j in range(H):  # dc c_{t-1} f (1 - f)
+                f = a[b, H + j]
+                v[b, H + j] = dc[b, j] * (cp[b, j] * (f - f * f))
+            for j in range(H):  # dc i (1 - g^2)
+                g = a[b, 2 * H + j]
+                v[b, 2 * H + j] = dc[b, j] * (a[b, j] - a[b, j] * g * g)
+            for j in range(H):  # dh tanh(c) o (1 - o)
+                o = a[b, 3 * H + j]
+                v[b, 3 * H + j] = dh[b, j] * (y[b, j] * (o - o * o))
+            for j in range(H):  # dc_{t-1} = dc f
+                dc[b, j] *= a[b, H + j]
         np.dot(v, w_hh, dh)
     return dh, dc
 
@@ -155,24 +289,26 @@ def _add_rows(dh, dout, t):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def kept_sq_norms(P, G, A, bounds, g_t, out):  # pragma: no cover - compiled
+def kept_sq_norms(P, G, A, bounds, g_t, time_major, out):  # pragma: no cover - compiled
     """Per example ``b`` and row segment ``k`` (``bounds[k]:bounds[k + 1]`` of the middle axis of ``P``, the
     last of ``A``): ``out[b, k] = (||P[b, seg]|| + g_t s)^2`` with ``s = sum_t ||G[b, t]|| ||A[b, t, seg]||``,
     every square and sum in float64 (the squares of float32 numbers are exact there). ``P`` ``(B, C, R)``: the
     per-example gradients ``A_b^T G_b`` (transposed) as computed; ``G`` ``(B, T, R)``; ``A`` ``(B, T, C)``;
-    ``g_t``: the relative error bound of the computed products (``gamma_T``). Sums of squares are sums of
-    non-negative terms, so their float64 error bound (relative ``gamma_n``) holds in any order of summation
-    (reassociation allowed, so the loops vectorize); the caller adds it."""
-    B, T = G.shape[:2]
+    ``g_t``: the relative error bound of the computed products (``gamma_T``); ``time_major``: ``G`` and ``A``
+    are ``(T, B, .)``. Sums of squares are sums of non-negative terms, so their float64 error bound (relative
+    ``gamma_n``) holds in any order of summation (reassociation allowed, so the loops vectorize); the caller
+    adds it."""
+    B = P.shape[0]
+    T = G.shape[0] if time_major else G.shape[1]
     gn = np.empty(T)
     for b in range(B):
         for t in range(T):
-            gn[t] = np.sqrt(_sum_sq(G[b, t]))
+            gn[t] = np.sqrt(_sum_sq(G[t, b] if time_major else G[b, t]))
         for k in range(bounds.size - 1):
             lo, hi = bounds[k], bounds[k + 1]
             s = 0.0
             for t in range(T):
-                s += gn[t] * np.sqrt(_sum_sq(A[b, t, lo:hi]))
+                s += gn[t] * np.sqrt(_sum_sq(A[t, b, lo:hi] if time_major else A[b, t, lo:hi]))
             n = np.sqrt(_sum_sq(P[b, lo:hi].reshape(-1))) + g_t * s
             out[b, k] = n * n
 

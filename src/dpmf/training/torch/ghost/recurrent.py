@@ -55,7 +55,13 @@ from __future__ import annotations
 from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample
-from dpmf.training.torch.ghost.recurrent_gates import gate_gradients, gates_and_input_gradients
+from dpmf.training.torch.ghost.recurrent_gates import (
+    gate_gradients,
+    gates_and_input_gradients,
+    lstm_backward_kept,
+    lstm_forward_kept,
+    own_lstm_applies,
+)
 from dpmf.training.torch.ghost.registry import CALL_BATCH, LayerGradients, register_ghost_rule
 from dpmf.training.torch.ghost.sequence import F64, factors_toward_zero, gamma, sequence_parts
 from dpmf.training.torch.recurrent import RECURRENT_TYPES, cell_kind, check_layout, check_unpacked, weight_names
@@ -172,25 +178,28 @@ class _Kept:
     KEEP_RATIO = 4
 
     @classmethod
-    def applies(cls, G, columns) -> bool:
+    def applies(cls, G, columns, time_major: bool = False) -> bool:
         """CPU float32/float64 (the compiled norms), and ``P`` small enough (:data:`KEEP_RATIO`)."""
-        if G.device.type != "cpu" or G.dtype not in (torch.float32, torch.float64) or G.shape[0] == 0:
+        B, T, R = (G.shape[1], G.shape[0], G.shape[2]) if time_major else G.shape
+        if G.device.type != "cpu" or G.dtype not in (torch.float32, torch.float64) or B == 0:
             return False
-        B, T, R = G.shape
         widths = [A.shape[2] for _, A in columns if A is not None]
         C = sum(widths) + (1 if len(widths) < len(columns) else 0)
         return B * R * C <= cls.KEEP_RATIO * B * T * (R + sum(widths))
 
-    def __init__(self, G, columns) -> None:
-        self.G, self.columns = G, columns
+    def __init__(self, G, columns, time_major: bool = False) -> None:
+        self.G, self.columns, self.time_major = G, columns, time_major
         self._P = self._sq = None
 
     def without_rows(self, bad) -> "_Kept":
-        keep = lambda t: torch.where(bad.view(-1, 1, 1), torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
-        return _Kept(keep(self.G), [(n, None if A is None else keep(A)) for n, A in self.columns])
+        rows = bad.view(1, -1, 1) if self.time_major else bad.view(-1, 1, 1)
+        keep = lambda t: torch.where(rows, torch.zeros((), dtype=t.dtype, device=t.device), t)  # noqa: E731
+        return _Kept(keep(self.G), [(n, None if A is None else keep(A)) for n, A in self.columns], self.time_major)
 
     def tensors(self) -> list:
-        return [self.G] + [A for _, A in self.columns if A is not None]
+        """``G`` and the inputs, batch-major (views)."""
+        out = [self.G] + [A for _, A in self.columns if A is not None]
+        return [t.transpose(0, 1) for t in out] if self.time_major else out
 
     def _segments(self):
         """``(A, bounds, which)``: the joined inputs ``(B, T, C)`` (ones last, for the biases), the column
@@ -216,11 +225,15 @@ class _Kept:
 
         G = self.G.contiguous()
         A, bounds, which = self._segments()
-        B, T, R = G.shape
-        P = torch.bmm(A.transpose(1, 2), G)  # (B, C, R): P_i^T, each parameter's rows one block
+        if self.time_major:  # (T, B, .): the per-example matrices are strided views, no copy
+            T, B, R = G.shape
+            P = torch.bmm(A.permute(1, 2, 0), G.transpose(0, 1))
+        else:
+            B, T, R = G.shape
+            P = torch.bmm(A.transpose(1, 2), G)  # (B, C, R): P_i^T, each parameter's rows one block
         seg = torch.empty(B, len(bounds) - 1, dtype=F64)
         kept_sq_norms(P.numpy(), G.numpy(), A.numpy(), np.asarray(bounds, dtype=np.int64), gamma(T, G.dtype),
-                      seg.numpy())
+                      self.time_major, seg.numpy())
         seg *= 1 + 2 * gamma(R * A.shape[2] + R + A.shape[2] + T + 16, F64)  # (the float64 sums' rounding)
         self._P, self._which, self._bounds = P, which, bounds
         self._sq = seg[:, list(which.values())].sum(1)
@@ -246,10 +259,13 @@ class _Kept:
 
     def contributions(self, trainable) -> dict:
         """Per parameter, as :class:`_Group`'s (joint use is rare: formed from ``G`` and the inputs)."""
+        G, *_ = self.tensors()
         out = {}
         for name, A in self.columns:
             work = torch.promote_types(trainable[name].dtype, torch.float32)
-            out[name] = (PerExample(self.G.to(work).sum(1)) if A is None else Factored(self.G, A, work=work))
+            if A is not None and self.time_major:
+                A = A.transpose(0, 1)
+            out[name] = (PerExample(G.to(work).sum(1)) if A is None else Factored(G, A, work=work))
         return out
 
 
@@ -258,12 +274,17 @@ def _groups(kind, rec, names, trainable) -> list:
     :func:`~dpmf.training.torch.ghost.recurrent_gates.gate_gradients`), trainable parameters only: a
     :class:`_Kept` per gradient factor where it applies, else :class:`_Group` s. RNN and LSTM: ``du = dv``, so
     ``W_ih``, ``W_hh`` and both biases share ``G`` (the biases one sum ``sum_t du_t``)."""
+    time_major = rec.get("time_major", False)
+
     def group(G, columns):
         cols = [(names[role], A) for role, A in columns if role in names and names[role] in trainable]
         if not cols:
             return []
-        if _Kept.applies(G, cols):
-            return [_Kept(G, cols)]
+        if _Kept.applies(G, cols, time_major):
+            return [_Kept(G, cols, time_major)]
+        if time_major:  # (the Gram form reads batch-major tensors)
+            G = G.transpose(0, 1).contiguous()
+            cols = [(n, None if A is None else A.transpose(0, 1).contiguous()) for n, A in cols]
         weights = [c for c in cols if c[1] is not None]
         biases = [c for c in cols if c[1] is None]
         if not weights:
@@ -406,11 +427,12 @@ class _OwnBackward(torch.autograd.Function):
     counters): an output modified in place before the backward is run again here, and refused by the rule."""
 
     @staticmethod
-    def forward(ctx, module, params, x, h0, c0, anchor, *outputs):
+    def forward(ctx, module, params, kept, x, h0, c0, anchor, *outputs):
         ctx.set_materialize_grads(False)
         det = lambda t: None if t is None else t.detach()  # noqa: E731  (aliases: no graph kept through the node)
         ctx.module, ctx.params, ctx.x, ctx.h0, ctx.c0 = module, params, x.detach(), det(h0), det(c0)
         ctx.out, ctx.out_version = outputs[0], outputs[0]._version
+        ctx.kept = kept  # what the rule's own forward kept (_OwnForward), or None
         ctx.n_outputs = len(outputs)
         ctx.dpmf_gates = None
         return tuple(o.detach() for o in outputs)
@@ -418,15 +440,18 @@ class _OwnBackward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         module, h0, c0 = ctx.module, ctx.h0, ctx.c0
-        hx = None if h0 is None else ((h0, c0) if c0 is not None else h0)
-        out = ctx.out if ctx.out._version == ctx.out_version else None  # (None: run again; the rule refuses)
         dc_n = grads[2] if len(grads) > 2 else None
         need = ctx.needs_input_grad
-        gates, (dx, dh0, dc0) = gates_and_input_gradients(module, ctx.x, hx, grads[0], grads[1], dc_n, ctx.params,
-                                                          output=out, inputs=need[2])
+        if ctx.kept is not None:  # the forward was the rule's own: its gates are kept, not formed again
+            gates, (dx, dh0, dc0) = lstm_backward_kept(module, ctx.kept, grads[0], grads[1], dc_n, inputs=need[3])
+        else:
+            hx = None if h0 is None else ((h0, c0) if c0 is not None else h0)
+            out = ctx.out if ctx.out._version == ctx.out_version else None  # (None: run again; the rule refuses)
+            gates, (dx, dh0, dc0) = gates_and_input_gradients(module, ctx.x, hx, grads[0], grads[1], dc_n, ctx.params,
+                                                              output=out, inputs=need[3])
         ctx.dpmf_gates = (grads, gates)
-        return (None, None, dx if need[2] else None, dh0 if need[3] else None,
-                dc0 if need[4] else None, None) + (None,) * ctx.n_outputs
+        return (None, None, None, dx if need[3] else None, dh0 if need[4] else None,
+                dc0 if need[5] else None, None) + (None,) * ctx.n_outputs
 
     @staticmethod
     def gates_of(call):
@@ -453,6 +478,47 @@ def _same_tensors(a, b) -> bool:
         for x, y in zip(a, b))
 
 
+class _OwnInput(torch.Tensor):
+    """The (detached) input of an LSTM call whose forward is the rule's own (:class:`_OwnForward`): PyTorch's
+    ``nn.LSTM.forward`` runs as it is (its checks, its zero initial states) and calls ``torch.lstm`` on it,
+    which this subclass hands to its :class:`_OwnForward`; every other operation is PyTorch's own, on plain
+    tensors."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is torch.lstm and len(args) == 9 and isinstance(args[0], _OwnInput):
+                return args[0].dpmf_own(*args, **kwargs)
+            return func(*args, **kwargs)
+
+
+class _OwnForward:
+    """The forward of one LSTM call in the loop, run by the rule itself
+    (:func:`~dpmf.training.torch.ghost.recurrent_gates.lstm_forward_kept`) in place of PyTorch's fused
+    kernel: the same outputs (to rounding), with the gate activations and cells *kept* (``kept``) for the
+    backward (:class:`_OwnBackward`), which then forms no gate again. ``kept`` stays None if the call never
+    reached ``torch.lstm`` (then the backward forms the gates as it does for PyTorch's kernel)."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.kept = None
+
+    def input(self, x):
+        view = x.as_subclass(_OwnInput)
+        view.dpmf_own = self
+        return view
+
+    def __call__(self, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+        m = self.module
+        if (bool(has_biases) != m.bias or num_layers != m.num_layers or bool(bidirectional) != m.bidirectional
+                or bool(batch_first) != m.batch_first or (dropout and train and num_layers > 1)):
+            return torch.lstm(input.as_subclass(torch.Tensor), hx, weights, has_biases, num_layers, dropout, train,
+                              bidirectional, batch_first)  # (not the call own_backward saw: PyTorch's kernel)
+        out, h_n, c_n, self.kept = lstm_forward_kept(m, input.as_subclass(torch.Tensor), hx, weights)
+        return out, h_n, c_n
+
+
 def own_backward(module, args, kwargs):
     """The loop's forward of a recurrent layer, before the clipper detaches its weights
     (``GhostClipper._detach``): ``(finish, args, kwargs)`` -- the call runs on detached inputs and weights
@@ -464,7 +530,7 @@ def own_backward(module, args, kwargs):
     x, hx = _arguments(args, kwargs)
     lstm = isinstance(module, torch.nn.LSTM)
     states = () if hx is None else (tuple(hx) if isinstance(hx, (tuple, list)) else (hx,))
-    params = {n: p.detach() for n, p in module.named_parameters()}
+    params = {n: p.detach() for n, p in module._parameters.items() if p is not None}
     if (not isinstance(x, torch.Tensor) or x.ndim != 3 or x.device.type != "cpu"
             or x.dtype not in (torch.float32, torch.float64) or len(states) != (2 if lstm and hx is not None else
                                                                               (1 if hx is not None else 0))
@@ -476,13 +542,16 @@ def own_backward(module, args, kwargs):
     h0 = states[0] if states else None
     c0 = states[1] if lstm and states else None
     new_hx = None if hx is None else (tuple(t.detach() for t in states) if lstm else h0.detach())
-    new_args, new_kwargs = _with_inputs(args, kwargs, x.detach(), new_hx)
+    own = _OwnForward(module) if own_lstm_applies(module, x) else None
+    x_in = x.detach() if own is None else own.input(x.detach())
+    new_args, new_kwargs = _with_inputs(args, kwargs, x_in, new_hx)
 
     def finish(output):
         out, state = output
         outputs = (out, *state) if lstm else (out, state)
         anchor = torch.zeros((), dtype=x.dtype, requires_grad=True)
-        joined = _OwnBackward.apply(module, params, x, h0, c0, anchor, *outputs)
+        kept = None if own is None else own.kept
+        joined = _OwnBackward.apply(module, params, kept, x, h0, c0, anchor, *outputs)
         return (joined[0], (joined[1], joined[2])) if lstm else (joined[0], joined[1])
 
     return finish, new_args, new_kwargs

@@ -44,7 +44,8 @@ from dpmf.training.torch.recurrent import cell_kind, check_unpacked, weight_name
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["gate_gradients", "gates_and_input_gradients", "rerun_layer"]
+__all__ = ["gate_gradients", "gates_and_input_gradients", "rerun_layer", "own_lstm_applies", "lstm_forward_kept",
+           "lstm_backward_kept"]
 
 #: PyTorch's fused recurrent functions (what ``nn.RNN``/``GRU``/``LSTM`` call), by :func:`cell_kind`
 _KERNELS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn_tanh", "RNN_RELU": "rnn_relu"}
@@ -311,3 +312,99 @@ def _one_blas_thread(compiled: bool):
     from dpmf.training.torch.ghost._recurrent_compiled import one_blas_thread
 
     return one_blas_thread()
+
+
+# ------------------------------------------------------------------ the LSTM's own forward (loop form)
+def own_lstm_applies(module, x) -> bool:
+    """Whether :func:`lstm_forward_kept` runs this LSTM call: CPU float32/float64 (compiled), no projection."""
+    return cell_kind(module) == "LSTM" and module.proj_size == 0 and _compiles(x)
+
+
+def lstm_forward_kept(module, input, hx, weights) -> tuple:
+    """The forward of an ``nn.LSTM`` call (no projection, no dropout between layers), compiled, keeping
+    what its backward reads (:func:`lstm_backward_kept`), so no gate is formed again: ``(output, h_n, c_n,
+    saved)`` with ``output``, ``h_n``, ``c_n`` as PyTorch's ``torch.lstm`` returns them (new tensors: nothing
+    the caller may modify aliases ``saved``) and ``saved`` per layer and direction the time-major ``(T, B, .)``
+    input ``x``, states ``ys`` (``(T + 1, B, H)``: ``h0`` and the outputs; the state each step read is a view
+    of it), gate activations ``act``, cells ``c`` and ``tanh(c)`` ``tc`` (compiled:
+    :func:`~dpmf.training.torch.ghost._recurrent_compiled.lstm_forward`; the input part of the
+    pre-activations one batched product). ``input``, ``hx``: as the layer passes them to ``torch.lstm``
+    (``hx = (h0, c0)``, ``(L * D, B, H)``); ``weights``: its flat weight list (``w_ih, w_hh[, b_ih, b_hh]`` per
+    layer and direction)."""
+    from dpmf.training.torch.ghost._recurrent_compiled import lstm_forward
+
+    D = 2 if module.bidirectional else 1
+    L, H = module.num_layers, module.hidden_size
+    per = 4 if module.bias else 2
+    x = (input.transpose(0, 1) if module.batch_first else input).contiguous()
+    T, B = x.shape[:2]
+    h0, c0 = hx
+    fast = x.dtype == torch.float32
+    saved, h_n, c_n = [], [], []
+    with torch.no_grad(), _one_blas_thread(True):
+        layer_in = x
+        for layer in range(L):
+            outs = []
+            for d in range(D):
+                k = layer * D + d
+                w = weights[k * per:(k + 1) * per]
+                xw = F.linear(layer_in, w[0], w[2] + w[3] if per == 4 else None)
+                act, c = x.new_empty(T, B, 4 * H), x.new_empty(T, B, H)
+                tc, ys = x.new_empty(T, B, H), x.new_empty(T + 1, B, H)
+                ys[T if d else 0] = h0[k]
+                c0k = c0[k].contiguous()
+                lstm_forward(xw.numpy(), w[1].t().contiguous().numpy(), bool(d), fast, act.numpy(), c.numpy(),
+                             tc.numpy(), ys.numpy(), c0k.numpy())
+                saved.append({"x": layer_in, "ys": ys, "act": act, "c": c, "tc": tc, "c0": c0k, "w_ih": w[0],
+                              "w_hh": w[1], "reverse": bool(d)})
+                outs.append(ys[:T] if d else ys[1:])
+                h_n.append(ys[0] if d else ys[T])
+                c_n.append(c[0] if d else c[T - 1])
+            layer_in = outs[0] if D == 1 else torch.cat(outs, 2)
+        out = layer_in.transpose(0, 1) if module.batch_first else layer_in
+        out = out.contiguous() if module.batch_first or D > 1 else out.clone()  # (never a view of ``saved``)
+    return out, torch.stack(h_n), torch.stack(c_n), saved
+
+
+def lstm_backward_kept(module, saved, grad_output, grad_h_n, grad_c_n, inputs: bool = True) -> tuple:
+    """The backward of a :func:`lstm_forward_kept` call from what it kept (compiled:
+    :func:`~dpmf.training.torch.ghost._recurrent_compiled.lstm_bptt_tm`), as :func:`gates_and_input_gradients`
+    returns it, but with every tensor of the list *time-major* ``(T, B, .)`` (``"time_major": True``): the
+    gate gradients and the input and initial-state gradients (``d_input`` in the layer's layout, ``None``
+    unless ``inputs``)."""
+    from dpmf.training.torch.ghost._recurrent_compiled import lstm_bptt_tm
+
+    D = 2 if module.bidirectional else 1
+    L, H = module.num_layers, module.hidden_size
+    T, B = saved[0]["act"].shape[:2]
+    x0 = saved[0]["x"]
+    if grad_output is None:
+        dout = x0.new_zeros(T, B, D * H)
+    else:
+        dout = grad_output.transpose(0, 1) if module.batch_first else grad_output
+    result, dh0, dc0 = [None] * (L * D), [None] * (L * D), [None] * (L * D)
+    with torch.no_grad(), _one_blas_thread(True):
+        for layer in range(L - 1, -1, -1):
+            d_below = None
+            for d in range(D):
+                k = layer * D + d
+                st = saved[k]
+                dh = grad_h_n[k].contiguous() if grad_h_n is not None else x0.new_zeros(B, H)
+                dc = grad_c_n[k].contiguous() if grad_c_n is not None else x0.new_zeros(B, H)
+                part = dout[..., d * H:(d + 1) * H].contiguous()
+                dg = x0.new_empty(T, B, 4 * H)
+                dh0_k, dc0_k = lstm_bptt_tm(part.numpy(), dh.numpy(), dc.numpy(), st["act"].numpy(), st["c"].numpy(),
+                                            st["tc"].numpy(), st["c0"].numpy(), st["w_hh"].numpy(), st["reverse"],
+                                            dg.numpy())
+                ys = st["ys"]
+                result[k] = (layer, d, {"x": st["x"], "dgi": dg, "h_in": ys[1:] if d else ys[:T], "dgh": dg, "m": None,
+                                        "dhr": None, "time_major": True})
+                dh0[k], dc0[k] = torch.from_numpy(dh0_k), torch.from_numpy(dc0_k)
+                if layer or inputs:
+                    below = dg @ st["w_ih"]
+                    d_below = below if d_below is None else d_below.add_(below)
+            dout = d_below
+    dx = None
+    if inputs:
+        dx = dout.transpose(0, 1) if module.batch_first else dout
+    return result, (dx, torch.stack(dh0), torch.stack(dc0))
