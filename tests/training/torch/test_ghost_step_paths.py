@@ -8,7 +8,10 @@
   plans chosen with the shared Gram (the k/v projections of a Llama block go to the Gram form), every plan
   still an upper bound equal to the exact norm up to its rounding slack;
 * ``sequence.sequence_weighted_sum`` on transposed views (the convolution rule), in chunks of examples or
-  at once, equals the float64 sum of clipped per-example gradients.
+  at once, equals the float64 sum of clipped per-example gradients;
+* ``DPOptimizer.step`` adds the noise and scales with fused passes over all parameters without copying the
+  clipper's sums first: the gradient is ``(sum + noise) / normalizer`` exactly, and the tensors the clipper
+  handed over are not written.
 """
 
 from __future__ import annotations
@@ -116,3 +119,43 @@ def test_weighted_sum_of_transposed_views(chunk, monkeypatch):
         assert torch.allclose(got.to(F64), exact, rtol=1e-5, atol=1e-5)
         contiguous = sequence_weighted_sum(A.contiguous(), G.contiguous(), f, torch.float32)
         assert torch.allclose(got, contiguous, rtol=1e-5, atol=1e-5)
+
+
+def test_step_adds_noise_without_writing_the_clippers_sums(monkeypatch):
+    """One loop backward, then step(): each ``.grad`` equals ``(S + w) * (1 / normalizer)`` computed here per
+    parameter (the same float32 operations), and the sums ``collect`` returned keep their values."""
+    import torch.nn.functional as F
+
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import Identity
+    from dpmf.training.torch import make_private
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3))
+    data = torch.utils.data.TensorDataset(torch.randn(12, 4, 5), torch.randint(0, 3, (12,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the parameters stay, .grad is what step formed
+    run = make_private(model, opt, data, strategy=Identity(2), sampling=FixedOrderSampling(1, 2), noise_multiplier=1.0,
+                       delta=1e-5, max_grad_norm=0.5, seed=1, accountant="unamplified")
+    clipper, optimizer = run.optimizer.clipper, run.optimizer
+    handed = []
+    collect = clipper.collect
+
+    def recording():
+        sums, norms, backwards = collect()
+        handed.append(([s.clone() for s in sums], sums))
+        return sums, norms, backwards
+
+    monkeypatch.setattr(clipper, "collect", recording)
+    draws = []
+    draw = optimizer.noise.draw
+    monkeypatch.setattr(optimizer.noise, "draw", lambda: draws.append(draw()) or draws[-1])
+    for x, y in run.data_loader:
+        optimizer.zero_grad()
+        F.cross_entropy(run.module(x).mean(1), y).backward()
+        optimizer.step()
+        (before, sums), w = handed[-1], optimizer.noise.unflatten(draws[-1])
+        scale = 1.0 / optimizer.plan.normalizer
+        for p, s0, s, wp in zip(optimizer.params, before, sums, w):
+            assert torch.equal(s, s0)  # the clipper's tensors were not written
+            assert torch.equal(p.grad, (s0 + wp.to(s0.dtype)) * scale)
+    assert len(handed) == 2

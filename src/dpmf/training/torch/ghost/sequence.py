@@ -428,8 +428,7 @@ def sequence_weighted_sum(A, G, f, dtype):
     contiguous ``(B, T, d)`` (Linear); otherwise (transposed views, as the convolution rule passes) of
     contiguous copies of a chunk of examples at a time (at most :data:`CHUNK_FLOATS` floats of copies), each
     chunk's product added (a batched product of the examples summed afterwards ran 5-8x slower: ViT's patch
-    embedding, issue 52). The factors scale the narrower of the two, as a ``(B, T d)`` view (a ``(B, 1, 1)``
-    broadcast ran 2-3x slower than the same product on two dimensions)."""
+    embedding, issue 52). The factors scale the narrower of the two."""
     B, d_in, d_out = A.shape[0], A.shape[-1], G.shape[-1]
     if B == 0:
         return torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
