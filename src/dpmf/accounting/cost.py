@@ -246,8 +246,8 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Where the widest row's grid would not fit in memory the accountant coarsens it
     (:func:`~dpmf.accounting.mmcc.grid.row_grid`) and the time falls like
-    ``(1e-4 / step)^0.6`` (binary tree T = 64 / 128 / 256 at sigma 0.5: 2.7 / 3.1 / 1.9 CPU-s on
-    grids 0.41 / 1.64 / 6.55, estimates 1.8 / 2.5 / 3.5 s).
+    ``1.5 (1e-4 / step)^0.75`` (binary tree T = 64 / 256 at sigma 0.5: 0.79 / 0.63 CPU-s on grids
+    0.41 / 6.55; T = 256 at sigma 1 / 2: 1.55 / 0.90 CPU-s on grids 1.64 / 0.41).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
@@ -304,9 +304,10 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     except DPMFError:  # a noise no grid holds (the accountant refuses it): the requested grid's points
         u = row_sum / max(sig, 1e-12)
         step, points = 1e-4, (u * u + 20.0 * u) / 1e-4
-    if step > 1e-4:  # a coarser grid (memory): time falls like (1e-4 / step)^0.6, measured on the
-        # binary tree at sigma 0.5 (n = 64 / 128 / 256: 2.7 / 3.1 / 1.9 CPU-s on grids 4096-65536x coarser)
-        secs *= (1e-4 / step) ** 0.6
+    if step > 1e-4:  # a coarser grid (memory): time falls like 1.5 (1e-4 / step)^0.75, measured on the
+        # binary tree after the one-spectrum composition (2026-12-02 evening, load ~5): n = 64 / 256 at
+        # sigma 0.5 0.79 / 0.63 CPU-s (grids 0.41 / 6.55), n = 256 at sigma 1 / 2 1.55 / 0.90 (1.64 / 0.41)
+        secs *= 1.5 * (1e-4 / step) ** 0.75
     grid = GRID_BYTES * points + 2.5e8  # (+ the process: numpy, SciPy, dp_accounting, the kernels, ~0.2 GiB)
     if structured:
         pairs = n * (math.log2(max(n, 2)) + 1) if isinstance(strategy, BinaryTree) else n * min(width, n)
