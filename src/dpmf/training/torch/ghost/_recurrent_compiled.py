@@ -289,26 +289,45 @@ def _add_rows(dh, dout, t):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def kept_sq_norms(P, G, A, bounds, g_t, time_major, out):  # pragma: no cover - compiled
-    """Per example ``b`` and row segment ``k`` (``bounds[k]:bounds[k + 1]`` of the middle axis of ``P``, the
-    last of ``A``): ``out[b, k] = (||P[b, seg]|| + g_t s)^2`` with ``s = sum_t ||G[b, t]|| ||A[b, t, seg]||``,
-    every square and sum in float64 (the squares of float32 numbers are exact there). ``P`` ``(B, C, R)``: the
-    per-example gradients ``A_b^T G_b`` (transposed) as computed; ``G`` ``(B, T, R)``; ``A`` ``(B, T, C)``;
-    ``g_t``: the relative error bound of the computed products (``gamma_T``); ``time_major``: ``G`` and ``A``
-    are ``(T, B, .)``. Sums of squares are sums of non-negative terms, so their float64 error bound (relative
-    ``gamma_n``) holds in any order of summation (reassociation allowed, so the loops vectorize); the caller
-    adds it."""
-    B = P.shape[0]
-    T = G.shape[0] if time_major else G.shape[1]
+def kept_products(G, X, Hs, bias, time_major, g_t, P, out):  # pragma: no cover - compiled
+    """The per-example gradients of a recurrent layer's ``W_ih``, ``W_hh`` and biases and their norms, one
+    example at a time (its products and norms while they are in cache): ``P[b] = A_b^T G_b`` ``(C, R)``
+    with ``A_b = [x_t, h_t, 1]`` ``(T, C)`` (``X``, ``Hs``: the inputs and the states each step read; the
+    column of ones only with ``bias``), ``G`` the gate gradients, all ``(B, T, .)`` or ``(T, B, .)``
+    (``time_major``); one BLAS product per example (the caller holds BLAS to one thread). ``out[b, k]`` for
+    each segment ``k`` of ``A``'s columns (``x``, ``h``, the ones): ``(||P[b, seg]|| + g_t s)^2`` with
+    ``s = sum_t ||g_t|| ||a_{t, seg}||`` -- the computed product errs by at most ``g_t = gamma_T`` times
+    ``|A_b|^T |G_b|`` entrywise, whose norm is at most ``s`` -- every square and sum in float64 (the squares
+    of float32 numbers are exact there). Sums of squares are sums of non-negative terms, so their float64
+    error bound (relative ``gamma_n``) holds in any order of summation (reassociation allowed, so the loops
+    vectorize); the caller adds it."""
+    if time_major:
+        T, B, R = G.shape
+    else:
+        B, T, R = G.shape
+    I, H = X.shape[2], Hs.shape[2]
+    C = I + H + (1 if bias else 0)
+    ab = np.empty((T, C), P.dtype)
+    gb = np.empty((T, R), P.dtype)
     gn = np.empty(T)
     for b in range(B):
         for t in range(T):
-            gn[t] = np.sqrt(_sum_sq(G[t, b] if time_major else G[b, t]))
-        for k in range(bounds.size - 1):
-            lo, hi = bounds[k], bounds[k + 1]
+            x, h, g, a = (X[t, b], Hs[t, b], G[t, b], ab[t]) if time_major else (X[b, t], Hs[b, t], G[b, t], ab[t])
+            for j in range(I):
+                a[j] = x[j]
+            for j in range(H):
+                a[I + j] = h[j]
+            if bias:
+                a[C - 1] = 1
+            gb[t] = g
+        np.dot(ab.T, gb, P[b])
+        for t in range(T):
+            gn[t] = np.sqrt(_sum_sq(gb[t]))
+        for k in range(3 if bias else 2):
+            lo, hi = (0, I) if k == 0 else ((I, I + H) if k == 1 else (C - 1, C))
             s = 0.0
             for t in range(T):
-                s += gn[t] * np.sqrt(_sum_sq(A[t, b, lo:hi] if time_major else A[b, t, lo:hi]))
+                s += gn[t] * np.sqrt(_sum_sq(ab[t, lo:hi]))
             n = np.sqrt(_sum_sq(P[b, lo:hi].reshape(-1))) + g_t * s
             out[b, k] = n * n
 

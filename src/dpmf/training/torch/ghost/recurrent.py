@@ -159,16 +159,17 @@ class _Group:
 
 
 class _Kept:
-    """The parameters of one layer and direction that share the gradient factor ``G`` ``(B, T, R)``
-    (``columns`` as :class:`_Group`'s, any number of weights), with their per-example gradients
-    *materialized* at once: ``P_i = G_i^T [A_1, A_2, ..., 1]_i`` ``(B, R, C)``, one batched product (the
-    column of ones gives ``sum_t g_t``, every bias's gradient), their norms from ``P`` itself and the
-    clipped sum ``sum_i f_i P_i`` one matrix-vector product of that same ``P``. Where ``P`` fits
-    (:meth:`applies`) this is cheaper than the Gram form plus book-keeping: the per-example products
-    cost what one book-keeping product costs, and no Gram or second product is formed (a recurrent layer's
-    sequences are long and its weights small).
+    """The parameters of one layer and direction of an RNN or LSTM, which share the gate gradient ``G``
+    ``(B, T, R)`` (or time-major ``(T, B, R)``): ``W_ih`` (inputs ``x``), ``W_hh`` (states ``h_{t-1}``) and the
+    biases (``columns`` as :class:`_Group`'s, with two weights), with their per-example gradients
+    *materialized* at once: ``P_i = [x, h, 1]_i^T G_i`` ``(B, C, R)``, one product per example (the column of
+    ones gives ``sum_t g_t``, every bias's gradient), their norms from ``P`` itself and the clipped sum
+    ``sum_i f_i P_i`` one matrix-vector product of that same ``P``. Where ``P`` fits (:meth:`applies`) this is
+    cheaper than the Gram form plus book-keeping: the per-example products cost what one book-keeping
+    product costs, and no Gram or second product is formed (a recurrent layer's sequences are long and
+    its weights small; measured, issue 52: the LSTM step 3.3x -> 3.0x its plain step, in-process A/B).
 
-    Norms (compiled, :func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_sq_norms`): per parameter
+    Norms (compiled, :func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_products`): per parameter
     ``(||P_i|| + gamma_T s_i)^2`` with ``s_i = sum_t ||g_{i,t}|| ||a_{i,t}||``, everything in float64, so an
     upper bound of the exact ``||G_i^T A_i||^2`` (:mod:`~dpmf.training.torch.ghost.sequence`, "Materialized
     form"), inflated by the float64 rounding of those sums; the clipped sum is of the very ``P`` whose
@@ -179,13 +180,14 @@ class _Kept:
 
     @classmethod
     def applies(cls, G, columns, time_major: bool = False) -> bool:
-        """Two weights or more sharing ``G`` (RNN, LSTM: ``W_ih`` and ``W_hh``, where one product replaces two
+        """Two weights sharing ``G`` (RNN, LSTM: ``W_ih`` and ``W_hh``, where one product replaces two
         Grams and two book-keeping products; a GRU's groups of one weight each measured faster in the Gram
         form, 1.55x against 1.71x its plain step), CPU float32/float64 (the compiled norms), and ``P`` small
         enough (:data:`KEEP_RATIO`)."""
         B, T, R = (G.shape[1], G.shape[0], G.shape[2]) if time_major else G.shape
         if (G.device.type != "cpu" or G.dtype not in (torch.float32, torch.float64) or B == 0
-                or sum(A is not None for _, A in columns) < 2):
+                or sum(A is not None for _, A in columns) != 2
+                or any(A is not None and A.dtype != G.dtype for _, A in columns)):
             return False
         widths = [A.shape[2] for _, A in columns if A is not None]
         C = sum(widths) + (1 if len(widths) < len(columns) else 0)
@@ -205,42 +207,29 @@ class _Kept:
         out = [self.G] + [A for _, A in self.columns if A is not None]
         return [t.transpose(0, 1) for t in out] if self.time_major else out
 
-    def _segments(self):
-        """``(A, bounds, which)``: the joined inputs ``(B, T, C)`` (ones last, for the biases), the column
-        bounds of each weight (and of the ones), and per parameter the index of its segment."""
-        weights = [(n, A) for n, A in self.columns if A is not None]
-        parts = [A.to(self.G.dtype) for _, A in weights]
-        which, bounds = {}, [0]
-        for k, (name, A) in enumerate(weights):
-            which[name] = k
-            bounds.append(bounds[-1] + A.shape[2])
-        biases = [n for n, A in self.columns if A is None]
-        if biases:
-            parts.append(self.G.new_ones(*self.G.shape[:2], 1))
-            bounds.append(bounds[-1] + 1)
-            which.update({n: len(weights) for n in biases})
-        A = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
-        return A.contiguous(), bounds, which
-
     def _form(self):
-        import numpy as np
-
-        from dpmf.training.torch.ghost._recurrent_compiled import kept_sq_norms
+        """``P`` and the norms in one compiled pass
+        (:func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_products`: each example's products and
+        norms while they are in cache; no joined copy of the inputs)."""
+        from dpmf.training.torch.ghost._recurrent_compiled import kept_products, one_blas_thread
 
         G = self.G.contiguous()
-        A, bounds, which = self._segments()
-        if self.time_major:  # (T, B, .): the per-example matrices are strided views, no copy
-            T, B, R = G.shape
-            P = torch.bmm(A.permute(1, 2, 0), G.transpose(0, 1))
-        else:
-            B, T, R = G.shape
-            P = torch.bmm(A.transpose(1, 2), G)  # (B, C, R): P_i^T, each parameter's rows one block
-        seg = torch.empty(B, len(bounds) - 1, dtype=F64)
-        kept_sq_norms(P.numpy(), G.numpy(), A.numpy(), np.asarray(bounds, dtype=np.int64), gamma(T, G.dtype),
-                      self.time_major, seg.numpy())
-        seg *= 1 + 2 * gamma(R * A.shape[2] + R + A.shape[2] + T + 16, F64)  # (the float64 sums' rounding)
-        self._P, self._which, self._bounds = P, which, bounds
-        self._sq = seg[:, list(which.values())].sum(1)
+        (n_x, X), (n_h, Hs) = [(n, A) for n, A in self.columns if A is not None]
+        X, Hs = X.contiguous(), Hs.contiguous()
+        biases = [n for n, A in self.columns if A is None]
+        B = G.shape[1] if self.time_major else G.shape[0]
+        T, R = (G.shape[0] if self.time_major else G.shape[1]), G.shape[2]
+        I, H = X.shape[2], Hs.shape[2]
+        C = I + H + (1 if biases else 0)
+        P = G.new_empty(B, C, R)
+        seg = torch.empty(B, 3 if biases else 2, dtype=F64)
+        with one_blas_thread():
+            kept_products(G.numpy(), X.numpy(), Hs.numpy(), bool(biases), self.time_major, gamma(T, G.dtype), P.numpy(),
+                          seg.numpy())
+        seg *= 1 + 2 * gamma(R * C + R + C + T + 16, F64)  # (the float64 sums' rounding)
+        self._P, self._bounds = P, [0, I, I + H, C]
+        self._which = {n_x: 0, n_h: 1, **{n: 2 for n in biases}}
+        self._sq = seg[:, list(self._which.values())].sum(1)
 
     def parts(self, trainable):
         """``(sq, None)``: the squared norms over the group's parameters, float64 ``(B,)``."""
