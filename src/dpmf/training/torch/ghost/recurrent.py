@@ -19,13 +19,16 @@ reached ``output``, ``h_n`` and, for the LSTM, ``c_n`` (any of them may carry gr
 batched products, the backward through time compiled. One batched pass: no per-example loop, no
 ``B x parameters`` tensor.
 
-Norms and clipped sums: each weight is a Linear along the sequence (``U = du`` or ``dv``, ``V`` its input
-rows ``x`` or ``h_{t-1}``; :mod:`~dpmf.training.torch.ghost.sequence`: Gram, kept or materialized by cost,
-with its rounding bound), and every bias of a layer and direction is the materialized ``sum_t du_t``
-(formed once for ``b_ih`` and ``b_hh`` of an RNN or LSTM, where ``du = dv``). (Joining ``[x, h_{t-1}]`` into
-one input, to form the Gram of ``du`` once, was measured slower -- the ``x`` part alone is cheapest kept --
-and its rounding bound 3.5x looser in float32.) So the norm bounds exactly what is summed: the
-recomputed ``(x, h, du, dv)``. A recurrent layer called twice in one forward (or a weight shared) is
+Norms and clipped sums. RNN and LSTM (``du = dv``): where they fit in memory (:class:`_Kept`), the
+per-example gradients of ``W_ih``, ``W_hh`` and both biases of a layer and direction are materialized at
+once, ``[x, h_{t-1}, 1]^T du`` per example (compiled, one BLAS product per example, float64 norms with the
+product's rounding bound), and the clipped sum is one matrix-vector product of that same tensor: cheaper
+than Grams plus book-keeping for a recurrent layer's long sequences and small weights. Otherwise, and
+for the GRU (whose groups of one weight measured faster so), each weight is a Linear along the sequence
+(``U = du`` or ``dv``, ``V`` its input rows ``x`` or ``h_{t-1}``; :mod:`~dpmf.training.torch.ghost.sequence`:
+Gram, kept or materialized by cost, with its rounding bound), and every bias of a layer and direction is
+the materialized ``sum_t du_t`` (formed once for ``b_ih`` and ``b_hh`` of an RNN or LSTM). So the norm
+bounds exactly what is summed: the recomputed ``(x, h, du, dv)``. A recurrent layer called twice in one forward (or a weight shared) is
 joined with its cross terms like any repeated layer, from the same per-parameter contributions
 (:mod:`~dpmf.training.torch.ghost.joint`). The recomputation agrees with autograd through the fused
 kernel to rounding (tested in float64); the clip bound does not depend on that.
@@ -38,7 +41,13 @@ graph -- and its outputs are joined to its inputs by :class:`_OwnBackward`, whos
 them the gradients of the input, ``h0`` and ``c0``); the rule then takes those gate gradients instead of
 forming them again (where they came from exactly the output gradients its call holds). PyTorch's own
 backward of the layer, which repeats the backward through time and forms the weight gradients ghost mode
-discards, does not run. Where that does not apply (not CPU float32/float64, autocast, packed or unbatched
+discards, does not run. An LSTM without projection goes further (:class:`_OwnForward`): its forward is the
+rule's own too (:func:`~dpmf.training.torch.ghost.recurrent_gates.lstm_forward_kept`, compiled, time-major:
+``nn.LSTM.forward`` runs unchanged and hands its ``torch.lstm`` call over through a tensor subclass of the
+detached input), which keeps the gate activations and cells, so the backward
+(:func:`~dpmf.training.torch.ghost.recurrent_gates.lstm_backward_kept`) forms no gate again. Its outputs are
+PyTorch's to rounding (float32: a vectorized exponential of about 1 ulp, tested against the layer). Where
+that does not apply (not CPU float32/float64, autocast, packed or unbatched
 input, :meth:`GhostClipper.clipped_sum`, ``clipper.plain()``), nothing is detached: PyTorch's kernel and
 backward run as they are and the rule forms the gate gradients itself. Tested equal to the float64 per-example reference in both.
 

@@ -28,6 +28,11 @@ neighbouring output), ``u_t = W_ih x_t + b_ih`` and ``v_t = W_hh h_{t-1} + b_hh`
    (cell recurrence, backward through time) are compiled (:mod:`~dpmf.training.torch.ghost._recurrent_compiled`,
    BLAS on one thread); elsewhere they run as per-step tensor operations with the same formulas.
 
+In the loop an LSTM without projection skips steps 1-2: its forward was the rule's own
+(:func:`lstm_forward_kept`, which keeps the activations and cells, time-major ``(T, B, .)``, so each step's
+block is contiguous for the compiled loops and the per-step products), and :func:`lstm_backward_kept` runs
+step 3 on them.
+
 The same backward gives the layer's input and initial-state gradients (:func:`gates_and_input_gradients`:
 ``d_input = sum over directions du W_ih`` of the first layer, ``d_h0``/``d_c0`` what each recurrence carries
 past its first step): in the loop it *is* the layer's backward
