@@ -536,7 +536,7 @@ def own_backward(module, args, kwargs):
             or x.dtype not in (torch.float32, torch.float64) or len(states) != (2 if lstm and hx is not None else
                                                                               (1 if hx is not None else 0))
             or any(not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.ndim != 3 for t in states)
-            or any(p is not None and p.dtype != x.dtype for p in module._parameters.values())
+            or any(w is not None and w.dtype != x.dtype for w in module._flat_weights)
             or (module.training and module.dropout > 0 and module.num_layers > 1)
             or torch.is_autocast_enabled("cpu") or torch._C._functorch.is_functorch_wrapped_tensor(x)):
         return None
