@@ -7,6 +7,9 @@
 * ``sequence.norm_plan``'s ``input_share``: layers reading one input are counted by ``gram_norms`` and their
   plans chosen with the shared Gram (the k/v projections of a Llama block go to the Gram form), every plan
   still an upper bound equal to the exact norm up to its rounding slack;
+* ``sequence.gram_norms`` where not even two layers' Grams can be stacked (``T = 128``): each layer's Grams
+  contracted in turn, one rounding bound for all (``_gram_each``), row norms from the Grams' diagonals on
+  the CPU: equal to each layer alone and upper bounds within the float32 slack;
 * ``sequence.sequence_weighted_sum`` on transposed views (the convolution rule), in chunks of examples or
   at once, equals the float64 sum of clipped per-example gradients;
 * ``DPOptimizer.step`` adds the noise and scales with fused passes over all parameters without copying the
@@ -100,6 +103,30 @@ def test_shared_input_counted_and_plans_exact():
         for got in (a, s):
             assert bool((got >= exact).all())
             assert bool((got - exact <= 2e-7 * 256 * scale).all())
+
+
+def test_gram_norms_of_unstackable_layers_equal_each_alone(monkeypatch):
+    gen = torch.Generator().manual_seed(9)
+    B, T = 3, 8
+    x = torch.randn(B, T, 40, generator=gen)
+    pairs = [(x, torch.randn(B, T, 32, generator=gen), torch.float32), (x, torch.randn(B, T, 32, generator=gen),
+             torch.float32), (torch.randn(B, T, 48, generator=gen), torch.randn(B, T, 36, generator=gen), torch.float32)]
+    monkeypatch.setattr(sequence, "STACK_FLOATS", 2 * B * T * T)  # one layer's two Grams: no stack of two
+    for A, G, _ in pairs:
+        assert sequence.norm_plan(T, A.shape[2], G.shape[2]) == "gram"
+    calls = []
+    each = sequence._gram_each
+    monkeypatch.setattr(sequence, "_gram_each", lambda jobs, *a: calls.append(len(jobs)) or each(jobs, *a))
+    alone = [sequence_parts(A, G, w)[0] for A, G, w in pairs]
+    with step_cache():
+        gram_norms(pairs)
+        assert calls == [3] and all(sequence._GRAMS.get((id(A), id(G), w)) is not None for A, G, w in pairs)
+        together = [sequence_parts(A, G, w)[0] for A, G, w in pairs]
+    for a, t, (A, G, _) in zip(alone, together, pairs):
+        assert torch.allclose(t, a, rtol=1e-12, atol=0)
+        exact = _exact(A, G)
+        s = (A.to(F64).norm(dim=2) * G.to(F64).norm(dim=2)).sum(1)
+        assert bool((t >= exact).all()) and bool((t - exact <= 2e-7 * 48 * s * s).all())
 
 
 @pytest.mark.parametrize("chunk", [sequence.CHUNK_FLOATS, 3 * 7 * (12 + 5)])

@@ -167,12 +167,15 @@ def contract(a, b):
 
 
 def row_norm_sums(U, V, work, d: int):
-    """``(sum_t ||u_t|| ||v_t||, sum_t ||u_t||, sum_t ||v_t||)`` in ``work``, rounded up: float64 ``(B,)``."""
+    """``(sum_t ||u_t|| ||v_t||, sum_t ||u_t||, sum_t ||v_t||)`` in ``work``, rounded up: float64 ``(B,)``.
+
+    Each row norm errs by at most ``gamma_d / 2 + u`` (relative) through its sum of squares and the square
+    root, the products and the ``T``-term sums by ``gamma_T`` more: ``1 + 2 gamma_{d+T+2}`` covers them (also
+    for row norms taken from a Gram's diagonal, :func:`_gram_rows`)."""
     T = V.shape[1]
     un = torch.linalg.vector_norm(U.to(work), dim=2)
     vn = torch.linalg.vector_norm(V.to(work), dim=2)
-    up = 1 + 2 * gamma(d + T + 2, work)
-    return ((un * vn).sum(1).to(F64) * up, un.sum(1).to(F64) * up, vn.sum(1).to(F64) * up)
+    return _rounded_sums(un, vn, 1 + 2 * gamma(d + T + 2, work))
 
 
 _GRAMS: dict | None = None  # inside step_cache(): what one backward's layers share (step_cache)
@@ -269,15 +272,31 @@ def _input_gram(A, work):
     return got
 
 
+def _gram_rows(X, gram, work):
+    """``||x_t||`` in ``work``, ``(B, T)``, of ``X`` whose Gram ``X Xᵀ`` is ``gram``: on the CPU from its diagonal
+    (``x_t . x_t``, a sum of ``d`` squares in ``work`` as a norm forms it -- :func:`symmetric_gram`'s BLAS
+    product --, so :func:`row_norm_sums`' rounding up covers it: no second pass over ``X``; issue 52 measured
+    those passes at a quarter of the Gram-form layers' norm time at ``T = 128``); elsewhere a norm of ``X``
+    (a device's matrix product may run in a lower precision, TF32)."""
+    if X.device.type == "cpu":
+        return torch.diagonal(gram, dim1=1, dim2=2).sqrt()
+    return torch.linalg.vector_norm(X.to(work), dim=2)
+
+
 def _input_rows(A, work):
-    """``||a_t||`` in ``work``, ``(B, T)`` (cached inside :func:`step_cache`)."""
+    """``||a_t||`` in ``work``, ``(B, T)`` (:func:`_gram_rows`; cached inside :func:`step_cache`)."""
     key = _memory_key(A, work, "rows")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
-        got = torch.linalg.vector_norm(A.to(work), dim=2)
+        got = _gram_rows(A, _input_gram(A, work), work)
         if key is not None:
             _GRAMS[key] = got
     return got
+
+
+def _rounded_sums(un, vn, up):
+    """``(sum_t un vn, sum_t un, sum_t vn)`` over the last dim in float64, times ``up`` (row_norm_sums')."""
+    return (un * vn).sum(-1).to(F64) * up, un.sum(-1).to(F64) * up, vn.sum(-1).to(F64) * up
 
 
 def gram_norms(pairs) -> None:
@@ -288,7 +307,9 @@ def gram_norms(pairs) -> None:
     entry) are one pass over the layers of each ``(B, T, work)`` -- a model with short sequences and many
     layers (ViT: 17 tokens) spent most of its norm time in these small per-layer operations. At most
     :data:`STACK_FLOATS` Gram entries are stacked at once (a stack of long sequences' Grams would be tens
-    of MB formed anew each step, slower than the layers one by one, which then stay as they were)."""
+    of MB formed anew each step, slower than the layers one by one); where not even two layers' Grams fit,
+    each layer's Grams are contracted as they are formed and only the rounding bound is one pass over
+    the layers (:func:`_gram_each`); a layer alone in its ``(B, T, work)`` stays as it was."""
     if _GRAMS is None:
         return
     pairs = list(pairs)
@@ -305,7 +326,11 @@ def gram_norms(pairs) -> None:
         _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
         groups.setdefault((B, T, work, A.device), []).append((A, G))
     for (B, T, work, device), jobs in groups.items():
-        size = max(1, STACK_FLOATS // (2 * B * T * T))
+        size = STACK_FLOATS // (2 * B * T * T)
+        if size < 2 and len(jobs) > 1:
+            _gram_each(jobs, B, T, work, device)
+            continue
+        size = max(1, size)
         for lo in range(0, len(jobs), size):
             chunk = jobs[lo : lo + size]
             if len(chunk) > 1:
@@ -322,18 +347,35 @@ def _gram_chunk(jobs, B: int, T: int, work, device) -> None:
     gram_g, gram_a = (t.unbind(0) for t in grams.unbind(0))
     rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
     for k, (A, G) in enumerate(jobs):
-        Gw = G.to(work)
-        symmetric_gram(Gw, work, out=gram_g[k])
+        symmetric_gram(G, work, out=gram_g[k])
         gram_a[k].copy_(_input_gram(A, work))
-        torch.linalg.vector_norm(Gw, dim=2, out=rows_g[k])
+        rows_g[k].copy_(_gram_rows(G, gram_g[k], work))
         rows_a[k].copy_(_input_rows(A, work))
+    n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
+    _bound_many(jobs, n2, rows, T, work, device)
+
+
+def _gram_each(jobs, B: int, T: int, work, device) -> None:
+    """:func:`gram_norms` of several layers of the same ``(B, T, work)`` whose Grams are too large to stack:
+    each layer's Grams formed and contracted (:func:`contract`) in turn, then one rounding bound for all."""
+    L = len(jobs)
+    n2 = torch.empty(L, B, dtype=F64, device=device)
+    rows = torch.empty(2, L, B, T, dtype=work, device=device)
+    for k, (A, G) in enumerate(jobs):
+        gram = symmetric_gram(G, work)
+        n2[k] = contract(gram, _input_gram(A, work))
+        rows[0, k] = _gram_rows(G, gram, work)
+        rows[1, k] = _input_rows(A, work)
+    _bound_many(jobs, n2, rows, T, work, device)
+
+
+def _bound_many(jobs, n2, rows, T: int, work, device) -> None:
+    """The rounding bound (:func:`gram_bound`) of the contractions ``n2`` (``(L, B)``) and row norms ``rows``
+    (``(2, L, B, T)``: output gradients', inputs') of ``jobs``, stored for :func:`sequence_parts`."""
     d_out = torch.tensor([[G.shape[2]] for _, G in jobs], dtype=F64, device=device)
     d_in = torch.tensor([[A.shape[2]] for A, _ in jobs], dtype=F64, device=device)
     up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
-    n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
-    un, vn = rows[0], rows[1]
-    out = gram_bound(n2, (un * vn).sum(2).to(F64) * up, un.sum(2).to(F64) * up, vn.sum(2).to(F64) * up,
-                     d_out, d_in, T, work)
+    out = gram_bound(n2, *_rounded_sums(rows[0], rows[1], up), d_out, d_in, T, work)
     finite = torch.isfinite(out).all(1).tolist()
     for k, (A, G) in enumerate(jobs):
         sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64)  # overflow in ``work``
@@ -341,15 +383,17 @@ def _gram_chunk(jobs, B: int, T: int, work, device) -> None:
 
 
 def _gram_sq_norms(A, G, work):
-    """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound."""
+    """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound
+    (row norms by :func:`_gram_rows`)."""
     if _GRAMS is not None:
         got = _GRAMS.get((id(A), id(G), work))
         if got is not None and got[0] is A and got[1] is G:
             return got[2]
     T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
-    Gw = G.to(work)
-    s, sg, sa = row_norm_sums(Gw, A, work, max(d_in, d_out))
-    n2 = contract(symmetric_gram(Gw, work), _input_gram(A, work))
+    gram = symmetric_gram(G, work)
+    up = 1 + 2 * gamma(max(d_in, d_out) + T + 2, work)
+    s, sg, sa = _rounded_sums(_gram_rows(G, gram, work), _input_rows(A, work), up)
+    n2 = contract(gram, _input_gram(A, work))
     out = gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
     if work != F64 and not bool(torch.isfinite(out).all()):  # overflow in the working precision
         return _gram_sq_norms(A, G, F64)
