@@ -761,7 +761,8 @@ def test_kept_norms_bound_the_float64_gradient_of_the_float32_tensors():
 
 
 # ------------------------------------------------------------------ the LSTM's own forward in the loop (issue 52, item 3)
-@pytest.mark.parametrize("kw", [dict(batch_first=True), dict(batch_first=False, num_layers=2, bidirectional=True)])
+@pytest.mark.parametrize("kw", [dict(batch_first=True), dict(batch_first=False, num_layers=2, bidirectional=True),
+                                dict(batch_first=True, bias=False, bidirectional=True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_loop_lstm_forward_is_the_rules_own_and_equals_torchs(kw, dtype, monkeypatch):
     """In the loop an LSTM's forward is the rule's own (compiled, keeping its gates for the backward): its
