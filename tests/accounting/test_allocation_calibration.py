@@ -87,6 +87,8 @@ def _fake_pld(monkeypatch, threshold: float, target: float) -> list[float]:
         return {"epsilon": eps, "epsilon_by_direction": {"remove": eps, "add": eps}}
 
     monkeypatch.setattr(allocation_pld, "_epsilon", fake)
+    # (the fake has no cheaper bound to steer a search by: every evaluation is the accountant's)
+    monkeypatch.setattr(allocation_pld, "_steering_epsilon", lambda *args: None)
     return calls
 
 
@@ -204,3 +206,79 @@ def test_allocation_pld_evaluations_are_memoized_by_their_inputs(monkeypatch):
     dpmf.account(strategy, scheme, 1.5, 1e-6, method="allocation_pld")
     dpmf.account(strategy, BallsInBinsSampling(2, 8), 1.5, DELTA, method="allocation_pld")
     assert runs == [1.5, 1.6, 1.5, 1.5]
+
+
+def _recording_pld(monkeypatch) -> list:
+    """Record ``(sigma, steering)`` of every ``allocation_pld`` evaluation (``steering``: the reductions
+    with the moving average as their only Markov member), on a fresh memo."""
+    monkeypatch.setattr(allocation_pld, "_MEMO", BoundedMemo(256))
+    real, calls = allocation_pld._epsilon, []
+
+    def recording(strategy, scheme, groups, sigma, *rest):
+        calls.append((sigma, groups.steering() is None and len(groups.markov) == 1))
+        return real(strategy, scheme, groups, sigma, *rest)
+
+    monkeypatch.setattr(allocation_pld, "_epsilon", recording)
+    return calls
+
+
+def test_the_steering_bound_is_at_least_the_accountant_per_direction():
+    """``Reductions.steering`` (the moving average alone): a bound at least the accountant's in each
+    direction, equal where the moving average wins (large noise), above it where a ring wins."""
+    strategy, scheme = bsr(20, 4), BallsInBinsSampling(epochs=2, steps=20)
+    groups = allocation_pld._reductions(strategy, scheme)
+    cheap = groups.steering()
+    assert cheap is not None and len(cheap.markov) == 1 and len(groups.markov) > 2
+    above = equal = 0
+    for sigma in (1.0, 3.0):
+        full = allocation_pld._epsilon(strategy, scheme, groups, sigma, DELTA, allocation_pld.DEFAULT_REL_TOL,
+                                       allocation_pld.DEFAULT_MAX_POINTS)
+        steer = allocation_pld._epsilon(strategy, scheme, cheap, sigma, DELTA, allocation_pld.DEFAULT_REL_TOL,
+                                        allocation_pld.DEFAULT_MAX_POINTS)
+        for d in ("remove", "add"):
+            assert steer["epsilon_by_direction"][d] >= full["epsilon_by_direction"][d], (sigma, d)
+        above += steer["epsilon"] > full["epsilon"]
+        equal += steer["epsilon"] == full["epsilon"]
+    assert above and equal  # (both cases occur: the test would notice a steering bound that is the accountant)
+
+
+def test_a_calibration_is_steered_at_its_first_noise_and_reports_the_accountant(monkeypatch):
+    """The first noise of ``allocation_pld``'s calibration (its limit check, far above the answer)
+    is evaluated by the steering bound alone when that passes there (a certified pass: the accountant
+    is at most that bound), every other noise by the accountant; the answer is the accountant's
+    passing noise within rel_tol of a failing one, and its report is ``account_allocation_pld``'s.
+    Negative control: at a target the steering bound fails at the first noise, the accountant is
+    evaluated there too."""
+    from dpmf.privacy.calibration import search_hint
+
+    strategy, scheme, target, start = bsr(20, 4), BallsInBinsSampling(epochs=2, steps=20), 2.0, 3.0
+    calls = _recording_pld(monkeypatch)
+    with search_hint(start):
+        sigma, report = allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
+    assert calls[0] == (start, True) and all(not steering for _, steering in calls[1:])
+    assert start not in [s for s, steering in calls if not steering]
+    fresh = allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
+    assert report.epsilon == fresh.epsilon <= target
+    below = [s for s, steering in calls if not steering and s < sigma <= s * (1 + 1e-4)]
+    assert any(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target for s in below)
+    # negative control: a target the steering bound misses at the start -> the accountant there too
+    high = allocation_pld._steering_epsilon(strategy, scheme, allocation_pld._reductions(strategy, scheme), 1.0, DELTA,
+                                             allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
+    calls = _recording_pld(monkeypatch)
+    with pytest.raises(NoiseLimitExceeded):
+        allocation_pld.noise_and_report(strategy, scheme, 0.5 * high["epsilon"], DELTA, limit=1.0)
+    assert calls == [(1.0, True), (1.0, False)]
+
+
+def test_an_answer_at_the_steered_noise_reports_the_accountant(monkeypatch):
+    """Where the search ends at its first (steered) noise -- the target is the epsilon there, where the
+    moving average wins -- the report is the accountant's, computed at the end."""
+    from dpmf.privacy.calibration import search_hint
+
+    strategy, scheme, start = bsr(20, 4), BallsInBinsSampling(epochs=2, steps=20), 3.0
+    exact = allocation_pld.account_allocation_pld(strategy, scheme, start, DELTA)
+    calls = _recording_pld(monkeypatch)
+    with search_hint(start):
+        sigma, report = allocation_pld.noise_and_report(strategy, scheme, exact.epsilon, DELTA)
+    assert sigma == start and calls[0] == (start, True) and calls[-1] == (start, False)
+    assert report.epsilon == exact.epsilon and report.diagnostics["reductions"] == exact.diagnostics["reductions"]

@@ -69,6 +69,7 @@ alone (stated in the diagnostics).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -244,6 +245,20 @@ class Reductions:
     @property
     def max_norm_sq(self) -> float | None:
         return None if self.orthogonal is None else self.orthogonal.max_norm_sq
+
+    def steering(self) -> "Reductions | None":
+        """These reductions with the band's moving average as their only Markov member (the identity
+        pair's members kept), or ``None`` when there is no such member, no other, or there are
+        composed (fresh slot) members. Its epsilon is a sound bound at least this whole set's, per direction -- the
+        minimum over fewer of the same members, and the moving average, run first
+        (:func:`_fit_markov_members`), is computed exactly as in the whole set -- at a fraction of
+        the cost (no ring tables): a calibration steers by it where it passes (:mod:`.pld`)."""
+        from dpmf.accounting.allocation.surrogates.moving_average import MovingAverageSurrogate
+
+        if (self.composed_markov or len(self.markov) < 2
+                or not isinstance(self.markov[0][1], MovingAverageSurrogate)):
+            return None
+        return dataclasses.replace(self, markov=self.markov[:1])
 
     def candidates(self) -> list[tuple[str, int, float]]:
         """``(label, slots, noise scale squared)`` of every member, orthogonal groups first (none

@@ -314,6 +314,13 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
                      copy_out=True)
 
 
+def _steering_epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict | None:
+    """:func:`_epsilon` of the steering reductions (``Reductions.steering``: the moving-average member
+    alone, an epsilon at least the accountant's, per direction), or ``None`` where there are none."""
+    cheap = None if groups is None else groups.steering()
+    return None if cheap is None else _epsilon(strategy, scheme, cheap, sigma, d, accuracy, max_points)
+
+
 def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
     if groups is None:
         return allocation_pld_epsilon(
@@ -550,13 +557,28 @@ def noise_and_report(
     accuracy, max_points = options.get("accuracy", DEFAULT_REL_TOL), options.get("max_points", DEFAULT_MAX_POINTS)
     groups = _reductions(strategy, scheme)
     seen: dict[float, dict] = {}
+    # the first noise evaluated (the limit's check, or the search's start: far above the answer, the
+    # unamplified noise or a closed form's) only checks and steers: there the moving-average member
+    # alone (Reductions.steering, a bound at least the accountant's, without the ring tables) is
+    # evaluated, and where it passes, so does the accountant -- a certified pass; its value steers the
+    # next step (on the README pairs it is the accountant's own: the moving average wins there). Where
+    # it fails the accountant is evaluated; the report at an answer steered this way is the
+    # accountant's, computed then.
+    steered: set[float] = set()
 
     def eps_of(s: float) -> float:
         if s not in seen:
+            cheap = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points) if not seen else None
+            if cheap is not None and cheap["epsilon"] <= target:
+                seen[s] = cheap
+                steered.add(s)
+                return cheap["epsilon"]
             seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return seen[s]["epsilon"]
 
     def report_at(s: float) -> PrivacyReport:
+        if s in steered:  # (the accountant's epsilon there is at most the steering bound's: it passes too)
+            seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s], accuracy, max_points),
                                    options=recorded_options(options))
 
