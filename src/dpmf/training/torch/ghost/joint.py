@@ -153,6 +153,20 @@ class Factored:
         # exact grouping: sum_v ||sum_{t: x_t = v} g_t||^2, the rows summed in float64
         B, R = self.batch, self.R
         idx = self.U.reshape(B, -1)
+        V = self.V.reshape(B, -1, self.C)
+        if V.device.type == "cpu" and V.dtype in (torch.float32, torch.float64) and idx.shape[1] and B:
+            from dpmf.training.torch.ghost._index_compiled import grouped_sq_norms
+
+            keep = torch.ones_like(idx, dtype=torch.bool) if self.keep is None else self.keep.reshape(B, -1)
+            out = torch.empty(B, dtype=F64)
+            grouped_sq_norms(idx.contiguous().numpy(), keep.contiguous().numpy(), V.contiguous().numpy(), out.numpy())
+            return out
+        return self._grouped_sq_norms_tensors()
+
+    def _grouped_sq_norms_tensors(self):
+        """:meth:`sq_alone` of the index form by tensor operations (any device)."""
+        B, R = self.batch, self.R
+        idx = self.U.reshape(B, -1)
         example = torch.arange(B, device=idx.device).unsqueeze(1).expand_as(idx)
         keep = torch.ones_like(idx, dtype=torch.bool) if self.keep is None else self.keep.reshape(B, -1)
         key = example[keep] * R + idx[keep]
