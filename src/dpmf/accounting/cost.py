@@ -378,20 +378,30 @@ _ALLOCATION_PLD_BASE = 1.0
 #: 0.08 / 0.10 / 0.2 (1.6-1.8x high after the kernels vectorized). Ring 0.11 -> 0.08 and fresh 0.13 ->
 #: 0.10 after the chain step's closed forms vectorized (2026-12-02, load 8: bsr(32, 4) at sigma 1.2679
 #: 3.05 CPU-s, 5 fresh epochs of 64 at sigma 2 5.6 CPU-s).
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.04, "ring": 0.08, "fresh": 0.10}
+#: Re-measured 2026-12-02 evening (load 5-7, after the moving average's threads, the chain step's runs of
+#: closed forms and the ranked family's bounds): bsr(32, 4) / bsr(100, 4) over 2 epochs one evaluation
+#: ~1.05-1.15 / ~3.3-3.6 CPU-s, bsr(64, 4) one epoch 1.9 (sigma 1) / 3.4 (sigma 2) CPU-s, 5 fresh epochs
+#: of 64 at sigma 2 4.2 CPU-s: reused 0.04 -> 0.02, ring 0.08 -> 0.045, fresh 0.10 -> 0.08, with a base
+#: of :data:`_MARKOV_BASE` instead of :data:`_ALLOCATION_PLD_BASE`.
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.02, "ring": 0.045, "fresh": 0.08}
+#: The part of an evaluation with Markov members outside them (the identity pair's members, the fits'
+#: share), s.
+_MARKOV_BASE = 0.3
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
 #: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
 #: over 4 epochs of 64 slots: ~5 s; order 3 0.08 -> 0.05 after its call step's closed form vectorized:
-#: bsr(32, 4)'s 16-slot table 1.5 -> 0.9 CPU-s).
-_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.05}
+#: bsr(32, 4)'s 16-slot table 1.5 -> 0.9 CPU-s; 0.05 -> 0.02 after its steps ran on threads and summed
+#: the closed forms per run: the 16-slot call table ~0.21 CPU-s, the 50-slot one ~0.84).
+_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.02}
 #: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
 #: with 3-4 epochs; bench_allocation_fresh_correlated.py: +3 to +7 s per evaluation).
 _BAND_FRESH_SECONDS = 6.0
 #: Evaluations of ``dpmf.calibrate`` with the Markov members, measured (allocation_pld searched first,
 #: the Renyi accountant probed once): 6 (README snippet, bsr(32, 4) over 2 epochs), 7 (README CLI example,
 #: bsr(100, 4)), 9 cheaper ones after the fits (5 fresh epochs of 64 slots); was 10. With the secant
-#: steps (``smallest_noise(secant=True)``): 5 (snippet) and 6 (CLI example), plus the Renyi probe.
-_MARKOV_CALIBRATION_EVALS = 6
+#: steps (``smallest_noise(secant=True)``): 5 (snippet) and 6 (CLI example), plus the Renyi probe; since
+#: the first of them is steered by the moving average alone (``Reductions.steering``, ~1/4 of one): 5.
+_MARKOV_CALIBRATION_EVALS = 5
 #: ... and in ``dpmf plan``, which calibrates its best row (the default plan's bsr-4 fresh row: 12
 #: evaluations, measured 2026-11-26; not re-measured since).
 _PLAN_MARKOV_EVALS = 12
@@ -420,7 +430,7 @@ def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
         band = _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
     if band:  # (three tables of m^w states x 400 partial sums alive at once)
         mem = max(mem, 3 * 8.0 * 400 * {1: 96, 2: 40**2, 3: 20**3}[w])
-    return _ALLOCATION_PLD_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
+    return _MARKOV_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
 
 
 #: Monte Carlo CPU time per sample and direction: ``n (a + b w) + c`` ns (``n`` steps, ``w`` bands),
@@ -532,7 +542,7 @@ def accounting_cost(
             secs, mem = _allocation_part(strategy, scheme)
         elif m == "allocation_pld":
             secs, mem = _allocation_pld_part(strategy, scheme)
-            if calibrate and secs > _ALLOCATION_PLD_BASE:  # (the Markov members' searches run longer)
+            if calibrate and secs != _ALLOCATION_PLD_BASE:  # (the Markov members' searches run longer)
                 secs *= _MARKOV_CALIBRATION_EVALS / evals
         elif m == "montecarlo":  # (calibrate: Algorithm 5's pilot and verifications, whole)
             secs, mem = _montecarlo_part(strategy, scheme, num_samples, calibrate=calibrate, delta=delta)
