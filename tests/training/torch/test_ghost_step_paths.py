@@ -12,9 +12,9 @@
   the CPU: equal to each layer alone and upper bounds within the float32 slack;
 * ``sequence.sequence_weighted_sum`` on transposed views (the convolution rule), in chunks of examples or
   at once, equals the float64 sum of clipped per-example gradients;
-* ``DPOptimizer.step`` adds the noise and scales with fused passes over all parameters without copying the
-  clipper's sums first: the gradient is ``(sum + noise) / normalizer`` exactly, and the tensors the clipper
-  handed over are not written.
+* ``DPOptimizer.step`` adds the noise and scales with fused passes over all parameters (in place, on its
+  copy of the clipper's sums): the gradient is ``(sum + noise) / normalizer`` exactly, and the tensors the
+  clipper handed over are not written.
 """
 
 from __future__ import annotations
