@@ -212,3 +212,24 @@ def test_plain_gives_ordinary_autograd_on_a_private_model():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
     assert sum(len(u.calls) for u in run.optimizer.clipper.units) == before  # nothing captured inside
+
+
+def test_rules_run_in_full_float32_whatever_the_users_setting():
+    """The clipper's norms and sums run with float32 products in full float32 (a GPU allowed TF32 errs
+    far beyond the rounding bounds the norms are inflated by); the user's setting is back afterwards."""
+    seen = []
+
+    def rule(module, call, trainable):
+        seen.append((torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32))
+        return from_contributions({"w": PerExample(_per(call))}, trainable)
+
+    old = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        _run(rule)
+        assert seen and all(s == ("highest", False) for s in seen)
+        assert (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32) == ("high", True)
+    finally:
+        torch.set_float32_matmul_precision(old[0])
+        torch.backends.cudnn.allow_tf32 = old[1]

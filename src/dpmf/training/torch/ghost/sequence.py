@@ -191,15 +191,37 @@ def step_cache():
     factors rounded toward zero (:func:`factors_toward_zero`). The key of an input is its memory
     (storage, offset, shape, strides, dtype) and version counter; of a layer's tensors, the tensors
     themselves (held by the entry, compared by identity). Every recorded tensor stays alive during the
-    block, so equal keys mean equal values."""
+    block, so equal keys mean equal values. Products inside run in full float32 (:func:`full_float32`)."""
     global _GRAMS, _ONE_THREAD
     old, _GRAMS = _GRAMS, {}
-    with _one_blas_thread():
+    with _one_blas_thread(), full_float32():
         one, _ONE_THREAD = _ONE_THREAD, True
         try:
             yield
         finally:
             _GRAMS, _ONE_THREAD = old, one
+
+
+@contextlib.contextmanager
+def full_float32():
+    """float32 matrix products and convolutions in full float32 inside (``torch``'s matmul precision
+    ``"highest"``, cuDNN's TF32 off), restored after. The rounding bounds of this module assume the
+    working precision's unit roundoff (2^-24 for float32); a GPU allowed to form float32 products in TF32
+    (10-bit mantissa: ``torch.set_float32_matmul_precision("high")``, cuDNN's default for convolutions)
+    errs ~8000x more, so a norm could come out below the exact one and an example be clipped too little.
+    Only the clipper's norms and sums run inside; the model's own forward and backward keep the user's
+    setting. (On the CPU both flags are inert.)"""
+    precision = torch.get_float32_matmul_precision()
+    cudnn = torch.backends.cudnn.allow_tf32
+    try:
+        if precision != "highest":
+            torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.allow_tf32 = False
+        yield
+    finally:
+        if precision != "highest":
+            torch.set_float32_matmul_precision(precision)
+        torch.backends.cudnn.allow_tf32 = cudnn
 
 
 def _memory_key(A, *tag):
