@@ -94,11 +94,29 @@ def one_blas_thread():
     composition's per-step ``(6 r) x b`` by ``b x b`` products, 10-15x)."""
     import contextlib
 
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - a dependency
+    controller = _blas_controller()
+    if controller is None:  # pragma: no cover - a dependency
         return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    return controller.limit(limits=1, user_api="blas")
+
+
+_CONTROLLER: list = []
+
+
+def _blas_controller():
+    """threadpoolctl's view of the loaded BLAS libraries, made once (after SciPy's linear algebra is
+    loaded, so its OpenBLAS is in it as well as numpy's): ``threadpool_limits`` scans every loaded
+    library at each entry, 6-14 ms in a process holding torch and JAX and seconds a call in a long test
+    process, while allocation's accountant enters it at every (memoized) call."""
+    if not _CONTROLLER:
+        try:
+            import scipy.linalg  # noqa: F401 (its BLAS loaded before the scan)
+            from threadpoolctl import ThreadpoolController
+
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError:  # pragma: no cover - a dependency
+            _CONTROLLER.append(None)
+    return _CONTROLLER[0]
 
 
 def format_bytes(b: float) -> str:
