@@ -790,8 +790,9 @@ def test_cost_estimate_covers_what_auto_runs_and_the_markov_members():
     assert pld_secs(bsr(1024, 4), BallsInBinsSampling(2, 1024)) == base  # 512 slots per epoch: no members
     # a calibration with the members takes several evaluations: 5-9 measured (with the secant steps README
     # snippet 5, the README's `dpmf calibrate` bsr example 6; 5 fresh epochs of 64 slots 9 before them;
-    # benchmarks/README.md), counted as 6
-    assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) > 5 * fresh[1]
+    # benchmarks/README.md), counted as 5 since the first is steered by the moving average alone (cost.py's
+    # _MARKOV_CALIBRATION_EVALS; estimates 1.21x / 1.04x the two README calibrations measured)
+    assert pld_secs(bsr(128, 4), BallsInBinsSampling(2, 128, fresh_slots=True), calibrate=True) >= 5 * fresh[1]
 
 
 def test_account_api_refuses_what_cannot_fit_in_memory(monkeypatch, evaluations, peak_memory):
