@@ -139,6 +139,18 @@ def _spectrum_power(probs: np.ndarray, count: int, length: int) -> np.ndarray:
         np.multiply(base, base, out=base)
 
 
+def _circular_window(full: np.ndarray, start: int, length: int) -> np.ndarray:
+    """``full[(start + i) mod len(full)]`` for ``i < length`` (``np.roll(full, -start)[:length]``
+    without rolling the whole array)."""
+    n = full.size
+    start %= n
+    first = min(length, n - start)
+    out = np.empty(length, dtype=full.dtype)
+    out[:first] = full[start:start + first]
+    out[first:] = full[:length - first]
+    return out
+
+
 def self_compose_dense(a, count: int, tail: float):
     """dp_accounting's ``DensePLDPmf.self_compose`` by real transforms (module docstring): the
     ``count``-fold sum on its Chernoff range ``[lo, hi]``, computed circularly on at least
@@ -152,7 +164,7 @@ def self_compose_dense(a, count: int, tail: float):
     out_len = hi - lo + 1
     length = fft.next_fast_len(max(out_len, probs.size), real=True)
     full = fft.irfft(_spectrum_power(probs, count, length), length)
-    out = np.roll(full, -lo)[:out_len]
+    out = _circular_window(full, lo, out_len)
     inf_prob = tail - math.expm1(count * math.log1p(-inf))
     return dp_pld.make_dense(low * count + lo, out, inf_prob, disc)
 
@@ -175,7 +187,7 @@ def self_compose_convolve_dense(a, count: int, b, tail: float):
     spectrum = _spectrum_power(pa, count, length)
     np.multiply(spectrum, fft.rfft(np.asarray(pb, dtype=np.float64), length), out=spectrum)
     # (the sum index s + t of the window's entry i is lo + i, circularly)
-    probs = np.roll(fft.irfft(spectrum, length), -lo)[:out_len]
+    probs = _circular_window(fft.irfft(spectrum, length), lo, out_len)
     ia_k = tail - math.expm1(count * math.log1p(-ia))
     inf = ia_k + ib - ia_k * ib
     offset, probs, right = truncate_tails(probs, tail)
