@@ -87,36 +87,51 @@ def workers_note(workers: int | None) -> str | None:
 
 
 def one_blas_thread():
-    """A context in which BLAS/LAPACK run on one thread (``threadpoolctl``, a dependency; a no-op
-    if it is somehow missing). For loops of small products and eigenvalue problems (``b x b`` with
-    ``b <= ~256``): on a shared 2-core machine a threaded OpenBLAS was 10-30x *slower* on them
-    (measured: ``eigvalsh`` of 100 x 100, 4.4 ms -> 0.25 ms of CPU per call; conditional
-    composition's per-step ``(6 r) x b`` by ``b x b`` products, 10-15x)."""
-    import contextlib
-
-    controller = _blas_controller()
-    if controller is None:  # pragma: no cover - a dependency
-        return contextlib.nullcontext()
-    return controller.limit(limits=1, user_api="blas")
+    """A context in which BLAS/LAPACK run on one thread. For loops of small products and eigenvalue
+    problems (``b x b`` with ``b <= ~256``): on a shared 2-core machine a threaded OpenBLAS was 10-30x
+    *slower* on them (measured: ``eigvalsh`` of 100 x 100, 4.4 ms -> 0.25 ms of CPU per call;
+    conditional composition's per-step ``(6 r) x b`` by ``b x b`` products, 10-15x; the ghost rules'
+    Grams 25x; the recurrent rules' per-step ``gemm``, 10x). Entering costs a few microseconds (each
+    library's count read, and set only where it is not 1 already), so nesting is free."""
+    return _OneBlasThread(_blas_libraries())
 
 
-_CONTROLLER: list = []
+_BLAS_LIBRARIES: list = []
 
 
-def _blas_controller():
-    """threadpoolctl's view of the loaded BLAS libraries, made once (after SciPy's linear algebra is
-    loaded, so its OpenBLAS is in it as well as numpy's): ``threadpool_limits`` scans every loaded
-    library at each entry, 6-14 ms in a process holding torch and JAX and seconds a call in a long test
-    process, while allocation's accountant enters it at every (memoized) call."""
-    if not _CONTROLLER:
-        try:
-            import scipy.linalg  # noqa: F401 (its BLAS loaded before the scan)
-            from threadpoolctl import ThreadpoolController
+def _blas_libraries() -> list:
+    """threadpoolctl's controllers of the loaded BLAS libraries (numpy's and SciPy's, whose BLAS numba's
+    ``np.dot`` calls), found once: ``threadpool_limits`` scans every loaded library at each entry, 6-14 ms
+    in a process holding torch and JAX (a quarter of a recurrent training step; seconds a call late in a
+    long test process, where allocation's accountant enters it at every memoized call). A library
+    loaded later is not limited."""
+    if not _BLAS_LIBRARIES:
+        import scipy.linalg.cython_blas  # noqa: F401  (SciPy's BLAS loaded before the scan)
+        from threadpoolctl import ThreadpoolController
 
-            _CONTROLLER.append(ThreadpoolController())
-        except ImportError:  # pragma: no cover - a dependency
-            _CONTROLLER.append(None)
-    return _CONTROLLER[0]
+        _BLAS_LIBRARIES.append([lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"])
+    return _BLAS_LIBRARIES[0]
+
+
+class _OneBlasThread:
+    """:func:`one_blas_thread`'s context: each library's thread count read, set to 1 where it is not, and
+    put back on exit."""
+
+    def __init__(self, libraries: list):
+        self._libraries = libraries
+
+    def __enter__(self):
+        self._old = [(lib, lib.num_threads) for lib in self._libraries]
+        for lib, n in self._old:
+            if n != 1:
+                lib.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        for lib, n in self._old:
+            if n != 1:
+                lib.set_num_threads(n)
+        return False
 
 
 def format_bytes(b: float) -> str:

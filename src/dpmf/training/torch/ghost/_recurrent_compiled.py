@@ -340,39 +340,3 @@ def _sum_sq(v):  # pragma: no cover - compiled
         x = np.float64(v[j])
         acc += x * x
     return acc
-
-
-#: threadpoolctl's controllers of the BLAS libraries loaded (numba's ``np.dot`` calls scipy's), found once:
-#: ``threadpool_limits`` scans the loaded libraries at every entry (1.5 ms, a quarter of a training step)
-_BLAS = None
-
-
-class _OneBlasThread:
-    """BLAS on one thread inside (each library's count read and, where it is not 1 already, set and put
-    back: a few microseconds, where ``ThreadpoolController.limit`` took about 30)."""
-
-    def __enter__(self):
-        self._old = [(lib, lib.num_threads) for lib in _BLAS]
-        for lib, n in self._old:
-            if n != 1:
-                lib.set_num_threads(1)
-        return self
-
-    def __exit__(self, *exc):
-        for lib, n in self._old:
-            if n != 1:
-                lib.set_num_threads(n)
-        return False
-
-
-def one_blas_thread():
-    """A context in which BLAS runs on one thread. The libraries are found once, after the BLAS these
-    loops call is loaded; a library loaded later is not limited (only these loops' BLAS matters here).
-    See :func:`dpmf.resources.one_blas_thread` for why one thread."""
-    global _BLAS
-    if _BLAS is None:
-        import scipy.linalg.cython_blas  # noqa: F401  (the BLAS of numba's np.dot)
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
-    return _OneBlasThread()

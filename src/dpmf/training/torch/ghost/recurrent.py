@@ -220,7 +220,8 @@ class _Kept:
         """``P`` and the norms in one compiled pass
         (:func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_products`: each example's products and
         norms while they are in cache; no joined copy of the inputs)."""
-        from dpmf.training.torch.ghost._recurrent_compiled import kept_products, one_blas_thread
+        from dpmf.resources import one_blas_thread
+        from dpmf.training.torch.ghost._recurrent_compiled import kept_products
 
         G = self.G.contiguous()
         (n_x, X), (n_h, Hs) = [(n, A) for n, A in self.columns if A is not None]

@@ -314,7 +314,7 @@ def _one_blas_thread(compiled: bool):
 
     if not compiled:
         return contextlib.nullcontext()
-    from dpmf.training.torch.ghost._recurrent_compiled import one_blas_thread
+    from dpmf.resources import one_blas_thread
 
     return one_blas_thread()
 

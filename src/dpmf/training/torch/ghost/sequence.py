@@ -60,6 +60,7 @@ import contextlib
 
 import numpy as np
 
+from dpmf.resources import one_blas_thread
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.clipping import toward_zero
 
@@ -192,14 +193,13 @@ def step_cache():
     (storage, offset, shape, strides, dtype) and version counter; of a layer's tensors, the tensors
     themselves (held by the entry, compared by identity). Every recorded tensor stays alive during the
     block, so equal keys mean equal values. Products inside run in full float32 (:func:`full_float32`)."""
-    global _GRAMS, _ONE_THREAD
+    global _GRAMS
     old, _GRAMS = _GRAMS, {}
-    with _one_blas_thread(), full_float32():
-        one, _ONE_THREAD = _ONE_THREAD, True
+    with one_blas_thread(), full_float32():
         try:
             yield
         finally:
-            _GRAMS, _ONE_THREAD = old, one
+            _GRAMS = old
 
 
 @contextlib.contextmanager
@@ -232,34 +232,6 @@ def _memory_key(A, *tag):
             A._version) + tag
 
 
-#: threadpoolctl's view of the BLAS libraries loaded (numpy's), made at the first Gram on the CPU: entering
-#: ``threadpool_limits`` scans the loaded libraries each time (0.65 ms), a cached controller's limit 10 us
-_BLAS: list = []
-#: inside :func:`step_cache`: numpy's BLAS already held to one thread for the whole block
-_ONE_THREAD = False
-
-
-def _blas_controller():
-    """The cached ``ThreadpoolController``, or None (threadpoolctl missing: no numpy Grams)."""
-    if not _BLAS:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS.append(ThreadpoolController())
-        except Exception:  # noqa: BLE001 -- a dependency; without it the Grams stay in torch
-            _BLAS.append(None)
-    return _BLAS[0]
-
-
-def _one_blas_thread():
-    """numpy's BLAS on one thread inside (a threaded OpenBLAS spinning on a shared machine took 25x the CPU
-    time of one thread on these products; ``dpmf.resources.one_blas_thread`` says why in general)."""
-    c = _blas_controller()
-    if _ONE_THREAD or c is None:
-        return contextlib.nullcontext()
-    return c.limit(limits=1, user_api="blas")
-
-
 def symmetric_gram(X, work, out=None):
     """``X Xᵀ`` per example in ``work`` (float32 or float64), ``(B, T, T)``, for ``X``: ``(B, T, d)``.
 
@@ -271,14 +243,14 @@ def symmetric_gram(X, work, out=None):
     a tensor numpy cannot view) ``torch.bmm``. ``out``: a ``(B, T, T)`` tensor of ``work`` to write into."""
     Xw = X.to(work)
     if (Xw.device.type != "cpu" or type(Xw) is not torch.Tensor or Xw.requires_grad or Xw.is_conj()
-            or torch._C._functorch.is_functorch_wrapped_tensor(Xw) or _blas_controller() is None):
+            or torch._C._functorch.is_functorch_wrapped_tensor(Xw)):
         return torch.bmm(Xw, Xw.transpose(1, 2), out=out)
     if not Xw.is_contiguous():
         Xw = Xw.contiguous()
     if out is None:
         out = torch.empty(Xw.shape[0], Xw.shape[1], Xw.shape[1], dtype=work, device=Xw.device)
     xn = Xw.numpy()
-    with _one_blas_thread(), np.errstate(all="ignore"):  # (an overflow gives inf, as torch's: retried in float64)
+    with one_blas_thread(), np.errstate(all="ignore"):  # (an overflow gives inf, as torch's: retried in float64)
         np.matmul(xn, xn.transpose(0, 2, 1), out=out.numpy())
     return out
 
