@@ -246,17 +246,49 @@ def test_feldman_shenfeld_combined_small():
 
 # ----------------------------------------------------------------------------- reports
 def test_report_fields_and_combination():
+    """Per direction the smallest of the bounds; conditional composition (17.3 / 16.0 here, the Renyi
+    bound ~2) is skipped where its own lower bound shows it cannot win, and the report says so."""
     strat, scheme = bsr(40, 2), BallsInBinsSampling(2, 40)
     r = account_allocation(strat, scheme, 1.5, 1e-5)
     rr = r.diagnostics["renyi"]["epsilon_by_direction"]
-    rc = r.diagnostics["conditional"]["epsilon_by_direction"]
+    rc = account_allocation(strat, scheme, 1.5, 1e-5, which="conditional").epsilon_by_direction
     for d in ("remove", "add"):
-        assert r.epsilon_by_direction[d] == min(rr[d], rc[d])
+        assert r.epsilon_by_direction[d] == min(rr[d], rc[d], r.diagnostics["gaussian_epsilon"])
+        assert rc[d] > rr[d]  # (the skip below was right)
     assert r.epsilon == max(r.epsilon_by_direction.values())
     assert r.certified and r.method == "allocation"
     assert r.diagnostics["renyi"]["bandwidth"] in (1, 2)
+    assert "cannot lower" in r.diagnostics["conditional"]["skipped"]
+    assert r.diagnostics["conditional"]["cannot_lower"] == rr
     assert r.diagnostics["conditional"]["delta_e"] == pytest.approx(5e-6)
     assert r.to_json()
+
+
+def test_conditional_computed_where_it_wins():
+    """A nearly diagonal C (one sub-diagonal of 0.05), one epoch of 64 steps at sigma 4: conditional
+    composition (0.150 / 0.136) is below the Renyi bound (0.165 / 0.143), so it is computed and taken."""
+    C = np.eye(64) + 0.05 * np.eye(64, k=-1)
+    r = account_allocation(C, BallsInBinsSampling(1, 64), 4.0, 1e-5)
+    rr, rc = r.diagnostics["renyi"]["epsilon_by_direction"], r.diagnostics["conditional"]["epsilon_by_direction"]
+    assert all(rc[d] < rr[d] for d in rc)
+    assert r.epsilon_by_direction == {d: min(rr[d], rc[d], r.diagnostics["gaussian_epsilon"]) for d in rc}
+
+
+@pytest.mark.parametrize("n, bands, epochs, sigma", [(40, 2, 2, 1.5), (16, 2, 1, 10.0), (12, 3, 1, 6.0)])
+def test_conditional_lower_bound_is_below_the_accountant(n, bands, epochs, sigma):
+    """composition_delta_lower_bound of the pairs at the epsilon conditional composition reports is at
+    most delta - delta_E (that epsilon is certified, so the exact pairs' delta there is below it);
+    10% below that epsilon it is above (the bound is not vacuous: it is what lets the skip happen)."""
+    from dpmf.accounting.allocation.conditional import composition_delta_lower_bound, conditional_epsilon, conditional_pairs
+    from dpmf.accounting.allocation.dominating_pair import mixture_means
+
+    means = mixture_means(bsr(n, bands), epochs, n)
+    prepared = conditional_pairs(means, sigma, 1e-5)
+    level = 1e-5 - prepared["delta_e"]
+    eps = conditional_epsilon(means, sigma, 1e-5, prepared=prepared)["epsilon_by_direction"]
+    for d, e in eps.items():
+        assert composition_delta_lower_bound(prepared["pairs"][d], sigma, e, d) <= level
+        assert composition_delta_lower_bound(prepared["pairs"][d], sigma, 0.9 * e, d) > level
 
 
 def test_combined_skips_expensive_conditional_and_says_so():

@@ -42,13 +42,31 @@ def test_renyi_answer_when_conditional_cannot_help():
     passes, a noise 1.01e-6 below it fails, and it is not above the two-stage search's answer."""
     strategy, scheme, target = bsr(8, 2), BallsInBinsSampling(1, 8), 2.0
     sigma, report = noise_and_report(strategy, scheme, target, DELTA)
-    cond = report.diagnostics["conditional"]["epsilon_by_direction"]
+    cond = account_allocation(strategy, scheme, sigma, DELTA, which="conditional").epsilon_by_direction
     assert min(cond.values()) > target and report.diagnostics["gaussian_epsilon"] > target  # (the shortcut's case)
+    assert "cannot_lower" in report.diagnostics["conditional"]  # (skipped: its lower bound is above the Renyi one)
     fresh = account_allocation(strategy, scheme, sigma, DELTA)
     assert report.epsilon == pytest.approx(fresh.epsilon, rel=1e-12) and fresh.epsilon <= target
     assert report.epsilon_by_direction == pytest.approx(fresh.epsilon_by_direction, rel=1e-12)
     assert _eps(strategy, scheme, sigma * (1 - 1.01e-6)) > target
     assert sigma <= _two_stage(strategy, scheme, target) * (1 + 1e-6)
+
+
+def test_renyi_answer_checks_a_skipped_conditional_against_the_target(monkeypatch):
+    """Negative control of the shortcut: where conditional composition was skipped at the Renyi answer (below
+    the Renyi bound there is proved) but its lower bound does not show it above the *target*, the search
+    computes it there before taking the Renyi answer (here it is above: the same answer as without the skip)."""
+    import dpmf.accounting.allocation.accountant as acc
+
+    strategy, scheme, target = bsr(8, 2), BallsInBinsSampling(1, 8), 2.0
+    expected, _ = noise_and_report(strategy, scheme, target, DELTA)
+    real, computed = acc.composition_delta_lower_bound, []
+    monkeypatch.setattr(acc, "composition_delta_lower_bound",
+                        lambda pairs, s, e, d: 0.0 if e == target else real(pairs, s, e, d))
+    real_eps = acc.conditional_epsilon
+    monkeypatch.setattr(acc, "conditional_epsilon", lambda *a, **k: computed.append(1) or real_eps(*a, **k))
+    sigma, report = noise_and_report(strategy, scheme, target, DELTA)
+    assert computed and sigma == expected and report.epsilon <= target
 
 
 def test_combined_search_when_conditional_helps():

@@ -30,7 +30,8 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import guarded
-from dpmf.accounting.allocation.conditional import DEFAULT_TEMPERATURES, conditional_cost, conditional_epsilon
+from dpmf.accounting.allocation.conditional import (DEFAULT_TEMPERATURES, composition_delta_lower_bound, conditional_cost,
+                                                   conditional_epsilon, conditional_pairs)
 from dpmf.accounting.allocation.dominating_pair import describe_strategy, gram_matrix, mixture_means, pair_problem
 from dpmf.accounting.allocation.identity import identity_conditional_cost, identity_conditional_epsilon
 from dpmf.accounting.allocation.noise_search import smallest_noise_and_report
@@ -204,7 +205,9 @@ def account_allocation(
       temperatures, discretization: see :func:`conditional_epsilon`.
       conditional_budget: in ``"combined"`` mode, conditional composition is skipped (and the
         report says so) when its estimated time exceeds this many seconds; never for ``C = I``,
-        whose fast path (:mod:`dpmf.accounting.allocation.identity`) costs ``O(b)``.
+        whose fast path (:mod:`dpmf.accounting.allocation.identity`) costs ``O(b)``. (It is also
+        skipped, with the same epsilons, where a lower bound of its own shows it cannot go below
+        the Rényi bound or the Gaussian cap: ``diagnostics["conditional"]["cannot_lower"]``.)
       renyi_conversion: ``"per-direction"`` (default, never looser) or ``"joint"`` (Alg. 3).
       callback: ``callback(step, steps)`` during conditional composition.
       problem: a precomputed :class:`AllocationProblem` (reused by calibration).
@@ -233,39 +236,19 @@ def account_allocation(
         r = _renyi(problem, analysed, d, renyi_conversion)
         diag["renyi"] = r
         by_dir = {k: min(by_dir[k], v) for k, v in r["epsilon_by_direction"].items()}
+    gauss = _gaussian_cap(problem, analysed, d) if which == "combined" else math.inf
     if which in ("combined", "conditional"):
-        b_id = problem.identity_steps
-        if b_id is not None:
-            cost = identity_conditional_cost(b_id)
-        else:
-            cost = conditional_cost(problem.means, None, 1 + len(tuple(temperatures)), gram=problem.gram)
-        # (C = I: the fast path costs O(b), 30 s at b = 10^5; it always runs, so auto never
-        # skips a bound it could have run)
-        if which == "conditional" or b_id is not None or cost <= conditional_budget:
-            common = dict(delta_e=delta_e, discretization=discretization, callback=callback)
-            if b_id is not None:  # (every psi of the family is uniform here: temperatures do not matter)
-                key = ("conditional", analysed, d, delta_e, discretization)
-                c = _memoized(problem, key, lambda: identity_conditional_epsilon(b_id, analysed, d, **common))
-            else:
-                key = ("conditional", analysed, d, delta_e, discretization, tuple(np.ravel(temperatures).tolist()))
-                c = _memoized(problem, key, lambda: conditional_epsilon(
-                    problem.means, analysed, d, temperatures=temperatures, **common))
-            diag["conditional"] = c
+        c = _conditional(problem, analysed, d, which, {k: min(v, gauss) for k, v in by_dir.items()}, delta_e=delta_e,
+                         temperatures=temperatures, discretization=discretization, budget=conditional_budget,
+                         callback=callback)
+        diag["conditional"] = c
+        if "epsilon_by_direction" in c:
             by_dir = {k: min(by_dir[k], v) for k, v in c["epsilon_by_direction"].items()}
-        else:
-            diag["conditional"] = {
-                "skipped": f"estimated time {cost:.3g} s > conditional_budget {conditional_budget:.3g} s"
-            }
     if which == "combined":
         # Revealing the slot (post-processing) leaves the Gaussian mechanism with sensitivity
         # max_i |m_i|: a valid bound on the same pair for both directions, and the cap that keeps
         # conditional composition (loose at small sigma: its per-step weights sum to well over one
         # participation) and the Renyi conversion from reporting more than no amplification.
-        if problem.identity_steps is not None:  # G = I_b: max_i |m_i|^2 = 1 (N = b steps)
-            g_max = 1.0 * (1 + 2 * (problem.identity_steps + 2) * UNIT_ROUNDOFF)
-        else:
-            g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * UNIT_ROUNDOFF)
-        gauss = gaussian_epsilon(analysed / math.sqrt(g_max), d) if g_max > 0 else 0.0
         diag["gaussian_epsilon"] = gauss
         if gauss < max(by_dir.values()):
             diag["gaussian_cap"] = "revealing the slot: the Gaussian mechanism at sigma / max_i |m_i| was tighter"
@@ -282,6 +265,59 @@ def account_allocation(
         scheme=problem.scheme,
         diagnostics={"which": which, **diag},
     )
+
+
+def _gaussian_cap(problem: AllocationProblem, analysed: float, d: float) -> float:
+    """The Gaussian mechanism's epsilon at ``sigma / max_i |m_i|`` (the slot revealed: :func:`account_allocation`)."""
+    if problem.identity_steps is not None:  # G = I_b: max_i |m_i|^2 = 1 (N = b steps)
+        g_max = 1.0 * (1 + 2 * (problem.identity_steps + 2) * UNIT_ROUNDOFF)
+    else:
+        g_max = float(np.diag(problem.gram).max()) * (1 + 2 * (problem.means.shape[1] + 2) * UNIT_ROUNDOFF)
+    return gaussian_epsilon(analysed / math.sqrt(g_max), d) if g_max > 0 else 0.0
+
+
+def _pairs(problem: AllocationProblem, analysed: float, d: float, delta_e, temperatures, callback=None) -> dict:
+    """:func:`conditional_pairs` of the problem at ``analysed`` (memoized in ``problem.memo``)."""
+    key = ("conditional pairs", analysed, d, delta_e, tuple(np.ravel(temperatures).tolist()))
+    return _memoized(problem, key, lambda: conditional_pairs(problem.means, analysed, d, delta_e=delta_e,
+                                                             temperatures=temperatures, callback=callback))
+
+
+def _conditional(problem: AllocationProblem, analysed: float, d: float, which: str, beat: dict, *, delta_e,
+                 temperatures, discretization, budget: float, callback) -> dict:
+    """Conditional composition's part of :func:`account_allocation` (its diagnostics entry): computed, or
+    skipped -- for its estimated cost (``budget``, in ``"combined"`` mode), or, in ``"combined"`` mode,
+    where its epsilon cannot be below ``beat`` (per direction, the smaller of the Renyi bound and the
+    Gaussian cap already found): :func:`composition_delta_lower_bound` of its own pairs exceeds
+    ``delta - delta_E`` at ``beat`` in both directions, so the epsilon it would read there is above
+    ``beat`` and the combined epsilon is the same without it (its PLD builds and compositions, and
+    dp_accounting's import, are not paid)."""
+    b_id = problem.identity_steps
+    if b_id is not None:
+        cost = identity_conditional_cost(b_id)
+    else:
+        cost = conditional_cost(problem.means, None, 1 + len(tuple(temperatures)), gram=problem.gram)
+    # (C = I: the fast path costs O(b), 30 s at b = 10^5; it always runs, so auto never
+    # skips a bound it could have run)
+    if not (which == "conditional" or b_id is not None or cost <= budget):
+        return {"skipped": f"estimated time {cost:.3g} s > conditional_budget {budget:.3g} s"}
+    common = dict(delta_e=delta_e, discretization=discretization, callback=callback)
+    if b_id is not None:  # (every psi of the family is uniform here: temperatures do not matter)
+        key = ("conditional", analysed, d, delta_e, discretization)
+        return _memoized(problem, key, lambda: identity_conditional_epsilon(b_id, analysed, d, **common))
+    temps = tuple(np.ravel(temperatures).tolist())
+    prepared = _pairs(problem, analysed, d, delta_e, temperatures, callback)
+    if which == "combined" and all(math.isfinite(v) for v in beat.values()):
+        level = d - prepared["delta_e"]
+        lower = {k: composition_delta_lower_bound(prepared["pairs"][k], analysed, v, k) for k, v in beat.items()}
+        if all(lower[k] > level for k in beat):
+            return {"skipped": "it cannot lower the bound: at the Renyi / Gaussian epsilon of each direction "
+                               f"({', '.join(f'{k} {v:.6g}' for k, v in beat.items())}) its own pairs' delta is at "
+                               f"least {', '.join(f'{lower[k]:.3g}' for k in beat)} > delta - delta_E = {level:.3g}",
+                    "cannot_lower": dict(beat), "delta_e": prepared["delta_e"]}
+    key = ("conditional", analysed, d, delta_e, discretization, temps)
+    return _memoized(problem, key, lambda: conditional_epsilon(
+        problem.means, analysed, d, temperatures=temperatures, prepared=prepared, **common))
 
 
 @guarded(NAME, supports)
@@ -361,8 +397,15 @@ def noise_and_report(
     at_renyi = report(renyi.value)  # (the Renyi bound is memoized: this computes conditional composition only)
     diag = at_renyi.diagnostics
     others = [diag.get("gaussian_epsilon", math.inf)]
-    if "epsilon_by_direction" in diag.get("conditional", {}):
-        others += list(diag["conditional"]["epsilon_by_direction"].values())
+    cond = diag.get("conditional", {})
+    if "cannot_lower" in cond:  # (skipped: above the Renyi bound; is it above the target too?)
+        prepared = _pairs(problem, renyi.value * problem.noise_scale, d, options.get("delta_e"),
+                          options.get("temperatures", DEFAULT_TEMPERATURES))
+        if not all(composition_delta_lower_bound(prepared["pairs"][k], renyi.value * problem.noise_scale, target, k)
+                   > d - prepared["delta_e"] for k in ("remove", "add")):
+            cond = report(renyi.value, "conditional").diagnostics["conditional"]
+    if "epsilon_by_direction" in cond:
+        others += list(cond["epsilon_by_direction"].values())
     if min(others) > target:  # (they cannot help below renyi.value: the answer is the Renyi one)
         return renyi.value, at_renyi
     return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, initial=renyi.value)

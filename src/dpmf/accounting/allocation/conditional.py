@@ -78,6 +78,7 @@ k = 1, b = N = 1000 is ``O(N^4)`` (see ``benchmarks/README.md``).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -87,7 +88,8 @@ from scipy import special
 from dpmf import progress
 from dpmf import validation as _v
 from dpmf.errors import InvalidParameterError, NumericalError
-from dpmf.privacy.mixture import GaussianMixture
+from dpmf.numerics import UNIT_ROUNDOFF
+from dpmf.privacy.mixture import PRUNE_MASS, GaussianMixture
 from dpmf.privacy.pld import PrivacyLossDistribution
 from dpmf.resources import one_blas_thread
 
@@ -96,6 +98,8 @@ __all__ = [
     "reverse_hazard_bounds",
     "step_weights",
     "conditional_epsilon",
+    "conditional_pairs",
+    "composition_delta_lower_bound",
     "conditional_cost",
 ]
 
@@ -491,6 +495,66 @@ def _step_pairs(M: np.ndarray, sigma: float, beta: float, temperatures, callback
     return pairs
 
 
+#: Cells of the grid the linear statistic's mean part is rounded down to (:func:`composition_delta_lower_bound`).
+_LB_GRID = 2048
+
+
+def composition_delta_lower_bound(pairs, noise_multiplier: float, epsilon: float, direction: str) -> float:
+    r"""A lower bound on ``delta(epsilon)`` of the composition of the exact per-step pairs of ``direction``
+    (:func:`conditional_pairs`), hence on the composed PLD's delta that :func:`conditional_epsilon` reads
+    (a pessimistic discretization of pairs that dominate these: an upper bound at every epsilon).
+
+    One test set of the composed pair, a half-line of the linear statistic ``T = sum_n c_n x_n`` with
+    ``c_n = sum_j p_j a_j`` (the step's mean): under ``N(0, s^2)`` at every step ``T ~ N(0, s_T^2)``,
+    ``s_T = s |c|``; under the mixtures ``T = M + N(0, s_T^2)`` with ``M = sum_n c_n a_{J_n}``, ``J_n ~ p``
+    independent. So for any ``y``
+
+    * remove (``P`` the mixtures): ``delta(eps) >= P(T >= y) - e^eps Q(T >= y) = E Phi((M - y)/s_T) - e^eps Phi(-y/s_T)``;
+    * add (``P = N(0, s^2)``): ``delta(eps) >= Phi(y/s_T) - e^eps E Phi((y - M)/s_T)``;
+
+    and both stay lower bounds with ``M`` replaced by ``M_r <= M``: each ``c_n a_j`` rounded *down* to a
+    grid of :data:`_LB_GRID` cells (``E Phi((M - y)/s_T)`` only falls, ``E Phi((y - M)/s_T)`` only
+    rises), whose law is the convolution of the steps'. The best of a few dozen ``y`` is returned, less
+    ``1e-9`` of each part (the float sums of non-negative terms and ``Phi`` are far closer) and the mass
+    the mixtures' pruning may move (``2 PRUNE_MASS`` a step). The pairs of conditional composition are
+    nearly Gaussian in this sense: on bsr(32, 4) over 2 epochs at sigma 1.268 the epsilon this gives is
+    21.10 (remove) and 20.17 (add), the accountant's 21.24 and 20.31."""
+    if direction not in ("remove", "add"):
+        raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
+    steps = [(np.asarray(a, dtype=np.float64), np.asarray(w, dtype=np.float64)) for a, w in pairs]
+    steps = [(a, w / w.sum()) for a, w in steps if w.sum() > 0]
+    c = np.array([float(a @ w) for a, w in steps])
+    top = float(sum(cn * a.max() for cn, (a, _) in zip(c, steps))) if steps else 0.0
+    if not top > 0:
+        return 0.0
+    h = top / _LB_GRID
+    law = np.ones(1)
+    for cn, (a, w) in zip(c, steps):  # (c_n a_j >= 0 rounded down: the product's and quotient's rounding undone)
+        law = np.convolve(law, np.bincount(np.floor(cn * a / h * (1 - 4 * UNIT_ROUNDOFF)).astype(np.int64), weights=w))
+    nz = np.flatnonzero(law > 0)
+    law, m = law[nz], nz * h
+    s_t = float(noise_multiplier) * math.sqrt(float(c @ c))
+    grow = math.exp(epsilon)
+
+    def lower(ys: np.ndarray) -> np.ndarray:
+        if direction == "remove":
+            p_part, q_part = special.ndtr((m[None, :] - ys[:, None]) / s_t) @ law, special.ndtr(-ys / s_t)
+        else:
+            p_part, q_part = special.ndtr(ys / s_t), special.ndtr((ys[:, None] - m[None, :]) / s_t) @ law
+        return p_part * (1 - 1e-9) - grow * q_part * (1 + 1e-9)
+
+    lo, hi = float(m[0]) - 8 * s_t, float(m[-1]) + 8 * s_t
+    best = -math.inf
+    for _ in range(3):  # (a grid of y, then twice around its best point)
+        ys = np.linspace(lo, hi, 48)
+        vals = lower(ys)
+        k = int(np.argmax(vals))
+        best = max(best, float(vals[k]))
+        step = ys[1] - ys[0]
+        lo, hi = ys[k] - 2 * step, ys[k] + 2 * step
+    return best - 2 * len(steps) * PRUNE_MASS
+
+
 def _auto_discretization(pairs, sigma: float, support_size: int) -> float:
     span = 0.0
     for a, w in pairs:
@@ -503,6 +567,32 @@ def _auto_discretization(pairs, sigma: float, support_size: int) -> float:
     return max(1e-4, span / support_size)
 
 
+def conditional_pairs(
+    means: np.ndarray,
+    noise_multiplier: float,
+    delta: float,
+    *,
+    delta_e: float | None = None,
+    temperatures=DEFAULT_TEMPERATURES,
+    callback: Callable[[int, int], None] | None = None,
+) -> dict:
+    """The per-step mixture pairs of both directions (module docstring, Alg. 4 at every step) that
+    :func:`conditional_epsilon` composes, with what it needs to read them: ``{"pairs": {"remove":
+    [(a, p), ...], "add": [...]}, "sigma", "delta", "delta_e", "beta"}`` (arguments as there)."""
+    M = _v.finite_array("means", means, ndim=2)
+    if np.any(M < 0):
+        raise InvalidParameterError("means must be >= 0 (non-negative encoder C)")
+    sigma = _v.positive("noise_multiplier", noise_multiplier)
+    d = _v.open_unit("delta", delta)
+    de = d / 2 if delta_e is None else _v.positive("delta_e", delta_e)
+    if not de < d:
+        raise InvalidParameterError(f"delta_e must be in (0, delta={d}), got {delta_e!r}")
+    b, N = M.shape
+    beta = de / (max(N - 1, 1) * max(b - 1, 1))
+    return {"pairs": _step_pairs(M, sigma, beta, temperatures, callback), "sigma": sigma, "delta": d,
+            "delta_e": de, "beta": beta}
+
+
 def conditional_epsilon(
     means: np.ndarray,
     noise_multiplier: float,
@@ -513,6 +603,7 @@ def conditional_epsilon(
     discretization: float | None = None,
     support_size: int = 1000,
     callback: Callable[[int, int], None] | None = None,
+    prepared: dict | None = None,
 ) -> dict:
     r"""Epsilon per direction from conditional composition (module docstring), both directions.
 
@@ -528,23 +619,17 @@ def conditional_epsilon(
       discretization: PLD grid (default: chosen so the widest per-step PMF has about
         ``support_size`` points, at least ``1e-4``).
       callback: ``callback(step, steps)`` after each step's pair is built.
+      prepared: the pairs :func:`conditional_pairs` built for the same arguments (not built again).
 
     Returns:
       dict with ``epsilon``, ``epsilon_by_direction``, ``delta_e``, ``discretization``,
       ``seconds``.
     """
     start = time.perf_counter()
-    M = _v.finite_array("means", means, ndim=2)
-    if np.any(M < 0):
-        raise InvalidParameterError("means must be >= 0 (non-negative encoder C)")
-    sigma = _v.positive("noise_multiplier", noise_multiplier)
-    d = _v.open_unit("delta", delta)
-    de = d / 2 if delta_e is None else _v.positive("delta_e", delta_e)
-    if not de < d:
-        raise InvalidParameterError(f"delta_e must be in (0, delta={d}), got {delta_e!r}")
-    b, N = M.shape
-    beta = de / (max(N - 1, 1) * max(b - 1, 1))
-    pairs = _step_pairs(M, sigma, beta, temperatures, callback)
+    if prepared is None:
+        prepared = conditional_pairs(means, noise_multiplier, delta, delta_e=delta_e, temperatures=temperatures,
+                                     callback=callback)
+    pairs, sigma, d, de, beta = (prepared[k] for k in ("pairs", "sigma", "delta", "delta_e", "beta"))
     disc = discretization
     if disc is None:
         disc = _auto_discretization(pairs["remove"] + pairs["add"], sigma, support_size)

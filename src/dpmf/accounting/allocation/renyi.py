@@ -170,18 +170,24 @@ def _shape(bandwidth: int, max_order: int) -> _Shape:
         reps = amax - m + 1
         src = np.repeat(np.arange(cur.shape[0]), reps)
         t = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
-        s = cur[src]
-        if w:
-            new = np.concatenate([s[:, :w], (s[:, w] + t)[:, None], s[:, w + 2 :], t[:, None]], axis=1)
-        else:
-            new = (s[:, 0] + t)[:, None]
-        codes = new @ weights
+        # a transition adds t to the total and shifts the window (prefix, m + t, window[1:], t): its code
+        # (the target's digits in base amax + 1) is its source's code of those digits plus t times the
+        # weights of the total and the newest window digit -- the same int64 sums as the target row's
+        # (no row of all transitions is built: only the targets', once sorted)
+        keep = np.concatenate([cur[:, :w + 1], cur[:, w + 2 :]], axis=1) if w else cur[:, :1]
+        codes = (keep @ np.concatenate([weights[: w + 1], weights[w + 1 : 2 * w]]))[src]
+        codes = codes + t * (weights[w] + (weights[2 * w] if w else 0))
         order = np.argsort(codes, kind="stable")  # (transitions grouped by target, targets ascending)
         sorted_codes = codes[order]
         starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
         counts = np.diff(np.r_[starts, codes.size])
         uniq = sorted_codes[starts]
-        targets = new[order[starts]]
+        first = order[starts]
+        s, tf = cur[src[first]], t[first]
+        if w:
+            targets = np.concatenate([s[:, :w], (s[:, w] + tf)[:, None], s[:, w + 2 :], tf[:, None]], axis=1)
+        else:
+            targets = (s[:, 0] + tf)[:, None]
         steps.append(
             _Step(
                 src=src[order].astype(np.int32),
