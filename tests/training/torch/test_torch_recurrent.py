@@ -842,3 +842,85 @@ def test_lstm_own_forward_keeps_non_finite_values_in_their_example():
     finite = torch.isfinite(want)
     assert torch.allclose(out[finite], want[finite], rtol=1e-5, atol=1e-6)
     assert torch.equal(torch.isfinite(c_n), torch.isfinite(wc)) and torch.equal(torch.isfinite(h_n), torch.isfinite(wh))
+
+
+# ------------------------------------------------------------------ the compiled loops' own product (issue 52, item 3)
+def test_gemm_within_its_rounding_bound_for_every_block_and_layout():
+    """The loops' float32 product (16-lane vectors: 4 x 64 blocks, 16-column and one-column tails, single rows)
+    is within ``gamma_K sum_k |a||b|`` of the exact product for transposed left factors and strided rows, and
+    ``acc`` adds to what ``out`` held; a result shifted by 1e-3 of that scale fails the same check (the bound is
+    not vacuous)."""
+    import numpy as np
+
+    from dpmf.training.torch.ghost._gemm_compiled import gemm
+
+    rng = np.random.default_rng(7)
+    u = 2.0 ** -24
+    for M, K, N in [(9, 37, 150), (4, 64, 256), (1, 5, 17), (3, 1, 64), (6, 0, 20), (0, 3, 16)]:
+        for left_t in (False, True):
+            a = rng.standard_normal((K, M) if left_t else (M, K)).astype(np.float32)
+            a = a.T if left_t else a
+            wide = rng.standard_normal((K, N + 7)).astype(np.float32)
+            b = wide[:, 3:3 + N]  # rows strided
+            big = np.zeros((M, N + 5), np.float32)
+            out = big[:, 2:2 + N]
+            gemm(a, b, out, False)
+            exact = a.astype(np.float64) @ b.astype(np.float64)
+            scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+            bound = K * u / (1 - K * u) * scale
+            assert np.all(np.abs(out - exact) <= bound), (M, K, N, left_t)
+            if K and M and N:
+                assert not np.all(np.abs(out + 1e-3 * scale - exact) <= bound)  # (negative control)
+            assert not big[:, :2].any() and not big[:, 2 + N:].any()  # nothing written outside ``out``
+            before = out.astype(np.float64)
+            gemm(a, b, out, True)
+            assert np.all(np.abs(out - (before + exact)) <= bound + 2 * u * np.abs(before + exact) + 1e-30)
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_loop_lstm_with_vector_products_equals_the_reference(simd, monkeypatch):
+    """An LSTM whose gate width (4 x 16) fills the vector product's 4 x 64 blocks, 9 examples (two row blocks and
+    a single row), two layers bidirectional, float32 in the loop: the outputs equal PyTorch's layer and the
+    clipped sums the float64 per-example reference to float32 rounding, with the products by the vector kernel
+    and by ``np.dot`` alike (``simd``); the norms of the float32 run bound the norms of its own float64 tensors
+    (``test_kept_norms_bound_the_float64_gradient_of_the_float32_tensors``)."""
+    import dpmf.training.torch.ghost._gemm_compiled as kernel
+
+    monkeypatch.setattr(kernel, "_APPLIES", simd)
+    torch.manual_seed(11)
+    B, T, d, H = 9, 6, 5, 16
+    model = Net("LSTM", d=d, hidden=H, batch_first=True, num_layers=2, bidirectional=True)
+    x = torch.randn(B, T, d) * 2
+    y = torch.randint(0, 3, (B,))
+    with torch.no_grad():
+        want_out = model.rnn(x)[0]
+    ghost = GhostClipper(model, F.cross_entropy, 0.05)
+    got_out = model.rnn(x)[0]
+    assert torch.allclose(got_out, want_out, rtol=1e-5, atol=1e-6)
+    sums, norms = loop_step(ghost, model, (x,), y)
+    model64 = model.double()
+    with ghost.plain():
+        want, ref_norms = reference(model64, (x.double(),), y, 0.05, ghost.margin)
+    ghost.close()
+    assert (ref_norms > 0.05).any()
+    assert torch.allclose(norms, ref_norms, rtol=1e-4, atol=0)
+    for name, a, b in zip(ghost.param_names, sums, want):
+        assert torch.allclose(a.double(), b, rtol=1e-4, atol=1e-4 * float(b.abs().max())), name
+
+
+def test_kept_norms_bound_the_exact_ones_with_vector_products():
+    """The kept form's float32 products by the vector kernel (``R`` = 2 x 64 + 16 + 3 columns: every block
+    kind) keep norms that bound the exact float64 norms of the float32 tensors (never below), close to them."""
+    from dpmf.training.torch.ghost.recurrent import _Kept
+
+    torch.manual_seed(4)
+    B, T, R = 7, 33, 147
+    G = torch.randn(B, T, R) * torch.logspace(-2, 2, B).view(-1, 1, 1)
+    x, h = torch.randn(B, T, 9), torch.randn(B, T, 6)
+    group = _Kept(G, [("w_ih", x), ("w_hh", h), ("b_ih", None)])
+    trainable = {"w_ih": torch.zeros(R, 9), "w_hh": torch.zeros(R, 6), "b_ih": torch.zeros(R)}
+    sq, _ = group.parts(trainable)
+    g64 = G.double()
+    exact = ((g64.transpose(1, 2) @ x.double()) ** 2).sum((1, 2)) + ((g64.transpose(1, 2) @ h.double()) ** 2).sum((1, 2))
+    exact = exact + (g64.sum(1) ** 2).sum(1)
+    assert (sq >= exact).all() and torch.allclose(sq, exact, rtol=1e-4)

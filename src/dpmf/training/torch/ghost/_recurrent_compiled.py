@@ -27,6 +27,8 @@ import math
 import numba as nb
 import numpy as np
 
+from dpmf.training.torch.ghost._gemm_compiled import product
+
 
 @nb.njit(cache=True, nogil=True)
 def lstm_cells(act, c0, reverse, c):  # pragma: no cover - compiled
@@ -44,19 +46,29 @@ def lstm_cells(act, c0, reverse, c):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
-def lstm_forward(xw, w_t, reverse, fast, act, c, tc, ys, c0):  # pragma: no cover - compiled
-    """The LSTM forward of one layer and direction, keeping what its backward reads, time-major: ``xw``
-    ``(T, B, 4H)`` the input part ``W_ih x_t + b_ih + b_hh`` of the pre-activations; ``w_t`` ``(H, 4H)``:
-    ``W_hh`` transposed; ``ys`` ``(T + 1, B, H)``: the states, ``h0`` given in ``ys[0]`` (``ys[T]`` for the
-    reverse direction), the outputs written in the others (so ``h_t`` of step ``t`` is ``ys[t + 1]``, the state
-    it read ``ys[t]``; reversed: ``ys[t]`` and ``ys[t + 1]``); ``c0`` ``(B, H)``. Per step one product
-    ``h_{t-1} W_hh^T`` (BLAS) into ``act[t]``, then the gate activations ``act = [i, f, g, o]`` in place
+def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0):  # pragma: no cover - compiled
+    """The LSTM forward of one layer and direction, keeping what its backward reads, time-major: ``x``
+    ``(T, B, I)`` the layer's input, ``w_ih_t`` ``(I, 4H)``: ``W_ih`` transposed, ``bias`` ``(4H,)``: ``b_ih + b_hh``
+    (empty: none); ``w_t`` ``(H, 4H)``: ``W_hh`` transposed; ``ys`` ``(T + 1, B, H)``: the states, ``h0`` given in
+    ``ys[0]`` (``ys[T]`` for the reverse direction), the outputs written in the others (so ``h_t`` of step ``t``
+    is ``ys[t + 1]``, the state it read ``ys[t]``; reversed: ``ys[t]`` and ``ys[t + 1]``); ``c0`` ``(B, H)``. The
+    input part ``x W_ih^T + b`` of every step first, one product into ``act`` ``(T, B, 4H)``; then per step
+    ``act[t] += h_{t-1} W_hh^T`` (one product) and the gate activations ``act = [i, f, g, o]`` in place
     (:func:`_sigmoid`; ``tanh(g) = 2 sigma(2 g) - 1``), ``c_t = f c_{t-1} + i g``, ``tc = tanh(c_t)``,
     ``h_t = o tc``. ``fast``: float32 arrays, whose exponentials are :func:`_sigmoid`'s vectorized ones
-    (else ``math.exp``). Every step works on whole ``(B, .)`` blocks in flat loops."""
-    T, B, G = xw.shape
+    (else ``math.exp``); ``simd``: the products by :func:`~dpmf.training.torch.ghost._gemm_compiled.gemm`
+    (else ``np.dot``). Every step works on whole ``(B, .)`` blocks in flat loops."""
+    T, B, G = act.shape
     H = G // 4
-    dt = xw.dtype
+    I = x.shape[2]
+    dt = act.dtype
+    a2 = act.reshape(T * B, G)
+    if bias.size:
+        for r in range(T * B):
+            row = a2[r]
+            for j in range(G):
+                row[j] = bias[j]
+    product(x.reshape(T * B, I), w_ih_t, a2, bias.size > 0, simd)
     ei = np.empty(B * G, np.int32)
     e = np.empty(B * G, dt)
     scale = np.ones(B * G, dt)  # 2 on the g blocks: tanh(g) = 2 sigma(2 g) - 1
@@ -69,9 +81,8 @@ def lstm_forward(xw, w_t, reverse, fast, act, c, tc, ys, c0):  # pragma: no cove
         h_new = ys[t] if reverse else ys[t + 1]
         c_prev = c0 if k == 0 else c[t + 1 if reverse else t - 1]
         a = act[t]
-        np.dot(h_prev, w_t, a)
+        product(h_prev, w_t, a, True, simd)
         af = a.reshape(B * G)
-        _add(af, xw[t].reshape(B * G))
         _sigmoid(af, af, scale, ei, e, fast)
         ct = c[t]
         for b in range(B):
@@ -184,7 +195,7 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
 
 
 @nb.njit(cache=True, nogil=True)
-def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, dg):  # pragma: no cover - compiled
+def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, simd, dg):  # pragma: no cover - compiled
     """:func:`lstm_bptt` without projection on the time-major arrays :func:`lstm_forward` keeps: ``dout``
     ``(T, B, H)``, ``act`` ``(T, B, 4H)``, ``c``, ``tc`` ``(T, B, H)``, ``c0``, ``dh0``, ``dc0`` ``(B, H)``; writes
     ``dg`` ``(T, B, 4H)`` (each step one ``(B, 4H)`` block, the left factor of that step's product by ``W_hh``).
@@ -216,7 +227,7 @@ def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, dg):  # pragma: 
                 v[b, 3 * H + j] = dh[b, j] * (y[b, j] * (o - o * o))
             for j in range(H):  # dc_{t-1} = dc f
                 dc[b, j] *= a[b, H + j]
-        np.dot(v, w_hh, dh)
+        product(v, w_hh, dh, False, simd)
     return dh, dc
 
 
@@ -289,7 +300,7 @@ def _add_rows(dh, dout, t):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def kept_products(G, X, Hs, bias, time_major, g_t, P, out):  # pragma: no cover - compiled
+def kept_products(G, X, Hs, bias, time_major, g_t, simd, P, out):  # pragma: no cover - compiled
     """The per-example gradients of a recurrent layer's ``W_ih``, ``W_hh`` and biases and their norms, one
     example at a time (its products and norms while they are in cache): ``P[b] = A_b^T G_b`` ``(C, R)``
     with ``A_b = [x_t, h_t, 1]`` ``(T, C)`` (``X``, ``Hs``: the inputs and the states each step read; the
@@ -320,7 +331,7 @@ def kept_products(G, X, Hs, bias, time_major, g_t, P, out):  # pragma: no cover 
             if bias:
                 a[C - 1] = 1
             gb[t] = g
-        np.dot(ab.T, gb, P[b])
+        product(ab.T, gb, P[b], False, simd)
         for t in range(T):
             gn[t] = np.sqrt(_sum_sq(gb[t]))
         for k in range(3 if bias else 2):

@@ -221,6 +221,7 @@ class _Kept:
         (:func:`~dpmf.training.torch.ghost._recurrent_compiled.kept_products`: each example's products and
         norms while they are in cache; no joined copy of the inputs)."""
         from dpmf.resources import one_blas_thread
+        from dpmf.training.torch.ghost._gemm_compiled import applies as gemm_applies
         from dpmf.training.torch.ghost._recurrent_compiled import kept_products
 
         G = self.G.contiguous()
@@ -234,8 +235,8 @@ class _Kept:
         P = G.new_empty(B, C, R)
         seg = torch.empty(B, 3 if biases else 2, dtype=F64)
         with one_blas_thread():
-            kept_products(G.numpy(), X.numpy(), Hs.numpy(), bool(biases), self.time_major, gamma(T, G.dtype), P.numpy(),
-                          seg.numpy())
+            kept_products(G.numpy(), X.numpy(), Hs.numpy(), bool(biases), self.time_major, gamma(T, G.dtype),
+                          G.dtype == torch.float32 and gemm_applies(), P.numpy(), seg.numpy())
         seg *= 1 + 2 * gamma(R * C + R + C + T + 16, F64)  # (the float64 sums' rounding)
         self._P, self._bounds = P, [0, I, I + H, C]
         self._which = {n_x: 0, n_h: 1, **{n: 2 for n in biases}}

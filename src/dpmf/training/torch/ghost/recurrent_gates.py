@@ -345,6 +345,7 @@ def lstm_forward_kept(module, input, hx, weights) -> tuple:
     T, B = x.shape[:2]
     h0, c0 = hx
     fast = x.dtype == torch.float32
+    simd = _simd(x)
     saved, h_n, c_n = [], [], []
     with torch.no_grad(), _one_blas_thread(True):
         layer_in = x
@@ -353,13 +354,13 @@ def lstm_forward_kept(module, input, hx, weights) -> tuple:
             for d in range(D):
                 k = layer * D + d
                 w = weights[k * per:(k + 1) * per]
-                xw = F.linear(layer_in, w[0], w[2] + w[3] if per == 4 else None)
+                bias = (w[2] + w[3]) if per == 4 else x.new_empty(0)
                 act, c = x.new_empty(T, B, 4 * H), x.new_empty(T, B, H)
                 tc, ys = x.new_empty(T, B, H), x.new_empty(T + 1, B, H)
                 ys[T if d else 0] = h0[k]
                 c0k = c0[k].contiguous()
-                lstm_forward(xw.numpy(), w[1].t().contiguous().numpy(), bool(d), fast, act.numpy(), c.numpy(),
-                             tc.numpy(), ys.numpy(), c0k.numpy())
+                lstm_forward(layer_in.numpy(), w[0].t().contiguous().numpy(), bias.numpy(), w[1].t().contiguous().numpy(),
+                             bool(d), fast, simd, act.numpy(), c.numpy(), tc.numpy(), ys.numpy(), c0k.numpy())
                 saved.append({"x": layer_in, "ys": ys, "act": act, "c": c, "tc": tc, "c0": c0k, "w_ih": w[0],
                               "w_hh": w[1], "reverse": bool(d)})
                 outs.append(ys[:T] if d else ys[1:])
@@ -383,6 +384,7 @@ def lstm_backward_kept(module, saved, grad_output, grad_h_n, grad_c_n, inputs: b
     L, H = module.num_layers, module.hidden_size
     T, B = saved[0]["act"].shape[:2]
     x0 = saved[0]["x"]
+    simd = _simd(x0)
     if grad_output is None:
         dout = x0.new_zeros(T, B, D * H)
     else:
@@ -400,16 +402,37 @@ def lstm_backward_kept(module, saved, grad_output, grad_h_n, grad_c_n, inputs: b
                 dg = x0.new_empty(T, B, 4 * H)
                 dh0_k, dc0_k = lstm_bptt_tm(part.numpy(), dh.numpy(), dc.numpy(), st["act"].numpy(), st["c"].numpy(),
                                             st["tc"].numpy(), st["c0"].numpy(), st["w_hh"].numpy(), st["reverse"],
-                                            dg.numpy())
+                                            simd, dg.numpy())
                 ys = st["ys"]
                 result[k] = (layer, d, {"x": st["x"], "dgi": dg, "h_in": ys[1:] if d else ys[:T], "dgh": dg, "m": None,
                                         "dhr": None, "time_major": True})
                 dh0[k], dc0[k] = torch.from_numpy(dh0_k), torch.from_numpy(dc0_k)
                 if layer or inputs:
-                    below = dg @ st["w_ih"]
-                    d_below = below if d_below is None else d_below.add_(below)
+                    d_below = _below(dg, st["w_ih"], d_below, simd)
             dout = d_below
     dx = None
     if inputs:
         dx = dout.transpose(0, 1) if module.batch_first else dout
     return result, (dx, torch.stack(dh0), torch.stack(dc0))
+
+
+def _simd(x) -> bool:
+    """Whether the compiled loops' products on tensors like ``x`` are
+    :func:`~dpmf.training.torch.ghost._gemm_compiled.gemm` (float32 on a CPU with AVX-512), not ``np.dot``."""
+    from dpmf.training.torch.ghost._gemm_compiled import applies
+
+    return x.dtype == torch.float32 and applies()
+
+
+def _below(dg, w_ih, acc, simd: bool):
+    """``dg W_ih`` ``(T, B, I)`` (the gradient reaching the layer's input from one direction), added into ``acc``
+    where given (the other direction's)."""
+    if not simd:
+        below = dg @ w_ih
+        return below if acc is None else acc.add_(below)
+    from dpmf.training.torch.ghost._gemm_compiled import gemm
+
+    T, B, G = dg.shape
+    out = dg.new_empty(T, B, w_ih.shape[1]) if acc is None else acc
+    gemm(dg.view(T * B, G).numpy(), w_ih.contiguous().numpy(), out.view(T * B, -1).numpy(), acc is not None)
+    return out
