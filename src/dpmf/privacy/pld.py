@@ -321,13 +321,14 @@ class PrivacyLossDistribution:
         raise InvalidParameterError(f"direction must be 'remove' or 'add', got {direction!r}")
 
 
+def _pmf_size(pmf) -> int:
+    """Grid points of one direction's PMF (what one convolution with it costs)."""
+    return dp_pld.dense_arrays(pmf)[1].size if dp_pld.is_dense(pmf) else len(dp_pld.loss_probs(pmf))
+
+
 def _grid_size(pld: "PrivacyLossDistribution") -> int:
-    """Grid points of a PLD's larger direction (what one convolution with it costs)."""
-    sizes = []
-    for direction in ("remove", "add"):
-        pmf = pld._direction(direction)
-        sizes.append(dp_pld.dense_arrays(pmf)[1].size if dp_pld.is_dense(pmf) else len(dp_pld.loss_probs(pmf)))
-    return max(sizes)
+    """Grid points of a PLD's larger direction."""
+    return max(_pmf_size(pld._direction(d)) for d in DIRECTIONS)
 
 
 def compose_many(
@@ -344,35 +345,133 @@ def compose_many(
     floating-point rounding and the per-convolution tail truncation (``tail_mass_truncation`` moved
     to +inf each time, pessimistic) depend on the order. The part with the largest self-composition
     (``count x`` grid points) is left for last and self-composed in the spectrum of that last
-    convolution (:meth:`PrivacyLossDistribution.self_compose_then`)."""
+    convolution (:meth:`PrivacyLossDistribution.self_compose_then`). Each direction is composed by
+    :func:`compose_many_directions` (a symmetric composition once)."""
+    plds = list(plds)
+    if not plds:
+        return None
+    symmetric = all(p.symmetric for p in plds)
+    pmfs = compose_many_directions(plds, counts, ("remove",) if symmetric else DIRECTIONS, tail_mass_truncation)
+    return PrivacyLossDistribution(pmfs["remove"], pmfs["remove"] if symmetric else pmfs["add"])
+
+
+def compose_many_directions(
+    plds, counts=None, directions=DIRECTIONS, tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION
+) -> dict:
+    """``{direction: composed PMF}`` of :func:`compose_many` for the named directions only (the
+    same numbers as :func:`compose_many`'s, direction for direction: each direction is merged in
+    the order of its own sizes; the part composed last is chosen from the PLDs, both directions)."""
     import heapq
 
     plds = list(plds)
     counts = [1] * len(plds) if counts is None else [int(k) for k in counts]
+    tail = _v.non_negative("tail_mass_truncation", tail_mass_truncation)
     if not plds:
-        return None
+        raise InvalidParameterError("nothing to compose")
+    sizes = [_grid_size(p) for p in plds]
     # the part whose self-composition is largest is composed last, in one spectrum with the rest
     # (PrivacyLossDistribution.self_compose_then: two transforms of the largest size fewer)
-    last = max(range(len(plds)), key=lambda i: (counts[i] > 1, counts[i] * _grid_size(plds[i])))
+    last = max(range(len(plds)), key=lambda i: (counts[i] > 1, counts[i] * sizes[i]))
     if counts[last] == 1 or len(plds) == 1:
         last = None
-    heap = []
-    for i, (pld, k) in enumerate(zip(plds, counts)):
-        if i == last:
-            continue
-        part = pld.self_compose(k, tail_mass_truncation) if k > 1 else pld
-        heap.append((_grid_size(part), i, part))
-    heapq.heapify(heap)
-    order = len(plds)
-    while len(heap) > 1:
-        _, _, a = heapq.heappop(heap)
-        _, _, b = heapq.heappop(heap)
-        ab = a.compose(b, tail_mass_truncation)
-        heapq.heappush(heap, (_grid_size(ab), order, ab))
-        order += 1
-    if last is not None:
-        return plds[last].self_compose_then(counts[last], heap[0][2], tail_mass_truncation)
-    return heap[0][2]
+    out = {}
+    for d in directions:
+        heap = []
+        for i, (pld, k) in enumerate(zip(plds, counts)):
+            if i == last:
+                continue
+            pmf = pld._direction(d)
+            if k > 1:
+                _check_self_compose_fits(pmf, k, tail)
+                try:
+                    pmf = _self_compose_pmf(pmf, k, tail)
+                except MemoryError:
+                    raise _no_memory(k) from None
+            heap.append((_pmf_size(pmf), i, pmf))
+        heapq.heapify(heap)
+        order = len(plds)
+        while len(heap) > 1:
+            _, _, a = heapq.heappop(heap)
+            _, _, b = heapq.heappop(heap)
+            ab = _compose_pmfs(a, b, tail)
+            heapq.heappush(heap, (_pmf_size(ab), order, ab))
+            order += 1
+        if last is not None:
+            a = plds[last]._direction(d)
+            _check_self_compose_fits(a, counts[last], tail)
+            try:
+                out[d] = _self_compose_compose_pmf(a, counts[last], heap[0][2], tail)
+            except MemoryError:
+                raise _no_memory(counts[last]) from None
+        else:
+            out[d] = heap[0][2]
+    return out
+
+
+#: Grid coarsening of :func:`composed_epsilon`'s bound on the direction that is not the worst.
+COARSEN_OTHER_DIRECTION = 16
+
+
+@dataclass(frozen=True)
+class ComposedEpsilon:
+    """What :func:`composed_epsilon` found: the epsilon per direction, which of them are the coarse
+    grid's upper bound (``bounded``), and the composed PLD (``None`` when a direction was bounded
+    only)."""
+
+    epsilon_by_direction: dict
+    bounded: tuple
+    pld: "PrivacyLossDistribution | None"
+
+    @property
+    def epsilon(self) -> float:
+        """The worst direction's epsilon."""
+        return max(self.epsilon_by_direction.values())
+
+
+def composed_epsilon(
+    plds, counts, delta: float, *, keep_points: int = 0, coarsen: int = COARSEN_OTHER_DIRECTION,
+    tail_mass_truncation: float = DEFAULT_TAIL_MASS_TRUNCATION,
+) -> ComposedEpsilon:
+    """The epsilon at ``delta`` of :func:`compose_many` ``(plds, counts)``, the worst over both
+    directions, composing on the PLDs' grid only the direction that decides it.
+
+    Both directions are first composed on a grid ``coarsen`` times coarser (every part regridded
+    with its losses rounded **up**, :meth:`PrivacyLossDistribution.regrid`: a composition that
+    dominates the fine one, so its epsilon is an upper bound of that direction's, at ~1/coarsen of
+    the cost). The direction whose coarse epsilon is larger is composed on the fine grid; the other
+    one too only when its coarse bound exceeds that fine epsilon (or the fine PLD is wanted:
+    ``keep_points``, below). Otherwise the other direction's fine epsilon is at most its coarse
+    bound, which is at most the worst direction's: the reported worst epsilon is the one both
+    fine compositions give (sound: the bound holds for the other direction), and the other
+    direction reads its coarse bound (``bounded``). MMCC's rows at BandMF-16 x 500: the add
+    direction's epsilon is 1-8% below the remove one's, far more than the coarse grid's shift.
+
+    ``keep_points``: when both fine compositions together would hold at most about this many grid
+    points (``coarsen`` x the coarse ones), both are composed and :attr:`ComposedEpsilon.pld` is
+    the composed PLD, as :func:`compose_many` gives it.
+    """
+    delta = _v.open_unit("delta", delta)
+    plds = list(plds)
+    counts = [1] * len(plds) if counts is None else list(counts)
+    if not plds:
+        return ComposedEpsilon({d: 0.0 for d in DIRECTIONS}, (), None)
+    if all(p.symmetric for p in plds):
+        pld = compose_many(plds, counts, tail_mass_truncation)
+        return ComposedEpsilon(pld.epsilon_by_direction(delta), (), pld)
+    coarse_grid = plds[0].discretization * _v.positive_int("coarsen", coarsen)
+    coarse = compose_many_directions([p.regrid(coarse_grid) for p in plds], counts, DIRECTIONS, tail_mass_truncation)
+    bound = {d: _epsilon_for_delta(coarse[d], delta) for d in DIRECTIONS}
+    worst = "add" if bound["add"] > bound["remove"] else "remove"
+    other = "remove" if worst == "add" else "add"
+    fine = compose_many_directions(plds, counts, (worst,), tail_mass_truncation)
+    eps = {worst: _epsilon_for_delta(fine[worst], delta)}
+    keep = coarsen * sum(_pmf_size(coarse[d]) for d in DIRECTIONS) <= keep_points
+    if keep or not bound[other] <= eps[worst]:
+        fine.update(compose_many_directions(plds, counts, (other,), tail_mass_truncation))
+        eps[other] = _epsilon_for_delta(fine[other], delta)
+        return ComposedEpsilon({d: eps[d] for d in DIRECTIONS}, (), PrivacyLossDistribution(fine["remove"], fine["add"]))
+    eps[other] = bound[other]
+    return ComposedEpsilon({d: eps[d] for d in DIRECTIONS}, (other,), None)
 
 
 def from_probability_mass_functions(

@@ -109,7 +109,7 @@ from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gaussian_plds import discretization_diagnostics
-from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, compose_many
+from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, COARSEN_OTHER_DIRECTION, compose_many, composed_epsilon
 from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
@@ -144,6 +144,8 @@ def _curve(results: list[dict], epsilon: float, delta: float):
     worst over phases; ``None`` when they would take too much memory."""
     from dpmf.privacy.tradeoff import PrivacyCurve
 
+    if any(r["pld"] is None for r in results):
+        return None
     points = sum(r["pld"].pmf("remove")[1].size * (1 if r["pld"].symmetric else 2) for r in results)
     if points > _CURVE_MAX_POINTS:
         return None
@@ -514,7 +516,7 @@ class MMCCAccountant:
         return _Analysis(label, struct, _group(keys), _group(hkeys), struct.num_units, row_sums, largest)
 
     # ------------------------------------------------------------------ evaluation
-    def _compose(
+    def _rows(
         self,
         analysis: _Analysis,
         groups,
@@ -524,16 +526,16 @@ class MMCCAccountant:
         description: str = "MMCC rows",
         known: dict | None = None,
         only: list[int] | None = None,
-    ) -> tuple[PrivacyLossDistribution | None, dict, float]:
-        """Compose the PLDs of ``groups`` (each ``count`` times, in group order). The units are
+    ) -> tuple[list, dict, float]:
+        """The PLDs of ``groups`` as ``[(row PLD, count), ...]`` (group order), computed. The units are
         streamed from the structure (``p~`` computed per unit), so their entries are never all held
         at once. Also returns ``max p~/q`` over the representatives computed here (= over all
         units: equal keys, equal ``p~``).
 
         ``known`` (group index -> row PLD) holds rows already computed at this sigma (they are not
         recomputed, and the ones computed here are added to it); ``only`` restricts the work to
-        those group indices and the composition to the known rows (a *partial* composition, for
-        :meth:`probe`; ``None`` if no row is known yet)."""
+        those group indices and the parts to the known rows (a *partial* composition, for
+        :meth:`probe`)."""
         struct = analysis.structure
         q = struct.sampling_prob
         known = {} if known is None else known
@@ -574,14 +576,31 @@ class MMCCAccountant:
             info=info,
         ):
             known[todo[j]] = pld
-        # composed after the rows, smallest first, :func:`~dpmf.privacy.pld.compose_many` (row PLDs are small next to the rows' inputs:
-        # a few KiB each for sqrt-Toeplitz n = 2048; composing while the row processes run would
-        # only compete with them for the cores)
-        parts = [(known[k], count) for k, (_, count) in enumerate(groups) if known.get(k) is not None]
+        return [(known[k], count) for k, (_, count) in enumerate(groups) if known.get(k) is not None], info, ratio[0]
+
+    def _compose(self, analysis: _Analysis, groups, sigma: float, heuristic: bool, callback: RowCallback | None,
+                 description: str = "MMCC rows", known: dict | None = None, only: list[int] | None = None,
+                 ) -> tuple[PrivacyLossDistribution | None, dict, float]:
+        """:meth:`_rows` composed (:func:`~dpmf.privacy.pld.compose_many`, smallest first, after the
+        rows: row PLDs are small next to the rows' inputs, and composing while the row processes run
+        would only compete with them for the cores); ``None`` for a partial composition of no known
+        row."""
+        parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, callback, description, known, only)
         total = compose_many([p for p, _ in parts], [c for _, c in parts])
         if total is None and only is None:
-            total = PrivacyLossDistribution.identity(disc)
-        return total, info, ratio[0]
+            total = PrivacyLossDistribution.identity(self.discretization_at(sigma))
+        return total, info, ratio
+
+    def _epsilon(self, analysis: _Analysis, groups, sigma: float, delta: float, heuristic: bool,
+                 callback: RowCallback | None, description: str, known: dict | None = None, keep_points: int = 0):
+        """``(ComposedEpsilon, info, ratio)``: :meth:`_rows` composed by
+        :func:`~dpmf.privacy.pld.composed_epsilon` (only the direction that decides the epsilon on
+        the fine grid, unless ``keep_points`` asks for the PLD)."""
+        parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, callback, description, known)
+        if not parts:
+            parts = [(PrivacyLossDistribution.identity(self.discretization_at(sigma)), 1)]
+        result = composed_epsilon([p for p, _ in parts], [c for _, c in parts], delta, keep_points=keep_points)
+        return result, info, ratio
 
     def _evaluate(
         self,
@@ -596,11 +615,12 @@ class MMCCAccountant:
         delta2 = self.delta - delta1
         phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
         rows, known_ratio = known if known is not None else ({}, 1.0)  # (rows a probe computed)
-        pld, backend, ratio = self._compose(
-            analysis, analysis.groups, sigma, False, callback, f"MMCC rows{phase}", known=rows
+        composed, backend, ratio = self._epsilon(
+            analysis, analysis.groups, sigma, delta2, False, callback, f"MMCC rows{phase}", known=rows,
+            keep_points=_CURVE_MAX_POINTS,
         )
         ratio = max(ratio, known_ratio)
-        by_dir = pld.epsilon_by_direction(delta2)
+        by_dir = composed.epsilon_by_direction
         out = {
             "label": analysis.label,
             "epsilon": max(by_dir.values()),
@@ -616,13 +636,19 @@ class MMCCAccountant:
             "distinct_units_computed": len(analysis.groups),
             "units_reused": sum(c for _, c in analysis.groups) - len(analysis.groups),
             "backend": backend,
-            "pld": pld,  # (not a diagnostic: the report's curve, below)
+            "bounded_directions": composed.bounded,
+            "pld": composed.pld,  # (not a diagnostic: the report's curve, below; None if a direction is bounded only)
         }
         if heuristic:
-            hpld, _, _ = self._compose(analysis, analysis.heuristic_groups, sigma, True, None,
-                                       f"MMCC heuristic rows{phase}")
-            out["independent_rows_heuristic_epsilon"] = hpld.epsilon(self.delta)
+            out["independent_rows_heuristic_epsilon"] = self._heuristic_epsilon(analysis, sigma)
         return out
+
+    def _heuristic_epsilon(self, analysis: _Analysis, sigma: float) -> float:
+        """The independent-rows heuristic's epsilon of one phase (``p~ = q``; an estimate)."""
+        phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
+        composed, _, _ = self._epsilon(analysis, analysis.heuristic_groups, sigma, self.delta, True, None,
+                                       f"MMCC heuristic rows{phase}")
+        return composed.epsilon
 
     def discretization_at(self, noise_multiplier: float) -> float:
         """The loss grid of the rows at this noise (:func:`~dpmf.accounting.mmcc.grid.row_discretization`
@@ -691,6 +717,10 @@ class MMCCAccountant:
                 diagnostics["looseness_note"] = note
         if len(results) > 1:
             diagnostics["epsilon_by_phase"] = {r["label"]: r["epsilon"] for r in results}
+        if worst["bounded_directions"]:
+            diagnostics["bounded_directions"] = (
+                f"epsilon_by_direction[{worst['bounded_directions'][0]!r}] is an upper bound, composed on a "
+                f"{COARSEN_OTHER_DIRECTION}x coarser grid (losses rounded up): that direction is not the worst one")
         curve = _curve(results, worst["epsilon"], self.delta)
         if curve is None:
             diagnostics["curve"] = (f"the {len(results)} phases' PLDs are too large to keep in memory together; "
@@ -799,11 +829,7 @@ class MMCCAccountant:
         """``report`` (from :meth:`report` with ``heuristic=False``) with the independent-rows
         heuristic added, computing only the heuristic rows (not the bound's rows again)."""
         sigma = report.noise_multiplier
-        values = []
-        for a in self.analyses:
-            phase = "" if len(self.analyses) == 1 else f" ({a.label})"
-            hpld, _, _ = self._compose(a, a.heuristic_groups, sigma, True, None, f"MMCC heuristic rows{phase}")
-            values.append(hpld.epsilon(self.delta))
+        values = [self._heuristic_epsilon(a, sigma) for a in self.analyses]
         diagnostics = {
             **report.diagnostics,
             "independent_rows_heuristic_epsilon": max(values),
