@@ -75,8 +75,6 @@ F64 = torch.float64
 CHUNK_FLOATS = 1 << 23
 #: floats of per-example gradients whose float64 norms are taken at once (the norm makes a float64 copy)
 NORM_FLOATS = 1 << 20
-#: Gram entries (of all layers, both Grams) stacked at once by :func:`gram_norms` (4 MB in float64)
-STACK_FLOATS = 1 << 19
 #: cost of one Gram entry's float64 contraction (conversions, product, sum), in float32 GEMM multiply-adds
 GRAM_PASS = 70
 #: cost of one materialized entry's float64 norm
@@ -160,10 +158,34 @@ def gram_bound(n2, s, su, sv, R, C, T: int, work):
     return n2.clamp_min(0.0) + err * (1 + 1e-10)  # (1 + 1e-10): the float64 rounding of this bound itself
 
 
+def _compiled(*tensors) -> bool:
+    """Whether the compiled float64 reductions (:mod:`~dpmf.training.torch.ghost._norms_compiled`) take these
+    tensors: plain float32/float64 CPU tensors (elsewhere the tensor forms)."""
+    return all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in (torch.float32, F64)
+               and not t.requires_grad and not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def _kernels():
+    from dpmf.training.torch.ghost import _norms_compiled  # (numba: loaded on first use)
+
+    return _norms_compiled
+
+
+def _rows_array(t, B: int):
+    """``t`` as a C-contiguous ``(B, N)`` numpy array (no copy where ``t`` is contiguous)."""
+    return t.reshape(B, -1).contiguous().numpy()
+
+
 def contract(a, b):
     """``sum_{s,t} a_st b_st`` per example in float64 (products of float32 numbers are exact there) of two
-    ``(B, T_1, T_2)`` Grams: one batched float64 dot product, ``(B,)``."""
+    ``(B, T_1, T_2)`` Grams, ``(B,)``: on the CPU one compiled pass that reads them as they are
+    (:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`, no float64 copies); elsewhere one batched
+    float64 dot product."""
     B = a.shape[0]
+    if _compiled(a, b) and B:
+        out = torch.empty(B, dtype=F64)
+        _kernels().row_dots(_rows_array(a, B), _rows_array(b, B), out.numpy())
+        return out
     return torch.bmm(a.to(F64).reshape(B, 1, -1), b.to(F64).reshape(B, -1, 1)).reshape(B)
 
 
@@ -295,15 +317,13 @@ def _rounded_sums(un, vn, up):
 
 def gram_norms(pairs) -> None:
     """Inside :func:`step_cache`, the Gram-form norms (:func:`sequence_sq_norms`) of every ``(A, G, work)``
-    of ``pairs`` that :func:`norm_plan` sends to the Gram form, formed several layers at a time and found
-    there by :func:`sequence_parts`. Per layer only its Grams and row norms are formed; the float64
-    contraction, the row-norm sums and the rounding bound (:func:`gram_bound`, the same formula entry by
-    entry) are one pass over the layers of each ``(B, T, work)`` -- a model with short sequences and many
-    layers (ViT: 17 tokens) spent most of its norm time in these small per-layer operations. At most
-    :data:`STACK_FLOATS` Gram entries are stacked at once (a stack of long sequences' Grams would be tens
-    of MB formed anew each step, slower than the layers one by one); where not even two layers' Grams fit,
-    each layer's Grams are contracted as they are formed and only the rounding bound is one pass over
-    the layers (:func:`_gram_each`); a layer alone in its ``(B, T, work)`` stays as it was."""
+    of ``pairs`` that :func:`norm_plan` sends to the Gram form, found there by :func:`sequence_parts`: per
+    layer its Grams, row norms and float64 contraction (:func:`_gram_each`), and one rounding bound
+    (:func:`gram_bound`, the same formula entry by entry) for all layers of each ``(B, T, work)`` -- a model
+    with short sequences and many layers (ViT: 17 tokens) spent much of its norm time in small per-layer
+    operations. (Stacking the layers' Grams for one contraction was measured slower: the stack and its
+    float64 copies were fresh memory every step, issue 52.) A layer alone in its ``(B, T, work)`` stays
+    as it was."""
     if _GRAMS is None:
         return
     pairs = list(pairs)
@@ -320,38 +340,15 @@ def gram_norms(pairs) -> None:
         _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
         groups.setdefault((B, T, work, A.device), []).append((A, G))
     for (B, T, work, device), jobs in groups.items():
-        size = STACK_FLOATS // (2 * B * T * T)
-        if size < 2 and len(jobs) > 1:
+        if len(jobs) > 1:
             _gram_each(jobs, B, T, work, device)
-            continue
-        size = max(1, size)
-        for lo in range(0, len(jobs), size):
-            chunk = jobs[lo : lo + size]
-            if len(chunk) > 1:
-                _gram_chunk(chunk, B, T, work, device)
-            else:  # alone: as sequence_parts forms it
-                del _GRAMS[(id(chunk[0][0]), id(chunk[0][1]), work)]
-
-
-def _gram_chunk(jobs, B: int, T: int, work, device) -> None:
-    """:func:`gram_norms` of several layers of the same ``(B, T, work)``, stacked."""
-    L = len(jobs)
-    grams = torch.empty(2, L, B, T, T, dtype=work, device=device)
-    rows = torch.empty(2, L, B, T, dtype=work, device=device)
-    gram_g, gram_a = (t.unbind(0) for t in grams.unbind(0))
-    rows_g, rows_a = (t.unbind(0) for t in rows.unbind(0))
-    for k, (A, G) in enumerate(jobs):
-        symmetric_gram(G, work, out=gram_g[k])
-        gram_a[k].copy_(_input_gram(A, work))
-        rows_g[k].copy_(_gram_rows(G, gram_g[k], work))
-        rows_a[k].copy_(_input_rows(A, work))
-    n2 = torch.bmm(grams[0].reshape(L * B, 1, -1).to(F64), grams[1].reshape(L * B, -1, 1).to(F64)).reshape(L, B)
-    _bound_many(jobs, n2, rows, T, work, device)
+        else:  # alone: as sequence_parts forms it
+            del _GRAMS[(id(jobs[0][0]), id(jobs[0][1]), work)]
 
 
 def _gram_each(jobs, B: int, T: int, work, device) -> None:
-    """:func:`gram_norms` of several layers of the same ``(B, T, work)`` whose Grams are too large to stack:
-    each layer's Grams formed and contracted (:func:`contract`) in turn, then one rounding bound for all."""
+    """:func:`gram_norms` of several layers of the same ``(B, T, work)``: each layer's Grams formed and
+    contracted (:func:`contract`) in turn, then one rounding bound for all."""
     L = len(jobs)
     n2 = torch.empty(L, B, dtype=F64, device=device)
     rows = torch.empty(2, L, B, T, dtype=work, device=device)
@@ -552,12 +549,21 @@ def _per_example_groups(tensors) -> dict:
 
 def per_example_norms(tensors) -> None:
     """Inside :func:`step_cache`, :func:`rows_sq_norms` of every per-example tensor of ``tensors`` (biases,
-    normalization layers: ``(B, *shape)``), formed together: one float64 copy of all of them side by
-    side, squared, and summed per tensor (one ``index_add``); found there by :func:`rows_sq_norms`. The
-    same float64 numbers as alone, summed in another order (float64 rounding, as before)."""
+    normalization layers: ``(B, *shape)``), found there by :func:`rows_sq_norms`. On the CPU each tensor's
+    float64 sums of squares in one compiled pass over it (no float64 copy,
+    :func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`); elsewhere all of them formed together: one
+    float64 copy side by side, squared, and summed per tensor (one ``index_add``). The same float64
+    numbers as alone, summed in another order (float64 rounding, as before)."""
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
+        if all(_compiled(t) for t in group):
+            for t in group:
+                r = _rows_array(t, B)
+                out = torch.empty(B, dtype=F64)
+                _kernels().row_dots(r, r, out.numpy())
+                _GRAMS[("rows_sq", id(t))] = (t, out)
+            continue
         flat, sizes = _flat64(group, B, device)
         which = torch.repeat_interleave(torch.arange(len(group), device=device), torch.tensor(sizes, device=device))
         sq = torch.zeros(B, len(group), dtype=F64, device=device).index_add_(1, which, flat * flat)
@@ -576,11 +582,19 @@ def weighted_rows(rows, f):
 
 def per_example_sums(tensors, f) -> None:
     """Inside :func:`step_cache`, :func:`weighted_rows` of every per-example tensor of ``tensors`` with the
-    clip factors ``f``, formed together (one float64 product with the float64 copy of
-    :func:`per_example_norms`); found there by :func:`weighted_rows`."""
+    clip factors ``f``, found there by :func:`weighted_rows`: on the CPU one compiled pass over each tensor
+    (:func:`~dpmf.training.torch.ghost._norms_compiled.weighted_rows`), elsewhere one float64 product with
+    the float64 copy of :func:`per_example_norms`."""
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
+        if _compiled(f) and all(_compiled(t) for t in group):
+            fn = f.contiguous().numpy()
+            for t in group:
+                part = torch.empty(t.shape[1:], dtype=F64)
+                _kernels().weighted_rows(_rows_array(t, B), fn, part.view(-1).numpy())
+                _GRAMS[("rows_sum", id(t))] = (t, f, part)
+            continue
         flat, sizes = _flat64(group, B, device)
         sums = torch.mv(flat.t(), f.to(device))
         for t, part in zip(group, sums.split(sizes)):

@@ -1,0 +1,51 @@
+"""Compiled (numba) float64 reductions of ghost mode's norms and small sums (private), on the CPU.
+
+Each reads float32 (or float64) rows and accumulates in float64 without forming a float64 copy of them:
+
+* :func:`row_dots`: ``out[i] = sum_j a[i, j] b[i, j]`` -- the float64 contraction of two Grams
+  (:func:`~dpmf.training.torch.ghost.sequence.contract`; products of float32 numbers are exact in float64)
+  and, with ``a`` = ``b``, the squared norms of per-example rows
+  (:func:`~dpmf.training.torch.ghost.sequence.per_example_norms`);
+* :func:`weighted_rows`: ``out[j] = sum_i f[i] r[i, j]`` (:func:`~dpmf.training.torch.ghost.sequence.per_example_sums`).
+
+The tensor forms (``a.to(float64)``, then a product) allocated a float64 copy of every operand each step:
+for ViT's 24 layers at ``T = 17`` a stack of 1.8 MB twice, for GPT-2's at ``T = 128`` 2 MB per Gram, and
+for the small per-example gradients 2.4 MB twice -- fresh memory that the allocator returned to the
+system and took back every step, so each step paid ~2,000-3,000 page faults (about 5 ms of a 90 ms ViT
+step; ``benchmarks/README.md``, issue 52).
+
+Float64 sums may be reassociated (``fastmath={"reassoc"}``, so the loops vectorize): the rounding bounds
+of :mod:`~dpmf.training.torch.ghost.sequence` hold for any summation order. No other fast-math flag: an
+``inf`` or ``NaN`` (an overflowed float32 Gram, retried in float64) must come through as it is.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+_FAST = {"reassoc"}
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FAST)
+def row_dots(a, b, out):  # pragma: no cover - compiled
+    """``out[i] = sum_j a[i, j] b[i, j]`` in float64; ``a``, ``b``: ``(B, N)`` float arrays, ``out`` float64 ``(B,)``."""
+    B, N = a.shape
+    for i in range(B):
+        s = 0.0
+        for j in range(N):
+            s += np.float64(a[i, j]) * np.float64(b[i, j])
+        out[i] = s
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FAST)
+def weighted_rows(r, f, out):  # pragma: no cover - compiled
+    """``out[j] = sum_i f[i] r[i, j]`` in float64; ``r``: ``(B, N)`` float array, ``f`` float64 ``(B,)``,
+    ``out`` float64 ``(N,)``."""
+    B, N = r.shape
+    for j in range(N):
+        out[j] = 0.0
+    for i in range(B):
+        fi = np.float64(f[i])
+        for j in range(N):
+            out[j] += fi * np.float64(r[i, j])
