@@ -165,10 +165,18 @@ def _compiled(*tensors) -> bool:
                and not t.requires_grad and not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
 
 
-def _kernels():
-    from dpmf.training.torch.ghost import _norms_compiled  # (numba: loaded on first use)
+def _row_dots(a, b, out) -> None:
+    """:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots` (numba: loaded on first use)."""
+    from dpmf.training.torch.ghost._norms_compiled import row_dots
 
-    return _norms_compiled
+    row_dots(a, b, out)
+
+
+def _weighted_rows(r, f, out) -> None:
+    """:func:`~dpmf.training.torch.ghost._norms_compiled.weighted_rows` (numba: loaded on first use)."""
+    from dpmf.training.torch.ghost._norms_compiled import weighted_rows as compiled
+
+    compiled(r, f, out)
 
 
 def _rows_array(t, B: int):
@@ -184,7 +192,7 @@ def contract(a, b):
     B = a.shape[0]
     if _compiled(a, b) and B:
         out = torch.empty(B, dtype=F64)
-        _kernels().row_dots(_rows_array(a, B), _rows_array(b, B), out.numpy())
+        _row_dots(_rows_array(a, B), _rows_array(b, B), out.numpy())
         return out
     return torch.bmm(a.to(F64).reshape(B, 1, -1), b.to(F64).reshape(B, -1, 1)).reshape(B)
 
@@ -561,7 +569,7 @@ def per_example_norms(tensors) -> None:
             for t in group:
                 r = _rows_array(t, B)
                 out = torch.empty(B, dtype=F64)
-                _kernels().row_dots(r, r, out.numpy())
+                _row_dots(r, r, out.numpy())
                 _GRAMS[("rows_sq", id(t))] = (t, out)
             continue
         flat, sizes = _flat64(group, B, device)
@@ -592,7 +600,7 @@ def per_example_sums(tensors, f) -> None:
             fn = f.contiguous().numpy()
             for t in group:
                 part = torch.empty(t.shape[1:], dtype=F64)
-                _kernels().weighted_rows(_rows_array(t, B), fn, part.view(-1).numpy())
+                _weighted_rows(_rows_array(t, B), fn, part.view(-1).numpy())
                 _GRAMS[("rows_sum", id(t))] = (t, f, part)
             continue
         flat, sizes = _flat64(group, B, device)
