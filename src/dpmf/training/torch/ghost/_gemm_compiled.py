@@ -7,9 +7,10 @@ by the environment (``OPENBLAS_CORETYPE``; AVX2 kernels where it names Haswell) 
 second on one core here; PyTorch's own LSTM runs oneDNN's AVX-512 kernels. :func:`gemm` is a register-blocked
 product written with LLVM vector values (``<16 x float>``, one ``llvm.fma`` per lane group): a ``4 x 64``
 block of the result in 16 vector accumulators, the right factor's row loaded as four vectors and each left
-entry broadcast; where the CPU has AVX-512 each vector is one register and this ran at 80-110 G multiply-adds
-a second on the products above (2-2.7x OpenBLAS' Haswell kernels). Tails: rows one at a time, columns 16
-then one at a time.
+entry broadcast (``4 x 32`` and ``4 x 16`` blocks for narrower panels; column panels outside, rows inside, so a
+panel of the right factor stays in cache); where the CPU has AVX-512 each vector is one register and this ran
+at 60-110 G multiply-adds a second on the products above (1.3-3.6x OpenBLAS' Haswell kernels). Tails: rows one
+at a time, columns one at a time.
 
 Rounding: every entry is ``sum_k a_{m,k} b_{k,n}`` accumulated in ``k`` order by fused multiply-adds (one
 rounding a step), so the standard bound ``|fl - exact| <= gamma_K sum_k |a_{m,k}| |b_{k,n}|`` holds, as for
@@ -103,66 +104,105 @@ def _start(out, o, acc):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def _rows4(a, b, out, m, acc, rb, ro):  # pragma: no cover - compiled
-    """Rows ``m .. m + 3`` of the product, columns in blocks of 64 then 16 (then :func:`_scalar`)."""
+def _tile4x64(a, b, out, m, j, acc, rb, ro):  # pragma: no cover - compiled
+    """``out[m:m + 4, j:j + 64]``: 16 vector accumulators, per ``k`` four loads of ``b``'s row and four broadcasts."""
     K = a.shape[1]
-    N = b.shape[1]
-    j = 0
-    while j + 64 <= N:
-        o = m * ro + j
-        c00, c01, c02, c03 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
-        o += ro
-        c10, c11, c12, c13 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
-        o += ro
-        c20, c21, c22, c23 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
-        o += ro
-        c30, c31, c32, c33 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
-        for k in range(K):
-            base = k * rb + j
-            w0, w1, w2, w3 = _vload(b, base), _vload(b, base + 16), _vload(b, base + 32), _vload(b, base + 48)
-            s = a[m, k]
-            c00, c01, c02, c03 = _vfma(s, w0, c00), _vfma(s, w1, c01), _vfma(s, w2, c02), _vfma(s, w3, c03)
-            s = a[m + 1, k]
-            c10, c11, c12, c13 = _vfma(s, w0, c10), _vfma(s, w1, c11), _vfma(s, w2, c12), _vfma(s, w3, c13)
-            s = a[m + 2, k]
-            c20, c21, c22, c23 = _vfma(s, w0, c20), _vfma(s, w1, c21), _vfma(s, w2, c22), _vfma(s, w3, c23)
-            s = a[m + 3, k]
-            c30, c31, c32, c33 = _vfma(s, w0, c30), _vfma(s, w1, c31), _vfma(s, w2, c32), _vfma(s, w3, c33)
-        o = m * ro + j
-        _vstore(out, o, c00), _vstore(out, o + 16, c01), _vstore(out, o + 32, c02), _vstore(out, o + 48, c03)
-        o += ro
-        _vstore(out, o, c10), _vstore(out, o + 16, c11), _vstore(out, o + 32, c12), _vstore(out, o + 48, c13)
-        o += ro
-        _vstore(out, o, c20), _vstore(out, o + 16, c21), _vstore(out, o + 32, c22), _vstore(out, o + 48, c23)
-        o += ro
-        _vstore(out, o, c30), _vstore(out, o + 16, c31), _vstore(out, o + 32, c32), _vstore(out, o + 48, c33)
-        j += 64
-    while j + 16 <= N:
-        o = m * ro + j
-        c0, c1, c2, c3 = _start(out, o, acc), _start(out, o + ro, acc), _start(out, o + 2 * ro, acc), _start(out, o + 3 * ro, acc)
-        for k in range(K):
-            w0 = _vload(b, k * rb + j)
-            c0, c1, c2, c3 = _vfma(a[m, k], w0, c0), _vfma(a[m + 1, k], w0, c1), _vfma(a[m + 2, k], w0, c2), _vfma(
-                a[m + 3, k], w0, c3)
-        _vstore(out, o, c0), _vstore(out, o + ro, c1), _vstore(out, o + 2 * ro, c2), _vstore(out, o + 3 * ro, c3)
-        j += 16
-    _scalar(a, b, out, m, m + 4, j, acc)
+    o = m * ro + j
+    c00, c01, c02, c03 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
+    o += ro
+    c10, c11, c12, c13 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
+    o += ro
+    c20, c21, c22, c23 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
+    o += ro
+    c30, c31, c32, c33 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + 32, acc), _start(out, o + 48, acc)
+    for k in range(K):
+        base = k * rb + j
+        w0, w1, w2, w3 = _vload(b, base), _vload(b, base + 16), _vload(b, base + 32), _vload(b, base + 48)
+        s = a[m, k]
+        c00, c01, c02, c03 = _vfma(s, w0, c00), _vfma(s, w1, c01), _vfma(s, w2, c02), _vfma(s, w3, c03)
+        s = a[m + 1, k]
+        c10, c11, c12, c13 = _vfma(s, w0, c10), _vfma(s, w1, c11), _vfma(s, w2, c12), _vfma(s, w3, c13)
+        s = a[m + 2, k]
+        c20, c21, c22, c23 = _vfma(s, w0, c20), _vfma(s, w1, c21), _vfma(s, w2, c22), _vfma(s, w3, c23)
+        s = a[m + 3, k]
+        c30, c31, c32, c33 = _vfma(s, w0, c30), _vfma(s, w1, c31), _vfma(s, w2, c32), _vfma(s, w3, c33)
+    o = m * ro + j
+    _vstore(out, o, c00), _vstore(out, o + 16, c01), _vstore(out, o + 32, c02), _vstore(out, o + 48, c03)
+    o += ro
+    _vstore(out, o, c10), _vstore(out, o + 16, c11), _vstore(out, o + 32, c12), _vstore(out, o + 48, c13)
+    o += ro
+    _vstore(out, o, c20), _vstore(out, o + 16, c21), _vstore(out, o + 32, c22), _vstore(out, o + 48, c23)
+    o += ro
+    _vstore(out, o, c30), _vstore(out, o + 16, c31), _vstore(out, o + 32, c32), _vstore(out, o + 48, c33)
 
 
 @nb.njit(cache=True, nogil=True)
-def _row1(a, b, out, m, acc, rb, ro):  # pragma: no cover - compiled
-    """Row ``m`` of the product, columns in blocks of 16 (then :func:`_scalar`)."""
+def _tile4x32(a, b, out, m, j, acc, rb, ro):  # pragma: no cover - compiled
+    """``out[m:m + 4, j:j + 32]``: 8 vector accumulators (independent chains enough to keep both FMA units busy)."""
     K = a.shape[1]
-    N = b.shape[1]
-    j = 0
-    while j + 16 <= N:
-        o = m * ro + j
-        c = _start(out, o, acc)
-        for k in range(K):
-            c = _vfma(a[m, k], _vload(b, k * rb + j), c)
-        _vstore(out, o, c)
-        j += 16
-    _scalar(a, b, out, m, m + 1, j, acc)
+    o = m * ro + j
+    c00, c01, c10, c11 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + ro, acc), _start(out, o + ro + 16, acc)
+    o += 2 * ro
+    c20, c21, c30, c31 = _start(out, o, acc), _start(out, o + 16, acc), _start(out, o + ro, acc), _start(out, o + ro + 16, acc)
+    for k in range(K):
+        base = k * rb + j
+        w0, w1 = _vload(b, base), _vload(b, base + 16)
+        s = a[m, k]
+        c00, c01 = _vfma(s, w0, c00), _vfma(s, w1, c01)
+        s = a[m + 1, k]
+        c10, c11 = _vfma(s, w0, c10), _vfma(s, w1, c11)
+        s = a[m + 2, k]
+        c20, c21 = _vfma(s, w0, c20), _vfma(s, w1, c21)
+        s = a[m + 3, k]
+        c30, c31 = _vfma(s, w0, c30), _vfma(s, w1, c31)
+    o = m * ro + j
+    _vstore(out, o, c00), _vstore(out, o + 16, c01), _vstore(out, o + ro, c10), _vstore(out, o + ro + 16, c11)
+    o += 2 * ro
+    _vstore(out, o, c20), _vstore(out, o + 16, c21), _vstore(out, o + ro, c30), _vstore(out, o + ro + 16, c31)
+
+
+@nb.njit(cache=True, nogil=True)
+def _tile4x16(a, b, out, m, j, acc, rb, ro):  # pragma: no cover - compiled
+    """``out[m:m + 4, j:j + 16]``."""
+    K = a.shape[1]
+    o = m * ro + j
+    c0, c1, c2, c3 = _start(out, o, acc), _start(out, o + ro, acc), _start(out, o + 2 * ro, acc), _start(out, o + 3 * ro, acc)
+    for k in range(K):
+        w0 = _vload(b, k * rb + j)
+        c0, c1, c2, c3 = _vfma(a[m, k], w0, c0), _vfma(a[m + 1, k], w0, c1), _vfma(a[m + 2, k], w0, c2), _vfma(
+            a[m + 3, k], w0, c3)
+    _vstore(out, o, c0), _vstore(out, o + ro, c1), _vstore(out, o + 2 * ro, c2), _vstore(out, o + 3 * ro, c3)
+
+
+@nb.njit(cache=True, nogil=True)
+def _tile1x16(a, b, out, m, j, acc, rb, ro):  # pragma: no cover - compiled
+    """``out[m, j:j + 16]``."""
+    K = a.shape[1]
+    o = m * ro + j
+    c = _start(out, o, acc)
+    for k in range(K):
+        c = _vfma(a[m, k], _vload(b, k * rb + j), c)
+    _vstore(out, o, c)
+
+
+@nb.njit(cache=True, nogil=True)
+def _panel(a, b, out, j, width, acc, rb, ro):  # pragma: no cover - compiled
+    """Columns ``j .. j + width - 1`` (``width`` 64, 32 or 16) of every row: rows in fours, then one at a time.
+    Column panels outside, rows inside, so the panel of ``b`` (``K x width``) stays in cache over the rows."""
+    M = a.shape[0]
+    m = 0
+    while m + 4 <= M:
+        if width == 64:
+            _tile4x64(a, b, out, m, j, acc, rb, ro)
+        elif width == 32:
+            _tile4x32(a, b, out, m, j, acc, rb, ro)
+        else:
+            _tile4x16(a, b, out, m, j, acc, rb, ro)
+        m += 4
+    while m < M:
+        for jj in range(j, j + width, 16):
+            _tile1x16(a, b, out, m, jj, acc, rb, ro)
+        m += 1
 
 
 @nb.njit(cache=True, nogil=True)
@@ -188,13 +228,18 @@ def gemm(a, b, out, acc):  # pragma: no cover - compiled
         return
     rb = b.strides[0] // 4
     ro = out.strides[0] // 4
-    m = 0
-    while m + 4 <= M:
-        _rows4(a, b, out, m, acc, rb, ro)
-        m += 4
-    while m < M:
-        _row1(a, b, out, m, acc, rb, ro)
-        m += 1
+    N = b.shape[1]
+    j = 0
+    while j + 64 <= N:
+        _panel(a, b, out, j, 64, acc, rb, ro)
+        j += 64
+    if j + 32 <= N:
+        _panel(a, b, out, j, 32, acc, rb, ro)
+        j += 32
+    if j + 16 <= N:
+        _panel(a, b, out, j, 16, acc, rb, ro)
+        j += 16
+    _scalar(a, b, out, 0, M, j, acc)
 
 
 def product(a, b, out, acc, simd):  # pragma: no cover - replaced in compiled code (overload below)
