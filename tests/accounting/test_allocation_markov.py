@@ -545,3 +545,36 @@ def test_ring_family_pick_bounds_its_surrogate_and_the_exact_pair_by_monte_carlo
     a, be, s = solve(1.5 * g0, sur.alpha**2 * sur.rho + sur.alpha * sur.beta * sur.s, sur.rho)
     worse = dataclasses.replace(sur, alpha=a, beta=be, s=s)
     assert pick(dataclasses.replace(fam, rivals=(worse,)), sigma, b, delta, 3.0, ("remove", "add")) is sur
+
+
+@pytest.mark.parametrize("b, i, pinned", [(16, 7, False), (16, 0, True), (50, 48, True), (5, 4, False)])
+def test_compiled_call_extras_equal_the_numpy_helpers(b, i, pinned):
+    """``_markov_compiled.call_extras`` (one call per step of ``call_bound_table``) is the numpy helpers'
+    ``_shifted``, ``_tail_charge`` and ``_remaining_mean`` of the step, to a few ulps (sums in index order
+    instead of numpy's pairwise ones, LLVM's ``exp``), with log multipliers (a ring's node) or without."""
+    from scipy import special
+
+    from dpmf.accounting.allocation.surrogates import markov_programs as mp
+    from dpmf.accounting.allocation.surrogates._markov_compiled import call_extras
+    from dpmf.numerics import UNIT_ROUNDOFF as u
+
+    rng = np.random.default_rng(b + i)
+    alpha, s, rho = 0.7, 0.6, 0.55
+    betas = rng.uniform(0.2, 0.9, b)
+    _, pw_lo, pw_hi, offset = mp._chain_constants(alpha, float(betas.max()), rho, s, b)
+    lm = np.concatenate([rng.normal(0, 0.3, b) if pinned else np.zeros(b), [0.0]])
+    z = np.linspace(-6.0, 9.0, 90)
+    nt, ci = b - 1 - i, 0.4
+    a = np.concatenate([[betas[i]], alpha * pw_hi[:nt] * s]) * (1 + 2 * u)
+    off_next = mp._shifted(offset, lm, i + 1, nt)
+    charge = mp._tail_charge(np.concatenate([[alpha], alpha * pw_lo[1:nt + 1]]), np.concatenate([[alpha], alpha * pw_hi[1:nt + 1]]),
+                             a, np.concatenate([[-ci], off_next]), z)
+    R = mp._remaining_mean(alpha, pw_lo, pw_hi, mp._shifted(offset, lm, i, b - i), z, b - i)
+    a_rest = alpha * pw_hi[:b] * s * (1 + 2 * u)
+    a0 = betas[i] * (1 + 2 * u)
+    got = call_extras(z, alpha, alpha * pw_lo, alpha * pw_hi, offset, lm, i, b, ci, 0.5 * a0**2 * (1 + 4 * u),
+                      float(special.ndtr(a0 - mp._XI_HALF)), 0.5 * a_rest**2 * (1 + 4 * u), special.ndtr(a_rest - mp._XI_HALF))
+    np.testing.assert_array_equal(got[0], off_next)
+    np.testing.assert_allclose(got[1], charge, rtol=64 * u, atol=0)
+    np.testing.assert_allclose(got[2], R, rtol=64 * u, atol=0)
+    assert np.all(R > 0) and np.all(charge > 0)

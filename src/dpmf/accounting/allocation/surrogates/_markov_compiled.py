@@ -274,3 +274,46 @@ def finish_put(acc, factor, low_tail, neg_u):  # pragma: no cover - compiled
             if nxt[l] > row[l]:
                 row[l] = nxt[l]
     return acc
+
+
+@nb.njit(cache=True, nogil=True, inline="always")
+def _scaled_at(lo, hi, z):  # pragma: no cover - compiled
+    """``coef * z`` rounded toward the larger value, ``coef`` within ``[lo, hi]`` (``markov_programs._scaled``)."""
+    if z >= 0:
+        return hi * z * (1 + 2 * UNIT_ROUNDOFF)
+    return lo * z * (1 - 2 * UNIT_ROUNDOFF)
+
+
+@nb.njit(cache=True, nogil=True)
+def call_extras(z, alpha, zc_lo, zc_hi, offset, lm, i, b, ci, a0_half, a0_tail, half, tail):  # pragma: no cover - compiled
+    """The call program's per-step inputs besides the table (``markov_programs.call_bound_table``), as the
+    numpy helpers there compute them: ``off_next = _shifted(offset, lm, i + 1, b - 1 - i)``; the tail
+    charge ``_tail_charge`` of the summand (``zc = alpha``, offset ``-ci``, ``a^2/2`` rounded up
+    ``a0_half``, ``Phi(a - L)`` ``a0_tail``) and of the ``b - 1 - i`` remaining terms (``zc_lo/hi[d + 1]``,
+    ``off_next[d]``, ``half[d]``, ``tail[d]``); the remaining mean ``R`` of ``_remaining_mean`` over the
+    ``b - i`` terms from ``i`` (offsets ``_shifted(offset, lm, i, b - i)``). The same float operations per
+    term; the sums run in index order (numpy's are pairwise: the allowances, ``(1 + 4 (terms + 8) u)`` and
+    ``1 + 1e-9``, bound either), and ``exp`` is LLVM's (within an ulp, as numpy's)."""
+    nt = b - 1 - i
+    terms = b - i
+    off_next = np.empty(nt)
+    for d in range(nt):
+        o, l = offset[d], lm[i + 1 + d]
+        off_next[d] = o + l + 4 * UNIT_ROUNDOFF * (abs(o) + abs(l))
+    off_r = np.empty(terms)
+    for d in range(terms):
+        o, l = offset[d], lm[i + d]
+        off_r[d] = o + l + 4 * UNIT_ROUNDOFF * (abs(o) + abs(l))
+    rfac = 1 + 4 * (terms + 8) * UNIT_ROUNDOFF
+    charge, R = np.empty(z.size), np.empty(z.size)
+    for j in range(z.size):
+        zj = z[j]
+        acc = math.exp(_scaled_at(alpha, alpha, zj) + (-ci) + a0_half) * a0_tail
+        for d in range(nt):
+            acc += math.exp(_scaled_at(zc_lo[d + 1], zc_hi[d + 1], zj) + off_next[d] + half[d]) * tail[d]
+        charge[j] = acc * (1 + 1e-9) + 1e-300
+        r = 0.0
+        for d in range(terms):
+            r += math.exp(_scaled_at(zc_lo[d], zc_hi[d], zj) + off_r[d])
+        R[j] = r * rfac + 1e-300
+    return off_next, charge, R

@@ -55,11 +55,12 @@ _A_SHIFT, _A_SCALE, _A_STRETCH = 1.5, 3.0, 1.0
 
 
 def _compiled_step(name: str = "step"):
-    """The compiled kernel ``step``, ``step_put``, ``finish_call`` or ``finish_put`` (imported here: numba
+    """The compiled kernel ``step``, ``step_put``, ``finish_call``, ``finish_put`` or ``call_extras`` (imported here: numba
     loads only when a program runs)."""
-    from dpmf.accounting.allocation.surrogates._markov_compiled import finish_call, finish_put, step, step_put
+    from dpmf.accounting.allocation.surrogates._markov_compiled import call_extras, finish_call, finish_put, step, step_put
 
-    return {"step": step, "step_put": step_put, "finish_call": finish_call, "finish_put": finish_put}[name]
+    return {"step": step, "step_put": step_put, "finish_call": finish_call, "finish_put": finish_put,
+            "call_extras": call_extras}[name]
 
 
 def _chain_constants(alpha: float, beta: float, rho: float, s: float, b: int):
@@ -141,20 +142,23 @@ def call_bound_table(sur, sigma: float, b: int, k_max: float, *, u_nodes: int = 
     factor = 1 + 4 * (xs.size + 16) * UNIT_ROUNDOFF
     V = np.zeros((z_nodes, u_nodes))  # V_b(z, u) = u_+ = 0 on u <= 0
     R_next = np.zeros(z_nodes)
+    # the parts of each step's tail charge and remaining mean that do not depend on the step (elementwise
+    # the same floats as per step); the step's own (offsets, sums over its terms) are compiled (call_extras)
+    extras = _compiled_step("call_extras")
+    sl_hi, zc_lo, zc_hi = alpha * pw_hi[:b], alpha * pw_lo, alpha * pw_hi
+    a_rest = alpha * pw_hi[:b] * s * (1 + 2 * UNIT_ROUNDOFF)
+    half_rest, tail_rest = 0.5 * a_rest**2 * (1 + 4 * UNIT_ROUNDOFF), special.ndtr(a_rest - _XI_HALF)
+    a_first = betas * (1 + 2 * UNIT_ROUNDOFF)
+    half_first, tail_first = 0.5 * a_first**2 * (1 + 4 * UNIT_ROUNDOFF), special.ndtr(a_first - _XI_HALF)
     for i in range(b - 1, -1, -1):
         nt = b - 1 - i  # R_{i+1} has b - 1 - i terms
         c = c_pos[i]
         ci = c - lm[i] - 4 * UNIT_ROUNDOFF * (c + abs(lm[i]))  # (X_i = e^{alpha z + beta_i xi - c_i}, c_i rounded down)
         beta = float(betas[i])
-        off_next = _shifted(offset, lm, i + 1, nt)
-        acc = step(V, R_next, xs, ws, alpha, beta, ci, rho, s, _Z_LO, dz, h, alpha * pw_hi[:nt], off_next, False)
-        # xi > L: h(xi) <= X_i + R_{i+1}(rho z + s xi), exponentials in xi (X_i first)
-        zc_lo = np.concatenate([[alpha], alpha * pw_lo[1 : nt + 1]])
-        zc_hi = np.concatenate([[alpha], alpha * pw_hi[1 : nt + 1]])
-        a = np.concatenate([[beta], alpha * pw_hi[:nt] * s]) * (1 + 2 * UNIT_ROUNDOFF)
-        offs = np.concatenate([[-ci], off_next])
-        charge = _tail_charge(zc_lo, zc_hi, a, offs, z)
-        R = _remaining_mean(alpha, pw_lo, pw_hi, _shifted(offset, lm, i, b - i), z, b - i)
+        # xi > L: h(xi) <= X_i + R_{i+1}(rho z + s xi), exponentials in xi (X_i first): the charge; R = R_i
+        off_next, charge, R = extras(z, alpha, zc_lo, zc_hi, offset, lm, i, b, ci, float(half_first[i]),
+                                     float(tail_first[i]), half_rest, tail_rest)
+        acc = step(V, R_next, xs, ws, alpha, beta, ci, rho, s, _Z_LO, dz, h, sl_hi[:nt], off_next, False)
         # acc factor + charge + 1e-290, capped at R, running maxima along u then z (compiled, in place)
         V = finish(acc, factor, charge, R)
         R_next = R
