@@ -330,7 +330,9 @@ def kept_products(G, X, Hs, bias, time_major, g_t, simd, P, out):  # pragma: no 
                 a[I + j] = h[j]
             if bias:
                 a[C - 1] = 1
-            gb[t] = g
+            r = gb[t]
+            for j in range(R):  # (a loop: numba's slice assignment is a generic one)
+                r[j] = g[j]
         product(ab.T, gb, P[b], False, simd)
         for t in range(T):
             gn[t] = np.sqrt(_sum_sq(gb[t]))
