@@ -187,11 +187,12 @@ def test_monotone_in_sigma_and_q_and_rounding():
     assert eps[0] > eps[1] > eps[2]
     eq = [account_mmcc(C, PoissonSampling(q, 4), 2.0, 1e-5, heuristic=False).epsilon for q in (0.05, 0.2, 0.5)]
     assert eq[0] < eq[1] < eq[2]
-    # grid 0.0625 divides every other grid below: refining it can only lower epsilon
+    # grid 0.0625 divides every other grid below: refining it can only lower epsilon (2^-7 and 2^-5
+    # give the same epsilon to 3e-12 here: up to the same ~1e-12 float noise of the PLDs as below)
     fine = account_mmcc(C, PoissonSampling(0.2, 4), 2.0, 1e-5, grid_step=2.0**-7, heuristic=False).epsilon
     mid = account_mmcc(C, PoissonSampling(0.2, 4), 2.0, 1e-5, grid_step=2.0**-5, heuristic=False).epsilon
     coarse = account_mmcc(C, PoissonSampling(0.2, 4), 2.0, 1e-5, grid_step=2.0**-3, heuristic=False).epsilon
-    assert fine <= mid <= coarse
+    assert fine - 1e-9 <= mid < coarse
     unmerged = account_mmcc(C, PoissonSampling(0.2, 4), 2.0, 1e-5, merge_budget=0.0, heuristic=False).epsilon
     # merging moves mass up: never below the unmerged value (up to ~1e-12 float noise of the PLDs)
     assert unmerged - 1e-9 <= eq[1] <= unmerged * (1 + 1e-5)
