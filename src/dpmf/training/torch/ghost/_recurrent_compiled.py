@@ -150,7 +150,7 @@ def _sigmoid(src, dst, scale, ei, e, fast):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True)
-def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr):  # pragma: no cover
+def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, simd, dg, dhr):  # pragma: no cover
     """LSTM backward through time: ``dg`` ``(B, T, 4H)`` the gate pre-activation gradients, ``dhr``
     ``(B, T, H_out)`` the gradients of ``h_t = W_hr m_t`` (``proj``; else untouched). ``dout``: the
     gradient reaching the direction's outputs ``(B, T, H_out)``; ``dh0``, ``dc0``: reaching ``h_n``, ``c_n``;
@@ -169,7 +169,7 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
         if proj:
             for b in range(B):
                 dhr[b, t] = dh[b]
-            np.dot(dh, w_hr, dm)
+            product(dh, w_hr, dm, False, simd)
         else:
             dm[:] = dh
         for b in range(B):
@@ -190,7 +190,7 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, dg, dhr
             for j in range(H):  # dc_{t-1} = dc f
                 dcb[j] *= f[j]
             dg[b, t] = vr
-        np.dot(v, w_hh, dh)
+        product(v, w_hh, dh, False, simd)
     return dh, dc
 
 
@@ -232,7 +232,7 @@ def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, simd, dg):  # pr
 
 
 @nb.njit(cache=True, nogil=True)
-def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, dgi, dgh):  # pragma: no cover - compiled
+def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, simd, dgi, dgh):  # pragma: no cover - compiled
     """GRU backward through time: ``dgi`` ``(B, T, 3H)`` the gradients of ``W_ih x_t + b_ih``, ``dgh`` those
     of ``W_hh h_{t-1} + b_hh`` (its ``n`` block times ``r``). ``rz`` ``(B, T, 2H)``: ``r, z``; ``n``; ``ghn``: the
     ``n`` block of ``W_hh h_{t-1} + b_hh``; ``h_in``: the state each step read; ``w_hh`` ``(3H, H)``. Returns the
@@ -261,13 +261,13 @@ def gru_bptt(dout, dh0, rz, n, ghn, h_in, w_hh, reverse, dgi, dgh):  # pragma: n
             for j in range(H):  # dv's n block: dn r
                 wn[j] = vn[j] * r[j]
             dgh[b, t] = wr
-        np.dot(w, w_hh, dh)
+        product(w, w_hh, dh, False, simd)
         dh += dz
     return dh
 
 
 @nb.njit(cache=True, nogil=True)
-def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, dg):  # pragma: no cover - compiled
+def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, simd, dg):  # pragma: no cover - compiled
     """Elman RNN backward through time: ``dg`` ``(B, T, H)`` the pre-activation gradients, from the
     outputs ``y`` (``tanh' = 1 - y^2``; ``relu' = [y > 0]``); ``w_hh`` ``(H, H)``. Returns the gradient reaching
     the initial state ``h0``."""
@@ -286,7 +286,7 @@ def rnn_bptt(dout, dh0, y, relu, w_hh, reverse, dg):  # pragma: no cover - compi
                 for j in range(H):
                     vr[j] = a[j] - a[j] * yr[j] * yr[j]
             dg[b, t] = vr
-        np.dot(v, w_hh, dh)
+        product(v, w_hh, dh, False, simd)
     return dh
 
 

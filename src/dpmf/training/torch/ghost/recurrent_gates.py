@@ -186,8 +186,9 @@ def _through_time_compiled(kind, w, st, dout, dh, dc) -> dict:
     dgh = dout.new_empty(B, T, G) if kind == "GRU" else dgi
     n = lambda t: t.detach().contiguous().numpy()  # noqa: E731  (views; copies only of strided tensors)
     rev = st["reverse"]
+    simd = _simd(dout)
     if kind == "GRU":
-        dh0 = gru_bptt(n(dout), n(dh), n(st["rz"]), n(st["n"]), n(st["ghn"]), n(st["h_in"]), n(w["hh"]), rev,
+        dh0 = gru_bptt(n(dout), n(dh), n(st["rz"]), n(st["n"]), n(st["ghn"]), n(st["h_in"]), n(w["hh"]), rev, simd,
                        dgi.numpy(), dgh.numpy())
         return {"dgi": dgi, "dgh": dgh, "dhr": None, "dh0": torch.from_numpy(dh0), "dc0": None}
     if kind == "LSTM":
@@ -195,10 +196,10 @@ def _through_time_compiled(kind, w, st, dout, dh, dc) -> dict:
         dhr = dout.new_empty(B, T, dout.shape[2]) if proj else dout.new_empty(1, 1, 1)
         w_hr = w["hr"] if proj else dout.new_empty(1, 1)
         dh0, dc0 = lstm_bptt(n(dout), n(dh), n(dc), n(st["act"]), n(st["c"]), n(st["tc"]), n(st["c0"]),
-                             n(w["hh"]), n(w_hr), proj, rev, dgi.numpy(), dhr.numpy())
+                             n(w["hh"]), n(w_hr), proj, rev, simd, dgi.numpy(), dhr.numpy())
         return {"dgi": dgi, "dgh": dgi, "dhr": dhr if proj else None, "dh0": torch.from_numpy(dh0),
                 "dc0": torch.from_numpy(dc0)}
-    dh0 = rnn_bptt(n(dout), n(dh), n(st["y"]), kind == "RNN_RELU", n(w["hh"]), rev, dgi.numpy())
+    dh0 = rnn_bptt(n(dout), n(dh), n(st["y"]), kind == "RNN_RELU", n(w["hh"]), rev, simd, dgi.numpy())
     return {"dgi": dgi, "dgh": dgi, "dhr": None, "dh0": torch.from_numpy(dh0), "dc0": None}
 
 
