@@ -41,7 +41,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum, zero_rows
 from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients
 from dpmf.training.torch.ghost.sequence import F64, gamma
-from dpmf.training.torch.ghost.tracking import Source, mark_param, plain, pulling, track
+from dpmf.training.torch.ghost.tracking import Source, plain, pulling, track, watched_aliases
 
 torch = require_torch()
 
@@ -79,13 +79,8 @@ class ParamCapture:
 
     def __init__(self, trainable: dict, batch: int) -> None:
         self.batch = batch
-        self.sources: dict = {}
-        self.views: dict = {}
-        for name, p in trainable.items():
-            src = Source(None, batch)
-            src.root = track(p, [src])
-            src.watch_total()
-            self.sources[name], self.views[name] = src, src.root
+        self.sources = {name: Source(None, batch) for name in trainable}
+        self.views = dict(zip(trainable, watched_aliases(trainable.values(), self.sources.values())))
 
     def swap(self, module) -> dict:
         """Put the tracked aliases into ``module``; returns the parameters to put back."""
@@ -216,14 +211,17 @@ class DirectReads:
     def install(self, k: int, param, places: list) -> None:
         """One alias of ``param`` in ``module._parameters[name]`` for every ``(module, name)`` of ``places``
         (over what is there: another clipper's alias is followed through this one)."""
-        first, name = places[0]
-        src = Source(None, self.batch, param=param)
-        src.root = mark_param(track(first._parameters[name], [src]), param)
-        src.watch_total()
-        for module, n in places:
-            self._installed.append((module, n, module._parameters[n]))
-            module._parameters[n] = src.root
-        self.sources[k] = src
+        self.install_all([(k, param, places)])
+
+    def install_all(self, entries: list) -> None:
+        """:meth:`install` of every ``(k, param, places)`` of ``entries``, the aliases formed in one pass."""
+        sources = [Source(None, self.batch, param=param) for _, param, _ in entries]
+        roots = watched_aliases([places[0][0]._parameters[places[0][1]] for _, _, places in entries], sources)
+        for (k, _, places), src, root in zip(entries, sources, roots):
+            for module, n in places:
+                self._installed.append((module, n, module._parameters[n]))
+                module._parameters[n] = root
+            self.sources[k] = src
 
     def uninstall(self) -> None:
         """Put back what :meth:`install` replaced (last first)."""

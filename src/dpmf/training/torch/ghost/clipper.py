@@ -345,8 +345,7 @@ class GhostClipper(Clipper):
         self._drop_direct()
         if self._direct_places:
             self._direct = broadcast.DirectReads(batch)
-            for k, places in self._direct_places.items():
-                self._direct.install(k, self.params[k], places)
+            self._direct.install_all([(k, self.params[k], places) for k, places in self._direct_places.items()])
 
     def _drop_direct(self) -> None:
         for d in self._direct_pending + ([self._direct] if self._direct is not None else []):

@@ -50,6 +50,7 @@ ambiguous and escapes).
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -57,7 +58,7 @@ from dpmf.training.torch._deps import require_torch
 
 torch = require_torch()
 
-__all__ = ["Tracked", "Source", "track", "plain", "pulling", "param_of", "mark_param"]
+__all__ = ["Tracked", "Source", "track", "watched_aliases", "plain", "pulling", "param_of", "mark_param"]
 
 _pytree = torch.utils._pytree
 _Tensor = torch.Tensor
@@ -185,6 +186,33 @@ def track(tensor, sources: list):
         out = tensor.as_subclass(Tracked)
     out._dpmf_sources = tuple(sources) + before
     return out
+
+
+def watched_aliases(tensors, sources) -> list:
+    """``track(t, [s])`` for each pair of ``tensors`` and ``sources``, with ``s.root`` set to it, its total
+    watched (:meth:`Source.watch_total`) and, for a parameter source, marked as an alias of ``s.param``
+    (:func:`mark_param`): the direct reads' aliases of a whole forward in one pass (one ``plain()`` for all,
+    no closure per alias; ~70 of them a step in a ViT, issue 52)."""
+    out = []
+    with plain():
+        for t, s in zip(tensors, sources):
+            before = tuple(x for x in t._dpmf_sources if x is not s) if isinstance(t, Tracked) else ()
+            a = t.as_subclass(Tracked)
+            a._dpmf_sources = (s,) + before
+            if s.param is not None:
+                a._dpmf_param, a._dpmf_transposed = s.param, False
+            s.root = a
+            node = a.grad_fn  # (the alias' own node: a hook on it sees what a tensor hook on ``a`` would)
+            if node is None:
+                a.register_hook(functools.partial(_add_total, weakref.ref(s)))  # (refused: needs no gradient)
+            else:
+                node.register_prehook(functools.partial(_add_total_pre, weakref.ref(s)))
+            out.append(a)
+    return out
+
+
+def _add_total_pre(ref, grad_outputs) -> None:
+    _add_total(ref, grad_outputs[0])
 
 
 def param_of(t):
