@@ -65,6 +65,21 @@ def test_lattice_evaluator_far_from_every_center_and_unsorted():
     np.testing.assert_allclose(slope, ref_d, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_loss_values_alone_are_the_same_as_with_the_slope(seed):
+    """The quadrature's loss-only evaluation (Horner without the derivative) gives the very same
+    losses as the full one, including points that fall back to the direct rule."""
+    rng = np.random.default_rng(50 + seed)
+    mech, h = _random_lattice_mixture(rng, 25, 0.1, [0.8, 2.0][seed])
+    a, s = mech._a, mech._s
+    evaluate = M._compiled_loss(a, s, h, -3.0, 3.0)
+    u = np.sort(np.concatenate([rng.uniform(-4, 4, 2000), [-500.0, 700.0]]))
+    full, slope = evaluate(u)
+    alone, none = evaluate(u, slope=False)
+    assert none is None and slope is not None
+    np.testing.assert_array_equal(alone, full)
+
+
 def test_a_lattice_that_does_not_fit_falls_back():
     a = np.log(np.array([0.5, 0.3, 0.2])) - 0.5 * np.array([0.0, 1.0, np.pi]) ** 2
     s = np.array([0.0, 1.0, np.pi])

@@ -93,8 +93,9 @@ def direct_loss(u, alpha, s, loss, slope):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, fastmath={"contract"})
-def _horner_block(u, start, stop, c, center, beta, h, s0, mc, loss, slope, p, dp, rho):  # pragma: no cover
-    """Horner's rule for the points ``u[start:stop]`` around center ``c`` (module docstring)."""
+def _horner_block(u, start, stop, c, center, beta, h, s0, mc, loss, slope, p, dp, rho, want_slope):  # pragma: no cover
+    """Horner's rule for the points ``u[start:stop]`` around center ``c`` (module docstring); the
+    derivative's recurrence only when ``want_slope`` (the loss is the same either way)."""
     m = stop - start
     dmax = beta.shape[1] - 1
     top = beta[c, dmax]
@@ -102,20 +103,28 @@ def _horner_block(u, start, stop, c, center, beta, h, s0, mc, loss, slope, p, dp
         rho[ell] = math.exp(h * (u[start + ell] - center))
         p[ell] = top
         dp[ell] = 0.0
-    for d in range(dmax - 1, -1, -1):
-        b = beta[c, d]
-        for ell in range(m):
-            dp[ell] = dp[ell] * rho[ell] + p[ell]
-            p[ell] = p[ell] * rho[ell] + b
+    if want_slope:
+        for d in range(dmax - 1, -1, -1):
+            b = beta[c, d]
+            for ell in range(m):
+                dp[ell] = dp[ell] * rho[ell] + p[ell]
+                p[ell] = p[ell] * rho[ell] + b
+    else:
+        for d in range(dmax - 1, -1, -1):
+            b = beta[c, d]
+            for ell in range(m):
+                p[ell] = p[ell] * rho[ell] + b
     for ell in range(m):
         x = u[start + ell]
         loss[start + ell] = s0 * x + mc[c] + math.log(p[ell])
-        slope[start + ell] = s0 + h * rho[ell] * dp[ell] / p[ell]
+        if want_slope:
+            slope[start + ell] = s0 + h * rho[ell] * dp[ell] / p[ell]
 
 
 @nb.njit(cache=True, nogil=True)
-def _lattice_into(u, n, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho):  # pragma: no cover
-    """:func:`lattice_loss` of ``u[:n]`` with the caller's scratch arrays ``p``, ``dp``, ``rho``."""
+def _lattice_into(u, n, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho, want_slope=True):  # pragma: no cover
+    """:func:`lattice_loss` of ``u[:n]`` with the caller's scratch arrays ``p``, ``dp``, ``rho``
+    (``slope`` untouched by the Horner blocks unless ``want_slope``)."""
     dmax = beta.shape[1] - 1
     reach = SPAN / (h * dmax)
     c0 = centers[0]
@@ -131,12 +140,12 @@ def _lattice_into(u, n, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, 
                 ok = False
                 break
         if ok:
-            _horner_block(u, start, stop, c, centers[c], beta, h, s0, mc, loss, slope, p, dp, rho)
+            _horner_block(u, start, stop, c, centers[c], beta, h, s0, mc, loss, slope, p, dp, rho, want_slope)
             continue
         for j in range(start, stop):  # a spread-out block: each point on its own
             cj = min(last, max(0, int(round((u[j] - c0) / step)))) if centers.size > 1 else 0
             if abs(u[j] - centers[cj]) <= reach:
-                _horner_block(u, j, j + 1, cj, centers[cj], beta, h, s0, mc, loss, slope, p, dp, rho)
+                _horner_block(u, j, j + 1, cj, centers[cj], beta, h, s0, mc, loss, slope, p, dp, rho, want_slope)
             else:
                 loss[j], slope[j] = _direct_point(u[j], alpha, s)
 
@@ -149,7 +158,18 @@ def lattice_loss(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma:
     p = np.empty(BLOCK)
     dp = np.empty(BLOCK)
     rho = np.empty(BLOCK)
-    _lattice_into(u, u.size, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho)
+    _lattice_into(u, u.size, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho, True)
+
+
+@nb.njit(cache=True, nogil=True)
+def lattice_loss_values(u, centers, beta, mc, h, s0, alpha, s, loss, slope):  # pragma: no cover - compiled
+    """:func:`lattice_loss`'s ``L`` alone (the same values; Horner's rule without the derivative's
+    recurrence: half the multiply-adds). ``slope`` is scratch (set only where a point falls back to
+    the direct rule)."""
+    p = np.empty(BLOCK)
+    dp = np.empty(BLOCK)
+    rho = np.empty(BLOCK)
+    _lattice_into(u, u.size, centers, beta, mc, h, s0, alpha, s, loss, slope, p, dp, rho, False)
 
 
 #: Most Newton steps per point in :func:`newton_inverse` (the numpy loop's limit).
@@ -181,7 +201,7 @@ def newton_inverse(target, u, left, right, centers, beta, mc, h, s0, alpha, s): 
             for k in range(m):
                 ub[k] = u[idx[k]]
             if centers.size > 0:
-                _lattice_into(ub, m, centers, beta, mc, h, s0, alpha, s, lb, sb, p, dp, rho)
+                _lattice_into(ub, m, centers, beta, mc, h, s0, alpha, s, lb, sb, p, dp, rho, True)
             else:
                 for k in range(m):
                     lb[k], sb[k] = _direct_point(ub[k], alpha, s)

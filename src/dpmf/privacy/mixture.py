@@ -436,22 +436,22 @@ def _compiled_loss(a: np.ndarray, s: np.ndarray, h: float, lo: float, hi: float)
     rule on the lattice ``s_i = s_0 + d_i h`` when ``h > 0`` fits the sensitivities (to 1e-9
     relative) densely enough, with centers covering ``[lo, hi]``; else one exponential per
     component. Both agree with :func:`_lse` to rounding (tests)."""
-    from dpmf.privacy._mixture_compiled import direct_loss, lattice_loss
+    from dpmf.privacy._mixture_compiled import direct_loss, lattice_loss, lattice_loss_values
 
     a = np.ascontiguousarray(a, dtype=np.float64)
     s = np.ascontiguousarray(s, dtype=np.float64)
     plan, h = _lattice_plan(a, s, h, lo, hi) if h > 0 and s.size > 1 else (None, h)
 
-    def evaluate(u):
+    def evaluate(u, slope: bool = True):
         u = np.ascontiguousarray(u, dtype=np.float64)
         flat = u.ravel()
-        loss, slope = np.empty_like(flat), np.empty_like(flat)
+        loss, slopes = np.empty_like(flat), np.empty_like(flat)
         if plan is None:
-            direct_loss(flat, a, s, loss, slope)
+            direct_loss(flat, a, s, loss, slopes)
         else:
             centers, beta, mc = plan
-            lattice_loss(flat, centers, beta, mc, h, float(s[0]), a, s, loss, slope)
-        return loss.reshape(u.shape), slope.reshape(u.shape)
+            (lattice_loss if slope else lattice_loss_values)(flat, centers, beta, mc, h, float(s[0]), a, s, loss, slopes)
+        return loss.reshape(u.shape), (slopes.reshape(u.shape) if slope else None)
 
     # (the same rule's arguments, for the compiled Newton steps of :func:`_inverse_loss`)
     if plan is None:
@@ -507,7 +507,7 @@ def _quadrature_masses(u: np.ndarray, s: np.ndarray, p: np.ndarray, evaluate) ->
     nodes, weights, owner = np.empty(size), np.empty(size), np.empty(size, dtype=np.int64)
     quadrature_nodes(u, parts, nodes, weights, owner)
     exact_masses(u, parts, np.ascontiguousarray(s, dtype=np.float64), np.ascontiguousarray(p, dtype=np.float64), out)
-    loss, _ = evaluate(nodes)
+    loss, _ = evaluate(nodes, slope=False)
     accumulate_masses(nodes, weights, loss, owner, out)
     return out
 
