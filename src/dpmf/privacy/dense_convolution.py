@@ -141,9 +141,11 @@ def _spectrum_power(probs: np.ndarray, count: int, length: int) -> np.ndarray:
 
 def _circular_window(full: np.ndarray, start: int, length: int) -> np.ndarray:
     """``full[(start + i) mod len(full)]`` for ``i < length`` (``np.roll(full, -start)[:length]``
-    without rolling the whole array)."""
+    without rolling the whole array; a view of ``full`` where the window does not wrap)."""
     n = full.size
     start %= n
+    if start + length <= n:
+        return full[start:start + length]  # (a view: ``full`` is a fresh transform output)
     first = min(length, n - start)
     out = np.empty(length, dtype=full.dtype)
     out[:first] = full[start:start + first]
