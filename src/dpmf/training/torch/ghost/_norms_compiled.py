@@ -6,7 +6,9 @@ Each reads float32 (or float64) rows and accumulates in float64 without forming 
   (:func:`~dpmf.training.torch.ghost.sequence.contract`; products of float32 numbers are exact in float64)
   and, with ``a`` = ``b``, the squared norms of per-example rows
   (:func:`~dpmf.training.torch.ghost.sequence.per_example_norms`);
-* :func:`weighted_rows`: ``out[j] = sum_i f[i] r[i, j]`` (:func:`~dpmf.training.torch.ghost.sequence.per_example_sums`).
+* :func:`weighted_rows`: ``out[j] = sum_i f[i] r[i, j]`` (:func:`~dpmf.training.torch.ghost.sequence.per_example_sums`);
+* :func:`column_sums`: ``sum_i r[i, j]`` and ``sum_i |r[i, j]|`` (:func:`~dpmf.training.torch.ghost.sequence.rows_sum_and_abs`,
+  the check that a broadcast parameter's per-example gradients add up to autograd's).
 
 The tensor forms (``a.to(float64)``, then a product) allocated a float64 copy of every operand each step:
 for ViT's 24 layers at ``T = 17`` a stack of 1.8 MB twice, for GPT-2's at ``T = 128`` 2 MB per Gram, and
@@ -49,3 +51,17 @@ def weighted_rows(r, f, out):  # pragma: no cover - compiled
         fi = np.float64(f[i])
         for j in range(N):
             out[j] += fi * np.float64(r[i, j])
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FAST)
+def column_sums(r, out, out_abs):  # pragma: no cover - compiled
+    """``out[j] = sum_i r[i, j]``, ``out_abs[j] = sum_i |r[i, j]|`` in float64; ``r``: ``(B, N)`` float array."""
+    B, N = r.shape
+    for j in range(N):
+        out[j] = 0.0
+        out_abs[j] = 0.0
+    for i in range(B):
+        for j in range(N):
+            x = np.float64(r[i, j])
+            out[j] += x
+            out_abs[j] += abs(x)

@@ -40,7 +40,7 @@ from dpmf.errors import UnsupportedConfigurationError
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum, zero_rows
 from dpmf.training.torch.ghost.registry import LayerCall, LayerGradients
-from dpmf.training.torch.ghost.sequence import F64, gamma
+from dpmf.training.torch.ghost.sequence import F64, gamma, rows_sum_and_abs
 from dpmf.training.torch.ghost.tracking import Source, plain, pulling, track, watched_aliases
 
 torch = require_torch()
@@ -142,8 +142,7 @@ def _batch_sums(part, p):
     """``(sum_i c_i, sum_i |c_i|)`` of one contribution, float64 of ``p``'s shape (for a dense factored
     one, ``sum_{i,t} |u_{i,t}| |v_{i,t}|^T``, which bounds the second elementwise)."""
     if isinstance(part, PerExample):
-        g = part.grads.to(F64)
-        return g.sum(0), g.abs().sum(0)
+        return rows_sum_and_abs(part.grads)
     if not part.index:
         U, V = part.U.reshape(-1, part.R).to(F64), part.V.reshape(-1, part.C).to(F64)
         return (U.T @ V).reshape(p.shape), (U.abs().T @ V.abs()).reshape(p.shape)

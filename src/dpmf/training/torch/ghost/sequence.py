@@ -68,7 +68,7 @@ torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
            "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
-           "factors_toward_zero"]
+           "factors_toward_zero", "rows_sum_and_abs"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -188,6 +188,22 @@ def _weighted_rows(r, f, out) -> None:
     from dpmf.training.torch.ghost._norms_compiled import weighted_rows as compiled
 
     compiled(r, f, out)
+
+
+def rows_sum_and_abs(rows):
+    """``(sum_i r_i, sum_i |r_i|)`` in float64, ``rows.shape[1:]``, of per-example rows ``(B, ...)``: on the CPU one
+    compiled pass (:func:`~dpmf.training.torch.ghost._norms_compiled.column_sums`, no float64 copy), elsewhere
+    of a float64 copy."""
+    B = rows.shape[0]
+    if _compiled(rows) and B:
+        total = torch.empty(rows.shape[1:], dtype=F64)
+        absolute = torch.empty(rows.shape[1:], dtype=F64)
+        from dpmf.training.torch.ghost._norms_compiled import column_sums
+
+        column_sums(_rows_array(rows, B), total.view(-1).numpy(), absolute.view(-1).numpy())
+        return total, absolute
+    g = rows.to(F64)
+    return g.sum(0), g.abs().sum(0)
 
 
 def _rows_array(t, B: int):
