@@ -46,7 +46,7 @@ def lstm_cells(act, c0, reverse, c):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")
-def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0):  # pragma: no cover - compiled
+def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0, outb, bm):  # pragma: no cover - compiled
     """The LSTM forward of one layer and direction, keeping what its backward reads, time-major: ``x``
     ``(T, B, I)`` the layer's input, ``w_ih_t`` ``(I, 4H)``: ``W_ih`` transposed, ``bias`` ``(4H,)``: ``b_ih + b_hh``
     (empty: none); ``w_t`` ``(H, 4H)``: ``W_hh`` transposed; ``ys`` ``(T + 1, B, H)``: the states, ``h0`` given in
@@ -57,7 +57,9 @@ def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0):
     (:func:`_sigmoid`; ``tanh(g) = 2 sigma(2 g) - 1``), ``c_t = f c_{t-1} + i g``, ``tc = tanh(c_t)``,
     ``h_t = o tc``. ``fast``: float32 arrays, whose exponentials are :func:`_sigmoid`'s vectorized ones
     (else ``math.exp``); ``simd``: the products by :func:`~dpmf.training.torch.ghost._gemm_compiled.gemm`
-    (else ``np.dot``). Every step works on whole ``(B, .)`` blocks in flat loops."""
+    (else ``np.dot``); ``bm``: the outputs also written batch-major into ``outb`` ``(B, T, H)`` (any strides:
+    the direction's columns of a batch-first output). Every step works on whole ``(B, .)`` blocks in flat
+    loops."""
     T, B, G = act.shape
     H = G // 4
     I = x.shape[2]
@@ -95,6 +97,10 @@ def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0):
             ar, tr, hr = a[b], tct[b], h_new[b]
             for j in range(H):
                 hr[j] = ar[3 * H + j] * tr[j]
+            if bm:
+                ob = outb[b, t]
+                for j in range(H):
+                    ob[j] = hr[j]
 
 
 @nb.njit(cache=True, nogil=True)
@@ -102,13 +108,6 @@ def _copy(src, dst):  # pragma: no cover - compiled
     """``dst[:] = src`` (1-D, contiguous; a loop: numba's slice assignment is a generic one)."""
     for j in range(src.size):
         dst[j] = src[j]
-
-
-@nb.njit(cache=True, nogil=True)
-def _add(a, b):  # pragma: no cover - compiled
-    """``a += b`` (1-D, contiguous)."""
-    for j in range(a.size):
-        a[j] += b[j]
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")  # (no zero-division check: the loops vectorize)
@@ -197,16 +196,18 @@ def lstm_bptt(dout, dh0, dc0, act, c, tc, c0, w_hh, w_hr, proj, reverse, simd, d
 @nb.njit(cache=True, nogil=True)
 def lstm_bptt_tm(dout, dh0, dc0, act, c, tc, c0, w_hh, reverse, simd, dg):  # pragma: no cover - compiled
     """:func:`lstm_bptt` without projection on the time-major arrays :func:`lstm_forward` keeps: ``dout``
-    ``(T, B, H)``, ``act`` ``(T, B, 4H)``, ``c``, ``tc`` ``(T, B, H)``, ``c0``, ``dh0``, ``dc0`` ``(B, H)``; writes
+    ``(T, B, H)`` (any strides: the direction's columns of the output gradient, batch-first or not), ``act`` ``(T, B, 4H)``, ``c``, ``tc`` ``(T, B, H)``, ``c0``, ``dh0``, ``dc0`` ``(B, H)``; writes
     ``dg`` ``(T, B, 4H)`` (each step one ``(B, 4H)`` block, the left factor of that step's product by ``W_hh``).
     Returns ``(dh, dc)``: the gradients reaching ``h0``, ``c0``."""
     T, B, H = dout.shape
     dh = dh0.copy()
     dc = dc0.copy()
-    dhf = dh.reshape(B * H)
     for k in range(T):
         t = k if reverse else T - 1 - k
-        _add(dhf, dout[t].reshape(B * H))
+        for b in range(B):
+            r, g = dh[b], dout[t, b]
+            for j in range(H):
+                r[j] += g[j]
         cp = c0 if k == T - 1 else c[t + 1 if reverse else t - 1]
         a, y, v = act[t], tc[t], dg[t]
         for b in range(B):

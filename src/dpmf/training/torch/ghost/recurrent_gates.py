@@ -348,10 +348,13 @@ def lstm_forward_kept(module, input, hx, weights) -> tuple:
     fast = x.dtype == torch.float32
     simd = _simd(x)
     saved, h_n, c_n = [], [], []
+    direct = module.batch_first  # (the top layer's outputs written batch-first by the kernel: no transposed copy)
     with torch.no_grad(), _one_blas_thread(True):
         layer_in = x
         for layer in range(L):
             outs = []
+            top = direct and layer == L - 1
+            outb = x.new_empty(B, T, D * H) if top else x.new_empty(1, 1, 1)
             for d in range(D):
                 k = layer * D + d
                 w = weights[k * per:(k + 1) * per]
@@ -361,15 +364,17 @@ def lstm_forward_kept(module, input, hx, weights) -> tuple:
                 ys[T if d else 0] = h0[k]
                 c0k = c0[k].contiguous()
                 lstm_forward(layer_in.numpy(), w[0].t().contiguous().numpy(), bias.numpy(), w[1].t().contiguous().numpy(),
-                             bool(d), fast, simd, act.numpy(), c.numpy(), tc.numpy(), ys.numpy(), c0k.numpy())
+                             bool(d), fast, simd, act.numpy(), c.numpy(), tc.numpy(), ys.numpy(), c0k.numpy(),
+                             (outb[..., d * H:(d + 1) * H] if top else outb).numpy(), top)
                 saved.append({"x": layer_in, "ys": ys, "act": act, "c": c, "tc": tc, "c0": c0k, "w_ih": w[0],
                               "w_hh": w[1], "reverse": bool(d)})
                 outs.append(ys[:T] if d else ys[1:])
                 h_n.append(ys[0] if d else ys[T])
                 c_n.append(c[0] if d else c[T - 1])
+            if top:
+                break
             layer_in = outs[0] if D == 1 else torch.cat(outs, 2)
-        out = layer_in.transpose(0, 1) if module.batch_first else layer_in
-        out = out.contiguous() if module.batch_first or D > 1 else out.clone()  # (never a view of ``saved``)
+        out = outb if direct else (layer_in.clone() if D == 1 else layer_in)  # (never a view of ``saved``)
     return out, torch.stack(h_n), torch.stack(c_n), saved
 
 
@@ -399,7 +404,7 @@ def lstm_backward_kept(module, saved, grad_output, grad_h_n, grad_c_n, inputs: b
                 st = saved[k]
                 dh = grad_h_n[k].contiguous() if grad_h_n is not None else x0.new_zeros(B, H)
                 dc = grad_c_n[k].contiguous() if grad_c_n is not None else x0.new_zeros(B, H)
-                part = dout[..., d * H:(d + 1) * H].contiguous()
+                part = dout[..., d * H:(d + 1) * H]  # (a view: the kernel reads any strides)
                 dg = x0.new_empty(T, B, 4 * H)
                 dh0_k, dc0_k = lstm_bptt_tm(part.numpy(), dh.numpy(), dc.numpy(), st["act"].numpy(), st["c"].numpy(),
                                             st["tc"].numpy(), st["c0"].numpy(), st["w_hh"].numpy(), st["reverse"],
