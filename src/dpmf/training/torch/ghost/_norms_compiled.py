@@ -8,7 +8,10 @@ Each reads float32 (or float64) rows and accumulates in float64 without forming 
   (:func:`~dpmf.training.torch.ghost.sequence.per_example_norms`);
 * :func:`weighted_rows`: ``out[j] = sum_i f[i] r[i, j]`` (:func:`~dpmf.training.torch.ghost.sequence.per_example_sums`);
 * :func:`column_sums`: ``sum_i r[i, j]`` and ``sum_i |r[i, j]|`` (:func:`~dpmf.training.torch.ghost.sequence.rows_sum_and_abs`,
-  the check that a broadcast parameter's per-example gradients add up to autograd's).
+  the check that a broadcast parameter's per-example gradients add up to autograd's);
+* :func:`norm_affine_grads`: a LayerNorm's / RMSNorm's per-example weight and bias gradients from its input
+  and output gradient in one pass (:mod:`~dpmf.training.torch.ghost.normalization`), without forming the
+  normalized input.
 
 The tensor forms (``a.to(float64)``, then a product) allocated a float64 copy of every operand each step:
 for ViT's 24 layers at ``T = 17`` a stack of 1.8 MB twice, for GPT-2's at ``T = 128`` 2 MB per Gram, and
@@ -65,3 +68,32 @@ def column_sums(r, out, out_abs):  # pragma: no cover - compiled
             x = np.float64(r[i, j])
             out[j] += x
             out_abs[j] += abs(x)
+
+
+@nb.njit(cache=True, nogil=True, fastmath=_FAST)
+def norm_affine_grads(x, g, eps, center, wg, bg):  # pragma: no cover - compiled
+    """Per-example gradients of a last-dim normalization's affine parameters, in float64: for each example
+    ``b`` and position ``t``, ``xhat = (x - m) / sqrt(v + eps)`` over the last dim (``center``: ``m`` the mean,
+    ``v`` the biased variance, as LayerNorm; else ``m = 0``, ``v`` the mean square, as RMSNorm), then
+    ``wg[b] = sum_t xhat g`` and ``bg[b] = sum_t g``. ``x``, ``g``: ``(B, T, D)`` float arrays; ``wg``, ``bg``:
+    float64 ``(B, D)``."""
+    B, T, D = x.shape
+    for b in range(B):
+        for j in range(D):
+            wg[b, j] = 0.0
+            bg[b, j] = 0.0
+        for t in range(T):
+            m = 0.0
+            if center:
+                for j in range(D):
+                    m += np.float64(x[b, t, j])
+                m /= D
+            v = 0.0
+            for j in range(D):
+                d = np.float64(x[b, t, j]) - m
+                v += d * d
+            r = 1.0 / np.sqrt(v / D + eps)
+            for j in range(D):
+                gj = np.float64(g[b, t, j])
+                wg[b, j] += (np.float64(x[b, t, j]) - m) * r * gj
+                bg[b, j] += gj

@@ -68,7 +68,7 @@ torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
            "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
-           "factors_toward_zero", "rows_sum_and_abs"]
+           "factors_toward_zero", "rows_sum_and_abs", "compiled_form"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -169,7 +169,7 @@ def gram_bound(n2, s, su, sv, R, C, T: int, work):
     return out.addcmul_(sv, sv, value=c_v)
 
 
-def _compiled(*tensors) -> bool:
+def compiled_form(*tensors) -> bool:
     """Whether the compiled float64 reductions (:mod:`~dpmf.training.torch.ghost._norms_compiled`) take these
     tensors: plain float32/float64 CPU tensors (elsewhere the tensor forms)."""
     return all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in (torch.float32, F64)
@@ -195,7 +195,7 @@ def rows_sum_and_abs(rows):
     compiled pass (:func:`~dpmf.training.torch.ghost._norms_compiled.column_sums`, no float64 copy), elsewhere
     of a float64 copy."""
     B = rows.shape[0]
-    if _compiled(rows) and B:
+    if compiled_form(rows) and B:
         total = torch.empty(rows.shape[1:], dtype=F64)
         absolute = torch.empty(rows.shape[1:], dtype=F64)
         from dpmf.training.torch.ghost._norms_compiled import column_sums
@@ -217,7 +217,7 @@ def contract(a, b):
     (:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`, no float64 copies); elsewhere one batched
     float64 dot product."""
     B = a.shape[0]
-    if _compiled(a, b) and B:
+    if compiled_form(a, b) and B:
         out = torch.empty(B, dtype=F64)
         _row_dots(_rows_array(a, B), _rows_array(b, B), out.numpy())
         return out
@@ -592,7 +592,7 @@ def per_example_norms(tensors) -> None:
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
-        if all(_compiled(t) for t in group):
+        if all(compiled_form(t) for t in group):
             for t in group:
                 r = _rows_array(t, B)
                 out = torch.empty(B, dtype=F64)
@@ -623,7 +623,7 @@ def per_example_sums(tensors, f) -> None:
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
-        if _compiled(f) and all(_compiled(t) for t in group):
+        if compiled_form(f) and all(compiled_form(t) for t in group):
             fn = f.contiguous().numpy()
             for t in group:
                 part = torch.empty(t.shape[1:], dtype=F64)
