@@ -26,6 +26,9 @@ import math
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from dpmf.training.torch.ghost._gemm_compiled import product
 
@@ -71,8 +74,6 @@ def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0, 
             for j in range(G):
                 row[j] = bias[j]
     product(x.reshape(T * B, I), w_ih_t, a2, bias.size > 0, simd)
-    ei = np.empty(B * G, np.int32)
-    e = np.empty(B * G, dt)
     scale = np.ones(B * G, dt)  # 2 on the g blocks: tanh(g) = 2 sigma(2 g) - 1
     for b in range(B):
         scale[b * G + 2 * H:b * G + 3 * H] = 2
@@ -85,13 +86,13 @@ def lstm_forward(x, w_ih_t, bias, w_t, reverse, fast, simd, act, c, tc, ys, c0, 
         a = act[t]
         product(h_prev, w_t, a, True, simd)
         af = a.reshape(B * G)
-        _sigmoid(af, af, scale, ei, e, fast)
+        _sigmoid(af, af, scale, fast, True)
         ct = c[t]
         for b in range(B):
             ar, cpr, cr = a[b], c_prev[b], ct[b]
             for j in range(H):
                 cr[j] = ar[H + j] * cpr[j] + ar[j] * ar[2 * H + j]
-        _sigmoid(ct.reshape(B * H), tc[t].reshape(B * H), two, ei, e, fast)
+        _sigmoid(ct.reshape(B * H), tc[t].reshape(B * H), two, fast, False)
         tct = tc[t]
         for b in range(B):
             ar, tr, hr = a[b], tct[b], h_new[b]
@@ -111,41 +112,54 @@ def _copy(src, dst):  # pragma: no cover - compiled
 
 
 @nb.njit(cache=True, nogil=True, error_model="numpy")  # (no zero-division check: the loops vectorize)
-def _sigmoid(src, dst, scale, ei, e, fast):  # pragma: no cover - compiled
+def _sigmoid(src, dst, scale, fast, same):  # pragma: no cover - compiled
     """``dst = 2 sigma(2 src) - 1`` where ``scale`` is 2, ``sigma(src)`` where it is 1 (1-D, contiguous, ``scale``
-    as long, ``dst`` may be ``src``; ``ei``, ``e``: int32 and float scratch at least as long): the gates'
-    activations, and ``tanh`` as ``2 sigma(2 x) - 1``. ``fast`` (float32): ``exp(-v)`` as ``2^q p(r)``,
-    ``q = floor(v log2(e) + 1/2)``, ``r = v - q ln 2`` (ln 2 in two parts, Cody and Waite), ``p`` the
-    polynomial of Cephes' ``expf`` (relative error about 1 ulp), ``2^q`` built in the exponent bits -- no
-    call, so the loop vectorizes (numba has no vector ``exp`` without Intel's SVML); ``v`` clamped to
-    ``[-87, 88]``, where ``sigma`` is 1 or below ``1e-38`` (its float32 value to rounding); NaN stays NaN.
-    Else ``math.exp``."""
+    as long; ``same``: ``dst`` is ``src``): the gates' activations, and ``tanh`` as ``2 sigma(2 x) - 1``.
+    ``fast`` (float32): :func:`_sigmoid_one` (vectorized; one loop, in place where ``same``: with ``dst`` the very
+    ``src`` a two-array loop would fail the compiler's overlap check and run unvectorized). Else ``math.exp``."""
     n = src.size
     if not fast:
         for j in range(n):
             s = 1.0 / (1.0 + math.exp(-(scale[j] * src[j])))
             dst[j] = s * scale[j] - (scale[j] - 1.0)
-        return
-    for j in range(n):
-        v = -(scale[j] * src[j])
-        v = min(max(v, np.float32(-87.0)), np.float32(88.0))
-        q = np.floor(v * np.float32(1.44269504) + np.float32(0.5))
-        r = v - q * np.float32(0.693359375) + q * np.float32(2.12194440e-4)
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        e[j] = p * r * r + r + np.float32(1.0)
-        ei[j] = (np.int32(q) + np.int32(127)) << 23
-    ef = ei.view(np.float32)
-    for j in range(n):
-        x = src[j]
-        s = np.float32(1.0) / (np.float32(1.0) + e[j] * ef[j])
-        e[j] = s * scale[j] - (scale[j] - np.float32(1.0)) if x == x else x
-    for j in range(n):  # (apart: with dst the very src, one loop would fail the compiler's overlap check)
-        dst[j] = e[j]
+    elif same:
+        for j in range(n):
+            dst[j] = _sigmoid_one(dst[j], scale[j])
+    else:
+        for j in range(n):
+            dst[j] = _sigmoid_one(src[j], scale[j])
+
+
+@intrinsic
+def _f32_from_bits(typingctx, i):
+    """The float32 whose bits are the int32 ``i`` (an LLVM bitcast: vectorizes)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@nb.njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _sigmoid_one(x, sc):  # pragma: no cover - compiled
+    """``sigma(x)`` (``sc`` 1) or ``2 sigma(2 x) - 1`` (``sc`` 2) in float32: ``exp(-v)`` as ``2^q p(r)``,
+    ``q = floor(v log2(e) + 1/2)``, ``r = v - q ln 2`` (ln 2 in two parts, Cody and Waite), ``p`` the polynomial
+    of Cephes' ``expf`` (relative error about 1 ulp), ``2^q`` built in the exponent bits -- no call, so a loop
+    of it vectorizes (numba has no vector ``exp`` without Intel's SVML); ``v`` clamped to ``[-87, 88]``, where
+    ``sigma`` is 1 or below ``1e-38`` (its float32 value to rounding); NaN stays NaN."""
+    v = -(sc * x)
+    v = min(max(v, np.float32(-87.0)), np.float32(88.0))
+    q = np.floor(v * np.float32(1.44269504) + np.float32(0.5))
+    r = v - q * np.float32(0.693359375) + q * np.float32(2.12194440e-4)
+    p = np.float32(1.9875691500e-4)
+    p = p * r + np.float32(1.3981999507e-3)
+    p = p * r + np.float32(8.3334519073e-3)
+    p = p * r + np.float32(4.1665795894e-2)
+    p = p * r + np.float32(1.6666665459e-1)
+    p = p * r + np.float32(5.0000001201e-1)
+    e = (p * r * r + r + np.float32(1.0)) * _f32_from_bits((np.int32(q) + np.int32(127)) << 23)
+    s = np.float32(1.0) / (np.float32(1.0) + e)
+    return s * sc - (sc - np.float32(1.0)) if x == x else x
 
 
 @nb.njit(cache=True, nogil=True)
