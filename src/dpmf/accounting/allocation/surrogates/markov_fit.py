@@ -210,23 +210,31 @@ def _psd_fit(grams, tgt, kind: str, rhos, scale_sq: float):
     sizes = sorted({g.shape[0] for g in grams})
     norms = [float(np.linalg.norm(g)) for g in grams]
 
-    def gamma0(g1, rho):
-        lags = _chain_lags(max(tgt[0], 2 * g1 / (1 + rho)), g1, rho, b)
-        d = 0.0
+    def scored_all(cands):
+        # per candidate (g1, rho): gamma_0 (the PSD deficit of each distinct Gram, psd_deficit's float
+        # operations with the smallest eigenvalues of all candidates from one stacked call -- LAPACK's
+        # per matrix, as one call each) and the second-moment proxy; the same floats as one at a time
+        lags = [_chain_lags(max(tgt[0], 2 * g1 / (1 + rho)), g1, rho, b) for g1, rho in cands]
+        d = [0.0] * len(cands)
         for g, ng in zip(grams, norms):
-            t = toeplitz(lags[: g.shape[0]], g.shape[0])
-            d = max(d, psd_deficit(t - g, float(np.linalg.norm(t)) + ng))
-        return (lags[0] + d) * (1 + 1e-9)
+            n = g.shape[0]
+            ts = np.stack([toeplitz(lg[:n], n) for lg in lags])
+            excess = ts - g
+            lam = np.linalg.eigvalsh(excess)[:, 0]
+            for k in range(len(cands)):
+                tol = _EIG_TOL * n * (float(np.linalg.norm(excess[k])) + (float(np.linalg.norm(ts[k])) + ng))
+                d[k] = max(d[k], max(0.0, tol - float(lam[k])))
+        out = []
+        for (g1, rho), lg, dk in zip(cands, lags, d):
+            g0 = (lg[0] + dk) * (1 + 1e-9)
+            full = _chain_lags(g0, g1, rho, b)
+            out.append((_second_moment([toeplitz(full[:n], n) for n in sizes], scale_sq), g0, g1, rho))
+        return out
 
-    def scored(g1, rho):
-        g0 = gamma0(g1, rho)
-        lags = _chain_lags(g0, g1, rho, b)
-        return _second_moment([toeplitz(lags[:n], n) for n in sizes], scale_sq), g0, g1, rho
-
-    best = min(scored(tgt[1] * f, float(r)) for r in rhos[::3] for f in np.arange(0.6, 1.65, 0.1))
+    best = min(scored_all([(tgt[1] * f, float(r)) for r in rhos[::3] for f in np.arange(0.6, 1.65, 0.1)]))
     _, _, g1c, rc = best
-    fine = [scored(g1c * f, float(r)) for r in np.arange(max(rc - 0.04, 0.0), min(rc + 0.045, 0.96), 0.02)
-            for f in np.arange(0.95, 1.055, 0.025)]
+    fine = scored_all([(g1c * f, float(r)) for r in np.arange(max(rc - 0.04, 0.0), min(rc + 0.045, 0.96), 0.02)
+                       for f in np.arange(0.95, 1.055, 0.025)])
     return min([best] + fine)
 
 
