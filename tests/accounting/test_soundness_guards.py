@@ -240,6 +240,25 @@ def test_registry_lists_match_signatures():
             assert m.calibration_options <= named, (m.name, m.calibration_options - named)
 
 
+def test_registry_names_are_the_accountants_and_allocation_loads_on_first_use():
+    """The allocation accountants are registered by name and imported on first use (a run of MMCC
+    or DP-SGD does not import SciPy's optimizer and their kernels); the names are the modules'."""
+    import subprocess
+    import sys
+
+    from dpmf.accounting.allocation import accountant as allocation_accountant
+    from dpmf.accounting.allocation import pld as allocation_pld
+
+    assert METHODS[allocation_accountant.NAME].run.__wrapped__ is allocation_accountant.account_allocation
+    assert METHODS[allocation_pld.NAME].run.__wrapped__ is allocation_pld.account_allocation_pld
+    code = ("import sys, dpmf\n"
+            "from dpmf.strategies import bsr\nfrom dpmf.sampling import PoissonSampling\n"
+            "dpmf.account(bsr(8, 2), PoissonSampling(0.2, 8), 2.0, 1e-5, method='mmcc', heuristic=False)\n"
+            "print('dpmf.accounting.allocation.accountant' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 # --------------------------------------------------------------------------- reduction
 @pytest.mark.parametrize("epochs", [2, 4])
 @pytest.mark.parametrize("sigma", [0.8, 2.0])

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from dpmf import validation as _v
-from dpmf.accounting import allocation, dpsgd, mmcc, montecarlo, truncated, unamplified
-from dpmf.accounting.allocation import pld as allocation_pld
+from dpmf.accounting import dpsgd, mmcc, montecarlo, truncated, unamplified
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
@@ -76,6 +75,30 @@ class AccountingMethod:
         return self.run_options
 
 
+class _Deferred:
+    """``module.attribute``, imported on the first call: the random-allocation accountants import
+    SciPy's optimizer and their compiled kernels (~0.5 CPU-s), which a run of another method need
+    not pay. ``__wrapped__`` is the function itself (so ``inspect.signature`` reads its options)."""
+
+    def __init__(self, module: str, attribute: str) -> None:
+        self.module, self.attribute = module, attribute
+
+    @property
+    def __wrapped__(self) -> Callable:
+        import importlib
+
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+    def __call__(self, *args, **kwargs):
+        return self.__wrapped__(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"{self.module}.{self.attribute} (imported on first use)"
+
+
+_ALLOCATION = "dpmf.accounting.allocation.accountant"
+_ALLOCATION_PLD = "dpmf.accounting.allocation.pld"
+
 _MMCC_OPTIONS = frozenset(
     {"delta_split", "adaptive", "grid_step", "discretization", "merge_budget", "workers", "scheduler", "cache_dir"}
 )
@@ -128,28 +151,28 @@ METHODS: dict[str, AccountingMethod] = {
             probe=mmcc.probe_mmcc,  # cheapest rows first: stops once they already exceed the target
         ),
         AccountingMethod(
-            allocation_pld.NAME,
+            "allocation_pld",  # (allocation.pld.NAME; a test checks it)
             "random allocation (balls-in-bins: one slot reused, fresh slots each epoch, k of t slots) for DP-SGD "
             "(identity): the PLD of the dominating pair, pessimistically discretized (Feldman & Shenfeld 2026); "
             "for a correlated C, reductions to it (one reused slot; or fresh slots, composed over the epochs); "
             "tried before the Renyi/conditional bounds",
-            allocation_pld.supports,
-            allocation_pld.account_allocation_pld,
+            _Deferred(_ALLOCATION_PLD, "supports"),
+            _Deferred(_ALLOCATION_PLD, "account_allocation_pld"),
             frozenset({"accuracy", "max_points"}),
             frozenset(),
-            allocation_pld.noise_and_report,  # (the calibrate_allocation_pld search, with the report at its answer)
+            _Deferred(_ALLOCATION_PLD, "noise_and_report"),  # (the calibrate_allocation_pld search, with the report at its answer)
             frozenset({"accuracy", "max_points"}),
             calibration_limit=True,
         ),
         AccountingMethod(
-            allocation.NAME,
+            "allocation",  # (allocation.NAME; a test checks it)
             "random allocation (balls-in-bins), sampling-free: the tighter of the Renyi dynamic program and "
             "conditional composition",
-            allocation.supports,
-            allocation.account_allocation,
+            _Deferred(_ALLOCATION, "supports"),
+            _Deferred(_ALLOCATION, "account_allocation"),
             _ALLOCATION_OPTIONS | {"callback"},
             frozenset(),
-            allocation.accountant.noise_and_report,  # (calibrate_allocation, with the report at its answer)
+            _Deferred(_ALLOCATION, "noise_and_report"),  # (calibrate_allocation, with the report at its answer)
             _ALLOCATION_OPTIONS,
             # (for C != I without Markov members -- b > 256 slots, k of t -- allocation_pld's groups cost more
             # per noise than a Renyi evaluation, so the Renyi search goes first; with Markov members one
@@ -157,7 +180,8 @@ METHODS: dict[str, AccountingMethod] = {
             # registry order and this one probed once at its noise: the Renyi search then runs only where it
             # passes there -- README snippet 28.3 -> ~19 CPU-s; for DP-SGD allocation_pld is exact and cheap)
             search_first=lambda strategy, scheme: (not isinstance(strategy, Identity)
-                                                   and not allocation_pld.searches_markov_members(strategy, scheme)),
+                                                   and not _Deferred(_ALLOCATION_PLD, "searches_markov_members")(
+                                                       strategy, scheme)),
             calibration_limit=True,
         ),
         AccountingMethod(
@@ -203,13 +227,13 @@ def _options_for(methods: list[AccountingMethod], options: dict, calibrating: bo
     return [{k: v for k, v in given.items() if k in m.accepts(calibrating)} for m in methods]
 
 
-def valid_methods(strategy, scheme, options: dict | None = None) -> dict[str, str | None]:
-    """For every registered method: ``None`` if it applies, else why not (``options`` such as MMCC's
-    ``adaptive=False`` can widen what a method covers)."""
+def valid_methods(strategy, scheme, options: dict | None = None, names=None) -> dict[str, str | None]:
+    """For every registered method (or those in ``names``): ``None`` if it applies, else why not
+    (``options`` such as MMCC's ``adaptive=False`` can widen what a method covers)."""
     options = {k: v for k, v in (options or {}).items() if v is not None}
     return {
         name: m.supports(strategy, scheme, **{k: options[k] for k in m.pair_options if k in options})
-        for name, m in METHODS.items()
+        for name, m in METHODS.items() if names is None or name in names
     }
 
 
@@ -241,7 +265,9 @@ def _cannot_win(strategy, scheme, names: set[str]) -> dict[str, str]:
 
 def _select(strategy, scheme, method: str, options: dict) -> tuple[list[AccountingMethod], dict[str, str]]:
     """The methods to run and, for ``"auto"``, the valid ones skipped (name -> why)."""
-    reasons = valid_methods(strategy, scheme, options)
+    if method != "auto" and method not in METHODS:
+        raise InvalidParameterError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
+    reasons = valid_methods(strategy, scheme, options, names=None if method == "auto" else (method,))
     if method == "auto":
         valid = {name for name, why in reasons.items() if why is None and METHODS[name].in_auto}
         if not valid:
@@ -249,8 +275,6 @@ def _select(strategy, scheme, method: str, options: dict) -> tuple[list[Accounti
             raise UnsupportedConfigurationError(f"no accountant covers this configuration ({detail})")
         skipped = _cannot_win(strategy, scheme, valid)
         return [METHODS[name] for name in METHODS if name in valid and name not in skipped], skipped
-    if method not in METHODS:
-        raise InvalidParameterError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
     if reasons[method] is not None:
         raise UnsupportedConfigurationError(f"method {method!r} does not apply: {reasons[method]}")
     return [METHODS[method]], {}
