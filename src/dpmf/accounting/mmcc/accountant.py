@@ -109,7 +109,7 @@ from dpmf.accounting.truncated import truncation_refusal
 from dpmf.errors import InvalidParameterError, NumericalError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
 from dpmf.privacy.gaussian_plds import discretization_diagnostics
-from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, COARSEN_OTHER_DIRECTION, compose_many, composed_epsilon
+from dpmf.privacy.pld import DEFAULT_DISCRETIZATION, PrivacyLossDistribution, COARSEN_OTHER_DIRECTION, composed_epsilon
 from dpmf.privacy.product_mixtures import grid_indices
 from dpmf.sampling.schemes import CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
@@ -578,24 +578,13 @@ class MMCCAccountant:
             known[todo[j]] = pld
         return [(known[k], count) for k, (_, count) in enumerate(groups) if known.get(k) is not None], info, ratio[0]
 
-    def _compose(self, analysis: _Analysis, groups, sigma: float, heuristic: bool, callback: RowCallback | None,
-                 description: str = "MMCC rows", known: dict | None = None, only: list[int] | None = None,
-                 ) -> tuple[PrivacyLossDistribution | None, dict, float]:
-        """:meth:`_rows` composed (:func:`~dpmf.privacy.pld.compose_many`, smallest first, after the
-        rows: row PLDs are small next to the rows' inputs, and composing while the row processes run
-        would only compete with them for the cores); ``None`` for a partial composition of no known
-        row."""
-        parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, callback, description, known, only)
-        total = compose_many([p for p, _ in parts], [c for _, c in parts])
-        if total is None and only is None:
-            total = PrivacyLossDistribution.identity(self.discretization_at(sigma))
-        return total, info, ratio
-
     def _epsilon(self, analysis: _Analysis, groups, sigma: float, delta: float, heuristic: bool,
                  callback: RowCallback | None, description: str, known: dict | None = None, keep_points: int = 0):
         """``(ComposedEpsilon, info, ratio)``: :meth:`_rows` composed by
         :func:`~dpmf.privacy.pld.composed_epsilon` (only the direction that decides the epsilon on
-        the fine grid, unless ``keep_points`` asks for the PLD)."""
+        the fine grid, unless ``keep_points`` asks for the PLD), after the rows: row PLDs are small
+        next to the rows' inputs, and composing while the row processes run would only compete with
+        them for the cores."""
         parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, callback, description, known)
         if not parts:
             parts = [(PrivacyLossDistribution.identity(self.discretization_at(sigma)), 1)]
@@ -749,7 +738,8 @@ class MMCCAccountant:
 
         Rows are computed cheapest first (entries per row as the cost). After each fraction of a
         phase's work in :data:`PROBE_FRACTIONS` the rows computed so far are composed and their
-        epsilon is read at ``delta_2 + m tau`` (``m`` the compositions made, ``tau`` the tail mass
+        epsilon is read at ``delta_2 + m tau`` (the direction :func:`~dpmf.privacy.pld.composed_epsilon`
+        composes on the fine grid; ``m`` the compositions made, ``tau`` the tail mass
         each may move to +inf). Composing more rows can only raise delta(eps) (the composed pair
         projects onto the partial one: post-processing), so, up to those truncations, the full
         composition's delta at that epsilon exceeds ``delta_2``: MMCC's epsilon at this noise is
@@ -774,19 +764,21 @@ class MMCCAccountant:
                 if upto <= done or upto >= len(order):
                     continue
                 phase = "" if len(self.analyses) == 1 else f" ({a.label})"
-                partial, _, r = self._compose(
+                parts, _, r = self._rows(
                     a, a.groups, sigma, False, None, f"MMCC rows{phase} (probe)", known=rows,
                     only=[int(k) for k in order[:upto]],
                 )
                 ratio = max(ratio, r)
                 done = upto
-                if partial is None:
+                if not parts:
                     continue
                 compositions = sum(max(int(c), 1) for k, (_, c) in enumerate(a.groups) if rows.get(k) is not None)
                 slack = 2 * compositions * DEFAULT_TAIL_MASS_TRUNCATION
                 delta2 = self.delta - struct.delta1
                 if delta2 + slack < 1:
-                    eps = max(partial.epsilon_by_direction(delta2 + slack).values())
+                    # (a lower bound needs a direction composed on the fine grid: a coarse one is an upper bound)
+                    composed = composed_epsilon([p for p, _ in parts], [c for _, c in parts], delta2 + slack)
+                    eps = max(v for d, v in composed.epsilon_by_direction.items() if d not in composed.bounded)
                     if eps > target:
                         return float(eps)
             known[i] = (rows, ratio)
