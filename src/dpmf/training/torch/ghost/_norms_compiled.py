@@ -13,11 +13,11 @@ Each reads float32 (or float64) rows and accumulates in float64 without forming 
   and output gradient in one pass (:mod:`~dpmf.training.torch.ghost.normalization`), without forming the
   normalized input.
 
-The tensor forms (``a.to(float64)``, then a product) allocated a float64 copy of every operand each step:
-for ViT's 24 layers at ``T = 17`` a stack of 1.8 MB twice, for GPT-2's at ``T = 128`` 2 MB per Gram, and
-for the small per-example gradients 2.4 MB twice -- fresh memory that the allocator returned to the
-system and took back every step, so each step paid ~2,000-3,000 page faults (about 5 ms of a 90 ms ViT
-step; ``benchmarks/README.md``, issue 52).
+Used for large tensors (:func:`~dpmf.training.torch.ghost.sequence.compiled_form`: more than 2^17 entries):
+there the tensor forms' float64 copies (GPT-2's ``T = 128`` Grams: 2 MB each, twice per layer) were fresh
+memory that the allocator returned to the system and took back every step, paying page faults. Small ones
+keep the tensor forms, whose copies the allocator reuses (loading numba costs ~40 MB of memory: a small
+model's private step would exceed 1.5x its plain memory; issue 52).
 
 Float64 sums may be reassociated (``fastmath={"reassoc"}``, so the loops vectorize): the rounding bounds
 of :mod:`~dpmf.training.torch.ghost.sequence` hold for any summation order. No other fast-math flag: an

@@ -68,13 +68,15 @@ torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
            "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
-           "factors_toward_zero", "rows_sum_and_abs", "compiled_form"]
+           "factors_toward_zero", "rows_sum_and_abs", "compiled_form", "cpu_plain"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
 CHUNK_FLOATS = 1 << 23
 #: floats of per-example gradients whose float64 norms are taken at once (the norm makes a float64 copy)
 NORM_FLOATS = 1 << 20
+#: entries above which a float64 reduction of a CPU tensor runs compiled (:func:`compiled_form`; 1 MB in float64)
+COMPILED_FLOATS = 1 << 17
 #: cost of one Gram entry's float64 contraction (conversions, product, sum), in float32 GEMM multiply-adds
 GRAM_PASS = 70
 #: cost of one materialized entry's float64 norm
@@ -169,11 +171,18 @@ def gram_bound(n2, s, su, sv, R, C, T: int, work):
     return out.addcmul_(sv, sv, value=c_v)
 
 
-def compiled_form(*tensors) -> bool:
-    """Whether the compiled float64 reductions (:mod:`~dpmf.training.torch.ghost._norms_compiled`) take these
-    tensors: plain float32/float64 CPU tensors (elsewhere the tensor forms)."""
+def cpu_plain(*tensors) -> bool:
+    """Plain float32/float64 CPU tensors (what numpy and the compiled reductions read without a copy)."""
     return all(type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in (torch.float32, F64)
                and not t.requires_grad and not torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors)
+
+
+def compiled_form(*tensors) -> bool:
+    """Whether the compiled float64 reductions (:mod:`~dpmf.training.torch.ghost._norms_compiled`) take these
+    tensors: :func:`cpu_plain` ones of which the first has more than :data:`COMPILED_FLOATS` entries (below,
+    the tensor forms' float64 copies are small enough to be reused from the allocator's free lists, and
+    loading numba, ~40 MB, would cost a small model more memory than the copies; issue 52)."""
+    return bool(tensors) and tensors[0].numel() > COMPILED_FLOATS and cpu_plain(*tensors)
 
 
 def _row_dots(a, b, out) -> None:
@@ -191,9 +200,9 @@ def _weighted_rows(r, f, out) -> None:
 
 
 def rows_sum_and_abs(rows):
-    """``(sum_i r_i, sum_i |r_i|)`` in float64, ``rows.shape[1:]``, of per-example rows ``(B, ...)``: on the CPU one
-    compiled pass (:func:`~dpmf.training.torch.ghost._norms_compiled.column_sums`, no float64 copy), elsewhere
-    of a float64 copy."""
+    """``(sum_i r_i, sum_i |r_i|)`` in float64, ``rows.shape[1:]``, of per-example rows ``(B, ...)``: of a float64
+    copy, or for a large CPU tensor (:func:`compiled_form`) in one compiled pass
+    (:func:`~dpmf.training.torch.ghost._norms_compiled.column_sums`, no copy)."""
     B = rows.shape[0]
     if compiled_form(rows) and B:
         total = torch.empty(rows.shape[1:], dtype=F64)
@@ -213,9 +222,10 @@ def _rows_array(t, B: int):
 
 def contract(a, b):
     """``sum_{s,t} a_st b_st`` per example in float64 (products of float32 numbers are exact there) of two
-    ``(B, T_1, T_2)`` Grams, ``(B,)``: on the CPU one compiled pass that reads them as they are
-    (:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`, no float64 copies); elsewhere one batched
-    float64 dot product."""
+    ``(B, T_1, T_2)`` Grams, ``(B,)``: one batched float64 dot product, or, for large Grams on the CPU
+    (:func:`compiled_form`), one compiled pass that reads them as they are
+    (:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`; GPT-2's ``T = 128`` Grams made 2 MB float64
+    copies each)."""
     B = a.shape[0]
     if compiled_form(a, b) and B:
         out = torch.empty(B, dtype=F64)
@@ -584,19 +594,23 @@ def _per_example_groups(tensors) -> dict:
 
 def per_example_norms(tensors) -> None:
     """Inside :func:`step_cache`, :func:`rows_sq_norms` of every per-example tensor of ``tensors`` (biases,
-    normalization layers: ``(B, *shape)``), found there by :func:`rows_sq_norms`. On the CPU each tensor's
-    float64 sums of squares in one compiled pass over it (no float64 copy,
-    :func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`); elsewhere all of them formed together: one
-    float64 copy side by side, squared, and summed per tensor (one ``index_add``). The same float64
+    normalization layers: ``(B, *shape)``), found there by :func:`rows_sq_norms`. On the CPU tensor by tensor
+    (a large one in one compiled pass, no float64 copy: :func:`compiled_form`; one float64 copy of all side by
+    side, 2.4 MB in a ViT, was fresh memory every step); elsewhere all of them formed together: one float64
+    copy side by side, squared, and summed per tensor (one ``index_add``). The same float64
     numbers as alone, summed in another order (float64 rounding, as before)."""
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
-        if all(compiled_form(t) for t in group):
+        if device.type == "cpu":
             for t in group:
-                r = _rows_array(t, B)
-                out = torch.empty(B, dtype=F64)
-                _row_dots(r, r, out.numpy())
+                if compiled_form(t):
+                    r = _rows_array(t, B)
+                    out = torch.empty(B, dtype=F64)
+                    _row_dots(r, r, out.numpy())
+                else:
+                    r = t.reshape(B, -1).to(F64)
+                    out = (r * r).sum(1)
                 _GRAMS[("rows_sq", id(t))] = (t, out)
             continue
         flat, sizes = _flat64(group, B, device)
@@ -617,17 +631,19 @@ def weighted_rows(rows, f):
 
 def per_example_sums(tensors, f) -> None:
     """Inside :func:`step_cache`, :func:`weighted_rows` of every per-example tensor of ``tensors`` with the
-    clip factors ``f``, found there by :func:`weighted_rows`: on the CPU one compiled pass over each tensor
-    (:func:`~dpmf.training.torch.ghost._norms_compiled.weighted_rows`), elsewhere one float64 product with
-    the float64 copy of :func:`per_example_norms`."""
+    clip factors ``f``, found there by :func:`weighted_rows`: on the CPU tensor by tensor (a large one in one
+    compiled pass, :func:`~dpmf.training.torch.ghost._norms_compiled.weighted_rows`), elsewhere one float64
+    product with the float64 copy of :func:`per_example_norms`."""
     if _GRAMS is None:
         return
     for (B, device), group in _per_example_groups(tensors).items():
-        if compiled_form(f) and all(compiled_form(t) for t in group):
-            fn = f.contiguous().numpy()
+        if device.type == "cpu" and f.device.type == "cpu":
             for t in group:
-                part = torch.empty(t.shape[1:], dtype=F64)
-                _weighted_rows(_rows_array(t, B), fn, part.view(-1).numpy())
+                if compiled_form(t) and cpu_plain(f):
+                    part = torch.empty(t.shape[1:], dtype=F64)
+                    _weighted_rows(_rows_array(t, B), f.contiguous().numpy(), part.view(-1).numpy())
+                else:
+                    part = torch.mv(t.reshape(B, -1).t().to(F64), f.to(F64)).view(t.shape[1:])
                 _GRAMS[("rows_sum", id(t))] = (t, f, part)
             continue
         flat, sizes = _flat64(group, B, device)
