@@ -103,15 +103,15 @@ def _states(kind, w, x, y, h0, c0, reverse: bool, compiled: bool) -> dict:
     B, T = x.shape[:2]
     h_in = st["h_in"]
     if kind == "GRU":
-        gi = F.linear(x, w["ih"], w["b_ih"])
-        gh = F.linear(h_in, w["hh"], w["b_hh"])
+        gi = _linear(x, w["ih"], w["b_ih"], compiled)
+        gh = _linear(h_in, w["hh"], w["b_hh"], compiled)
         st["rz"] = rz = torch.sigmoid(gi[..., :2 * H] + gh[..., :2 * H])
         st["ghn"] = ghn = gh[..., 2 * H:].contiguous()
         st["n"] = _tanh_(torch.addcmul(gi[..., 2 * H:], rz[..., :H], ghn))
         return st
     bias = None if w["b_ih"] is None else w["b_ih"] + w["b_hh"]
-    pre = F.linear(x, w["ih"], bias)
-    pre.view(B * T, 4 * H).addmm_(h_in.view(B * T, -1), w["hh"].t())
+    pre = _linear(x, w["ih"], bias, compiled)
+    _linear(h_in, w["hh"], None, compiled, into=pre)
     pre[..., 2 * H:3 * H].mul_(2)  # act = [i, f, g, o]: tanh(g) = 2 sigma(2 g) - 1
     st["act"] = act = pre.sigmoid_()
     act[..., 2 * H:3 * H].mul_(2).sub_(1)
@@ -302,8 +302,7 @@ def _backward(kind, module, saved, x, grad_output, grad_h_n, grad_c_n, compiled,
                                     "m": st.get("m"), "dhr": g["dhr"]})
             dh0[k], dc0[k] = g["dh0"], g["dc0"]
             if layer or inputs:
-                below = g["dgi"] @ w["ih"]
-                d_below = below if d_below is None else d_below.add_(below)
+                d_below = _below(g["dgi"], w["ih"], d_below, compiled and _simd(x))
         dout = d_below
     return result, (dout, torch.stack(dh0), torch.stack(dc0) if lstm else None)
 
@@ -441,4 +440,24 @@ def _below(dg, w_ih, acc, simd: bool):
     T, B, G = dg.shape
     out = dg.new_empty(T, B, w_ih.shape[1]) if acc is None else acc
     gemm(dg.view(T * B, G).numpy(), w_ih.contiguous().numpy(), out.view(T * B, -1).numpy(), acc is not None)
+    return out
+
+
+def _linear(x, w, b, compiled: bool, into=None):
+    """``x W^T + b`` ``(B, T, R)`` for contiguous ``x`` ``(B, T, C)`` (``b`` None: no bias; ``into``: added into that
+    tensor instead), by :func:`~dpmf.training.torch.ghost._gemm_compiled.gemm` where :func:`_simd` applies to the
+    compiled loops' tensors, else by PyTorch."""
+    if not (compiled and _simd(x)):
+        if into is None:
+            return F.linear(x, w, b)
+        return into.view(-1, into.shape[-1]).addmm_(x.reshape(-1, x.shape[-1]), w.t()).view_as(into)
+    from dpmf.training.torch.ghost._gemm_compiled import gemm
+
+    out = into
+    if out is None:
+        out = x.new_empty(*x.shape[:-1], w.shape[0])
+        if b is not None:
+            out.copy_(b.expand_as(out))
+    acc = into is not None or b is not None
+    gemm(x.reshape(-1, x.shape[-1]).numpy(), w.t().contiguous().numpy(), out.view(-1, out.shape[-1]).numpy(), acc)
     return out
