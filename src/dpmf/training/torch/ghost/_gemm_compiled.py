@@ -19,6 +19,10 @@ any BLAS (:mod:`~dpmf.training.torch.ghost.sequence`'s bounds assume no more).
 :func:`applies`: float32 only (a float64 product takes :func:`numpy.dot`), and only where the host CPU has
 AVX-512 and numba compiles for it (elsewhere the 16 accumulators of 16 lanes would spill: the callers then
 keep ``np.dot``).
+
+Callers compiled with ``cache=True`` in other modules (``_recurrent_compiled``) hold this code inlined, and
+numba's cache checks only a function's own file: after changing this module, clear their cached entries
+(``__pycache__/_recurrent_compiled.*.nb*``).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ pre-activations, the activations in one pass, :mod:`~dpmf.training.torch.ghost.r
 what is left is sequential by nature -- ``c_t = f_t c_{t-1} + i_t g_t`` and the backward recurrence
 ``dh_{t-1} = dgates_t W_hh`` -- and as a Python loop of tensor operations it cost more than the plain
 training step itself (issue 52: 8.7 ms of a 5.5 ms step, most of it per-operation overhead on
-``32 x 64`` tensors). Here one call runs a whole direction: per step one product by ``W_hh`` (BLAS
-``gemm`` through ``np.dot``; the caller holds BLAS to one thread) and one pass over the batch that
+``32 x 64`` tensors). Here one call runs a whole direction: per step one product by ``W_hh`` (float32
+where the CPU has AVX-512: :func:`~dpmf.training.torch.ghost._gemm_compiled.gemm`, 2-3x SciPy's OpenBLAS
+here; else BLAS ``gemm`` through ``np.dot``, the caller holding BLAS to one thread) and one pass over the batch that
 forms the gate gradients from the saved activations (no transcendental function: ``sigma' = s(1-s)``,
 ``tanh' = 1 - y^2`` from the values).
 
@@ -320,7 +321,7 @@ def kept_products(G, X, Hs, bias, time_major, g_t, simd, P, out):  # pragma: no 
     example at a time (its products and norms while they are in cache): ``P[b] = A_b^T G_b`` ``(C, R)``
     with ``A_b = [x_t, h_t, 1]`` ``(T, C)`` (``X``, ``Hs``: the inputs and the states each step read; the
     column of ones only with ``bias``), ``G`` the gate gradients, all ``(B, T, .)`` or ``(T, B, .)``
-    (``time_major``); one BLAS product per example (the caller holds BLAS to one thread). ``out[b, k]`` for
+    (``time_major``); one product per example (``simd``: the vector kernel, else BLAS on one thread). ``out[b, k]`` for
     each segment ``k`` of ``A``'s columns (``x``, ``h``, the ones): ``(||P[b, seg]|| + g_t s)^2`` with
     ``s = sum_t ||g_t|| ||a_{t, seg}||`` -- the computed product errs by at most ``g_t = gamma_T`` times
     ``|A_b|^T |G_b|`` entrywise, whose norm is at most ``s`` -- every square and sum in float64 (the squares

@@ -21,7 +21,7 @@ batched products, the backward through time compiled. One batched pass: no per-e
 
 Norms and clipped sums. RNN and LSTM (``du = dv``): where they fit in memory (:class:`_Kept`), the
 per-example gradients of ``W_ih``, ``W_hh`` and both biases of a layer and direction are materialized at
-once, ``[x, h_{t-1}, 1]^T du`` per example (compiled, one BLAS product per example, float64 norms with the
+once, ``[x, h_{t-1}, 1]^T du`` per example (compiled, one product per example, float64 norms with the
 product's rounding bound), and the clipped sum is one matrix-vector product of that same tensor: cheaper
 than Grams plus book-keeping for a recurrent layer's long sequences and small weights. Otherwise, and
 for the GRU (whose groups of one weight measured faster so), each weight is a Linear along the sequence
