@@ -313,10 +313,11 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     except DPMFError:  # a noise no grid holds (the accountant refuses it): the requested grid's points
         u = row_sum / max(sig, 1e-12)
         step, points = 1e-4, (u * u + 20.0 * u) / 1e-4
-    if step > 1e-4:  # a coarser grid (memory): time falls like 1.5 (1e-4 / step)^0.75, measured on the
-        # binary tree after the one-spectrum composition (2026-12-02 evening, load ~5): n = 64 / 256 at
-        # sigma 0.5 0.79 / 0.63 CPU-s (grids 0.41 / 6.55), n = 256 at sigma 1 / 2 1.55 / 0.90 (1.64 / 0.41)
-        secs *= 1.5 * (1e-4 / step) ** 0.75
+    if step > 1e-4:  # a coarser grid (memory): time falls like 1.2 (1e-4 / step)^0.75 (+ the fixed part),
+        # measured on the binary tree after the one-spectrum composition (2026-12-02 evening, load ~5):
+        # n = 64 / 256 at sigma 0.5 0.79 / 0.63 CPU-s (grids 0.41 / 6.55), n = 256 at sigma 1 / 2 1.55 / 0.90
+        # (1.64 / 0.41); after the one-direction composition (2026-12-03, load ~2): 1.01 / 0.67, 1.67 / 0.98
+        secs *= 1.2 * (1e-4 / step) ** 0.75
     secs += base
     grid = GRID_BYTES * points + 2.5e8  # (+ the process: numpy, SciPy, dp_accounting, the kernels, ~0.2 GiB)
     if structured:
