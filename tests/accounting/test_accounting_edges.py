@@ -139,8 +139,10 @@ def test_the_mmcc_cost_model_follows_the_coarser_grid_memory_forces(monkeypatch)
 def test_a_memory_forced_coarser_mmcc_grid_is_never_below_the_requested_one(monkeypatch):
     """The coarser grid memory forces (``mmcc/grid.py``) rounds every loss up: its epsilon is above the
     requested grid's, never below (a rounding gone the optimistic way would fail here)."""
+    from dpmf.accounting.mmcc import MMCCAccountant
+
     strategy, scheme = BinaryTree(8), PoissonSampling(1 / 8, 8)
-    fine = dpmf.account(strategy, scheme, 1.0, 1e-5, method="mmcc")
+    fine = MMCCAccountant(strategy, scheme, 1e-5, check_grids=False).report(1.0)  # (the requested grid itself)
     monkeypatch.setattr("dpmf.resources.available_memory", lambda: 512.0 * 2**20)  # room for 1.7e6 points: 2.2e6 needed
     coarse = dpmf.account(strategy, scheme, 1.0, 1e-5, method="mmcc")
     assert coarse.diagnostics["discretization"] > fine.diagnostics["discretization"] == 1e-4

@@ -46,8 +46,12 @@ def test_from_arrays_rejects_foreign_data():
 
 def test_interrupted_run_resumes_to_the_same_report(tmp_path, monkeypatch):
     strat, scheme, sigma, delta = _case()
-    fresh = account_mmcc(strat, scheme, sigma, delta, heuristic=False, workers=1)
+    # (the uninterrupted run with its own checkpoints: a checkpointed run keeps the requested grid)
+    (tmp_path / "fresh").mkdir()
+    fresh = account_mmcc(strat, scheme, sigma, delta, heuristic=False, workers=1, cache_dir=tmp_path / "fresh")
     total = fresh.diagnostics["distinct_units_computed"]
+    (tmp_path / "run").mkdir()
+    tmp_path = tmp_path / "run"
 
     class Stop(Exception):
         pass

@@ -17,11 +17,21 @@ import numba as nb
 import numpy as np
 
 
+#: The smallest normal float64: a term ``e^{-loss} p`` below it loses precision (subnormal) or is 0.
+_TINY = 2.2250738585072014e-308
+
+
 @nb.njit(cache=True, nogil=True)
 def epsilon_for_delta(upper_loss, step, probs, infinity_mass, delta):  # pragma: no cover - compiled
     """The smallest epsilon whose hockey-stick divergence is at most ``delta`` (``inf`` if none) for
     the masses ``probs`` at the losses ``upper_loss, upper_loss + step, ...`` (``step < 0``: from the
-    top) and ``infinity_mass`` at ``+inf``."""
+    top) and ``infinity_mass`` at ``+inf``.
+
+    Where a term ``e^{-loss} p`` of ``sum e^{-loss} p`` would be subnormal or 0 (losses above ~700:
+    dp_accounting's loop then returns the grid loss at which the mass above reaches ``delta``, up to
+    a grid step above the PMF's epsilon, or reads a sum that lost its digits), the walk is redone
+    with that sum in logarithms (:func:`_epsilon_for_delta_log`): the PMF's own epsilon, at most a
+    grid step below dp_accounting's and never below the exact one. Elsewhere bit for bit dp_accounting's."""
     if infinity_mass > delta:
         return math.inf
     mass_upper = infinity_mass
@@ -33,13 +43,46 @@ def epsilon_for_delta(upper_loss, step, probs, infinity_mass, delta):  # pragma:
         prob = probs[k]
         if mass_upper > delta and mass_lower > 0 and math.log((mass_upper - delta) / mass_lower) >= loss:
             break
+        term = math.exp(-loss) * prob
+        if prob > 0 and term < _TINY:
+            return _epsilon_for_delta_log(upper_loss, step, probs, infinity_mass, delta)
         mass_upper += prob
-        mass_lower += math.exp(-loss) * prob
+        mass_lower += term
         if mass_upper >= delta and mass_lower == 0:
             return max(0.0, loss)
     if mass_upper <= mass_lower + delta:
         return 0.0
     return math.log((mass_upper - delta) / mass_lower)
+
+
+@nb.njit(cache=True, nogil=True)
+def _epsilon_for_delta_log(upper_loss, step, probs, infinity_mass, delta):  # pragma: no cover - compiled
+    """:func:`epsilon_for_delta`'s walk with ``log sum e^{-loss} p`` kept in logarithms (no term
+    underflows): stops at the first loss at or below ``log((mass above - delta) / sum)``, the epsilon
+    at which ``delta = mass above - e^eps sum`` holds with exactly the masses above it."""
+    mass_upper = infinity_mass
+    log_lower = -math.inf
+    loss = upper_loss
+    for k in range(probs.size):
+        loss = upper_loss + k * step  # (one rounding: a running sum drifts by ~k ulps of the loss)
+        prob = probs[k]
+        if mass_upper > delta and log_lower > -math.inf and math.log(mass_upper - delta) - log_lower >= loss:
+            break
+        mass_upper += prob
+        if prob > 0:
+            t = math.log(prob) - loss
+            if t > log_lower:
+                log_lower = t + (math.log1p(math.exp(log_lower - t)) if log_lower > -math.inf else 0.0)
+            else:
+                log_lower = log_lower + math.log1p(math.exp(t - log_lower))
+    if log_lower == -math.inf:
+        return max(0.0, loss) if mass_upper >= delta else 0.0
+    if mass_upper <= delta or math.log(mass_upper - delta) <= log_lower:
+        return 0.0
+    eps = math.log(mass_upper - delta) - log_lower
+    # raised past the rounding of the logarithms and of the losses (a few ulps of each): never below
+    # the PMF's epsilon
+    return eps + 16.0 * 2.220446049250313e-16 * (abs(eps) + abs(upper_loss) + 1.0)
 
 
 @nb.njit(cache=True, nogil=True)

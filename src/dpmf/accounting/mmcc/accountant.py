@@ -100,7 +100,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
-from dpmf.accounting.mmcc.grid import row_discretization
+from dpmf.accounting.mmcc.grid import GRID_CHECK_REL, checked_coarse_grid, row_discretization
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
@@ -375,6 +375,21 @@ def _default_grid(analyses: list) -> float:
     return DEFAULT_GRID_FRACTION * max(m for m, _ in summaries)
 
 
+def _grid_diagnostics(requested: float, fine: float, used: float) -> dict:
+    """The report's grid fields: :func:`~dpmf.privacy.gaussian_plds.discretization_diagnostics` for a
+    grid coarsened to fit the memory; for a grid coarsened because it was checked
+    (:func:`~dpmf.accounting.mmcc.grid.checked_coarse_grid`), ``discretization_check`` says so."""
+    out = discretization_diagnostics(requested, fine, "a loss grid per row that fits in the memory available")
+    if used != fine:
+        out["discretization"] = used
+        out["discretization_requested"] = requested
+        out["discretization_check"] = (
+            f"accounted on the privacy-loss grid {used:g} (requested {requested:g}): the grid {2 * used:g} gave the "
+            f"same epsilon to {GRID_CHECK_REL:g} relative, and the discretization error shrinks like the grid squared, "
+            "so the requested grid's epsilon agrees to about a third of that; every rounding is upward (sound)")
+    return out
+
+
 #: MMCC's epsilon over its independent-rows estimate above which a report says MMCC is loose.
 LOOSE_RATIO = 3.0
 
@@ -396,6 +411,9 @@ def looseness_note(epsilon: float, heuristic: float, ratio: float, cycle_length:
 
 class MMCCAccountant:
     """MMCC for one ``(C, scheme, delta)``, reusable across noise multipliers.
+
+    ``check_grids=False`` reports the requested loss grid's epsilon, never a checked coarser one
+    (:meth:`_epsilon`).
 
     ``structured=False`` forces the dense reference path even when the strategy has a structured
     one (:mod:`dpmf.accounting.mmcc.structured`: Identity, Toeplitz/BLT/banded Toeplitz and the
@@ -430,8 +448,10 @@ class MMCCAccountant:
         scheduler: object = None,
         cache_dir: str | os.PathLike | None = None,
         structured: bool = True,
+        check_grids: bool = True,
     ) -> None:
         start = time.perf_counter()
+        self.check_grids = bool(check_grids)
         self.delta = _v.open_unit("delta", delta)
         self.delta_split = _v.open_unit("delta_split", delta_split)
         self.discretization = _v.positive("discretization", discretization)
@@ -526,6 +546,7 @@ class MMCCAccountant:
         description: str = "MMCC rows",
         known: dict | None = None,
         only: list[int] | None = None,
+        disc: float | None = None,
     ) -> tuple[list, dict, float]:
         """The PLDs of ``groups`` as ``[(row PLD, count), ...]`` (group order), computed. The units are
         streamed from the structure (``p~`` computed per unit), so their entries are never all held
@@ -535,13 +556,13 @@ class MMCCAccountant:
         ``known`` (group index -> row PLD) holds rows already computed at this sigma (they are not
         recomputed, and the ones computed here are added to it); ``only`` restricts the work to
         those group indices and the parts to the known rows (a *partial* composition, for
-        :meth:`probe`)."""
+        :meth:`probe`). ``disc``: the loss grid (default :meth:`discretization_at`; ``known`` rows are on it)."""
         struct = analysis.structure
         q = struct.sampling_prob
         known = {} if known is None else known
         todo = [k for k in (range(len(groups)) if only is None else sorted(only)) if k not in known]
         reps = [groups[k][0] for k in todo]
-        disc = self.discretization_at(sigma)
+        disc = self.discretization_at(sigma) if disc is None else disc
         ratio = [1.0]
 
         def tasks():
@@ -580,16 +601,38 @@ class MMCCAccountant:
 
     def _epsilon(self, analysis: _Analysis, groups, sigma: float, delta: float, heuristic: bool,
                  callback: RowCallback | None, description: str, known: dict | None = None, keep_points: int = 0):
-        """``(ComposedEpsilon, info, ratio)``: :meth:`_rows` composed by
+        """``(ComposedEpsilon, info, ratio, grid)``: :meth:`_rows` composed by
         :func:`~dpmf.privacy.pld.composed_epsilon` (only the direction that decides the epsilon on
         the fine grid, unless ``keep_points`` asks for the PLD), after the rows: row PLDs are small
         next to the rows' inputs, and composing while the row processes run would only compete with
-        them for the cores."""
-        parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, callback, description, known)
-        if not parts:
-            parts = [(PrivacyLossDistribution.identity(self.discretization_at(sigma)), 1)]
-        result = composed_epsilon([p for p, _ in parts], [c for _, c in parts], delta, keep_points=keep_points)
-        return result, info, ratio
+        them for the cores.
+
+        The loss grid: the coarsest power-of-two multiple of the requested one whose epsilon agrees
+        with the next coarser grid's (:func:`~dpmf.accounting.mmcc.grid.checked_coarse_grid`: the
+        discretization error shrinks like the grid squared, so it is then the requested grid's to
+        ~2e-7 relative; every grid's epsilon is a sound upper bound), else the requested grid
+        (:meth:`discretization_at`), reusing ``known`` rows (computed there by :meth:`probe`). The
+        coarse grids are not tried when the requested grid is already coarsened (memory) or rows are
+        checkpointed (``cache_dir``: a resumed run is the same run); they compute their rows without
+        ``callback``, which then sees the reported grid's rows (replayed when a coarse grid is reported)."""
+        fine = self.discretization_at(sigma)
+
+        def at(grid: float, rows: dict | None = None, call: RowCallback | None = None):
+            parts, info, ratio = self._rows(analysis, groups, sigma, heuristic, call, description, rows, disc=grid)
+            if not parts:
+                parts = [(PrivacyLossDistribution.identity(grid), 1)]
+            result = composed_epsilon([p for p, _ in parts], [c for _, c in parts], delta, keep_points=keep_points)
+            return result.epsilon, (result, info, ratio, grid)
+
+        checked = None
+        if self.check_grids and fine == self.discretization and self.cache_dir is None:
+            checked = checked_coarse_grid(at, fine)
+        if checked is None:
+            return at(fine, known, callback)[1]
+        if callback is not None:
+            for done in range(1, len(groups) + 1):
+                callback(done, len(groups))
+        return checked[1]
 
     def _evaluate(
         self,
@@ -604,7 +647,7 @@ class MMCCAccountant:
         delta2 = self.delta - delta1
         phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
         rows, known_ratio = known if known is not None else ({}, 1.0)  # (rows a probe computed)
-        composed, backend, ratio = self._epsilon(
+        composed, backend, ratio, grid = self._epsilon(
             analysis, analysis.groups, sigma, delta2, False, callback, f"MMCC rows{phase}", known=rows,
             keep_points=_CURVE_MAX_POINTS,
         )
@@ -626,6 +669,7 @@ class MMCCAccountant:
             "units_reused": sum(c for _, c in analysis.groups) - len(analysis.groups),
             "backend": backend,
             "bounded_directions": composed.bounded,
+            "discretization": grid,
             "pld": composed.pld,  # (not a diagnostic: the report's curve, below; None if a direction is bounded only)
         }
         if heuristic:
@@ -635,7 +679,7 @@ class MMCCAccountant:
     def _heuristic_epsilon(self, analysis: _Analysis, sigma: float) -> float:
         """The independent-rows heuristic's epsilon of one phase (``p~ = q``; an estimate)."""
         phase = "" if len(self.analyses) == 1 else f" ({analysis.label})"
-        composed, _, _ = self._epsilon(analysis, analysis.heuristic_groups, sigma, self.delta, True, None,
+        composed, _, _, _ = self._epsilon(analysis, analysis.heuristic_groups, sigma, self.delta, True, None,
                                        f"MMCC heuristic rows{phase}")
         return composed.epsilon
 
@@ -678,8 +722,7 @@ class MMCCAccountant:
             "delta1": worst["delta1"],
             "delta2": worst["delta2"],
             "grid_step": self.grid_step,
-            **discretization_diagnostics(self.discretization, self.discretization_at(sigma),
-                                         "a loss grid per row that fits in the memory available"),
+            **_grid_diagnostics(self.discretization, self.discretization_at(sigma), worst["discretization"]),
             "merge_budget": self.merge_budget,
             "max_probability_ratio": worst["max_probability_ratio"],
             "rows": self.num_rows,
