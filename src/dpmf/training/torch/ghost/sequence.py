@@ -87,6 +87,10 @@ KEEP_PASS = 30
 BMM_PENALTY = 1.2
 #: ``"keep"`` only where ``d_in d_out <= KEEP_MEMORY T (d_in + d_out)``: ``P`` no larger than ``A`` and ``G``
 KEEP_MEMORY = 0.5
+#: positions up to which a CPU Gram is ``torch.bmm`` rather than numpy's symmetric product (:func:`symmetric_gram`:
+#: at ``T = 17`` the wrapper and the per-matrix BLAS calls cost more than the half of the product ``?syrk``
+#: skips; a ViT's step read 1.4% faster, issue 52)
+BMM_GRAM_T = 32
 #: cost of a symmetric Gram ``X Xᵀ`` (:func:`symmetric_gram`: BLAS ``?syrk`` through numpy, one triangle) per
 #: multiply-add of the general product (measured 0.6-0.7 at ``T = 128`` on one thread, issue 52)
 SYRK = 0.7
@@ -304,13 +308,15 @@ def symmetric_gram(X, work, out=None):
 
     On the CPU it is numpy's ``matmul`` of ``X`` with its own transpose, which BLAS forms as a symmetric
     rank-``d`` update (``?syrk``: one triangle, copied to the other -- exactly symmetric) on one thread: 1.6-1.9x
-    faster than ``torch.bmm`` at ``T = 128`` and 1.2-1.5x at ``T = 17`` (``benchmarks/README.md``, issue 52).
-    Every entry is still one dot product of length ``d`` in ``work``, summed in some order, so the rounding
-    bound of the module docstring (any order, blocked or with FMA) covers it. Elsewhere (another device,
-    a tensor numpy cannot view) ``torch.bmm``. ``out``: a ``(B, T, T)`` tensor of ``work`` to write into."""
+    faster than ``torch.bmm`` at ``T = 128`` (``benchmarks/README.md``, issue 52). Up to :data:`BMM_GRAM_T`
+    positions (ViT's 17 tokens) ``torch.bmm`` (one call, no numpy wrapper: faster in the step there; not
+    always exactly symmetric). Every entry is still one dot product of length ``d`` in ``work``, summed in
+    some order, so the rounding bound of the module docstring (any order, blocked or with FMA) covers it.
+    Elsewhere (another device, a tensor numpy cannot view) ``torch.bmm``. ``out``: a ``(B, T, T)`` tensor of
+    ``work`` to write into."""
     Xw = X.to(work)
     if (Xw.device.type != "cpu" or type(Xw) is not torch.Tensor or Xw.requires_grad or Xw.is_conj()
-            or torch._C._functorch.is_functorch_wrapped_tensor(Xw)):
+            or torch._C._functorch.is_functorch_wrapped_tensor(Xw) or Xw.shape[1] <= BMM_GRAM_T):
         return torch.bmm(Xw, Xw.transpose(1, 2), out=out)
     if not Xw.is_contiguous():
         Xw = Xw.contiguous()
