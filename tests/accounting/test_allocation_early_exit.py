@@ -149,3 +149,57 @@ def test_pick_chooses_as_a_ranking_of_every_member_in_full(monkeypatch):
         assert got is plain(sigma, top), sigma
         outcomes.add(got is None)
     assert outcomes == {False}  # (on this pair the family is picked at these noises)
+
+
+def test_spreads_keep_their_40_digits_whatever_mpmath_mp_and_other_threads_do(monkeypatch):
+    """The spreads' weights (``quadrature.spread_on``, ``mp_spread``) are computed in a context of the
+    module's own, one per thread: the global ``mpmath.mp`` precision and other threads spreading at once
+    do not change them. (Before, ``mp.workdps`` set the one global context: two threads spreading at once
+    -- the first ring table of a process fills the caches from both -- restored each other's precision,
+    and the first table differed from the next by ~1e-16; the flaky equality above.) Negative control:
+    the global context at 53 bits gives other weights (tail cells off by ~1e-4 relative)."""
+    import threading
+
+    import mpmath
+
+    from dpmf.accounting.allocation.surrogates import quadrature
+
+    pts = tuple(float(x) for x in quadrature.points(7.0, 96, 2.0))
+    lpts = tuple(float(x) for x in quadrature.points(8.0, 12, 2.0))
+
+    def weights():
+        return (quadrature.spread_on.__wrapped__(pts)[1], quadrature._mp_spread_cached.__wrapped__(lpts, 2.3))
+
+    ref = weights()
+    old = mpmath.mp.prec
+    try:
+        mpmath.mp.prec = 20
+        assert all(np.array_equal(a, b) for a, b in zip(weights(), ref))
+        results, start, done = [], threading.Barrier(5), threading.Event()
+
+        def spreader():
+            start.wait()
+            results.append(weights())
+
+        def meddler():  # (another thread's mp.workdps, entered and left over and over)
+            start.wait()
+            while not done.is_set():
+                with mpmath.workdps(5):
+                    pass
+
+        threads = [threading.Thread(target=spreader) for _ in range(4)] + [threading.Thread(target=meddler)]
+        for t in threads:
+            t.start()
+        for t in threads[:4]:
+            t.join()
+        done.set()
+        threads[4].join()
+        assert len(results) == 4
+        assert all(np.array_equal(a, b) for r in results for a, b in zip(r, ref))
+        # negative control: the weights of the global context at 53 bits (what a raced thread computed)
+        mpmath.mp.prec = 53
+        monkeypatch.setattr(quadrature, "_context", lambda: mpmath.mp)
+        low = weights()
+        assert not np.array_equal(low[0], ref[0]) and np.max(np.abs(low[0] - ref[0]) / ref[0]) > 1e-8
+    finally:
+        mpmath.mp.prec = old
