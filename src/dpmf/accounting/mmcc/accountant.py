@@ -100,7 +100,7 @@ import numpy as np
 
 from dpmf import validation as _v
 from dpmf.accounting.guard import check_pair, guarded, recorded_options
-from dpmf.accounting.mmcc.grid import GRID_CHECK_REL, checked_coarse_grid, row_discretization
+from dpmf.accounting.mmcc.grid import GRID_CHECK_REL, checked_coarse_grid, row_discretization, worth_checking
 from dpmf.accounting.mmcc.rows import DEFAULT_MERGE_BUDGET, iter_row_plds
 from dpmf.accounting.mmcc.structured import structured_analyses
 from dpmf.accounting.mmcc.tail_bounds import TailBoundStructure, posterior_bounds, tail_bound_structure
@@ -612,7 +612,8 @@ class MMCCAccountant:
         discretization error shrinks like the grid squared, so it is then the requested grid's to
         ~2e-7 relative; every grid's epsilon is a sound upper bound), else the requested grid
         (:meth:`discretization_at`), reusing ``known`` rows (computed there by :meth:`probe`). The
-        coarse grids are not tried when the requested grid is already coarsened (memory) or rows are
+        coarse grids are not tried when the widest row's grid is small
+        (:func:`~dpmf.accounting.mmcc.grid.worth_checking`), the requested grid is already coarsened (memory) or rows are
         checkpointed (``cache_dir``: a resumed run is the same run); they compute their rows without
         ``callback``, which then sees the reported grid's rows (replayed when a coarse grid is reported)."""
         fine = self.discretization_at(sigma)
@@ -625,7 +626,8 @@ class MMCCAccountant:
             return result.epsilon, (result, info, ratio, grid)
 
         checked = None
-        if self.check_grids and fine == self.discretization and self.cache_dir is None:
+        if (self.check_grids and fine == self.discretization and self.cache_dir is None
+                and worth_checking(self._widest_row(), sigma, fine)):
             checked = checked_coarse_grid(at, fine)
         if checked is None:
             return at(fine, known, callback)[1]
@@ -683,10 +685,14 @@ class MMCCAccountant:
                                        f"MMCC heuristic rows{phase}")
         return composed.epsilon
 
+    def _widest_row(self) -> float:
+        """The largest sensitivity sum of a unit over every phase (0 when there is none)."""
+        return max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
+
     def discretization_at(self, noise_multiplier: float) -> float:
         """The loss grid of the rows at this noise (:func:`~dpmf.accounting.mmcc.grid.row_discretization`
         for the widest row of every phase): the requested :attr:`discretization` unless that cannot fit in memory."""
-        widest = max((float(np.max(a.row_sums)) for a in self.analyses if a.row_sums.size), default=0.0)
+        widest = self._widest_row()
         if widest <= 0:
             return self.discretization
         entry = max(a.largest_entry for a in self.analyses)

@@ -82,6 +82,18 @@ GRID_CHECK_REL = 5e-7
 #: Most work the coarse grids may cost before the requested grid is taken after all, as a fraction
 #: of that grid's (a grid ``k`` times coarser costs about ``1 / k`` of it).
 GRID_CHECK_BUDGET = 0.5
+#: Fewest loss-grid points of the widest row (both directions, :func:`row_grid`'s count) at which the
+#: coarse grids are tried: below it a row's fixed work (its sensitivity law, tail points, tables)
+#: outweighs its grid, so two coarse passes cost ~30% of the requested grid's (MMCC BandMF-16 x 500
+#: at sigma 4, epsilon 11.5: 0.6 -> 0.8 CPU-s, and no coarse grid agrees at that epsilon).
+GRID_CHECK_MIN_POINTS = 2**18
+
+
+def worth_checking(row_sum: float, sigma: float, discretization: float) -> bool:
+    """Whether :func:`checked_coarse_grid` is tried: the widest row's grid (``2 (u^2 / 2 + 10 u)`` loss
+    levels for ``u = S / sigma``) has at least :data:`GRID_CHECK_MIN_POINTS` points."""
+    u = row_sum / sigma
+    return 2.0 * (0.5 * u * u + 10.0 * u) / discretization >= GRID_CHECK_MIN_POINTS
 
 
 def checked_coarse_grid(epsilon_at, fine: float, *, coarsest: int = COARSEST_FACTOR,
