@@ -203,3 +203,47 @@ def test_spreads_keep_their_40_digits_whatever_mpmath_mp_and_other_threads_do(mo
         assert not np.array_equal(low[0], ref[0]) and np.max(np.abs(low[0] - ref[0]) / ref[0]) > 1e-8
     finally:
         mpmath.mp.prec = old
+
+
+def test_nodes_computed_in_the_order_they_mattered_give_the_same_tables_and_exit_sooner(monkeypatch):
+    """``_mixed_tables`` computes first the nodes that added most to the reading the last time
+    (``_NODE_SHARES``): any order gives the same table (summed in node order) or the same exit (only where
+    the whole reading is above the stop), and with the shares of a first run an exit needs no more node
+    tables than in weight order -- fewer on at least one ring (the reading of a call at a far strike sits
+    above the weights' centre). Negative control: the hints of another member of the same shape are only
+    a fallback (an unknown member falls back to them, a known one keeps its own)."""
+    monkeypatch.setattr(markov_programs, "_NODE_SHARES", {})
+    runs = _counting(monkeypatch)
+    fewer = 0
+    for q, sur, parts in _rings():
+        n = parts[0][0]
+        for kind, sigma in (("call", 1.0), ("put", 1.0), ("call", 2.0)):
+            strike = n * math.exp(3.0) if kind == "call" else n * math.exp(-0.5)
+            k_max = strike * 1.02 if kind == "call" else n * 1.0001
+            read = calls_at if kind == "call" else puts_at
+            markov_programs._NODE_SHARES.clear()
+            whole = sur.table(sigma, n, kind, k_max, DELTA)
+            value = float(read(whole[0], whole[1], strike))
+            for frac in (1.0, 0.5, 0.9):
+                markov_programs._NODE_SHARES.clear()
+                runs.clear()
+                first = sur.table(sigma, n, kind, k_max, DELTA, stop=(strike, frac * value))  # (weight order)
+                by_weight = len(runs)
+                runs.clear()
+                again = sur.table(sigma, n, kind, k_max, DELTA, stop=(strike, frac * value))  # (the shares' order)
+                assert (first is None) == (again is None) == (frac < 1.0)
+                if again is not None:
+                    assert np.array_equal(again[1], whole[1]) and np.array_equal(again[0], whole[0])
+                assert len(runs) <= by_weight
+                fewer += len(runs) < by_weight
+    assert fewer >= 1
+    # the fallback: another member of the same shape orders an unknown one; a known one keeps its own
+    hint = ("a", 3, "call", 3, ())
+    markov_programs._NODE_SHARES.clear()
+    markov_programs._remember_order(hint, np.array([0.1, 0.2, 0.7]))
+    ps = np.array([0.5, 0.3, 0.2])
+    assert markov_programs._node_order(("b", 3, "call", 3, ()), ps) == [2, 1, 0]
+    markov_programs._remember_order(("b", 3, "call", 3, ()), np.array([0.9, np.nan, np.nan]))
+    assert markov_programs._node_order(("b", 3, "call", 3, ()), ps) == [0, 1, 2]  # (unknown shares: by weight)
+    assert markov_programs._node_order(hint, ps) == [2, 1, 0]
+    assert markov_programs._node_order(None, ps) == [0, 1, 2]

@@ -290,7 +290,8 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
             return call_bound_table(sur, sigma, n, k_max, log_mult=lm - a * c_lo + err, **pinned, **grid)
         return put_bound_table(sur, sigma, n, k_max, log_mult=lm - a * c_hi - err, **pinned, **grid)
 
-    results = on_threads(node, xs) if stop is None else _mixed_tables(node, xs, ps, kind, stop)
+    hint = (sur, n, kind, xs.size, tuple(sorted(grid.items())))  # (which nodes matter most: computed first)
+    results = on_threads(node, xs) if stop is None else _mixed_tables(node, xs, ps, kind, stop, hint)
     if results is None:
         return None
     table, strikes = None, results[0][0]
@@ -307,38 +308,78 @@ def ring_table(sur, sigma: float, n: int, kind: str, k_max: float, *, w_cells: i
 _EXIT_MARGIN = 1e-9
 
 
-def _mixed_tables(node, xs, ps, kind: str, stop) -> list | None:
+def _mixed_tables(node, xs, ps, kind: str, stop, hint=None) -> list | None:
     """``[node(x) for x in xs]`` (the tables given each mixing node), or ``None`` once the nodes
     computed so far prove that the mixed table's bound at ``strike`` exceeds ``value``
-    (``stop = (strike, value)``). Nodes run a batch (one per CPU) at a time, the heaviest weight
-    first (they set most of the mixture at the strikes of interest).
+    (``stop = (strike, value)``). Nodes run a batch (one per CPU) at a time, those that added the most
+    to the reading the last time first (:func:`_node_order`; else the heaviest weight first).
 
     Why the partial sum is a lower bound of the final bound: :func:`ring_table` returns
     ``T = (sum_k p_k t_k)(1 + g) + c`` with every weight ``p_k >= 0``, every node table ``t_k >= 0``,
     ``g >= 0`` and the charge ``c >= 0``; :func:`calls_at` / :func:`puts_at` read a table at a strike
     by the same linear interpolation (weights ``1 - f, f >= 0``, from the strike grid, which every node
     shares) times ``1 + 4u`` (or the last node, or ``inf`` beyond a put table), so the reading of ``T``
-    is at least ``sum_k p_k (reading of t_k)`` over *all* nodes, hence over those computed so far. The
-    float sums of a few dozen non-negative terms are within ``~30 u`` of the exact ones:
+    is at least ``sum_k p_k (reading of t_k)`` over *all* nodes, hence over those computed so far, in
+    any order. The float sums of a few dozen non-negative terms are within ``~30 u`` of the exact ones:
     :data:`_EXIT_MARGIN` covers them. So ``None`` only where the whole table's reading is above
     ``value`` -- where the caller would find the member cannot win (tests: the same answers with and
-    without ``stop``)."""
+    without ``stop``). The order only decides how soon that is proved: the tables returned are summed
+    in node order by the caller, the same bits in any order."""
     from dpmf.resources import available_cpus
 
     strike, value = stop
     read = calls_at if kind == "call" else puts_at
-    order = sorted(range(len(xs)), key=lambda k: (-float(ps[k]), k))
+    order = _node_order(hint, ps)
     batch = max(1, min(available_cpus(), len(order)))
     results: list = [None] * len(xs)
+    shares = np.full(len(xs), np.nan)
     lower = 0.0
-    for start in range(0, len(order), batch):
-        part = order[start : start + batch]
-        for k, res in zip(part, on_threads(node, [xs[k] for k in part])):
-            results[k] = res
-            lower += float(ps[k]) * float(read(res[0], res[1], strike))
-        if lower * (1 - _EXIT_MARGIN) > value:
-            return None
-    return results
+    try:
+        for start in range(0, len(order), batch):
+            part = order[start : start + batch]
+            for k, res in zip(part, on_threads(node, [xs[k] for k in part])):
+                results[k] = res
+                shares[k] = float(ps[k]) * float(read(res[0], res[1], strike))
+                lower += shares[k]
+            if lower * (1 - _EXIT_MARGIN) > value:
+                return None
+        return results
+    finally:
+        _remember_order(hint, shares)
+
+
+#: What each node of a mixed table added to its reading the last time (:func:`_mixed_tables`), by
+#: ``(surrogate, slots, kind, nodes, grid)`` and by ``(kind, nodes, grid)`` for a member not seen yet:
+#: only the *order* in which nodes are computed (an early exit comes sooner when the nodes that carry the
+#: reading -- above the weights' centre for a call at a far strike -- come first), never a result.
+#: On the README snippet's near-root evaluations: the ring family's picked member exits after 7 of 13
+#: nodes instead of 10, its coarse ranking's members after 1-2 of 7 instead of 2-4.
+_NODE_SHARES: dict = {}
+_NODE_SHARES_MAX = 512
+
+
+def _node_order(hint, ps) -> list[int]:
+    """The nodes in the order :func:`_mixed_tables` computes them: by the share each added to the
+    reading of the last table of the same member (or of any member of the same shape), largest first;
+    nodes without a share (not computed then) after those with one, heaviest weight first."""
+    key = range(len(ps))
+    known = None if hint is None else (_NODE_SHARES.get(hint) or _NODE_SHARES.get(hint[2:]))
+    if known is None or len(known) != len(ps):
+        return sorted(key, key=lambda k: (-float(ps[k]), k))
+    return sorted(key, key=lambda k: (math.isnan(known[k]), -(0.0 if math.isnan(known[k]) else known[k]),
+                                      -float(ps[k]), k))
+
+
+def _remember_order(hint, shares: np.ndarray) -> None:
+    """Keep the shares computed (:func:`_node_order`); a node not computed keeps its share of before."""
+    if hint is None or np.all(np.isnan(shares)):
+        return
+    if len(_NODE_SHARES) >= _NODE_SHARES_MAX:
+        _NODE_SHARES.clear()
+    old = _NODE_SHARES.get(hint)
+    new = tuple(float(v) if not math.isnan(v) or old is None or len(old) != len(shares) else old[k]
+                for k, v in enumerate(shares))
+    _NODE_SHARES[hint] = _NODE_SHARES[hint[2:]] = new
 
 
 def factor_half_width(sur, sigma: float, delta: float) -> float:
