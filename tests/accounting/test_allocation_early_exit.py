@@ -145,8 +145,13 @@ def test_pick_chooses_as_a_ranking_of_every_member_in_full(monkeypatch):
 
     outcomes = set()
     for sigma, top in ((1.2679, 4.0), (1.3666, 3.66), (1.8653, 2.1)):
-        got = markov_ring.pick(family, sigma, parts, DELTA, top, ["remove"])
-        assert got is plain(sigma, top), sigma
+        want = plain(sigma, top)
+        # whichever member was picked the last time (ranked first: markov_ring._LAST_PICK), the same choice
+        for last in (None, 0, len(family.members) - 1):
+            monkeypatch.setattr(markov_ring, "_LAST_PICK", {} if last is None else {family: last})
+            got = markov_ring.pick(family, sigma, parts, DELTA, top, ["remove"])
+            assert got is want, (sigma, last)
+            assert markov_ring._LAST_PICK[family] == family.members.index(got)
         outcomes.add(got is None)
     assert outcomes == {False}  # (on this pair the family is picked at these noises)
 
