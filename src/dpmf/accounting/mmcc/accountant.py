@@ -612,9 +612,10 @@ class MMCCAccountant:
         discretization error shrinks like the grid squared, so it is then the requested grid's to
         ~2e-7 relative; every grid's epsilon is a sound upper bound), else the requested grid
         (:meth:`discretization_at`), reusing ``known`` rows (computed there by :meth:`probe`). The
-        coarse grids are not tried when the widest row's grid is small
-        (:func:`~dpmf.accounting.mmcc.grid.worth_checking`), the requested grid is already coarsened (memory) or rows are
-        checkpointed (``cache_dir``: a resumed run is the same run); they compute their rows without
+        coarse grids are not tried for several phases (their PLDs form the report's curve, on one
+        grid), when the widest row's grid is small (:func:`~dpmf.accounting.mmcc.grid.worth_checking`),
+        when the requested grid is already coarsened (memory) or when rows are checkpointed
+        (``cache_dir``: a resumed run is the same run); they compute their rows without
         ``callback``, which then sees the reported grid's rows (replayed when a coarse grid is reported)."""
         fine = self.discretization_at(sigma)
 
@@ -626,7 +627,7 @@ class MMCCAccountant:
             return result.epsilon, (result, info, ratio, grid)
 
         checked = None
-        if (self.check_grids and fine == self.discretization and self.cache_dir is None
+        if (self.check_grids and fine == self.discretization and self.cache_dir is None and len(self.analyses) == 1
                 and worth_checking(self._widest_row(), sigma, fine)):
             checked = checked_coarse_grid(at, fine)
         if checked is None:
