@@ -330,19 +330,26 @@ def _mixed_tables(node, xs, ps, kind: str, stop, hint=None) -> list | None:
     strike, value = stop
     read = calls_at if kind == "call" else puts_at
     order = _node_order(hint, ps)
-    batch = max(1, min(available_cpus(), len(order)))
+    cpus = max(1, available_cpus())
+    # (where the exit came after `needed` nodes the last time, the batches end there: no node past it
+    # computed beside the last one needed -- CPU time that the exit would throw away)
+    needed = None if hint is None else _NODES_NEEDED.get(hint)
     results: list = [None] * len(xs)
     shares = np.full(len(xs), np.nan)
-    lower = 0.0
+    lower, done = 0.0, 0
     try:
-        for start in range(0, len(order), batch):
-            part = order[start : start + batch]
+        while done < len(order):
+            batch = min(cpus, needed - done) if needed is not None and done < needed else cpus
+            part = order[done : done + batch]
+            done += len(part)
             for k, res in zip(part, on_threads(node, [xs[k] for k in part])):
                 results[k] = res
                 shares[k] = float(ps[k]) * float(read(res[0], res[1], strike))
                 lower += shares[k]
-            if lower * (1 - _EXIT_MARGIN) > value:
+            if lower * (1 - _EXIT_MARGIN) > value:  # (the fewest of these nodes, in order, that prove it)
+                _remember_needed(hint, 1 + int(np.argmax(np.cumsum(shares[order[:done]]) * (1 - _EXIT_MARGIN) > value)))
                 return None
+        _remember_needed(hint, None)
         return results
     finally:
         _remember_order(hint, shares)
@@ -356,6 +363,18 @@ def _mixed_tables(node, xs, ps, kind: str, stop, hint=None) -> list | None:
 #: nodes instead of 10, its coarse ranking's members after 1-2 of 7 instead of 2-4.
 _NODE_SHARES: dict = {}
 _NODE_SHARES_MAX = 512
+
+
+#: How many nodes the last exit of a member's table needed (``None``: no exit), by the key of
+#: :data:`_NODE_SHARES`: only where the batches of :func:`_mixed_tables` end.
+_NODES_NEEDED: dict = {}
+
+
+def _remember_needed(hint, done: int | None) -> None:
+    if hint is not None:
+        if len(_NODES_NEEDED) >= _NODE_SHARES_MAX:
+            _NODES_NEEDED.clear()
+        _NODES_NEEDED[hint] = done
 
 
 def _node_order(hint, ps) -> list[int]:
