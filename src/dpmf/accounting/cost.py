@@ -207,6 +207,10 @@ def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: flo
 #: compiled kernels, the tail-bound structure, the first transforms (re-measured 2026-12-02 night:
 #: bsr(16, 4) at sigma 4 0.99 CPU-s, binary tree T = 256 at sigma 1 on a coarse grid 1.5-2.7).
 _MMCC_STRUCTURED_BASE = 0.45
+#: MMCC on a checked coarse loss grid (``mmcc.grid.checked_coarse_grid``): ``scale F^power`` CPU-s for
+#: a run whose requested grid would take ``F`` (benchmarks/README.md, "MMCC cost model after the
+#: checked coarse grid").
+_MMCC_CHECKED_SCALE, _MMCC_CHECKED_POWER = 0.53, 0.73
 #: A first MMCC evaluation in a fresh process compiles and warms its kernels: ~1 s CPU (bsr(16, 4) at
 #: sigma = 4: 1.5 s first, 0.46 s again).
 _MMCC_WARMUP = 1.0
@@ -254,6 +258,12 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     (:func:`~dpmf.accounting.mmcc.grid.row_grid`) and the time falls like
     ``1.5 (1e-4 / step)^0.75`` (binary tree T = 64 / 256 at sigma 0.5: 0.79 / 0.63 CPU-s on grids
     0.41 / 6.55; T = 256 at sigma 1 / 2: 1.55 / 0.90 CPU-s on grids 1.64 / 0.41).
+
+    Where the widest row's grid has at least ``2^18`` points (``mmcc.grid.worth_checking``), one phase
+    and no memory coarsening, the accountant reports a checked coarse grid (2026-12-03): the time is
+    ``max(0.53 F^0.73, F (2^18 / points)^0.6)`` for ``F`` the requested grid's time above (the second
+    term: continuous where the check starts; 14 cells of ``bench_mmcc_cost.py``, 0.54-2.0x of measured;
+    MMCC BandMF-16 x 500 at sigma 1 / 2: model 6.1 / 4.1, measured 3.2-3.4 / 3.0-3.3).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
@@ -306,7 +316,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     else:
         C = getattr(strategy, "C", None)
         row_sum = float(abs(C).sum(axis=1).max()) if C is not None and getattr(C, "ndim", 0) == 2 and n <= 8192 else float(n)
-    from dpmf.accounting.mmcc.grid import GRID_BYTES, row_grid
+    from dpmf.accounting.mmcc.grid import GRID_BYTES, GRID_CHECK_MIN_POINTS, row_grid, worth_checking
 
     try:
         step, points = row_grid(row_sum, max(sig, 1e-12))
@@ -318,6 +328,16 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
         # n = 64 / 256 at sigma 0.5 0.79 / 0.63 CPU-s (grids 0.41 / 6.55), n = 256 at sigma 1 / 2 1.55 / 0.90
         # (1.64 / 0.41); after the one-direction composition (2026-12-03, load ~2): 1.01 / 0.67, 1.67 / 0.98
         secs *= 1.2 * (1e-4 / step) ** 0.75
+    elif cycle == 1 and worth_checking(row_sum, max(sig, 1e-12), 1e-4):
+        # the checked coarse grid (mmcc.grid.checked_coarse_grid; 2026-12-03): two coarse passes, and
+        # the requested grid only where no coarse one agrees (small epsilon); the heuristic may still need
+        # the fine grid. Fitted on the bench_mmcc_cost grid (14 cells, tree / bsr4, sigma 0.5-4, load 3-5):
+        # measured 0.7-27.6 CPU-s, all within 1.9x of ``0.53 F^0.73`` (F: the requested grid's time above)
+        # (at least ``F (2^18 / points)^0.6``: continuous where the check starts, so the estimate still
+        # falls as the noise grows -- near it the two coarse passes' fixed row work is most of the run)
+        u = row_sum / max(sig, 1e-12)
+        share = (GRID_CHECK_MIN_POINTS / (2.0 * (0.5 * u * u + 10.0 * u) / 1e-4)) ** 0.6
+        secs = max(_MMCC_CHECKED_SCALE * secs**_MMCC_CHECKED_POWER, secs * min(1.0, share))
     secs += base
     grid = GRID_BYTES * points + 2.5e8  # (+ the process: numpy, SciPy, dp_accounting, the kernels, ~0.2 GiB)
     if structured:
