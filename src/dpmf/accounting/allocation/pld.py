@@ -555,7 +555,8 @@ def noise_and_report(
     if unknown:
         raise InvalidParameterError(f"unknown option(s) {unknown} for allocation_pld (accepted: accuracy, max_points)")
     accuracy, max_points = options.get("accuracy", DEFAULT_REL_TOL), options.get("max_points", DEFAULT_MAX_POINTS)
-    groups = _reductions(strategy, scheme)
+    with one_blas_thread():  # (as account_allocation_pld: the fits' small Grams)
+        groups = _reductions(strategy, scheme)
     seen: dict[float, dict] = {}
     # the first noise evaluated (the limit's check, or the search's start: far above the answer, the
     # unamplified noise or a closed form's) only checks and steers: there the moving-average member
@@ -566,19 +567,24 @@ def noise_and_report(
     # accountant's, computed then.
     steered: set[float] = set()
 
+    # (every evaluation with BLAS on one thread, as account_allocation_pld's: a threaded OpenBLAS's worker and
+    # the waits for it -- the MA's `weights @ V`, the put tables' `w0 @ P` -- cost the README snippet's
+    # calibration ~0.7 CPU-s on 2 CPUs, a tenth of it, for no wall time)
     def eps_of(s: float) -> float:
         if s not in seen:
-            cheap = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points) if not seen else None
-            if cheap is not None and cheap["epsilon"] <= target:
-                seen[s] = cheap
-                steered.add(s)
-                return cheap["epsilon"]
-            seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
+            with one_blas_thread():
+                cheap = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points) if not seen else None
+                if cheap is not None and cheap["epsilon"] <= target:
+                    seen[s] = cheap
+                    steered.add(s)
+                    return cheap["epsilon"]
+                seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return seen[s]["epsilon"]
 
     def report_at(s: float) -> PrivacyReport:
         if s in steered:  # (the accountant's epsilon there is at most the steering bound's: it passes too)
-            seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
+            with one_blas_thread():
+                seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
         return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s], accuracy, max_points),
                                    options=recorded_options(options))
 
