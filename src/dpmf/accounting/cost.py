@@ -207,10 +207,12 @@ def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: flo
 #: compiled kernels, the tail-bound structure, the first transforms (re-measured 2026-12-02 night:
 #: bsr(16, 4) at sigma 4 0.99 CPU-s, binary tree T = 256 at sigma 1 on a coarse grid 1.5-2.7).
 _MMCC_STRUCTURED_BASE = 0.45
-#: MMCC on a checked coarse loss grid (``mmcc.grid.checked_coarse_grid``): ``scale F^power`` CPU-s for
-#: a run whose requested grid would take ``F`` (benchmarks/README.md, "MMCC cost model after the
-#: checked coarse grid").
-_MMCC_CHECKED_SCALE, _MMCC_CHECKED_POWER = 0.53, 0.73
+#: MMCC on a checked coarse loss grid (``mmcc.grid.checked_coarse_grid``): ``min(F, a F^b)`` CPU-s for a
+#: run whose requested grid would take ``F``, as ``(a, b)``: banded Toeplitz (16 cells, measured 1.2-3.3
+#: CPU-s, within 0.66-1.52x) and the others (binary trees: 16 cells, 1.3-27.6 CPU-s, within 0.47-2.1x:
+#: whether a coarse grid agrees, not the grid's size, decides the time, which no smooth fit follows).
+_MMCC_CHECKED_BANDED = (1.12, 0.26)
+_MMCC_CHECKED_OTHER = (0.63, 0.72)
 #: A first MMCC evaluation in a fresh process compiles and warms its kernels: ~1 s CPU (bsr(16, 4) at
 #: sigma = 4: 1.5 s first, 0.46 s again).
 _MMCC_WARMUP = 1.0
@@ -237,7 +239,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Time (CPU seconds, second call in a process; ``benchmarks/README.md``, "MMCC cost model"):
 
-    * banded Toeplitz under Poisson: ``0.45 + 3.0 (w / 4)^0.9 (n / 64)^0.12 g(sigma)`` with
+    * banded Toeplitz under Poisson: ``0.45 + 2.4 (w / 4)^0.9 (n / 64)^0.12 g(sigma)`` with
       ``g = sigma^-1.3`` from sigma = 1 to 2 (``sigma^-1`` below: since the one-direction composition
       of 2026-12-02 night, bsr(64 / 256, 4) at sigma 0.5 measure 3.9-5.3 CPU-s), then ``(2 / sigma)^2.5``
       lower (the loss grids narrow):
@@ -256,14 +258,14 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Where the widest row's grid would not fit in memory the accountant coarsens it
     (:func:`~dpmf.accounting.mmcc.grid.row_grid`) and the time falls like
-    ``1.5 (1e-4 / step)^0.75`` (binary tree T = 64 / 256 at sigma 0.5: 0.79 / 0.63 CPU-s on grids
+    ``0.9 (1e-4 / step)^0.75`` (binary tree T = 64 / 256 at sigma 0.5: 0.79 / 0.63 CPU-s on grids
     0.41 / 6.55; T = 256 at sigma 1 / 2: 1.55 / 0.90 CPU-s on grids 1.64 / 0.41).
 
     Where the widest row's grid has at least ``2^18`` points (``mmcc.grid.worth_checking``), one phase
     and no memory coarsening, the accountant reports a checked coarse grid (2026-12-03): the time is
-    ``max(0.53 F^0.73, F (2^18 / points)^0.6)`` for ``F`` the requested grid's time above (the second
-    term: continuous where the check starts; 14 cells of ``bench_mmcc_cost.py``, 0.54-2.0x of measured;
-    MMCC BandMF-16 x 500 at sigma 1 / 2: model 6.1 / 4.1, measured 3.2-3.4 / 3.0-3.3).
+    ``min(F, a F^b)`` for ``F`` the requested grid's time above: ``1.12 F^0.26`` banded, ``0.63 F^0.72``
+    otherwise (:data:`_MMCC_CHECKED_BANDED`, :data:`_MMCC_CHECKED_OTHER`; two runs of
+    ``bench_mmcc_cost.py``'s grid and MMCC BandMF-16 x 500 at sigma 1 / 2, measured 3.2-3.4 / 3.0-3.3).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
     ``~ n x bandwidth`` for Toeplitz; the dense encoder and its Gram matrix on the dense path) plus
@@ -298,7 +300,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
         secs = 10.0 * (n / 16) ** 1.7 * falling(1.0, 1.3, 1.8) * min(max(math.sqrt(q / 0.0625), 0.1), 10.0)
     elif width < n and structured:  # banded Toeplitz under Poisson
         base = _MMCC_STRUCTURED_BASE
-        secs = 3.0 * (width / 4) ** 0.9 * (n / 64) ** 0.12 * falling(2.0, 1.3, 2.5) * min(1.0, sig) ** 0.3
+        secs = 2.4 * (width / 4) ** 0.9 * (n / 64) ** 0.12 * falling(2.0, 1.3, 2.5) * min(1.0, sig) ** 0.3
     elif width < n:  # banded without a structured path (not re-measured)
         k = 0.3 + 2.0 * math.log(max(width, 1)) / math.log(max(n, 2))
         secs = _MMCC_WARMUP + 0.05 * (width / 4) ** 1.5 * (n / 64) ** k * old_factor
@@ -316,28 +318,26 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
     else:
         C = getattr(strategy, "C", None)
         row_sum = float(abs(C).sum(axis=1).max()) if C is not None and getattr(C, "ndim", 0) == 2 and n <= 8192 else float(n)
-    from dpmf.accounting.mmcc.grid import GRID_BYTES, GRID_CHECK_MIN_POINTS, row_grid, worth_checking
+    from dpmf.accounting.mmcc.grid import GRID_BYTES, row_grid, worth_checking
 
     try:
         step, points = row_grid(row_sum, max(sig, 1e-12))
     except DPMFError:  # a noise no grid holds (the accountant refuses it): the requested grid's points
         u = row_sum / max(sig, 1e-12)
         step, points = 1e-4, (u * u + 20.0 * u) / 1e-4
-    if step > 1e-4:  # a coarser grid (memory): time falls like 1.2 (1e-4 / step)^0.75 (+ the fixed part),
+    if step > 1e-4:  # a coarser grid (memory): time falls like 0.9 (1e-4 / step)^0.75 (+ the fixed part),
         # measured on the binary tree after the one-spectrum composition (2026-12-02 evening, load ~5):
         # n = 64 / 256 at sigma 0.5 0.79 / 0.63 CPU-s (grids 0.41 / 6.55), n = 256 at sigma 1 / 2 1.55 / 0.90
         # (1.64 / 0.41); after the one-direction composition (2026-12-03, load ~2): 1.01 / 0.67, 1.67 / 0.98
-        secs *= 1.2 * (1e-4 / step) ** 0.75
+        secs *= 0.9 * (1e-4 / step) ** 0.75
     elif cycle == 1 and worth_checking(row_sum, max(sig, 1e-12), 1e-4):
-        # the checked coarse grid (mmcc.grid.checked_coarse_grid; 2026-12-03): two coarse passes, and
-        # the requested grid only where no coarse one agrees (small epsilon); the heuristic may still need
-        # the fine grid. Fitted on the bench_mmcc_cost grid (14 cells, tree / bsr4, sigma 0.5-4, load 3-5):
-        # measured 0.7-27.6 CPU-s, all within 1.9x of ``0.53 F^0.73`` (F: the requested grid's time above)
-        # (at least ``F (2^18 / points)^0.6``: continuous where the check starts, so the estimate still
-        # falls as the noise grows -- near it the two coarse passes' fixed row work is most of the run)
-        u = row_sum / max(sig, 1e-12)
-        share = (GRID_CHECK_MIN_POINTS / (2.0 * (0.5 * u * u + 10.0 * u) / 1e-4)) ** 0.6
-        secs = max(_MMCC_CHECKED_SCALE * secs**_MMCC_CHECKED_POWER, secs * min(1.0, share))
+        # the checked coarse grid (mmcc.grid.checked_coarse_grid; 2026-12-03): two coarse passes, and the
+        # requested grid only where no coarse one agrees (small epsilon); the independent-rows heuristic
+        # may still need the fine grid. ``min(F, a F^b)`` for F the requested grid's time above (continuous
+        # where the check starts: there ``a F^b >= F``), a and b fitted minimax on two runs of the
+        # bench_mmcc_cost grid (load 3-5) plus BandMF-16 x 500 at sigma 1 / 2 (benchmarks/README.md)
+        a, b = _MMCC_CHECKED_BANDED if width < n else _MMCC_CHECKED_OTHER
+        secs = min(secs, a * secs**b)
     secs += base
     grid = GRID_BYTES * points + 2.5e8  # (+ the process: numpy, SciPy, dp_accounting, the kernels, ~0.2 GiB)
     if structured:
