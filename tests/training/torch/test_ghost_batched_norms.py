@@ -97,3 +97,119 @@ def test_per_example_norms_and_sums_equal_each_tensor_alone():
         assert b.shape == t.shape[1:]
         assert torch.allclose(b, a, rtol=1e-12, atol=1e-15)
     assert torch.allclose(other, together_sum[0] * 0.5, rtol=1e-12, atol=1e-15)
+
+
+def _exact_with_bias(A, G):
+    """``||G_i^T A_i||_F^2 + ||sum_t g_{i,t}||^2`` in float64, ``(B,)``."""
+    b = G.to(F64).sum(1)
+    return _exact(A, G) + (b * b).sum(1)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_folded_bias_norms_bound_weight_and_bias(batched):
+    """A Linear's bias folded into the Gram (``ones``: the input ``[A, 1]``): the norm of (weight, bias) is within
+    the rounding allowance of the separate norms (weight's Gram bound + the bias's float64 norm) and never below
+    the exact float64 norm, also of the float32-summed bias that the clipped sum adds; alone or with other layers
+    (one bound for all), and with large offsets in the output gradients (cancelling bias sums)."""
+    gen = torch.Generator().manual_seed(5)
+    pairs = _pairs(gen)
+    A, G, w = pairs[1]
+    pairs[1] = (A, G + 30.0, w)  # a bias much larger than the weight's rows
+    folded_pairs = [(A, G, w, True) for A, G, w in pairs]
+    with step_cache():
+        if batched:
+            gram_norms(folded_pairs + pairs)
+        folded = [sequence_parts(A, G, w, ones=True)[0] for A, G, w in pairs]
+        separate = [sequence_parts(A, G, w)[0] + rows_sq_norms(G.sum(1)) for A, G, w in pairs]
+    for fo, se, (A, G, _) in zip(folded, separate, pairs):
+        exact = _exact_with_bias(A, G)
+        assert bool((fo >= exact).all())
+        b32 = G.sum(1).to(F64)  # the bias the clipped sum adds, summed in float32
+        assert bool((fo >= _exact(A, G) + (b32 * b32).sum(1)).all())
+        # within the allowance: ~1.2e-7 (max(d) + T) s_i^2, s over the rows [a_t, 1]
+        s = (torch.sqrt(A.to(F64).norm(dim=2) ** 2 + 1) * G.to(F64).norm(dim=2)).sum(1)
+        allowance = 2e-7 * (max(A.shape[2] + 1, G.shape[2]) + 3 * A.shape[1]) * s * s
+        assert bool((fo - exact <= allowance).all())
+        assert bool(((fo - se).abs() <= allowance).all())
+        assert bool(((fo - se).abs() <= 1e-5 * se).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_folded_bias_linear_rule_clipped_sums(monkeypatch, dtype):
+    """A model of Linear layers on 17 positions: the ghost clipper folds the biases into their weights' Gram
+    norms, and its norms and clipped sums equal the float64 per-example reference (a float64 model: to float64
+    precision and never below; a float32 one: within its forward's rounding)."""
+    from dpmf.training.torch.clipping import clip_factors
+    from dpmf.training.torch.ghost import GhostClipper, joint
+
+    folds = []
+    orig = joint.sequence_parts
+
+    def spy(A, G, work=torch.float32, ones=False):
+        folds.append(ones)
+        return orig(A, G, work, ones)
+
+    monkeypatch.setattr(joint, "sequence_parts", spy)
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Tanh(), torch.nn.Linear(32, 48), torch.nn.Tanh(),
+                                torch.nn.Linear(48, 40)).to(dtype)  # (the last one's sum from the scaled rows)
+    x, y = torch.randn(6, 17, 24, dtype=dtype), torch.randn(6, 17, 40, dtype=dtype)
+
+    def loss_fn(out, t):
+        return ((out - t) ** 2).flatten(1).sum(1).mean()
+
+    ghost = GhostClipper(model, loss_fn, 0.5)
+    try:
+        got = ghost.clipped_sum(x, y)
+    finally:
+        ghost.close()
+    assert folds == [True, True, True]
+    model64 = model.double()
+    params = list(model64.parameters())
+    per, norms = [], []
+    for i in range(6):
+        g = torch.autograd.grad(loss_fn(model64(x[i : i + 1].double()), y[i : i + 1].double()), params)
+        per.append(g)
+        norms.append(torch.sqrt(sum((gi ** 2).sum() for gi in g)))
+    norms = torch.stack(norms)
+    rtol = 1e-9 if dtype == torch.float64 else 1e-4
+    if dtype == torch.float64:
+        assert bool((got.norms >= norms * (1 - 1e-12)).all())
+    assert torch.allclose(got.norms, norms, rtol=rtol, atol=0)
+    f = clip_factors(norms, 0.5, ghost.margin)
+    for k, a in enumerate(got.grads):
+        want = sum(f[i] * per[i][k] for i in range(6))
+        assert torch.allclose(a.double(), want, rtol=rtol * 10, atol=1e-10 if dtype == torch.float64 else 1e-6)
+
+
+def test_folded_bias_not_taken_for_a_layer_called_twice():
+    """A Linear layer called twice (its parameters joined across calls, cross terms needed) keeps the separate
+    weight and bias contributions: norms and sums equal the float64 per-example reference."""
+    from dpmf.training.torch.clipping import clip_factors
+    from dpmf.training.torch.ghost import GhostClipper
+
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(32, 32).double()
+    model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Tanh(), lin, torch.nn.Tanh(), lin).double()
+    x, y = torch.randn(5, 17, 24, dtype=F64), torch.randn(5, 17, 32, dtype=F64)
+
+    def loss_fn(out, t):
+        return ((out - t) ** 2).flatten(1).sum(1).mean()
+
+    ghost = GhostClipper(model, loss_fn, 0.5)
+    try:
+        got = ghost.clipped_sum(x, y)
+    finally:
+        ghost.close()
+    params = list(model.parameters())
+    per, norms = [], []
+    for i in range(5):
+        g = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params)
+        per.append(g)
+        norms.append(torch.sqrt(sum((gi ** 2).sum() for gi in g)))
+    norms = torch.stack(norms)
+    assert bool((got.norms >= norms * (1 - 1e-12)).all())
+    assert torch.allclose(got.norms, norms, rtol=1e-9, atol=0)
+    f = clip_factors(norms, 0.5, ghost.margin)
+    for k, a in enumerate(got.grads):
+        assert torch.allclose(a, sum(f[i] * per[i][k] for i in range(5)), rtol=1e-8, atol=1e-10)

@@ -690,7 +690,8 @@ class GhostClipper(Clipper):
         f = f * scale
         sums: list = [None] * len(self.params)
         with step_cache():  # the small per-example sums of all layers in one product, the factors cast once
-            per_example_sums([c.grads for _, lg in layer_grads for c in _contributions(lg) if isinstance(c, PerExample)], f)
+            per_example_sums([c.grads for _, lg in layer_grads for c in _contributions(lg)
+                              if isinstance(c, PerExample) and c.folded_into is None], f)
             for index, lg in layer_grads:
                 for name, s in lg.weighted_sum(f).items():
                     sums[index[name]] = s
@@ -712,7 +713,7 @@ class GhostClipper(Clipper):
             # the norms of the layers alone, formed together (sequence.gram_norms, sequence.per_example_norms)
             alone = [c for _, lg, together in formed if not together and lg.lazy for c in _contributions(lg)]
             gram_norms([c.sequence_pair for c in alone if isinstance(c, Factored) and c.sequence_pair is not None])
-            per_example_norms([c.grads for c in alone if isinstance(c, PerExample)])
+            per_example_norms([c.grads for c in alone if isinstance(c, PerExample) and c.folded_into is None])
             for u, lg, together in formed:
                 if not together:
                     sq += lg.sq.to(device)

@@ -51,6 +51,7 @@ from dpmf.training.torch.ghost.sequence import (
     gamma,
     gram_bound,
     norm_plan,
+    position_weighted_sum,
     row_norm_sums,
     rows_sq_norms,
     sequence_parts,
@@ -65,10 +66,21 @@ __all__ = ["PerExample", "Factored", "joint_sq_norms", "joint_weighted_sum", "fr
 
 
 class PerExample:
-    """A materialized contribution: ``grads`` is ``(B, *param.shape)`` (any float dtype)."""
+    """A materialized contribution: ``grads`` is ``(B, *param.shape)`` (any float dtype). ``folded_into``: a
+    :class:`Factored` of the same call whose ``ones`` norm covers this one (a Linear layer's bias,
+    ``grads = fl(sum_t U_t)``): :func:`from_contributions` then takes no norm of its own for it, and its clipped
+    sum is :func:`~dpmf.training.torch.ghost.sequence.position_weighted_sum` of ``U``. ``grads`` may be a
+    function of no argument, formed when first read (a folded bias reads it only when joined)."""
 
-    def __init__(self, grads) -> None:
-        self.grads = grads
+    def __init__(self, grads, folded_into: "Factored | None" = None) -> None:
+        self._grads = grads
+        self.folded_into = folded_into
+
+    @property
+    def grads(self):
+        if callable(self._grads):
+            self._grads = self._grads()
+        return self._grads
 
     @property
     def batch(self) -> int:
@@ -98,10 +110,12 @@ class Factored:
 
     ``U``: float ``(B, T, R)``, or integer ``(B, T)`` row indices into ``rows`` one-hot rows; ``V``:
     ``(B, T, C)``; ``keep``: optional bool ``(B, T)`` (index form only) -- positions that contribute
-    (an embedding's ``padding_idx`` positions do not); ``work``: the working precision (at least float32).
+    (an embedding's ``padding_idx`` positions do not); ``work``: the working precision (at least float32);
+    ``ones``: a bias ``sum_t u_t`` of the same call may be folded into this norm (:meth:`sq_alone`,
+    ``fold``: the input ``[V, 1]``; dense ``U`` only).
     """
 
-    def __init__(self, U, V, *, rows: int | None = None, keep=None, work=torch.float32) -> None:
+    def __init__(self, U, V, *, rows: int | None = None, keep=None, work=torch.float32, ones: bool = False) -> None:
         self.index = not U.is_floating_point()
         if self.index:
             if rows is None:
@@ -112,6 +126,7 @@ class Factored:
         self.R = rows if self.index else U.shape[2]
         self.C = V.shape[2]
         self._alone_sum = None  # set by sq_alone: this contribution's own clipped sum
+        self.ones = ones and not self.index
 
     @property
     def batch(self) -> int:
@@ -141,14 +156,17 @@ class Factored:
 
     @property
     def sequence_pair(self):
-        """``(A, G, work)``: what :meth:`sq_alone` hands to
+        """``(A, G, work, ones)``: what :meth:`sq_alone` hands to
         :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` (``None`` in index form), so that
-        :func:`~dpmf.training.torch.ghost.sequence.gram_norms` can form many layers' norms at once first."""
-        return None if self.index else (self.V, self.U, self.work)
+        :func:`~dpmf.training.torch.ghost.sequence.gram_norms` can form many layers' norms at once first (with
+        ``ones``: the norms :meth:`sq_alone` forms with ``fold``)."""
+        return None if self.index else (self.V, self.U, self.work, self.ones)
 
-    def sq_alone(self):
+    def sq_alone(self, fold: bool = False):
+        """Upper bounds of ``||c_i||^2``; ``fold`` (dense ``U``): of ``||(c_i, sum_t u_t)||^2``, the bias of the
+        same call folded in (:func:`~dpmf.training.torch.ghost.sequence.sequence_parts`, ``ones``)."""
         if not self.index:  # the clipped sum of this contribution alone: as its norms' plan says
-            sq, self._alone_sum = sequence_parts(*self.sequence_pair)
+            sq, self._alone_sum = sequence_parts(self.V, self.U, self.work, fold)
             return sq
         # exact grouping: sum_v ||sum_{t: x_t = v} g_t||^2, the rows summed in float64
         B, R = self.batch, self.R
@@ -175,13 +193,15 @@ class Factored:
             0, inverse, self.V.reshape(B, -1, self.C)[keep].to(F64))
         return torch.zeros(B, dtype=F64, device=self.V.device).index_add_(0, uniq // R, (grouped * grouped).sum(1))
 
-    def weighted_sum(self, f, param, *, alone: bool = False):
+    def weighted_sum(self, f, param, *, alone: bool = False, bias: list | None = None):
         """``sum_i f_i c_i`` in ``param``'s dtype and shape; ``alone``: after :meth:`sq_alone`, from what it
-        formed (the kept per-example gradients, when its plan kept them)."""
+        formed (the kept per-example gradients, when its plan kept them). ``bias`` (dense ``U``): a list to which
+        ``sum_i f_i sum_t u_{i,t}`` may be appended, a folded bias's clipped sum (from the book-keeping product's
+        scaled rows: :func:`~dpmf.training.torch.ghost.sequence.sequence_weighted_sum`)."""
         if not self.index:
             if alone and self._alone_sum is not None:
-                return self._alone_sum(f.to(self.V.device), param.dtype).reshape(param.shape)
-            return sequence_weighted_sum(self.V, self.U, f.to(self.V.device), param.dtype).reshape(param.shape)
+                return self._alone_sum(f.to(self.V.device), param.dtype, bias).reshape(param.shape)
+            return sequence_weighted_sum(self.V, self.U, f.to(self.V.device), param.dtype, bias).reshape(param.shape)
         B = self.batch
         idx, V = self.U.reshape(B, -1), self.V.reshape(B, -1, self.C)
         scale = factors_toward_zero(f.to(V.device), param.dtype).view(-1, 1, 1)
@@ -298,17 +318,39 @@ def from_contributions(contributions: dict, params: dict) -> LayerGradients:
     """The :class:`~dpmf.training.torch.ghost.registry.LayerGradients` of one call whose parameters
     ``name -> contribution`` each have one contribution: squared norms added over the parameters,
     clipped sums from the same contributions. Keeps ``contributions`` for joint use (tied weights,
-    repeated calls): the squared norms are formed only if read (a joined call never reads them)."""
+    repeated calls): the squared norms are formed only if read (a joined call never reads them). A
+    :class:`PerExample` ``folded_into`` a :class:`Factored` of the same call has its norm in that one's
+    (``fold``): one Gram contraction for a Linear layer's weight and bias."""
+    members = list(contributions.values())
+    folded = [c for c in members if isinstance(c, PerExample) and isinstance(c.folded_into, Factored)
+              and c.folded_into.ones and any(c.folded_into is m for m in members)]
+    hosts = [c.folded_into for c in folded]
 
     def sq():
         out = None
         for c in contributions.values():
-            x = c.sq_alone()
+            if any(c is x for x in folded):
+                continue  # in its host's norm
+            x = c.sq_alone(fold=True) if any(c is h for h in hosts) else c.sq_alone()
             out = x if out is None else out + x
         return out
 
     def weighted_sum(f):
-        return {name: (c.weighted_sum(f, params[name], alone=True) if isinstance(c, Factored)
-                       else c.weighted_sum(f, params[name])) for name, c in contributions.items()}
+        out, biases = {}, {}
+        for name, c in contributions.items():
+            if isinstance(c, Factored):
+                held = [] if any(c is h for h in hosts) else None
+                out[name] = c.weighted_sum(f, params[name], alone=True, bias=held)
+                if held:
+                    biases[id(c)] = held[0]
+        for name, c in contributions.items():
+            if any(c is x for x in folded):  # its norm in the host's; its sum over positions of the host's U
+                b = biases.get(id(c.folded_into))
+                if b is None or b.dtype != params[name].dtype:
+                    b = position_weighted_sum(c.folded_into.U, f, params[name].dtype)
+                out[name] = b.reshape(params[name].shape)
+            elif not isinstance(c, Factored):
+                out[name] = c.weighted_sum(f, params[name])
+        return {name: out[name] for name in contributions}
 
     return LayerGradients(sq, weighted_sum, contributions=dict(contributions))

@@ -68,7 +68,7 @@ torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
            "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
-           "factors_toward_zero", "rows_sum_and_abs", "compiled_form", "cpu_plain"]
+           "factors_toward_zero", "rows_sum_and_abs", "compiled_form", "cpu_plain", "position_weighted_sum"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -328,34 +328,41 @@ def symmetric_gram(X, work, out=None):
     return out
 
 
-def _input_gram(A, work):
-    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`step_cache`)."""
-    key = _memory_key(A, work, "gram")
+def _input_gram(A, work, ones: bool = False):
+    """``A Aᵀ`` in ``work``, ``(B, T, T)`` (cached inside :func:`step_cache`); ``ones``: of ``[A, 1]`` (a column of
+    ones appended: ``fl(a_s . a_t) + 1``, one evaluation order of a dot product of length ``d + 1``, so the Gram
+    bound with ``C = d + 1`` covers it)."""
+    key = _memory_key(A, work, "gram1" if ones else "gram")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
-        got = symmetric_gram(A, work)
+        got = _input_gram(A, work) + 1.0 if ones else symmetric_gram(A, work)
         if key is not None:
             _GRAMS[key] = got
     return got
 
 
-def _gram_rows(X, gram, work):
+def _gram_rows(X, gram, work, ones: bool = False):
     """``||x_t||`` in ``work``, ``(B, T)``, of ``X`` whose Gram ``X Xᵀ`` is ``gram``: on the CPU from its diagonal
     (``x_t . x_t``, a sum of ``d`` squares in ``work`` as a norm forms it -- :func:`symmetric_gram`'s BLAS
     product --, so :func:`row_norm_sums`' rounding up covers it: no second pass over ``X``; issue 52 measured
     those passes at a quarter of the Gram-form layers' norm time at ``T = 128``); elsewhere a norm of ``X``
-    (a device's matrix product may run in a lower precision, TF32)."""
+    (a device's matrix product may run in a lower precision, TF32). ``ones``: ``||[x_t, 1]||`` (``gram`` that of
+    ``[X, 1]``; elsewhere ``sqrt(||x_t||^2 + 1)``, three roundings more, which the rounding up's ``gamma_{d+T+2}``
+    with ``d`` at least ``d_in + 1`` covers)."""
     if X.device.type == "cpu":
         return torch.diagonal(gram, dim1=1, dim2=2).sqrt()
+    if ones:
+        return torch.linalg.vector_norm(X.to(work), dim=2).square().add_(1.0).sqrt_()
     return torch.linalg.vector_norm(X.to(work), dim=2)
 
 
-def _input_rows(A, work):
-    """``||a_t||`` in ``work``, ``(B, T)`` (:func:`_gram_rows`; cached inside :func:`step_cache`)."""
-    key = _memory_key(A, work, "rows")
+def _input_rows(A, work, ones: bool = False):
+    """``||a_t||`` (``ones``: ``||[a_t, 1]||``) in ``work``, ``(B, T)`` (:func:`_gram_rows`; cached inside
+    :func:`step_cache`)."""
+    key = _memory_key(A, work, "rows1" if ones else "rows")
     got = None if key is None else _GRAMS.get(key)
     if got is None:
-        got = _gram_rows(A, _input_gram(A, work), work)
+        got = _gram_rows(A, _input_gram(A, work, ones), work, ones)
         if key is not None:
             _GRAMS[key] = got
     return got
@@ -374,27 +381,32 @@ def gram_norms(pairs) -> None:
     with short sequences and many layers (ViT: 17 tokens) spent much of its norm time in small per-layer
     operations. (Stacking the layers' Grams for one contraction was measured slower: the stack and its
     float64 copies were fresh memory every step, issue 52.) A layer alone in its ``(B, T, work)`` stays
-    as it was."""
+    as it was. A pair may carry a fourth entry ``ones`` (:func:`sequence_parts`: a bias folded in)."""
     if _GRAMS is None:
         return
-    pairs = list(pairs)
-    for A, _, work in pairs:  # how many layers read each input (its Gram is formed once for all)
+    pairs = [(p[0], p[1], p[2], len(p) > 3 and bool(p[3])) for p in pairs]
+    for A, _, work, _ in pairs:  # how many layers read each input (its Gram is formed once for all)
         key = _memory_key(A, work, "share")
         if key is not None:
             _GRAMS[key] = _GRAMS.get(key, 0) + 1
     groups: dict = {}
-    for A, G, work in pairs:
+    for A, G, work, ones in pairs:
         B, T, d_in = A.shape
-        if (B == 0 or T == 1 or A.device.type == "meta" or (id(A), id(G), work) in _GRAMS
+        if (B == 0 or T == 1 or A.device.type == "meta" or _pair_key(A, G, work, ones) in _GRAMS
                 or _plan(A, G, work) != "gram"):
             continue
-        _GRAMS[(id(A), id(G), work)] = None  # (a pair listed twice is formed once)
-        groups.setdefault((B, T, work, A.device), []).append((A, G))
+        _GRAMS[_pair_key(A, G, work, ones)] = None  # (a pair listed twice is formed once)
+        groups.setdefault((B, T, work, A.device), []).append((A, G, ones))
     for (B, T, work, device), jobs in groups.items():
         if len(jobs) > 1:
             _gram_each(jobs, B, T, work, device)
         else:  # alone: as sequence_parts forms it
-            del _GRAMS[(id(jobs[0][0]), id(jobs[0][1]), work)]
+            del _GRAMS[_pair_key(*jobs[0][:2], work, jobs[0][2])]
+
+
+def _pair_key(A, G, work, ones: bool):
+    """The :func:`step_cache` key of a layer's Gram-form norms (``ones``: with its bias folded in)."""
+    return (id(A), id(G), work, True) if ones else (id(A), id(G), work)
 
 
 def _gram_each(jobs, B: int, T: int, work, device) -> None:
@@ -403,42 +415,42 @@ def _gram_each(jobs, B: int, T: int, work, device) -> None:
     L = len(jobs)
     n2 = torch.empty(L, B, dtype=F64, device=device)
     rows = torch.empty(2, L, B, T, dtype=work, device=device)
-    for k, (A, G) in enumerate(jobs):
+    for k, (A, G, ones) in enumerate(jobs):
         gram = symmetric_gram(G, work)
-        n2[k] = contract(gram, _input_gram(A, work))
+        n2[k] = contract(gram, _input_gram(A, work, ones))
         rows[0, k] = _gram_rows(G, gram, work)
-        rows[1, k] = _input_rows(A, work)
+        rows[1, k] = _input_rows(A, work, ones)
     _bound_many(jobs, n2, rows, T, work, device)
 
 
 def _bound_many(jobs, n2, rows, T: int, work, device) -> None:
     """The rounding bound (:func:`gram_bound`) of the contractions ``n2`` (``(L, B)``) and row norms ``rows``
     (``(2, L, B, T)``: output gradients', inputs') of ``jobs``, stored for :func:`sequence_parts`."""
-    d_out = torch.tensor([[G.shape[2]] for _, G in jobs], dtype=F64, device=device)
-    d_in = torch.tensor([[A.shape[2]] for A, _ in jobs], dtype=F64, device=device)
+    d_out = torch.tensor([[G.shape[2]] for _, G, _ in jobs], dtype=F64, device=device)
+    d_in = torch.tensor([[A.shape[2] + ones] for A, _, ones in jobs], dtype=F64, device=device)  # [A, 1]: d_in + 1
     up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
     out = gram_bound(n2, *_rounded_sums(rows[0], rows[1], up), d_out, d_in, T, work)
     finite = torch.isfinite(out).all(1).tolist()
-    for k, (A, G) in enumerate(jobs):
-        sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64)  # overflow in ``work``
-        _GRAMS[(id(A), id(G), work)] = (A, G, sq)
+    for k, (A, G, ones) in enumerate(jobs):
+        sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64, ones)  # overflow in ``work``
+        _GRAMS[_pair_key(A, G, work, ones)] = (A, G, sq)
 
 
-def _gram_sq_norms(A, G, work):
+def _gram_sq_norms(A, G, work, ones: bool = False):
     """Gram form: the Grams in precision ``work``, their contraction in float64, plus the rounding bound
-    (row norms by :func:`_gram_rows`)."""
+    (row norms by :func:`_gram_rows`); ``ones``: of ``[A, 1]`` (:func:`sequence_parts`)."""
     if _GRAMS is not None:
-        got = _GRAMS.get((id(A), id(G), work))
+        got = _GRAMS.get(_pair_key(A, G, work, ones))
         if got is not None and got[0] is A and got[1] is G:
             return got[2]
-    T, d_in, d_out = A.shape[1], A.shape[2], G.shape[2]
+    T, d_in, d_out = A.shape[1], A.shape[2] + ones, G.shape[2]
     gram = symmetric_gram(G, work)
     up = 1 + 2 * gamma(max(d_in, d_out) + T + 2, work)
-    s, sg, sa = _rounded_sums(_gram_rows(G, gram, work), _input_rows(A, work), up)
-    n2 = contract(gram, _input_gram(A, work))
+    s, sg, sa = _rounded_sums(_gram_rows(G, gram, work), _input_rows(A, work, ones), up)
+    n2 = contract(gram, _input_gram(A, work, ones))
     out = gram_bound(n2, s, sg, sa, d_out, d_in, T, work)
     if work != F64 and not bool(torch.isfinite(out).all()):  # overflow in the working precision
-        return _gram_sq_norms(A, G, F64)
+        return _gram_sq_norms(A, G, F64, ones)
     return out
 
 
@@ -449,30 +461,43 @@ def sequence_sq_norms(A, G, work_dtype=torch.float32):
     return sequence_parts(A, G, work_dtype)[0]
 
 
-def sequence_parts(A, G, work_dtype=torch.float32):
+def sequence_parts(A, G, work_dtype=torch.float32, ones: bool = False):
     """``(sq, summed)``: :func:`sequence_sq_norms` and ``summed(f, dtype)`` = ``sum_i f_i G_i^T A_i``
     (``(d_out, d_in)``, ``dtype``; ``f`` float64 ``(B,)``), the way :func:`norm_plan` finds cheapest: with
     ``"keep"`` the sum is taken from the per-example gradients whose norms were taken, otherwise by
-    book-keeping (:func:`sequence_weighted_sum`)."""
+    book-keeping (:func:`sequence_weighted_sum`).
+
+    ``ones``: ``sq`` also covers the layer's bias gradient ``b_i = sum_t g_{i,t}`` (``summed`` stays the
+    weight's). In the Gram form the bias is folded in: the input is ``[A, 1]`` (a column of ones), so
+    ``||(G_i^T A_i, b_i)||^2 = <G_i G_iᵀ, A_i A_iᵀ + 1>`` is one contraction, its bound that of ``d_in + 1``
+    columns, and the bias's clipped sum is :func:`position_weighted_sum` (one product over examples and
+    positions, as the weight's book-keeping); in the other forms (not taken for ``ones`` by the Linear rule,
+    which folds only Gram-form layers) ``(||fl(b_i)|| + gamma_{T+1} sum_t ||g_t||)^2`` is added: ``fl(b_i)``
+    summed in ``work_dtype`` is within ``gamma_{T-1} sum_t ||g_t||`` of ``b_i``, the float64 norms' rounding
+    within the rest."""
     B, T, d_in = A.shape
     d_out = G.shape[2]
 
-    def book_keeping(f, dtype):
-        return sequence_weighted_sum(A, G, f, dtype)
+    def book_keeping(f, dtype, bias=None):
+        return sequence_weighted_sum(A, G, f, dtype, bias)
 
     if B == 0:
         return torch.zeros(0, dtype=F64, device=A.device), book_keeping
+    if ones and (T == 1 or _plan(A, G, work_dtype) != "gram"):
+        sq, summed = sequence_parts(A, G, work_dtype)
+        err = gamma(T + 1, work_dtype) * torch.linalg.vector_norm(G.to(F64), dim=2).sum(1)
+        return sq + (rows_sq_norms(G.to(work_dtype).sum(1)).sqrt() + err) ** 2, summed
     if T == 1:
         a, g = A[:, 0].to(F64), G[:, 0].to(F64)
         sq = (a * a).sum(1) * (g * g).sum(1)
         return sq * (1 + gamma(max(d_in, d_out) + 2, F64)), book_keeping
     plan = _plan(A, G, work_dtype)
     if plan == "gram":
-        return _gram_sq_norms(A, G, work_dtype), book_keeping
+        return _gram_sq_norms(A, G, work_dtype, ones), book_keeping
     if plan == "keep":
         P, sq = _materialized(A, G, work_dtype)
 
-        def kept(f, dtype):
+        def kept(f, dtype, bias=None):
             fz = factors_toward_zero(f.to(P.device), P.dtype)
             return torch.mv(P.reshape(B, -1).t(), fz).reshape(d_out, d_in).to(dtype)
 
@@ -507,8 +532,10 @@ def _materialized(A, G, work):
     return P, (norm + gamma(T, work) * s) ** 2
 
 
-def sequence_weighted_sum(A, G, f, dtype):
-    """``sum_i f_i G_i^T A_i`` (``(d_out, d_in)``, ``dtype``); ``f`` float64 ``(B,)``.
+def sequence_weighted_sum(A, G, f, dtype, bias: list | None = None):
+    """``sum_i f_i G_i^T A_i`` (``(d_out, d_in)``, ``dtype``); ``f`` float64 ``(B,)``. ``bias``: a list to which
+    :func:`position_weighted_sum` of ``G`` is appended (a folded bias's clipped sum), from the scaled output
+    gradients where the product scales them (contiguous ``A``, ``G``, ``d_out <= d_in``: the same factors).
 
     One product over the flattened batch and positions: of ``A`` and ``G`` themselves when they are
     contiguous ``(B, T, d)`` (Linear); otherwise (transposed views, as the convolution rule passes) of
@@ -534,13 +561,29 @@ def sequence_weighted_sum(A, G, f, dtype):
 
     if A.is_contiguous() and G.is_contiguous():
         g, a = product(A, G, fz)
+        if bias is not None:
+            bias.append(g.sum(0) if scale_g else position_weighted_sum(G, f, dtype))
         return g.t().mm(a)
+    if bias is not None:
+        bias.append(position_weighted_sum(G, f, dtype))
     out = torch.zeros(d_out, d_in, dtype=dtype, device=A.device)
     step = max(1, CHUNK_FLOATS // max(1, A.shape[1] * (d_in + d_out)))
     for lo in range(0, B, step):
         g, a = product(A[lo : lo + step], G[lo : lo + step], fz[lo : lo + step])
         out.addmm_(g.t(), a)
     return out
+
+
+def position_weighted_sum(G, f, dtype):
+    """``sum_i f_i sum_t g_{i,t}`` (``(d,)``, ``dtype``) of ``G``: ``(B, T, d)`` and float64 factors ``f``
+    (``(B,)``, rounded toward zero as the book-keeping's): a folded bias's clipped sum (:func:`sequence_parts`,
+    ``ones``), one product over the examples and a sum over the positions in ``dtype`` -- the rounding of the
+    whole sum, as the weight's book-keeping product (no per-example bias is formed)."""
+    B, T, d = G.shape
+    if B == 0:
+        return torch.zeros(d, dtype=dtype, device=G.device)
+    fz = factors_toward_zero(f.to(G.device), dtype)
+    return torch.mv(G.to(dtype).reshape(B, T * d).t(), fz).view(T, d).sum(0)
 
 
 def _cached(key, *held):
