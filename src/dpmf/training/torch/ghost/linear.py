@@ -60,12 +60,12 @@ def linear_rule(module, call, trainable):
     A = x.reshape(B, -1, module.in_features)
     G = g.reshape(B, -1, module.out_features)
     contributions = {}
-    fold = _folds(A, G, trainable)
+    w_work = torch.promote_types(trainable["weight"].dtype, torch.float32) if "weight" in trainable else None
+    work = torch.promote_types(trainable["bias"].dtype, torch.float32) if "bias" in trainable else None
+    fold = w_work is not None and work == w_work and _folds(A.shape[1], A.shape[2], G.shape[2], A.device)
     if "weight" in trainable:  # grad W = G^T A = sum_t g_t a_t^T: U = G, V = A
-        contributions["weight"] = Factored(G, A, work=torch.promote_types(trainable["weight"].dtype, torch.float32),
-                                           ones=fold)
+        contributions["weight"] = Factored(G, A, work=w_work, ones=fold)
     if "bias" in trainable:
-        work = torch.promote_types(trainable["bias"].dtype, torch.float32)
         if fold:  # its per-example rows formed only if read (a joined call)
             contributions["bias"] = PerExample(lambda: G.to(work).sum(1), folded_into=contributions["weight"])
         else:
@@ -73,18 +73,14 @@ def linear_rule(module, call, trainable):
     return from_contributions(contributions, trainable)
 
 
-def _folds(A, G, trainable: dict) -> bool:
-    """Whether the bias's norm is folded into the weight's Gram contraction (the input ``[A, 1]``,
-    :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` ``ones``): both trainable in one working
-    precision, ``1 < T <= FOLD_BIAS_T`` (the fold's rounding bound grows with ``T``: at ViT's 17 positions
-    its norms are ~1e-6 relative above the separate ones) and the Gram form. Only for a call whose norms are
-    its own: a joined call (tied or repeated parameters) takes the separate contributions."""
-    if "weight" not in trainable or "bias" not in trainable or not 1 < A.shape[1] <= FOLD_BIAS_T:
-        return False
-    work = torch.promote_types(trainable["weight"].dtype, torch.float32)
-    if work != torch.promote_types(trainable["bias"].dtype, torch.float32):
-        return False
-    return norm_plan(A.shape[1], A.shape[2], G.shape[2], syrk=A.device.type == "cpu") == "gram"
+def _folds(T: int, d_in: int, d_out: int, device) -> bool:
+    """Whether a layer with a weight and a bias trainable in one working precision has the bias's norm folded
+    into the weight's Gram contraction (the input ``[A, 1]``,
+    :func:`~dpmf.training.torch.ghost.sequence.sequence_parts` ``ones``): ``1 < T <= FOLD_BIAS_T`` (the
+    fold's rounding bound grows with ``T``: at ViT's 17 positions its norms are ~2e-6 relative above the
+    separate ones) and the Gram form. Only for a call whose norms are its own: a joined call (tied or
+    repeated parameters) takes the separate contributions."""
+    return 1 < T <= FOLD_BIAS_T and norm_plan(T, d_in, d_out, syrk=device.type == "cpu") == "gram"
 
 
 # the clipper may run these layers on detached parameters (their outputs are plain tensors)
