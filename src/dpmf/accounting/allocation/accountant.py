@@ -40,13 +40,14 @@ from dpmf.accounting.reductions import identity_epochs_reduction
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, UnsupportedConfigurationError
 from dpmf.numerics import UNIT_ROUNDOFF
-from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
+from dpmf.privacy.calibration import NoiseLimitExceeded, ProgressCallback, check_limit, smallest_noise
 from dpmf.privacy.gdp import gaussian_epsilon
 from dpmf.privacy.rdp import rdp_to_epsilon
 from dpmf.sampling.schemes import BallsInBinsSampling
 from dpmf.strategies.identity import Identity
 
-__all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation", "noise_and_report"]
+__all__ = ["NAME", "supports", "AllocationProblem", "account_allocation", "calibrate_allocation", "noise_and_report",
+           "epsilon_lower_bound"]
 
 NAME = "allocation"
 WHICH = ("combined", "renyi", "conditional")
@@ -367,8 +368,9 @@ def noise_and_report(
 
     ``limit``: only noises up to it are of interest (the noise another accountant reached):
     :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` when the combined epsilon there is above
-    the target. The Rényi bound alone is tried there first (cheap): when it passes, so does the
-    combined bound and conditional composition is not run at the limit. The searches then run as
+    the target -- first from a lower bound of it (:func:`epsilon_lower_bound`: small Rényi programs, no
+    full one), then from the Rényi bound alone (when it passes, so does the combined bound and conditional
+    composition is not run at the limit), else from the combined bound. The searches then run as
     without it (from the active :func:`~dpmf.privacy.calibration.search_hint`).
     """
     target = _v.positive("target_epsilon", target_epsilon)
@@ -388,6 +390,8 @@ def noise_and_report(
     def epsilon(s: float) -> float:
         return report(s).epsilon
 
+    if limit is not None and which != "conditional":
+        _refuse_by_lower_bound(problem, limit, d, target, options, callback)
     if which != "combined":
         return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, limit=limit)
     if limit is not None and report(limit, "renyi").epsilon > target:
@@ -409,3 +413,51 @@ def noise_and_report(
     if min(others) > target:  # (they cannot help below renyi.value: the answer is the Renyi one)
         return renyi.value, at_renyi
     return smallest_noise_and_report(epsilon, report, target, rel_tol=rel_tol, callback=callback, initial=renyi.value)
+
+
+def epsilon_lower_bound(problem: AllocationProblem, sigma: float, delta: float, above: float, *, which: str = "combined",
+                        delta_e=None, temperatures=DEFAULT_TEMPERATURES,
+                        conditional_budget: float = DEFAULT_CONDITIONAL_BUDGET) -> float | None:
+    """A lower bound above ``above`` on the epsilon :func:`account_allocation` reports (``which``
+    ``"combined"`` or ``"renyi"``, any Rényi options) at ``sigma``, or ``None`` where none is found
+    cheaply; for ``C != I`` only (``C = I``'s programs are the cheap ones).
+
+    Per direction ``k`` the report's epsilon is ``min(renyi_k, gaussian cap, conditional_k)`` (the last two
+    in ``"combined"`` mode only, conditional composition where it runs), and the reported one the larger
+    direction. ``L_k``: the Rényi remove epsilon's lower bound of small programs
+    (:meth:`~dpmf.accounting.allocation.renyi.RenyiAllocation.remove_epsilon_lower_bound`) or the add
+    direction's closed form; ``X_k = min(L_k, gaussian cap)``; conditional composition's epsilon is above
+    ``X_k`` where :func:`composition_delta_lower_bound` of its own pairs exceeds ``delta - delta_E`` there
+    (as when it is skipped in :func:`account_allocation`). The largest such ``X_k > above`` is returned."""
+    if problem.identity_steps is not None:
+        return None
+    analysed = sigma * problem.noise_scale
+    cap = _gaussian_cap(problem, analysed, delta) if which == "combined" else math.inf
+    low = {"remove": min(problem.renyi.remove_epsilon_lower_bound(analysed, delta, above), cap)}
+    low["add"] = min(problem.renyi.add_epsilon(analysed, delta), cap)
+    low = {k: v for k, v in low.items() if v > above}
+    runs = which == "combined" and conditional_cost(problem.means, None, 1 + len(tuple(temperatures)),
+                                                     gram=problem.gram) <= conditional_budget
+    if low and runs:
+        prepared = _pairs(problem, analysed, delta, delta_e, temperatures)
+        level = delta - prepared["delta_e"]
+        low = {k: v for k, v in low.items()
+               if composition_delta_lower_bound(prepared["pairs"][k], analysed, v, k) > level}
+    return max(low.values(), default=None)
+
+
+def _refuse_by_lower_bound(problem: AllocationProblem, limit: float, d: float, target: float, options: dict,
+                           callback: ProgressCallback | None) -> None:
+    """:class:`~dpmf.privacy.calibration.NoiseLimitExceeded` (its epsilon a lower bound) where
+    :func:`epsilon_lower_bound` at ``limit`` is above ``target``: the search cannot pass there, and no
+    full Rényi program or conditional composition is run to say so (README snippet's probe: ~0.5 CPU-s)."""
+    keys = ("delta_e", "temperatures", "conditional_budget")
+    low = epsilon_lower_bound(problem, limit, d, target, which=options.get("which", "combined"),
+                              **{k: options[k] for k in keys if options.get(k) is not None})
+    if low is None:
+        return
+    if callback is not None:
+        callback(limit, low)
+    raise NoiseLimitExceeded(
+        f"epsilon at the largest noise of interest, noise_multiplier={limit:g}, is at least {low:g} > {target:g}: "
+        "the smallest passing noise is larger", limit, low, lower_bound=True)
