@@ -57,3 +57,20 @@ def test_mmcc_reports_the_checked_grid_and_agrees_with_the_requested_one():
     assert checked.diagnostics["discretization"] > 1e-4
     assert "discretization_check" in checked.diagnostics and "discretization_note" not in checked.diagnostics
     assert checked.epsilon == pytest.approx(fine.epsilon, rel=1e-6)
+
+
+def test_the_heuristic_estimate_is_read_on_a_coarse_grid_within_its_looser_check():
+    """The independent-rows heuristic (an estimate, not a bound) takes a coarse grid once two agree to
+    ``HEURISTIC_GRID_REL`` (1e-5): within a third of that of the requested grid's estimate, not below it
+    by more (every loss is rounded up), and the bound itself is unchanged."""
+    from dpmf.accounting.mmcc.accountant import HEURISTIC_GRID_REL
+
+    strategy, scheme = BinaryTree(16), PoissonSampling(1 / 16, 16)
+    checked = MMCCAccountant(strategy, scheme, 1e-5)
+    fine = MMCCAccountant(strategy, scheme, 1e-5, check_grids=False)
+    bound = checked.report(0.7, heuristic=False)
+    est = checked.add_heuristic(bound).diagnostics["independent_rows_heuristic_epsilon"]
+    ref = fine.add_heuristic(bound).diagnostics["independent_rows_heuristic_epsilon"]
+    assert HEURISTIC_GRID_REL > GRID_CHECK_REL
+    assert ref * (1 - 1e-9) <= est <= ref * (1 + HEURISTIC_GRID_REL / 3 * 1.001)
+    assert checked.report(0.7).epsilon == bound.epsilon
