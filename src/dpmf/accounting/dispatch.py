@@ -13,15 +13,18 @@ import difflib
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from dpmf import validation as _v
-from dpmf.accounting import dpsgd, mmcc, montecarlo, truncated, unamplified
+from dpmf.accounting import dpsgd, truncated, unamplified
 from dpmf.accounting.report import PrivacyReport
 from dpmf.errors import InvalidParameterError, NoiseTooSmallError, UnsupportedConfigurationError
 from dpmf.privacy.calibration import ProgressCallback, smallest_noise
-from dpmf.sampling.schemes import SCHEMES
+from dpmf.sampling.schemes import SCHEMES, CyclicPoissonSampling, PoissonSampling
 from dpmf.strategies.identity import Identity
+
+if TYPE_CHECKING:  # (the deferred entries' modules, imported on first use by _Deferred; read by tests/test_layering.py)
+    from dpmf.accounting import allocation, mmcc, montecarlo  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,26 @@ class _Deferred:
         return f"{self.module}.{self.attribute} (imported on first use)"
 
 
+class _SchemeChecked(_Deferred):
+    """A deferred ``supports`` that answers for a scheme outside ``schemes`` without importing its module:
+    ``refusal`` (``{}`` the scheme's type name), the module's own first answer word for word (a test
+    compares them for every scheme type) -- so a balls-in-bins calibration does not import MMCC (~0.06
+    CPU-s of the README snippet's)."""
+
+    def __init__(self, module: str, attribute: str, schemes: tuple[type, ...], refusal: str) -> None:
+        super().__init__(module, attribute)
+        self.schemes, self.refusal = schemes, refusal
+
+    def __call__(self, strategy, scheme, *args, **kwargs):
+        if not isinstance(scheme, self.schemes):
+            return self.refusal.format(type(scheme).__name__)
+        return self.__wrapped__(strategy, scheme, *args, **kwargs)
+
+
 _ALLOCATION = "dpmf.accounting.allocation.accountant"
 _ALLOCATION_PLD = "dpmf.accounting.allocation.pld"
+_MMCC = "dpmf.accounting.mmcc.accountant"
+_MONTECARLO = "dpmf.accounting.montecarlo.accountant"
 
 _MMCC_OPTIONS = frozenset(
     {"delta_split", "adaptive", "grid_step", "discretization", "merge_budget", "workers", "scheduler", "cache_dir"}
@@ -138,17 +159,18 @@ METHODS: dict[str, AccountingMethod] = {
             calibration_searches=False,
         ),
         AccountingMethod(
-            mmcc.NAME,
+            "mmcc",  # (mmcc.NAME; a test checks it)
             "MMCC: conditional composition of per-row mixture-of-Gaussians PLDs (any non-negative "
             "lower-triangular C; Poisson or cyclic Poisson sampling)",
-            mmcc.supports,
-            mmcc.account_mmcc,
+            _SchemeChecked(_MMCC, "supports", (PoissonSampling, CyclicPoissonSampling),
+                           "MMCC needs Poisson or cyclic-Poisson sampling, not {}"),
+            _Deferred(_MMCC, "account_mmcc"),
             _MMCC_OPTIONS | {"heuristic", "callback"},
             frozenset({"adaptive"}),
-            mmcc.noise_and_report,
+            _Deferred(_MMCC, "noise_and_report"),
             _MMCC_OPTIONS,
             probe_options=(("heuristic", False),),  # (the independent-rows estimate doubles the row work)
-            probe=mmcc.probe_mmcc,  # cheapest rows first: stops once they already exceed the target
+            probe=_Deferred(_MMCC, "probe_mmcc"),  # cheapest rows first: stops once they already exceed the target
         ),
         AccountingMethod(
             "allocation_pld",  # (allocation.pld.NAME; a test checks it)
@@ -185,18 +207,19 @@ METHODS: dict[str, AccountingMethod] = {
             calibration_limit=True,
         ),
         AccountingMethod(
-            montecarlo.NAME,
+            "montecarlo",  # (montecarlo.NAME; a test checks it)
             "Monte Carlo estimate of the exact dominating pair (b-min-sep, balls-in-bins, cyclic Poisson); "
             "an ESTIMATE, certified only through calibration (Estimate-Verify-Release)",
-            montecarlo.supports,
-            montecarlo.account_montecarlo,
+            _Deferred(_MONTECARLO, "supports"),
+            _Deferred(_MONTECARLO, "account_montecarlo"),
             _MONTECARLO_COMMON | {"confidence", "checkpoint", "callback", "resolution"},
             calibration_options=_MONTECARLO_COMMON
             | {"candidates", "num_candidates", "ratio", "pilot_samples", "base_delta", "fallback_noise_multiplier"},
             in_auto=False,
             # Algorithm 5's fallback comes from the proved accountants registered here (montecarlo
             # itself does not import the dispatcher: the layering is one-way)
-            own_calibration=functools.partial(montecarlo.calibrate_montecarlo, fallback=lambda *a: certified_fallback(*a)),
+            own_calibration=functools.partial(_Deferred(_MONTECARLO, "calibrate_montecarlo"),
+                                              fallback=lambda *a: certified_fallback(*a)),
         ),
     )
 }
@@ -267,10 +290,14 @@ def _select(strategy, scheme, method: str, options: dict) -> tuple[list[Accounti
     """The methods to run and, for ``"auto"``, the valid ones skipped (name -> why)."""
     if method != "auto" and method not in METHODS:
         raise InvalidParameterError(f"method must be 'auto' or one of {sorted(METHODS)}, got {method!r}")
-    reasons = valid_methods(strategy, scheme, options, names=None if method == "auto" else (method,))
+    # (auto: the methods it may choose; every method's reason only for the refusal -- Monte Carlo's loss
+    # samplers are not imported by a run that cannot choose them)
+    auto = tuple(name for name, m in METHODS.items() if m.in_auto)
+    reasons = valid_methods(strategy, scheme, options, names=auto if method == "auto" else (method,))
     if method == "auto":
-        valid = {name for name, why in reasons.items() if why is None and METHODS[name].in_auto}
+        valid = {name for name, why in reasons.items() if why is None}
         if not valid:
+            reasons = valid_methods(strategy, scheme, options)
             detail = "; ".join(f"{k}: {v}" for k, v in reasons.items())
             raise UnsupportedConfigurationError(f"no accountant covers this configuration ({detail})")
         skipped = _cannot_win(strategy, scheme, valid)
