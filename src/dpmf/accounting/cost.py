@@ -209,10 +209,11 @@ def _pld_search_noise(n: int, q: float, target_epsilon: float | None, delta: flo
 _MMCC_STRUCTURED_BASE = 0.45
 #: MMCC on a checked coarse loss grid (``mmcc.grid.checked_coarse_grid``): ``min(F, a F^b)`` CPU-s for a
 #: run whose requested grid would take ``F``, as ``(a, b)``: banded Toeplitz (16 cells, measured 1.2-3.3
-#: CPU-s, within 0.66-1.52x) and the others (binary trees: 16 cells, 1.3-27.6 CPU-s, within 0.47-2.1x:
-#: whether a coarse grid agrees, not the grid's size, decides the time, which no smooth fit follows).
+#: CPU-s, within 0.66-1.52x) and binary trees (refit 2026-12-03 afternoon after the heuristic's own
+#: looser grid check, ``mmcc.accountant.HEURISTIC_GRID_REL``: 8 checked cells of two runs, 0.97-7.5
+#: CPU-s, within 0.58-1.73x; before it the heuristic's fine grid decided a tree's time, 0.47-2.1x).
 _MMCC_CHECKED_BANDED = (1.12, 0.26)
-_MMCC_CHECKED_OTHER = (0.63, 0.72)
+_MMCC_CHECKED_OTHER = (0.31, 0.56)
 #: A first MMCC evaluation in a fresh process compiles and warms its kernels: ~1 s CPU (bsr(16, 4) at
 #: sigma = 4: 1.5 s first, 0.46 s again).
 _MMCC_WARMUP = 1.0
@@ -263,8 +264,8 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     Where the widest row's grid has at least ``2^18`` points (``mmcc.grid.worth_checking``), one phase
     and no memory coarsening, the accountant reports a checked coarse grid (2026-12-03): the time is
-    ``min(F, a F^b)`` for ``F`` the requested grid's time above: ``1.12 F^0.26`` banded, ``0.63 F^0.72``
-    otherwise (:data:`_MMCC_CHECKED_BANDED`, :data:`_MMCC_CHECKED_OTHER`; two runs of
+    ``min(F, a F^b)`` for ``F`` the requested grid's time above: ``1.12 F^0.26`` banded, ``0.31 F^0.56``
+    binary trees (:data:`_MMCC_CHECKED_BANDED`, :data:`_MMCC_CHECKED_OTHER`; two runs of
     ``bench_mmcc_cost.py``'s grid and MMCC BandMF-16 x 500 at sigma 1 / 2, measured 3.2-3.4 / 3.0-3.3).
 
     Memory: the tail-bound structure (``~64`` bytes per stored pair: ``n (L + 1)`` for the tree,
@@ -322,7 +323,7 @@ def _mmcc_part(strategy, scheme, sigma) -> tuple[float, float]:
 
     # the checked coarse grid's fit holds for the families it was measured on (binary trees, banded
     # Toeplitz under Poisson); the dense square-root Toeplitz at q = 1 x 1000 steps ran 11+ min on CI
-    # (2026-12-03) where 0.63 F^0.72 said 5.4 min: its time stays F there
+    # (2026-12-03) where the trees' fit then said 5.4 min: its time stays F there
     measured_checked = isinstance(strategy, BinaryTree) or (width < n and structured)
 
     try:
