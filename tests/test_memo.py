@@ -42,7 +42,7 @@ def test_fresh_slot_fits_run_once_per_gram(monkeypatch):
     real = fc._fit_markov_members
     monkeypatch.setattr(fc, "_fit_markov_members", lambda g: fits.append(1) or real(g))
     fc._MEMBERS.clear()
-    strat, scheme = bsr(24, bands=3), BallsInBinsSampling(epochs=3, steps=24, fresh_slots=True)
+    strat, scheme = bsr(12, bands=2), BallsInBinsSampling(epochs=3, steps=12, fresh_slots=True)
     first = [dpmf.account(strat, scheme, s, 1e-5, method="allocation_pld").epsilon for s in (2.0, 2.5)]
     assert len(fits) == 1
     fc._MEMBERS.clear()
