@@ -57,6 +57,7 @@ cancellation is exactly what makes the computed Gram value untrustworthy).
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -102,6 +103,7 @@ def gamma(m: int, dtype) -> float:
     return float("inf") if mu >= 1 else mu / (1 - mu)
 
 
+@functools.lru_cache(maxsize=4096)  # (a pure function of its arguments: one look-up per layer and step, issue 52)
 def norm_plan(T: int, d_in: int, d_out: int, *, keep: bool = True, float64: bool = False, syrk: bool = True,
               input_share: int = 1) -> str:
     """``"gram"``, ``"keep"`` or ``"materialize"``: the cheapest way (module docstring) to the norms and
@@ -224,18 +226,19 @@ def _rows_array(t, B: int):
     return t.reshape(B, -1).contiguous().numpy()
 
 
-def contract(a, b):
+def contract(a, b, b64=None):
     """``sum_{s,t} a_st b_st`` per example in float64 (products of float32 numbers are exact there) of two
     ``(B, T_1, T_2)`` Grams, ``(B,)``: one batched float64 dot product, or, for large Grams on the CPU
     (:func:`compiled_form`), one compiled pass that reads them as they are
     (:func:`~dpmf.training.torch.ghost._norms_compiled.row_dots`; GPT-2's ``T = 128`` Grams made 2 MB float64
-    copies each)."""
+    copies each). ``b64``: ``b`` in float64 where the caller holds it already (the same numbers)."""
     B = a.shape[0]
     if compiled_form(a, b) and B:
         out = torch.empty(B, dtype=F64)
         _row_dots(_rows_array(a, B), _rows_array(b, B), out.numpy())
         return out
-    return torch.bmm(a.to(F64).reshape(B, 1, -1), b.to(F64).reshape(B, -1, 1)).reshape(B)
+    b64 = b.to(F64) if b64 is None else b64
+    return torch.bmm(a.to(F64).reshape(B, 1, -1), b64.reshape(B, -1, 1)).reshape(B)
 
 
 def row_norm_sums(U, V, work, d: int):
@@ -341,6 +344,22 @@ def _input_gram(A, work, ones: bool = False):
     return got
 
 
+def _input_gram64(A, work, ones: bool = False):
+    """:func:`_input_gram` in float64 for :func:`contract` (exact: a float32 or float64 Gram), cached inside
+    :func:`step_cache` (the layers reading one input -- a ViT block's q/k/v -- convert it once); None where
+    :func:`contract` takes its compiled form (it reads the Grams as they are)."""
+    gram = _input_gram(A, work, ones)
+    if compiled_form(gram):
+        return None
+    key = _memory_key(A, work, "gram64-1" if ones else "gram64")
+    got = None if key is None else _GRAMS.get(key)
+    if got is None:
+        got = gram.to(F64)
+        if key is not None:
+            _GRAMS[key] = got
+    return got
+
+
 def _gram_rows(X, gram, work, ones: bool = False):
     """``||x_t||`` in ``work``, ``(B, T)``, of ``X`` whose Gram ``X Xᵀ`` is ``gram``: on the CPU from its diagonal
     (``x_t . x_t``, a sum of ``d`` squares in ``work`` as a norm forms it -- :func:`symmetric_gram`'s BLAS
@@ -411,25 +430,31 @@ def _pair_key(A, G, work, ones: bool):
 
 def _gram_each(jobs, B: int, T: int, work, device) -> None:
     """:func:`gram_norms` of several layers of the same ``(B, T, work)``: each layer's Grams formed and
-    contracted (:func:`contract`) in turn, then one rounding bound for all."""
-    L = len(jobs)
-    n2 = torch.empty(L, B, dtype=F64, device=device)
-    rows = torch.empty(2, L, B, T, dtype=work, device=device)
-    for k, (A, G, ones) in enumerate(jobs):
+    contracted (:func:`contract`, the float64 copy of an input's Gram formed once for the layers reading it) in
+    turn, then the row norms of all (on the CPU the Grams' diagonals, one square root) and one rounding bound
+    for all: a ViT step's 24 such layers spent ~6 small operations each on writing their results into one
+    tensor (issue 52)."""
+    n2, g_rows, a_rows = [], [], []
+    cpu = device.type == "cpu"
+    for A, G, ones in jobs:
         gram = symmetric_gram(G, work)
-        n2[k] = contract(gram, _input_gram(A, work, ones))
-        rows[0, k] = _gram_rows(G, gram, work)
-        rows[1, k] = _input_rows(A, work, ones)
-    _bound_many(jobs, n2, rows, T, work, device)
+        n2.append(contract(gram, _input_gram(A, work, ones), _input_gram64(A, work, ones)))
+        g_rows.append(torch.diagonal(gram, dim1=1, dim2=2) if cpu else _gram_rows(G, gram, work))
+        a_rows.append(torch.diagonal(_input_gram(A, work, ones), dim1=1, dim2=2) if cpu
+                      else _input_rows(A, work, ones))
+    g_rows, a_rows = torch.stack(g_rows), torch.stack(a_rows)
+    if cpu:  # (_gram_rows: the square roots of the diagonals)
+        g_rows, a_rows = g_rows.sqrt_(), a_rows.sqrt_()
+    _bound_many(jobs, torch.stack(n2), g_rows, a_rows, T, work, device)
 
 
-def _bound_many(jobs, n2, rows, T: int, work, device) -> None:
-    """The rounding bound (:func:`gram_bound`) of the contractions ``n2`` (``(L, B)``) and row norms ``rows``
-    (``(2, L, B, T)``: output gradients', inputs') of ``jobs``, stored for :func:`sequence_parts`."""
+def _bound_many(jobs, n2, g_rows, a_rows, T: int, work, device) -> None:
+    """The rounding bound (:func:`gram_bound`) of the contractions ``n2`` (``(L, B)``) and row norms ``g_rows``,
+    ``a_rows`` (``(L, B, T)``: output gradients', inputs') of ``jobs``, stored for :func:`sequence_parts`."""
     d_out = torch.tensor([[G.shape[2]] for _, G, _ in jobs], dtype=F64, device=device)
     d_in = torch.tensor([[A.shape[2] + ones] for A, _, ones in jobs], dtype=F64, device=device)  # [A, 1]: d_in + 1
     up = 1 + 2 * _gammas(torch.maximum(d_in, d_out) + (T + 2), work)  # row_norm_sums' rounding up
-    out = gram_bound(n2, *_rounded_sums(rows[0], rows[1], up), d_out, d_in, T, work)
+    out = gram_bound(n2, *_rounded_sums(g_rows, a_rows, up), d_out, d_in, T, work)
     finite = torch.isfinite(out).all(1).tolist()
     for k, (A, G, ones) in enumerate(jobs):
         sq = out[k] if finite[k] or work == F64 else _gram_sq_norms(A, G, F64, ones)  # overflow in ``work``
@@ -483,6 +508,9 @@ def sequence_parts(A, G, work_dtype=torch.float32, ones: bool = False):
 
     if B == 0:
         return torch.zeros(0, dtype=F64, device=A.device), book_keeping
+    got = None if _GRAMS is None else _GRAMS.get(_pair_key(A, G, work_dtype, ones))
+    if got is not None and got[0] is A and got[1] is G:  # formed by gram_norms (the Gram form): no plan again
+        return got[2], book_keeping
     if ones and (T == 1 or _plan(A, G, work_dtype) != "gram"):
         sq, summed = sequence_parts(A, G, work_dtype)
         err = gamma(T + 1, work_dtype) * torch.linalg.vector_norm(G.to(F64), dim=2).sum(1)
