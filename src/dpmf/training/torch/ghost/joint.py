@@ -321,17 +321,17 @@ def from_contributions(contributions: dict, params: dict) -> LayerGradients:
     repeated calls): the squared norms are formed only if read (a joined call never reads them). A
     :class:`PerExample` ``folded_into`` a :class:`Factored` of the same call has its norm in that one's
     (``fold``): one Gram contraction for a Linear layer's weight and bias."""
-    members = list(contributions.values())
-    folded = [c for c in members if isinstance(c, PerExample) and isinstance(c.folded_into, Factored)
-              and c.folded_into.ones and any(c.folded_into is m for m in members)]
-    hosts = [c.folded_into for c in folded]
+    members = {id(c) for c in contributions.values()}  # (by identity: the contributions are held here)
+    folded = {id(c) for c in contributions.values() if isinstance(c, PerExample)
+              and isinstance(c.folded_into, Factored) and c.folded_into.ones and id(c.folded_into) in members}
+    hosts = {id(c.folded_into) for c in contributions.values() if id(c) in folded}
 
     def sq():
         out = None
         for c in contributions.values():
-            if any(c is x for x in folded):
+            if id(c) in folded:
                 continue  # in its host's norm
-            x = c.sq_alone(fold=True) if any(c is h for h in hosts) else c.sq_alone()
+            x = c.sq_alone(fold=True) if id(c) in hosts else c.sq_alone()
             out = x if out is None else out + x
         return out
 
@@ -339,12 +339,12 @@ def from_contributions(contributions: dict, params: dict) -> LayerGradients:
         out, biases = {}, {}
         for name, c in contributions.items():
             if isinstance(c, Factored):
-                held = [] if any(c is h for h in hosts) else None
+                held = [] if id(c) in hosts else None
                 out[name] = c.weighted_sum(f, params[name], alone=True, bias=held)
                 if held:
                     biases[id(c)] = held[0]
         for name, c in contributions.items():
-            if any(c is x for x in folded):  # its norm in the host's; its sum over positions of the host's U
+            if id(c) in folded:  # its norm in the host's; its sum over positions of the host's U
                 b = biases.get(id(c.folded_into))
                 if b is None or b.dtype != params[name].dtype:
                     b = position_weighted_sum(c.folded_into.U, f, params[name].dtype)
