@@ -61,6 +61,27 @@ def test_gram_norms_equal_each_layer_alone():
         assert bool((t - exact <= 2e-7 * max(A.shape[2], G.shape[2]) * s * s).all())
 
 
+def test_gram_norms_shared_input_with_and_without_ones_equal_alone():
+    """Layers reading one input, some with a bias folded in (``[A, 1]``) and some without: the input's Gram and its
+    float64 copy are formed once per kind (``_input_gram64``) and every layer's norms equal its own alone (the
+    same numbers), also ``contract`` given the float64 copy."""
+    gen = torch.Generator().manual_seed(3)
+    B = 4
+    shared = torch.randn(B, 7, 20, generator=gen)
+    pairs = [(shared, torch.randn(B, 7, 20, generator=gen), torch.float32, ones) for ones in (True, True, False)]
+    pairs.append((torch.randn(B, 7, 24, generator=gen), torch.randn(B, 7, 12, generator=gen), torch.float32, True))
+    alone = [sequence_parts(A, G, w, ones)[0] for A, G, w, ones in pairs]
+    with step_cache():
+        gram_norms(pairs)
+        together = [sequence_parts(A, G, w, ones)[0] for A, G, w, ones in pairs]
+        keys = [k for k in sequence._GRAMS if isinstance(k, tuple) and k[-1] in ("gram64", "gram64-1")]
+        assert len(keys) == 3  # the shared input with and without ones, the other input with
+    for a, t in zip(alone, together):
+        assert torch.equal(t, a)
+    a, b = sequence.symmetric_gram(pairs[0][1], torch.float32), sequence.symmetric_gram(shared, torch.float32)
+    assert torch.equal(sequence.contract(a, b, b.to(F64)), sequence.contract(a, b))
+
+
 def test_gram_norms_overflow_retried_in_float64():
     """A layer whose float32 Grams overflow gets the float64 Gram form; the others keep float32's."""
     gen = torch.Generator().manual_seed(1)
