@@ -69,7 +69,7 @@ from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.batch import batch_size_of, flat_tensors, split_batch
 from dpmf.training.torch.clipping import ClippedGradients, Clipper, check_nonfinite, check_scalar_loss, check_weights, clip_factors, setup_clipper
 from dpmf.training.torch.ghost import broadcast, conv, embedding, hf, linear, normalization, recurrent  # noqa: F401  (register the rules)
-from dpmf.training.torch.ghost.detached import DetachedParameters
+from dpmf.training.torch.ghost.detached import DetachedParameters, capture_grad
 from dpmf.training.torch.ghost.fallback import fallback_gradients
 from dpmf.training.torch.ghost.joint import Factored, PerExample, joint_sq_norms, joint_weighted_sum
 from dpmf.training.torch.ghost.registry import (
@@ -494,7 +494,9 @@ class GhostClipper(Clipper):
                          versions=[(t, t._version) for t in first], shared=capture)
         for k, t in enumerate(outputs):
             if t.requires_grad:
-                t.register_hook(functools.partial(self._grad_hook, unit, call, k))
+                hook = functools.partial(self._grad_hook, unit, call, k)
+                if not (detached and capture_grad(t, hook)):  # (a linked output: its link node calls it)
+                    t.register_hook(hook)
         unit.calls.append(call)
         if shared:
             output, call.shared = broadcast.OutputCapture.track_outputs(output, batch)
