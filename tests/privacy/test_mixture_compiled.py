@@ -174,7 +174,12 @@ def test_mmcc_epsilons_equal_those_before_the_kernels(case):
     strategy, scheme = _mmcc_case(case)
     report = dpmf.account(strategy, scheme, case["sigma"], case["delta"], method="mmcc")
     assert report.epsilon == pytest.approx(case["epsilon"], rel=1e-6)
-    assert report.diagnostics["independent_rows_heuristic_epsilon"] == pytest.approx(case["heuristic"], rel=1e-6)
+    # the heuristic (an estimate) is read on a coarse grid checked to HEURISTIC_GRID_REL since 2026-12-03
+    # (1e-6 before): never below the stored value, above it by less than that check's agreement
+    from dpmf.accounting.mmcc.accountant import HEURISTIC_GRID_REL
+
+    heuristic = report.diagnostics["independent_rows_heuristic_epsilon"]
+    assert case["heuristic"] * (1 - 1e-6) <= heuristic <= case["heuristic"] * (1 + HEURISTIC_GRID_REL)
 
 
 @pytest.mark.parametrize("lattice", [True, False])
