@@ -126,6 +126,30 @@ def _exact_with_bias(A, G):
     return _exact(A, G) + (b * b).sum(1)
 
 
+def _squared_loss(out, t):
+    return ((out - t) ** 2).flatten(1).sum(1).mean()
+
+
+def _ghost_and_reference(model, x, y):
+    """The ghost clipper's result (bound 0.5) on ``model`` and the float64 per-example reference:
+    ``(got, margin, per-example gradients, their norms)``."""
+    from dpmf.training.torch.ghost import GhostClipper
+
+    ghost = GhostClipper(model, _squared_loss, 0.5)
+    try:
+        got = ghost.clipped_sum(x, y)
+    finally:
+        ghost.close()
+    model64 = model.double()
+    params = list(model64.parameters())
+    per, norms = [], []
+    for i in range(x.shape[0]):
+        g = torch.autograd.grad(_squared_loss(model64(x[i : i + 1].double()), y[i : i + 1].double()), params)
+        per.append(g)
+        norms.append(torch.sqrt(sum((gi ** 2).sum() for gi in g)))
+    return got, ghost.margin, per, torch.stack(norms)
+
+
 @pytest.mark.parametrize("batched", [False, True])
 def test_folded_bias_norms_bound_weight_and_bias(batched):
     """A Linear's bias folded into the Gram (``ones``: the input ``[A, 1]``): the norm of (weight, bias) is within
@@ -161,7 +185,7 @@ def test_folded_bias_linear_rule_clipped_sums(monkeypatch, dtype):
     norms, and its norms and clipped sums equal the float64 per-example reference (a float64 model: to float64
     precision and never below; a float32 one: within its forward's rounding)."""
     from dpmf.training.torch.clipping import clip_factors
-    from dpmf.training.torch.ghost import GhostClipper, joint
+    from dpmf.training.torch.ghost import joint
 
     folds = []
     orig = joint.sequence_parts
@@ -175,29 +199,13 @@ def test_folded_bias_linear_rule_clipped_sums(monkeypatch, dtype):
     model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Tanh(), torch.nn.Linear(32, 48), torch.nn.Tanh(),
                                 torch.nn.Linear(48, 40)).to(dtype)  # (the last one's sum from the scaled rows)
     x, y = torch.randn(6, 17, 24, dtype=dtype), torch.randn(6, 17, 40, dtype=dtype)
-
-    def loss_fn(out, t):
-        return ((out - t) ** 2).flatten(1).sum(1).mean()
-
-    ghost = GhostClipper(model, loss_fn, 0.5)
-    try:
-        got = ghost.clipped_sum(x, y)
-    finally:
-        ghost.close()
+    got, margin, per, norms = _ghost_and_reference(model, x, y)
     assert folds == [True, True, True]
-    model64 = model.double()
-    params = list(model64.parameters())
-    per, norms = [], []
-    for i in range(6):
-        g = torch.autograd.grad(loss_fn(model64(x[i : i + 1].double()), y[i : i + 1].double()), params)
-        per.append(g)
-        norms.append(torch.sqrt(sum((gi ** 2).sum() for gi in g)))
-    norms = torch.stack(norms)
     rtol = 1e-9 if dtype == torch.float64 else 1e-4
     if dtype == torch.float64:
         assert bool((got.norms >= norms * (1 - 1e-12)).all())
     assert torch.allclose(got.norms, norms, rtol=rtol, atol=0)
-    f = clip_factors(norms, 0.5, ghost.margin)
+    f = clip_factors(norms, 0.5, margin)
     for k, a in enumerate(got.grads):
         want = sum(f[i] * per[i][k] for i in range(6))
         assert torch.allclose(a.double(), want, rtol=rtol * 10, atol=1e-10 if dtype == torch.float64 else 1e-6)
@@ -207,30 +215,14 @@ def test_folded_bias_not_taken_for_a_layer_called_twice():
     """A Linear layer called twice (its parameters joined across calls, cross terms needed) keeps the separate
     weight and bias contributions: norms and sums equal the float64 per-example reference."""
     from dpmf.training.torch.clipping import clip_factors
-    from dpmf.training.torch.ghost import GhostClipper
 
     torch.manual_seed(3)
     lin = torch.nn.Linear(32, 32).double()
     model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.Tanh(), lin, torch.nn.Tanh(), lin).double()
     x, y = torch.randn(5, 17, 24, dtype=F64), torch.randn(5, 17, 32, dtype=F64)
-
-    def loss_fn(out, t):
-        return ((out - t) ** 2).flatten(1).sum(1).mean()
-
-    ghost = GhostClipper(model, loss_fn, 0.5)
-    try:
-        got = ghost.clipped_sum(x, y)
-    finally:
-        ghost.close()
-    params = list(model.parameters())
-    per, norms = [], []
-    for i in range(5):
-        g = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params)
-        per.append(g)
-        norms.append(torch.sqrt(sum((gi ** 2).sum() for gi in g)))
-    norms = torch.stack(norms)
+    got, margin, per, norms = _ghost_and_reference(model, x, y)
     assert bool((got.norms >= norms * (1 - 1e-12)).all())
     assert torch.allclose(got.norms, norms, rtol=1e-9, atol=0)
-    f = clip_factors(norms, 0.5, ghost.margin)
+    f = clip_factors(norms, 0.5, margin)
     for k, a in enumerate(got.grads):
         assert torch.allclose(a, sum(f[i] * per[i][k] for i in range(5)), rtol=1e-8, atol=1e-10)
