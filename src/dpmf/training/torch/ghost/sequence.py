@@ -437,11 +437,10 @@ def _gram_each(jobs, B: int, T: int, work, device) -> None:
     n2, g_rows, a_rows = [], [], []
     cpu = device.type == "cpu"
     for A, G, ones in jobs:
-        gram = symmetric_gram(G, work)
-        n2.append(contract(gram, _input_gram(A, work, ones), _input_gram64(A, work, ones)))
+        gram, a_gram = symmetric_gram(G, work), _input_gram(A, work, ones)
+        n2.append(contract(gram, a_gram, _input_gram64(A, work, ones)))
         g_rows.append(torch.diagonal(gram, dim1=1, dim2=2) if cpu else _gram_rows(G, gram, work))
-        a_rows.append(torch.diagonal(_input_gram(A, work, ones), dim1=1, dim2=2) if cpu
-                      else _input_rows(A, work, ones))
+        a_rows.append(torch.diagonal(a_gram, dim1=1, dim2=2) if cpu else _input_rows(A, work, ones))
     g_rows, a_rows = torch.stack(g_rows), torch.stack(a_rows)
     if cpu:  # (_gram_rows: the square roots of the diagonals)
         g_rows, a_rows = g_rows.sqrt_(), a_rows.sqrt_()
