@@ -13,7 +13,8 @@
   at once, equals the float64 sum of clipped per-example gradients;
 * ``DPOptimizer.step`` adds the noise and scales with fused passes over all parameters (in place, on its
   copy of the clipper's sums): the gradient is ``(sum + noise) / normalizer`` exactly, and the tensors the
-  clipper handed over are not written.
+  clipper handed over are not written; the copy is one buffer (each ``.grad`` a view of it) where the sums
+  share a dtype and device, bitwise the numbers of the per-parameter passes.
 """
 
 from __future__ import annotations
@@ -186,3 +187,64 @@ def test_step_adds_noise_without_writing_the_clippers_sums(monkeypatch):
             assert torch.equal(s, s0)  # the clipper's tensors were not written
             assert torch.equal(p.grad, (s0 + wp.to(s0.dtype)) * scale)
     assert len(handed) == 2
+
+
+def _steps(flat: bool) -> tuple:
+    """Two loop steps of a small private model: ``(the .grad of each step, the optimizer)``; ``flat=False``
+    forces the per-parameter path of ``DPOptimizer.step`` (no one buffer)."""
+    import torch.nn.functional as F
+
+    from dpmf.sampling import FixedOrderSampling
+    from dpmf.strategies import Identity
+    from dpmf.training.torch import make_private
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3))
+    data = torch.utils.data.TensorDataset(torch.randn(12, 4, 5), torch.randint(0, 3, (12,)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = make_private(model, opt, data, strategy=Identity(2), sampling=FixedOrderSampling(1, 2), noise_multiplier=1.0,
+                       delta=1e-5, max_grad_norm=0.5, seed=1, accountant="unamplified")
+    optimizer = run.optimizer
+    assert optimizer._flat_noise  # the noise is laid out as the parameters
+    optimizer._flat_noise = flat
+    grads = []
+    for x, y in run.data_loader:
+        optimizer.zero_grad()
+        F.cross_entropy(run.module(x).mean(1), y).backward()
+        optimizer.step()
+        grads.append([p.grad for p in optimizer.params])
+    return grads, optimizer
+
+
+def test_step_on_one_buffer_equals_per_parameter():
+    """``DPOptimizer`` copies the clipped sums into one buffer (each ``.grad`` a view of it, in order) and adds
+    and scales the noise there in two elementwise passes: bitwise the numbers of the per-parameter passes,
+    over two steps (the second step's parameters depend on the first's gradients)."""
+    flat, _ = _steps(True)
+    each, _ = _steps(False)
+    for got, want in zip(flat, each):
+        base = got[0]._base
+        assert base is not None and all(g._base is base for g in got)  # one buffer
+        assert base.numel() == sum(g.numel() for g in got)
+        assert all(w._base is None for w in want)  # the per-parameter path: own tensors
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_copied_sums_are_copies():
+    """``optimizer._copied``: new memory whatever the sums are (views of one tensor, as a rule may hand out; a
+    single sum; mixed dtypes, which keep one tensor each), values and dtypes kept."""
+    from dpmf.training.torch.optimizer import _copied
+
+    held = torch.randn(4, 6)
+    views = [held[:, :3], held[1], held.t()]  # a rule's sums that are views of a tensor it keeps
+    for sums, flat_ok, one_buffer in [(views, True, True), (views, False, False), ([held], True, False),
+                                      ([held, held.double()], True, False)]:
+        flat, copies = _copied(sums, flat_ok)
+        assert (flat is not None) == one_buffer
+        for s, c in zip(sums, copies):
+            assert torch.equal(c, s) and c.dtype == s.dtype and c.shape == s.shape
+            assert c.untyped_storage().data_ptr() != held.untyped_storage().data_ptr()
+        before = held.clone()
+        for c in copies:
+            c.add_(1.0)
+        assert torch.equal(held, before)  # writing the copies leaves the rule's tensor alone

@@ -62,6 +62,10 @@ class DPOptimizer(torch.optim.Optimizer):
         self.batch_source, self.exact_position = batch_source, exact_position
         self._examples = 0
         self._sum: list | None = None
+        #: the sums' one buffer (``_sum`` are views of it, in order), or None (:func:`_copied`)
+        self._flat = None
+        #: the noise is one flat vector laid out as the parameters, in their order (:meth:`step` adds it at once)
+        self._flat_noise = [tuple(s) for s in getattr(noise, "shapes", ())] == [tuple(p.shape) for p in self.params]
         self._norms: list = []
         self.last_norms = None  # unclipped per-example norms of the last step (float64)
         self._optimizer_step_pre_hooks = {}
@@ -107,7 +111,7 @@ class DPOptimizer(torch.optim.Optimizer):
         if self._sum is None:  # (a copy: a rule's sums may be tensors it holds; step() adds the noise in place.
             # Copied here, the rule's tensors are freed before the noise is drawn: keeping them and forming
             # sum + noise anew at the step held a third parameter-sized copy, +45 MiB peak on gpt2-6/llama-6)
-            self._sum = [g.detach().clone() for g in grads]
+            self._flat, self._sum = _copied(grads, self._flat_noise)
         else:
             torch._foreach_add_(self._sum, [g.detach() for g in grads])
         self._norms.append(norms)
@@ -117,7 +121,7 @@ class DPOptimizer(torch.optim.Optimizer):
         """The inner optimizer's ``zero_grad``; also forgets the clipped sums accumulated for this step
         (micro-batches, loop backwards, forwards not yet backpropagated)."""
         self.clipper.discard()
-        self._sum, self._norms, self._examples = None, [], 0
+        self._sum, self._flat, self._norms, self._examples = None, None, [], 0
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
     def _collect_loop(self) -> int:
@@ -183,16 +187,32 @@ class DPOptimizer(torch.optim.Optimizer):
 
             for s in sums:
                 dist.all_reduce(s, op=dist.ReduceOp.SUM, group=self.process_group)
-        noise = self.noise.unflatten(self.noise.draw())
         scale = 1.0 / self.plan.normalizer
-        with torch.no_grad():  # (s + w) * scale in place per parameter, in two fused passes over all of them
-            noise = [w.to(device=s.device, dtype=s.dtype) for s, w in zip(sums, noise)]
-            torch._foreach_add_(sums, noise)
-            torch._foreach_mul_(sums, scale)
+        flat, w = self._flat, self.noise.draw()
+        with torch.no_grad():  # (s + w) * scale in place, elementwise: on the one buffer, or per parameter
+            if flat is not None:
+                flat.add_(w.to(device=flat.device, dtype=flat.dtype))
+                flat.mul_(scale)
+            else:
+                noise = [w.to(device=s.device, dtype=s.dtype) for s, w in zip(sums, self.noise.unflatten(w))]
+                torch._foreach_add_(sums, noise)
+                torch._foreach_mul_(sums, scale)
             for p, s in zip(self.params, sums):
-                p.grad = s.to(p.dtype)
+                p.grad = s if s.dtype == p.dtype else s.to(p.dtype)
         self.last_norms = torch.cat(self._norms) if self._norms else torch.zeros(0, dtype=torch.float64)
-        self._sum, self._norms, self._examples = None, [], 0
+        self._sum, self._flat, self._norms, self._examples = None, None, [], 0
         out = self.original_optimizer.step()
         self.steps_done += 1
         return out
+
+
+def _copied(grads, flat_ok: bool) -> tuple:
+    """``(buffer, copies)``: copies of the clipped sums ``grads`` (one per parameter, in order), as views of
+    one new contiguous buffer when ``flat_ok`` (the noise is laid out as the parameters) and they share a
+    dtype and device -- the noise is then added and scaled in two elementwise passes over the buffer, the
+    same numbers as per parameter (issue 52) --, else ``(None, clones)``."""
+    gs = [g.detach() for g in grads]
+    if flat_ok and len(gs) > 1 and all(g.dtype == gs[0].dtype and g.device == gs[0].device for g in gs):
+        flat = torch._C._nn.flatten_dense_tensors(gs)  # (a new tensor: torch.cat of two or more)
+        return flat, list(torch._C._nn.unflatten_dense_tensors(flat, gs))
+    return None, [g.clone() for g in gs]
