@@ -1,5 +1,7 @@
 """dpmf.memo: bounded memos keyed by content, and the accountants' fits memoized by their Grams."""
 
+import math
+
 import numpy as np
 
 from dpmf.memo import BoundedMemo, array_key
@@ -51,3 +53,27 @@ def test_fresh_slot_fits_run_once_per_gram(monkeypatch):
     monkeypatch.setattr(pld, "_MEMO", BoundedMemo(4))
     again = [dpmf.account(strat, scheme, s, 1e-5, method="allocation_pld").epsilon for s in (2.0, 2.5)]
     assert again == first and len(fits) == 2
+
+
+def test_markov_epsilon_is_memoized_by_every_input_and_hands_out_copies(monkeypatch):
+    """``markov_epsilon`` (a calibration runs its contenders twice at a noise: to steer, then in the
+    accountant) computes once per inputs: equal inputs give equal numbers without a table, a changed
+    input (here ``eps_hi``, which sets the strike grid) computes again, and a caller changing the
+    returned dict does not change the memo."""
+    from dpmf.accounting.allocation.surrogates import markov_programs
+    from dpmf.accounting.allocation.surrogates.markov_chain import MarkovSurrogate
+    from dpmf.memo import BoundedMemo
+
+    monkeypatch.setattr(markov_programs, "_RESULTS", BoundedMemo(8))
+    runs = []
+    real = MarkovSurrogate.table
+    monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    sur = MarkovSurrogate(alpha=0.8, beta=0.6, rho=0.5, s=0.866, order="natural", proxy=0.0)
+    first = markov_programs.markov_epsilon(sur, 1.5, 8, 1e-5, 6.0, directions=("remove",))
+    n = len(runs)
+    assert n > 0
+    first["epsilon"] = -1.0
+    again = markov_programs.markov_epsilon(sur, 1.5, 8, 1e-5, 6.0, directions=("remove",))
+    assert len(runs) == n and again["epsilon"] != -1.0 and math.isfinite(again["epsilon"])
+    other = markov_programs.markov_epsilon(sur, 1.5, 8, 1e-5, 6.5, directions=("remove",))
+    assert len(runs) > n and other["epsilon_by_direction"]["remove"] != again["epsilon_by_direction"]["remove"]

@@ -227,13 +227,16 @@ def test_allocation_pld_evaluations_are_memoized_by_their_inputs(monkeypatch):
 
 
 def _recording_pld(monkeypatch) -> list:
-    """Record ``(sigma, steering)`` of every ``allocation_pld`` evaluation (``steering``: the reductions
-    with the moving average as their only Markov member), on a fresh memo."""
+    """Record ``(sigma, steering)`` of every ``allocation_pld`` evaluation on a fresh memo: ``steering``
+    is True for a proper subset of the Markov members (``Reductions.steering``: the moving average
+    alone; ``Reductions.contenders``), False for the accountant's own."""
     monkeypatch.setattr(allocation_pld, "_MEMO", BoundedMemo(256))
     real, calls = allocation_pld._epsilon, []
+    every = {}
 
     def recording(strategy, scheme, groups, sigma, *rest):
-        calls.append((sigma, groups.steering() is None and len(groups.markov) == 1))
+        total = every.setdefault(id(strategy), len(allocation_pld._reductions(strategy, scheme).markov))
+        calls.append((sigma, len(groups.markov) < total))
         return real(strategy, scheme, groups, sigma, *rest)
 
     monkeypatch.setattr(allocation_pld, "_epsilon", recording)
@@ -260,25 +263,39 @@ def test_the_steering_bound_is_at_least_the_accountant_per_direction():
     assert above and equal  # (both cases occur: the test would notice a steering bound that is the accountant)
 
 
-def test_a_calibration_is_steered_at_its_first_noise_and_reports_the_accountant(monkeypatch):
-    """The first noise of ``allocation_pld``'s calibration (its limit check, far above the answer)
-    is evaluated by the steering bound alone when that passes there (a certified pass: the accountant
-    is at most that bound), every other noise by the accountant; the answer is the accountant's
-    passing noise within rel_tol of a failing one, and its report is ``account_allocation_pld``'s.
-    Negative control: at a target the steering bound fails at the first noise, the accountant is
-    evaluated there too."""
+def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_accountant(monkeypatch):
+    """The first noise of ``allocation_pld``'s calibration (its limit check, far above the answer) is
+    evaluated by the moving average alone when that passes there (a certified pass: the accountant is
+    at most that bound); the next by the accountant; every later one by the contenders of the last
+    evaluation (the members that came out finite there), bit for bit the accountant's numbers where
+    the members left out lose again -- so the answer is the one of a search by the accountant at every
+    noise (negative control: ``contenders`` disabled), the report is ``account_allocation_pld``'s, and
+    a noise within rel_tol below the answer fails for the accountant. Negative control: at a target
+    the steering bound fails at the first noise, the accountant is evaluated there too."""
+    from dpmf.accounting.allocation.correlated import Reductions
     from dpmf.privacy.calibration import search_hint
 
+    # (bsr(20, 4) over 2 epochs at epsilon 2: the moving average wins from the start to the answer)
     strategy, scheme, target, start = bsr(20, 4), BallsInBinsSampling(epochs=2, steps=20), 2.0, 3.0
+
+    def calibrate():
+        with search_hint(start):
+            return allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
+
     calls = _recording_pld(monkeypatch)
-    with search_hint(start):
-        sigma, report = allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
-    assert calls[0] == (start, True) and all(not steering for _, steering in calls[1:])
-    assert start not in [s for s, steering in calls if not steering]
+    sigma, report = calibrate()
+    assert calls[0] == (start, True) and calls[1][1] is False and calls[-1] == (sigma, False)
+    assert all(steering for _, steering in calls[2:-1])  # (contenders, from the accountant's first evaluation on)
     fresh = allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
     assert report.epsilon == fresh.epsilon <= target
-    below = [s for s, steering in calls if not steering and s < sigma <= s * (1 + 1e-4)]
-    assert any(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target for s in below)
+    below = [s for s, _ in calls if s < sigma <= s * (1 + 1e-4)]
+    assert below and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target
+                         for s in below)
+    # negative control: the accountant at every noise after the first -> the same answer, bit for bit
+    calls = _recording_pld(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(Reductions, "contenders", lambda self, out: None)
+        assert calibrate()[0] == sigma and not any(steering for _, steering in calls[1:])
     # negative control: a target the steering bound misses at the start -> the accountant there too
     high = allocation_pld._steering_epsilon(strategy, scheme, allocation_pld._reductions(strategy, scheme), 1.0, DELTA,
                                              allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
@@ -286,6 +303,36 @@ def test_a_calibration_is_steered_at_its_first_noise_and_reports_the_accountant(
     with pytest.raises(NoiseLimitExceeded):
         allocation_pld.noise_and_report(strategy, scheme, 0.5 * high["epsilon"], DELTA, limit=1.0)
     assert calls == [(1.0, True), (1.0, False)]
+
+
+def test_contenders_that_are_not_the_accountant_at_the_answer_are_checked_below_it(monkeypatch):
+    """Where the steering set is not the accountant at the answer -- bsr(16, 4) over 2 epochs at
+    epsilon 5: a plain chain that lost far above the answer (left out of the contenders) wins near
+    it -- the failing end of the bracket is evaluated by the accountant, which passes there, and the
+    search goes on from it by the accountant: the answer passes, a noise within rel_tol below it fails
+    *for the accountant*, and it is within rel_tol of the answer of a search by the accountant at
+    every noise (negative control: ``contenders`` disabled)."""
+    from dpmf.accounting.allocation.correlated import Reductions
+    from dpmf.privacy.calibration import search_hint
+
+    strategy, scheme, target, start = bsr(16, 4), BallsInBinsSampling(epochs=2, steps=16), 5.0, 2.0
+
+    def calibrate():
+        with search_hint(start):
+            return allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
+
+    calls = _recording_pld(monkeypatch)
+    sigma, report = calibrate()
+    assert report.epsilon == allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA).epsilon <= target
+    steered = max(s for s, steering in calls[1:] if steering)
+    assert sigma < steered  # (the contenders alone ended above the accountant's answer)
+    fails = [s for s, steering in calls if not steering and s < sigma <= s * (1 + 1e-4)]
+    assert fails and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target
+                         for s in fails)
+    with monkeypatch.context() as m:
+        m.setattr(Reductions, "contenders", lambda self, out: None)
+        plain = calibrate()[0]
+    assert abs(sigma - plain) <= 1e-4 * max(sigma, plain)
 
 
 def test_an_answer_at_the_steered_noise_reports_the_accountant(monkeypatch):
@@ -300,3 +347,24 @@ def test_an_answer_at_the_steered_noise_reports_the_accountant(monkeypatch):
         sigma, report = allocation_pld.noise_and_report(strategy, scheme, exact.epsilon, DELTA)
     assert sigma == start and calls[0] == (start, True) and calls[-1] == (start, False)
     assert report.epsilon == exact.epsilon and report.diagnostics["reductions"] == exact.diagnostics["reductions"]
+
+
+def test_contenders_keep_the_members_finite_in_an_evaluation_and_give_its_numbers():
+    """``Reductions.contenders(out)`` keeps exactly the Markov members with a finite epsilon (a
+    direction) in ``out``, in their order, ``None`` when that is every member; evaluated at the same
+    noise, its epsilon per direction is the whole set's, bit for bit (the members left out were
+    searched below the best and never lowered the bound the later ones are searched below)."""
+    import math
+
+    strategy, scheme = bsr(16, 4), BallsInBinsSampling(epochs=2, steps=16)
+    groups = allocation_pld._reductions(strategy, scheme)
+    opts = (DELTA, allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
+    out = allocation_pld._epsilon(strategy, scheme, groups, 1.3, *opts)
+    rows = out["reductions"][-len(groups.markov):]
+    finite = [m for m, row in zip(groups.markov, rows)
+              if any(math.isfinite(v) for v in row.get("epsilon_by_direction", {}).values())]
+    kept = groups.contenders(out)
+    assert kept is not None and list(kept.markov) == finite and 0 < len(finite) < len(groups.markov)
+    again = allocation_pld._epsilon(strategy, scheme, kept, 1.3, *opts)
+    assert again["epsilon_by_direction"] == out["epsilon_by_direction"]
+    assert kept.contenders(again) is None  # (every member kept is finite again)

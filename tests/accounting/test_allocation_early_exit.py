@@ -85,6 +85,7 @@ def test_markov_epsilon_is_the_same_with_and_without_exits(monkeypatch):
     runs.clear()
     real = MarkovSurrogate.table
     monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, stop=None, **k: real(self, *a, **k))
+    monkeypatch.setattr(markov_programs, "_RESULTS", BoundedMemo(256))  # (markov_epsilon's memo: computed again)
     whole = [markov_epsilon(sur, sigma, parts, DELTA, top, directions=(d,)) for sur, sigma, parts, d, top in cases]
     assert with_exits == whole
     assert any(math.isinf(r["epsilon"]) for r in whole) and any(math.isfinite(r["epsilon"]) for r in whole)
@@ -98,6 +99,7 @@ def test_allocation_pld_epsilon_is_the_same_with_and_without_exits(monkeypatch, 
     strategy, scheme = bsr(24, 4), BallsInBinsSampling(epochs=2, steps=24)
     fast = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
     monkeypatch.setattr(pld, "_MEMO", BoundedMemo(256))
+    monkeypatch.setattr(markov_programs, "_RESULTS", BoundedMemo(256))  # (the members computed again)
     real = MarkovSurrogate.table
     monkeypatch.setattr(MarkovSurrogate, "table", lambda self, *a, stop=None, **k: real(self, *a, **k))
     whole = pld.account_allocation_pld(strategy, scheme, sigma, DELTA)

@@ -260,6 +260,23 @@ class Reductions:
             return None
         return dataclasses.replace(self, markov=self.markov[:1])
 
+    def contenders(self, out: dict) -> "Reductions | None":
+        """These reductions with only the Markov members with a finite epsilon (a direction) in ``out`` (an
+        evaluation of them, :func:`reduced_epsilon`), or ``None`` when that is all of them (or there
+        are composed, fresh-slot members). Its epsilon is a sound bound at least this whole set's (the
+        minimum over fewer of the same members). Where the members left out come out ``inf`` again
+        (searched below the best so far: they cannot win), it *is* this set's, bit for bit: a member that
+        is ``inf`` never lowers the bound the later members are searched below, so every member kept
+        is computed as in the whole set. A calibration steers its search by it near the answer (:mod:`.pld`)."""
+        if self.composed_markov or not self.markov:
+            return None
+        rows = out.get("reductions", [])[-len(self.markov):]
+        if len(rows) != len(self.markov):  # pragma: no cover - every member has its row
+            return None
+        keep = tuple(m for m, row in zip(self.markov, rows)
+                     if any(math.isfinite(v) for v in row.get("epsilon_by_direction", {}).values()))
+        return None if len(keep) == len(self.markov) else dataclasses.replace(self, markov=keep)
+
     def candidates(self) -> list[tuple[str, int, float]]:
         """``(label, slots, noise scale squared)`` of every member, orthogonal groups first (none
         for fresh slots: :mod:`.fresh_correlated`)."""

@@ -5,6 +5,7 @@ report at it, from an accountant's epsilon function and report builder.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, TypeVar
 
 from dpmf.privacy.calibration import ProgressCallback, check_limit, smallest_noise
@@ -24,6 +25,8 @@ def smallest_noise_and_report(
     limit: float | None = None,
     initial: float | None = None,
     secant: bool = False,
+    steer_at: Callable[[float], float] | None = None,
+    exact_at: Callable[[float], float] | None = None,
 ) -> tuple[float, R]:
     """``(sigma, report_at(sigma))`` for the smallest ``sigma`` (to relative ``rel_tol``, searched
     by :func:`~dpmf.privacy.calibration.smallest_noise` from ``initial`` or the active
@@ -36,8 +39,23 @@ def smallest_noise_and_report(
     :class:`~dpmf.privacy.calibration.NoiseLimitExceeded` above the target); the search then runs as
     without it, so its answer does not depend on the limit. ``callback(sigma, epsilon)`` after each
     evaluation.
+
+    ``steer_at`` (with ``exact_at``, the accountant's own epsilon): a cheaper bound,
+    ``steer_at(sigma) >= exact_at(sigma)`` (a noise where it passes passes the accountant), that the
+    search runs on instead -- where the two agree, on the same path. At the answer the accountant's
+    own epsilon is computed (the report needs it); where it is below the bound's, the bound was not
+    the accountant there, and the failing end of the bracket is checked with ``epsilon_at``: where
+    the accountant passes there, the search goes on from it with ``epsilon_at``. (Where the two agree
+    at the answer, the bound's failure just below it stands for the accountant's: the members the
+    bound leaves out lost at the answer, and every epsilon grows as the noise falls.) The limit's
+    check uses ``epsilon_at``.
     """
     if limit is not None:
         check_limit(epsilon_at, target, limit, callback=callback)
-    sigma = smallest_noise(epsilon_at, target, initial=initial, rel_tol=rel_tol, callback=callback, secant=secant).value
-    return sigma, report_at(sigma)
+    search = functools.partial(smallest_noise, target_epsilon=target, rel_tol=rel_tol, callback=callback, secant=secant)
+    found = search(epsilon_at if steer_at is None else steer_at, initial=initial)
+    if steer_at is not None and not found.at_floor and (exact_at or epsilon_at)(found.value) < steer_at(found.value):
+        below = [x for x, e in found.trace if e > target and x < found.value]
+        if below and not epsilon_at(max(below)) > target:
+            found = search(epsilon_at, initial=max(below))
+    return found.value, report_at(found.value)

@@ -557,39 +557,62 @@ def noise_and_report(
     accuracy, max_points = options.get("accuracy", DEFAULT_REL_TOL), options.get("max_points", DEFAULT_MAX_POINTS)
     with one_blas_thread():  # (as account_allocation_pld: the fits' small Grams)
         groups = _reductions(strategy, scheme)
-    seen: dict[float, dict] = {}
-    # the first noise evaluated (the limit's check, or the search's start: far above the answer, the
-    # unamplified noise or a closed form's) only checks and steers: there the moving-average member
-    # alone (Reductions.steering, a bound at least the accountant's, without the ring tables) is
-    # evaluated, and where it passes, so does the accountant -- a certified pass; its value steers the
-    # next step (on the README pairs it is the accountant's own: the moving average wins there). Where
-    # it fails the accountant is evaluated; the report at an answer steered this way is the
-    # accountant's, computed then.
-    steered: set[float] = set()
+    # The search steers by cheaper sets of the same members, each a bound at least the accountant's (a
+    # noise where one passes passes the accountant): at its first noise (far above the answer: the
+    # unamplified noise or a closed form's), the moving-average member alone (Reductions.steering,
+    # without the ring tables; where it fails there, the accountant is evaluated); after the
+    # accountant's first evaluation, its contenders -- the members that came out finite there
+    # (Reductions.contenders; the others were searched below the best and could not win). Near the
+    # answer those are the accountant's own epsilons, bit for bit (on the README pairs: the moving
+    # average and one anchored ring; the ring family and the plain chains, ~half of an evaluation,
+    # are left out), so the path is the accountant's; each steering evaluation leaves out the members
+    # that lost in it too; the report at the answer is the accountant's,
+    # and where it is below the contenders' there, the bracket's failing end is checked
+    # (smallest_noise_and_report's steer_at).
+    seen: dict[float, dict] = {}  # the accountant's own evaluations
+    bounds: dict[float, dict] = {}  # the steering sets'
+    lead: list = []  # the contenders of the accountant's last evaluation (None: all of its members)
 
     # (every evaluation with BLAS on one thread, as account_allocation_pld's: a threaded OpenBLAS's worker and
     # the waits for it -- the MA's `weights @ V`, the put tables' `w0 @ P` -- cost the README snippet's
     # calibration ~0.7 CPU-s on 2 CPUs, a tenth of it, for no wall time)
-    def eps_of(s: float) -> float:
+    def full(s: float) -> dict:
         if s not in seen:
             with one_blas_thread():
-                cheap = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points) if not seen else None
-                if cheap is not None and cheap["epsilon"] <= target:
-                    seen[s] = cheap
-                    steered.add(s)
-                    return cheap["epsilon"]
                 seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
-        return seen[s]["epsilon"]
+            lead[:] = [None if groups is None else groups.contenders(seen[s])]
+        return seen[s]
 
-    def report_at(s: float) -> PrivacyReport:
-        if s in steered:  # (the accountant's epsilon there is at most the steering bound's: it passes too)
-            with one_blas_thread():
-                seen[s] = _epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
-        return dataclasses.replace(_report(strategy, scheme, groups, s, d, seen[s], accuracy, max_points),
+    def bound(s: float) -> float:  # (a steering set's epsilon where one was evaluated, else the accountant's)
+        if s in seen and s not in bounds:
+            return seen[s]["epsilon"]
+        if s not in bounds:
+            if lead:  # (after the accountant's first evaluation: its contenders; None: all of its members)
+                if lead[0] is None:
+                    return full(s)["epsilon"]
+                with one_blas_thread():
+                    out = _epsilon(strategy, scheme, lead[0], s, d, accuracy, max_points)
+                lead[:] = [lead[0].contenders(out) or lead[0]]  # (those that lost here are left out next)
+            elif not bounds:  # (the first noise: the moving average alone where it passes, else the accountant)
+                with one_blas_thread():
+                    out = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
+                if out is None or out["epsilon"] > target:
+                    return full(s)["epsilon"]
+            else:
+                return full(s)["epsilon"]
+            bounds[s] = out
+        return bounds[s]["epsilon"]
+
+    def eps_of(s: float) -> float:  # the accountant's verdict: a steering set's pass, else its own epsilon
+        e = bound(s)
+        return e if e <= target else full(s)["epsilon"]
+
+    def report_at(s: float) -> PrivacyReport:  # (at a steered pass the accountant's epsilon is at most the bound's)
+        return dataclasses.replace(_report(strategy, scheme, groups, s, d, full(s), accuracy, max_points),
                                    options=recorded_options(options))
 
     # (an evaluation with Markov members costs seconds: the search's secant steps take ~5 of them where
     # halving took 6-7, to the same contract -- a passing noise within rel_tol of a failing one)
     costly = groups is not None and bool(groups.markov or groups.composed_markov)
     return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit,
-                                     secant=costly)
+                                     secant=costly, steer_at=bound, exact_at=lambda s: full(s)["epsilon"])

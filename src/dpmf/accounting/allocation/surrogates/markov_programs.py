@@ -18,6 +18,7 @@ from scipy import special
 from dpmf.accounting.allocation.surrogates.protocol import Surrogate
 from dpmf.accounting.allocation.surrogates.quadrature import mp_spread, spread, spread_on
 from dpmf.errors import NumericalError
+from dpmf.memo import BoundedMemo
 from dpmf.numerics import UNIT_ROUNDOFF
 from dpmf.resources import on_threads
 
@@ -484,8 +485,25 @@ def markov_epsilon(sur: Surrogate, sigma: float, parts, delta: float, eps_hi: fl
     epsilon would be above ``below`` (the check is non-increasing in epsilon) -- and its tables stop
     as soon as that is proved (:func:`_tables_below`). The tables' strike grids still follow
     ``eps_hi``, so a direction that is not ``inf`` has the epsilon it has without ``below``, bit for
-    bit (:func:`~.markov_ring.pick` ranks a family this way)."""
+    bit (:func:`~.markov_ring.pick` ranks a family this way).
+
+    Memoized (:data:`_RESULTS`) by every input: a calibration runs the members that mattered at a
+    noise twice there (to steer its search, then the whole accountant: :mod:`..pld`), bit for bit the
+    same result."""
     parts = [(int(n), float(w)) for n, w in parts] if isinstance(parts, (list, tuple)) else [(int(parts), 1.0)]
+    key = (sur, float(sigma), tuple(parts), float(delta), float(eps_hi), tuple(directions),
+           None if below is None else float(below), tuple(sorted(grid.items())))
+    return _RESULTS.get(key, lambda: _markov_epsilon(sur, sigma, parts, delta, eps_hi, directions, below, grid),
+                        copy_out=True)
+
+
+#: :func:`markov_epsilon`'s last results (small dicts) by their inputs (the surrogates are frozen:
+#: equal members hash equal).
+_RESULTS = BoundedMemo(256)
+
+
+def _markov_epsilon(sur: Surrogate, sigma: float, parts: list, delta: float, eps_hi: float, directions, below,
+                    grid: dict) -> dict:
     e_stop = eps_hi if below is None else min(float(below), eps_hi)
     calls = (_tables_below(sur, sigma, parts, delta, "call", n_fn=lambda n: n * math.exp(e_stop), mult=1.0,
                            k_max=lambda n: n * math.exp(eps_hi) * 1.02, grid=grid) if "remove" in directions else [])
