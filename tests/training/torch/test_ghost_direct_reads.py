@@ -410,3 +410,78 @@ def test_indexed_rows_and_a_position_table_read_directly():
     model = RowsAndPositions().double()
     clipper = ghost_reference.check(model, {"ids": _ids()}, token_loss(_ids(seed=1)), 5, rtol=1e-10)
     assert clipper.fallback_layers() == []
+
+
+class ReadsVary(torch.nn.Module):
+    """A Linear and an Embedding whose weights the forward reads directly only in some steps (``reads``, set
+    between steps), by attribute, through ``named_parameters()`` or ``_parameters.get``, or not at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(V, D)
+        self.lin = torch.nn.Linear(D, V)
+        self.reads = "none"
+
+    def forward(self, ids):
+        h = torch.tanh(self.embed(ids))
+        out = self.lin(h)
+        if self.reads == "attribute":
+            out = out + h @ self.embed.weight.t()
+        elif self.reads == "named_parameters":
+            w = dict(self.lin.named_parameters())["weight"]
+            out = out + F.linear(torch.sin(h), w)
+        elif self.reads == "get":
+            out = out + torch.cos(h) @ self.embed._parameters.get("weight").t()
+        return out
+
+
+def test_direct_reads_that_change_between_steps_match_the_reference():
+    """The loop's aliases are installed on a parameter's first read (``broadcast.DirectReads.watch``): one
+    clipper over steps that read nothing, read one weight, read another by another way, and nothing again
+    gives each step the float64 reference's norms and clipped sums, and leaves the layers' own
+    ``_parameters`` (plain dicts, the parameters themselves) after every forward."""
+    torch.manual_seed(0)
+    model = ReadsVary().double()
+    ids, y = _ids(), _ids(seed=1)
+    loss = token_loss(y)
+    held = {name: m._parameters for name, m in model.named_modules()}
+    params = dict(model.named_parameters())
+    clipper = GhostClipper(model, None, 5.0)
+    sides = set()
+    try:
+        for reads in ["none", "attribute", "named_parameters", "get", "none", "attribute"]:
+            model.reads = reads
+            loss(model(ids), None).backward()
+            assert all(m._parameters is held[name] and type(m._parameters) is dict for name, m in model.named_modules())
+            assert all(p is params[n] for n, p in model.named_parameters())
+            sums, norms, backwards = clipper.collect()
+            assert backwards == 1
+            with clipper.plain():  # (autograd.grad of the parameters themselves)
+                want, want_norms = ghost_reference.reference(model, {"ids": ids}, loss, 5, 5.0, clipper.margin)
+            assert torch.allclose(norms, want_norms, rtol=1e-10), reads
+            sides |= {bool(n > 5.0) for n in want_norms}
+            for name, g, w in zip(clipper.param_names, sums, want):
+                assert torch.allclose(g, w, rtol=1e-10, atol=1e-14), (reads, name)
+    finally:
+        clipper.close()
+    assert sides == {True, False}  # examples clipped and not
+
+
+def test_a_read_around_the_first_read_watch_is_refused():
+    """A read that bypasses the watch of ``_parameters`` (a raw copy of the mapping) reaches the parameter
+    itself, whose layer runs on a detached copy: refused, never dropped silently."""
+    torch.manual_seed(0)
+
+    class RawCopy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(V, D)
+
+        def forward(self, ids):
+            return self.embed(ids) @ dict(dict.items(self.embed._parameters))["weight"].t()
+
+    model = RawCopy().double()
+    clipper = GhostClipper(model, None, 1.0)
+    with pytest.raises(UnsupportedConfigurationError, match=r"'embed\.weight' received a gradient from a use"):
+        model(_ids()).square().sum(-1).mean().backward()
+    clipper.close()

@@ -46,7 +46,7 @@ from dpmf.training.torch.ghost.tracking import Source, plain, pulling, track, wa
 torch = require_torch()
 
 __all__ = ["BIAS_TABLE_NAMES", "is_bias_table", "ParamCapture", "DirectReads", "OutputCapture", "expanded_call",
-           "joined", "pulling"]
+           "joined", "pulling", "watch_groups"]
 
 #: attribute names of layers that are always called without a batch dimension (bias tables)
 BIAS_TABLE_NAMES = {"relative_attention_bias"}
@@ -200,12 +200,21 @@ class DirectReads:
     ``F.linear(x, W)`` and lookups with per-example rows in factored form, broadcasts over the batch
     pulled back per example; the clipper joins these contributions with the rule's (cross terms exact,
     as for tied weights). :meth:`parts` says why not where a use was not followed, and checks that the
-    contributions add up to the gradient autograd formed through the alias (the ``_mismatch`` bound)."""
+    contributions add up to the gradient autograd formed through the alias (the ``_mismatch`` bound).
+
+    An alias is installed before the forward (:meth:`install_all`) or on the parameter's first read
+    (:meth:`watch`: the layers' ``_parameters`` replaced for the forward by a mapping that installs it when
+    the parameter itself is read -- by attribute, ``[]``, ``get``, ``items``, ``values`` --, so a forward
+    that reads few parameters directly forms few aliases; ~70 of them a step in a ViT that reads none,
+    issue 52). A read that bypasses both (a raw copy of the mapping, a reference the layer does not hold)
+    reaches the parameter itself: the clipper refuses that gradient where its layers run on detached
+    copies, which is where it watches (``GhostClipper._check_unfollowed``)."""
 
     def __init__(self, batch: int) -> None:
         self.batch = batch
         self.sources: dict = {}  # parameter position -> Source
         self._installed: list = []
+        self._watched: list = []  # (module, its own _parameters) while a _ReadWatch stands in for it
 
     def install(self, k: int, param, places: list) -> None:
         """One alias of ``param`` in ``module._parameters[name]`` for every ``(module, name)`` of ``places``
@@ -215,12 +224,40 @@ class DirectReads:
     def install_all(self, entries: list) -> None:
         """:meth:`install` of every ``(k, param, places)`` of ``entries``, the aliases formed in one pass."""
         sources = [Source(None, self.batch, param=param) for _, param, _ in entries]
-        roots = watched_aliases([places[0][0]._parameters[places[0][1]] for _, _, places in entries], sources)
+        roots = watched_aliases([_raw(*places[0]) for _, _, places in entries], sources)
         for (k, _, places), src, root in zip(entries, sources, roots):
             for module, n in places:
-                self._installed.append((module, n, module._parameters[n]))
+                self._installed.append((module, n, _raw(module, n)))
                 module._parameters[n] = root
             self.sources[k] = src
+
+    def watch(self, groups: list) -> None:
+        """:meth:`install` of each ``(k, param, places)`` entry when ``param`` itself is first read from one of
+        its ``places`` (class docstring); :meth:`unwatch` ends it. ``groups``: :func:`watch_groups` of the
+        entries."""
+        for module, names in groups:
+            own = module.__dict__["_parameters"]
+            stand_in = _ReadWatch(own)
+            stand_in._reads, stand_in._names = self, names
+            module.__dict__["_parameters"] = stand_in
+            self._watched.append((module, own))
+
+    def unwatch(self) -> None:
+        """Each layer's own ``_parameters`` back, with what was set in the stand-in meanwhile (the aliases
+        once :meth:`uninstall` put back what they replaced)."""
+        for module, own in self._watched:
+            stand_in = module.__dict__["_parameters"]
+            if isinstance(stand_in, _ReadWatch):
+                own.update(dict.items(stand_in))
+            module.__dict__["_parameters"] = own
+        self._watched = []
+
+    def _first_read(self, entry):
+        """The alias of ``entry``'s parameter, installed in all its places now (:meth:`watch`)."""
+        k, param, places = entry
+        if k not in self.sources:  # (a place holding its layer's detached copy, mid-call, keeps it)
+            self.install_all([(k, param, [(m, n) for m, n in places if _raw(m, n) is param])])
+        return self.sources[k].root
 
     def uninstall(self) -> None:
         """Put back what :meth:`install` replaced (last first)."""
@@ -247,11 +284,53 @@ class DirectReads:
 
     def release(self) -> None:
         self.uninstall()
+        self.unwatch()
         for src in self.sources.values():
             for look in src.lookups:
                 look.release()
             src.release()
         self.sources = {}
+
+
+def watch_groups(entries: list) -> list:
+    """``[(module, {name: entry})]``: the ``(k, param, places)`` entries of :meth:`DirectReads.watch` by layer."""
+    by_module: dict = {}
+    for entry in entries:
+        for module, n in entry[2]:
+            by_module.setdefault(id(module), (module, {}))[1][n] = entry
+    return list(by_module.values())
+
+
+def _raw(module, name: str):
+    """What ``module._parameters`` holds under ``name``, read without a :class:`_ReadWatch`'s alias."""
+    return dict.__getitem__(module._parameters, name)
+
+
+class _ReadWatch(dict):
+    """A rule layer's ``_parameters`` during one forward (:meth:`DirectReads.watch`): the same entries; a
+    read of a watched parameter while the parameter itself is there (not the detached copy of its layer's
+    own call) installs its alias first and returns it."""
+
+    __slots__ = ("_reads", "_names")  # the DirectReads; name -> (k, param, places)
+
+    def __getitem__(self, name):
+        value = dict.__getitem__(self, name)
+        entry = self._names.get(name)
+        if entry is not None and value is entry[1]:
+            return self._reads._first_read(entry)
+        return value
+
+    def get(self, name, default=None):
+        return self[name] if dict.__contains__(self, name) else default
+
+    def items(self):
+        return [(n, self[n]) for n in dict.keys(self)]
+
+    def values(self):
+        return [self[n] for n in dict.keys(self)]
+
+    def __reduce_ex__(self, protocol):  # (a copy or pickle taken during the forward is a plain dict)
+        return dict, (dict(dict.items(self)),)
 
 
 class OutputCapture:

@@ -31,7 +31,8 @@ fallback's per-example gradients for rules that give none), joined per parameter
 Direct reads: a parameter of a layer with a rule that the forward also reads outside the layer's call
 (``logits = h @ self.embed.weight.t()``, ``F.linear(h, self.lin.weight)``) is replaced in its layer by a
 tracked alias for the model's forward (the layer's own calls get the parameter back), so those reads
-give per-example contributions (:class:`~dpmf.training.torch.ghost.broadcast.DirectReads`), joined
+give per-example contributions (:class:`~dpmf.training.torch.ghost.broadcast.DirectReads`; in the loop the
+alias is installed on the parameter's first read, so a forward that reads none forms none), joined
 with the layer's like tied weights; a read that cannot be split per example is refused, naming the
 parameter, and in the loop a gradient that reached such a parameter some other way is refused too.
 
@@ -260,6 +261,13 @@ class GhostClipper(Clipper):
         # parameters whose layers all run on detached copies in the loop: any gradient they receive came
         # through the direct reads' aliases (checked at the backward's end: nothing else reached them)
         self._watched = {k for k, us in self._units_of.items() if all(u.detachable for u in us)}
+        #: direct places aliased on first read (broadcast.DirectReads.watch): parameters whose layers all run
+        #: on detached copies in the loop (no rule's own backward, which detaches only where it applies), so
+        #: a read that bypassed the watch is refused (_check_unfollowed), never missed
+        self._lazy_direct = {k for k in self._direct_places if k in self._watched
+                             and not any(getattr(u.rule, "own_backward", None) for u in self._units_of[k])}
+        self._direct_entries = [(k, self.params[k], places) for k, places in self._direct_places.items()]
+        self._lazy_groups = broadcast.watch_groups([e for e in self._direct_entries if e[0] in self._lazy_direct])
         self._handles += [p.register_hook(functools.partial(self._param_hook, k)) for k, p in enumerate(self.params)]
         # detached layers' outputs linked to their parameters: autograd.grad on them refused (ghost.detached)
         self._detached = DetachedParameters([p for k, p in enumerate(self.params)
@@ -344,8 +352,12 @@ class GhostClipper(Clipper):
         reads outside the layers' own calls are followed. Forwards that never saw a backward are dropped."""
         self._drop_direct()
         if self._direct_places:
-            self._direct = broadcast.DirectReads(batch)
-            self._direct.install_all([(k, self.params[k], places) for k, places in self._direct_places.items()])
+            self._direct = d = broadcast.DirectReads(batch)
+            if self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:  # (the layers run detached)
+                d.install_all([e for e in self._direct_entries if e[0] not in self._lazy_direct])
+                d.watch(self._lazy_groups)
+            else:
+                d.install_all(self._direct_entries)
 
     def _drop_direct(self) -> None:
         for d in self._direct_pending + ([self._direct] if self._direct is not None else []):
@@ -360,6 +372,7 @@ class GhostClipper(Clipper):
             for u in self.units:  # (a forward that raised inside a layer left its swap)
                 self._restore(u)
             self._direct.uninstall()
+            self._direct.unwatch()
             self._direct_pending.append(self._direct)
             self._direct = None
 
@@ -394,14 +407,16 @@ class GhostClipper(Clipper):
         ``None`` after ``backward()``; ``optimizer.step()`` writes the noisy clipped sum there.
         ``detach=False``: the parameters themselves (in place of the aliases that follow direct reads)."""
         unit.swapped, unit.detached = {}, detach
+        held = unit.module._parameters  # (read as held: not through a first-read watch, DirectReads.watch)
         for n, p in unit.trainable.items():
-            unit.swapped[n] = unit.module._parameters[n]
-            unit.module._parameters[n] = p.detach() if detach else p
+            unit.swapped[n] = dict.__getitem__(held, n)
+            held[n] = p.detach() if detach else p
         names = getattr(unit.module, "_flat_weights_names", None)
         if names is not None:  # torch's RNNs run on this list of their weights (and its weak references)
             m = unit.module
             unit.flat_weights = (m._flat_weights, m._flat_weight_refs)
-            m._flat_weights = [m._parameters[n] if n in unit.trainable else w for n, w in zip(names, m._flat_weights)]
+            m._flat_weights = [dict.__getitem__(held, n) if n in unit.trainable else w
+                               for n, w in zip(names, m._flat_weights)]
             m._flat_weight_refs = [None if w is None else weakref.ref(w) for w in m._flat_weights]
 
     @staticmethod
