@@ -733,7 +733,7 @@ class GhostClipper(Clipper):
             per_example_norms([c.grads for c in alone if isinstance(c, PerExample) and c.folded_into is None])
             for u, lg, together in formed:
                 if not together:
-                    sq += lg.sq.to(device)
+                    sq += lg.sq if lg.sq.device == device else lg.sq.to(device)
                     layer_grads.append((u.index, lg))
                     continue
                 for name, contribution in lg.contributions.items():

@@ -50,6 +50,7 @@ from dpmf.training.torch.ghost.sequence import (
     factors_toward_zero,
     gamma,
     gram_bound,
+    in_dtype,
     norm_plan,
     position_weighted_sum,
     row_norm_sums,
@@ -92,7 +93,7 @@ class PerExample:
     def weighted_sum(self, f, param):
         if self.batch == 0:
             return torch.zeros_like(param)
-        return weighted_rows(self.grads, f).to(param.dtype)
+        return in_dtype(weighted_rows(self.grads, f), param.dtype)
 
     def without_rows(self, bad) -> "PerExample":
         """A copy whose ``bad`` examples contribute 0."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dpmf.training.torch._deps import require_torch
 from dpmf.training.torch.ghost.materialized import from_per_example
 from dpmf.training.torch.ghost.registry import register_ghost_rule
-from dpmf.training.torch.ghost.sequence import compiled_form
+from dpmf.training.torch.ghost.sequence import compiled_form, in_dtype
 
 torch = require_torch()
 
@@ -47,7 +47,7 @@ def _over_last_dims(module, call):
     if not isinstance(x, torch.Tensor) or x.ndim < k + 1:
         return None
     work = _work(x)
-    return x.to(work), call.grad_output.to(work), tuple(range(x.ndim - k, x.ndim)), tuple(range(1, x.ndim - k))
+    return in_dtype(x, work), in_dtype(call.grad_output, work), tuple(range(x.ndim - k, x.ndim)), tuple(range(1, x.ndim - k))
 
 
 def _work(x):

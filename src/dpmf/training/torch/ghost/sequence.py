@@ -69,7 +69,7 @@ torch = require_torch()
 
 __all__ = ["gamma", "sequence_sq_norms", "sequence_parts", "sequence_weighted_sum", "rows_sq_norms", "use_gram",
            "norm_plan", "step_cache", "symmetric_gram", "gram_norms", "per_example_norms", "per_example_sums", "weighted_rows",
-           "factors_toward_zero", "rows_sum_and_abs", "compiled_form", "cpu_plain", "position_weighted_sum"]
+           "factors_toward_zero", "rows_sum_and_abs", "compiled_form", "cpu_plain", "position_weighted_sum", "in_dtype"]
 
 F64 = torch.float64
 #: floats of materialized per-example gradients held at once in the materialized branch
@@ -298,6 +298,12 @@ def full_float32():
         torch.backends.cudnn.allow_tf32 = cudnn
 
 
+def in_dtype(t, dtype):
+    """``t.to(dtype)`` without the call where ``t`` has that dtype already (``to`` returns ``t`` itself then; a
+    ViT step made ~200 such calls, issue 52)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def _memory_key(A, *tag):
     """The cache key of ``A``'s values (module docstring of :func:`step_cache`), or None outside it."""
     if _GRAMS is None or A.device.type == "meta":
@@ -317,7 +323,7 @@ def symmetric_gram(X, work, out=None):
     some order, so the rounding bound of the module docstring (any order, blocked or with FMA) covers it.
     Elsewhere (another device, a tensor numpy cannot view) ``torch.bmm``. ``out``: a ``(B, T, T)`` tensor of
     ``work`` to write into."""
-    Xw = X.to(work)
+    Xw = in_dtype(X, work)
     if (Xw.device.type != "cpu" or type(Xw) is not torch.Tensor or Xw.requires_grad or Xw.is_conj()
             or torch._C._functorch.is_functorch_wrapped_tensor(Xw) or Xw.shape[1] <= BMM_GRAM_T):
         return torch.bmm(Xw, Xw.transpose(1, 2), out=out)
@@ -577,7 +583,7 @@ def sequence_weighted_sum(A, G, f, dtype, bias: list | None = None):
 
     def product(a, g, fa):
         n = a.shape[0]
-        g, a = g.to(dtype), a.to(dtype)
+        g, a = in_dtype(g, dtype), in_dtype(a, dtype)
         if scale_g:
             g = (g.contiguous().view(n, -1) * fa).view(-1, d_out)
             a = a.contiguous().view(-1, d_in)
@@ -610,7 +616,7 @@ def position_weighted_sum(G, f, dtype):
     if B == 0:
         return torch.zeros(d, dtype=dtype, device=G.device)
     fz = factors_toward_zero(f.to(G.device), dtype)
-    return torch.mv(G.to(dtype).reshape(B, T * d).t(), fz).view(T, d).sum(0)
+    return torch.mv(in_dtype(G, dtype).reshape(B, T * d).t(), fz).view(T, d).sum(0)
 
 
 def _cached(key, *held):
@@ -719,7 +725,7 @@ def per_example_sums(tensors, f) -> None:
                     part = torch.empty(t.shape[1:], dtype=F64)
                     _weighted_rows(_rows_array(t, B), f.contiguous().numpy(), part.view(-1).numpy())
                 else:
-                    part = torch.mv(t.reshape(B, -1).t().to(F64), f.to(F64)).view(t.shape[1:])
+                    part = torch.mv(t.reshape(B, -1).t().to(F64), in_dtype(f, F64)).view(t.shape[1:])
                 _GRAMS[("rows_sum", id(t))] = (t, f, part)
             continue
         flat, sizes = _flat64(group, B, device)
