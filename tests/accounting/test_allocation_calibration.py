@@ -266,8 +266,9 @@ def test_the_steering_bound_is_at_least_the_accountant_per_direction():
 def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_accountant(monkeypatch):
     """The first noise of ``allocation_pld``'s calibration (its limit check, far above the answer) is
     evaluated by the moving average alone when that passes there (a certified pass: the accountant is
-    at most that bound); the next by the accountant; every later one by the contenders of the last
-    evaluation (the members that came out finite there), bit for bit the accountant's numbers where
+    at most that bound); the next ones by the accountant until it has failed at a noise and passed at
+    a larger one; every later one by the contenders of the last evaluation (the members that came out
+    finite there), bit for bit the accountant's numbers where
     the members left out lose again -- so the answer is the one of a search by the accountant at every
     noise (negative control: ``contenders`` disabled), the report is ``account_allocation_pld``'s, and
     a noise within rel_tol below the answer fails for the accountant. Negative control: at a target
@@ -284,8 +285,13 @@ def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_account
 
     calls = _recording_pld(monkeypatch)
     sigma, report = calibrate()
+    calls = list(calls)  # (the checks below evaluate the accountant too)
     assert calls[0] == (start, True) and calls[1][1] is False and calls[-1] == (sigma, False)
-    assert all(steering for _, steering in calls[2:-1])  # (contenders, from the accountant's first evaluation on)
+    first = next(i for i, (_, steering) in enumerate(calls) if i and steering)  # (the contenders' first)
+    full = {s: allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon for s, _ in calls[1:first]}
+    fails = [s for s, e in full.items() if e > target]
+    assert fails and any(s > min(fails) and e <= target for s, e in full.items())  # (bracketed by the accountant)
+    assert all(steering for _, steering in calls[first:-1])  # (contenders from then on)
     fresh = allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA)
     assert report.epsilon == fresh.epsilon <= target
     below = [s for s, _ in calls if s < sigma <= s * (1 + 1e-4)]
@@ -307,11 +313,11 @@ def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_account
 
 def test_contenders_that_are_not_the_accountant_at_the_answer_are_checked_below_it(monkeypatch):
     """Where the steering set is not the accountant at the answer -- bsr(16, 4) over 2 epochs at
-    epsilon 5: a plain chain that lost far above the answer (left out of the contenders) wins near
-    it -- the failing end of the bracket is evaluated by the accountant, which passes there, and the
-    search goes on from it by the accountant: the answer passes, a noise within rel_tol below it fails
-    *for the accountant*, and it is within rel_tol of the answer of a search by the accountant at
-    every noise (negative control: ``contenders`` disabled)."""
+    epsilon 5, the contenders forced to the moving average alone, which a plain chain beats near the
+    answer -- the failing end of the bracket is evaluated by the accountant, which passes there, and
+    the search goes on from it by the accountant: the answer passes, a noise within rel_tol below it
+    fails *for the accountant*, and it is within rel_tol of the answer of a search by the accountant
+    at every noise (negative control: ``contenders`` disabled)."""
     from dpmf.accounting.allocation.correlated import Reductions
     from dpmf.privacy.calibration import search_hint
 
@@ -321,11 +327,14 @@ def test_contenders_that_are_not_the_accountant_at_the_answer_are_checked_below_
         with search_hint(start):
             return allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
 
-    calls = _recording_pld(monkeypatch)
-    sigma, report = calibrate()
+    with monkeypatch.context() as m:
+        m.setattr(Reductions, "contenders", lambda self, out: self.steering())
+        calls = _recording_pld(monkeypatch)
+        sigma, report = calibrate()
+    calls = list(calls)
     assert report.epsilon == allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA).epsilon <= target
     steered = max(s for s, steering in calls[1:] if steering)
-    assert sigma < steered  # (the contenders alone ended above the accountant's answer)
+    assert sigma < steered  # (the moving average alone ended above the accountant's answer)
     fails = [s for s, steering in calls if not steering and s < sigma <= s * (1 + 1e-4)]
     assert fails and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target
                          for s in fails)

@@ -26,7 +26,7 @@ def smallest_noise_and_report(
     initial: float | None = None,
     secant: bool = False,
     steer_at: Callable[[float], float] | None = None,
-    exact_at: Callable[[float], float] | None = None,
+    settled: Callable[[float, float], bool] | None = None,
 ) -> tuple[float, R]:
     """``(sigma, report_at(sigma))`` for the smallest ``sigma`` (to relative ``rel_tol``, searched
     by :func:`~dpmf.privacy.calibration.smallest_noise` from ``initial`` or the active
@@ -40,22 +40,19 @@ def smallest_noise_and_report(
     without it, so its answer does not depend on the limit. ``callback(sigma, epsilon)`` after each
     evaluation.
 
-    ``steer_at`` (with ``exact_at``, the accountant's own epsilon): a cheaper bound,
-    ``steer_at(sigma) >= exact_at(sigma)`` (a noise where it passes passes the accountant), that the
-    search runs on instead -- where the two agree, on the same path. At the answer the accountant's
-    own epsilon is computed (the report needs it); where it is below the bound's, the bound was not
-    the accountant there, and the failing end of the bracket is checked with ``epsilon_at``: where
-    the accountant passes there, the search goes on from it with ``epsilon_at``. (Where the two agree
-    at the answer, the bound's failure just below it stands for the accountant's: the members the
-    bound leaves out lost at the answer, and every epsilon grows as the noise falls.) The limit's
-    check uses ``epsilon_at``.
+    ``steer_at``: a cheaper bound, ``steer_at(sigma) >= epsilon_at(sigma)`` where it passes (so a
+    noise where it passes passes the accountant), that the search runs on instead -- where the two
+    agree, on the same path. Its failures only steer: the failing end ``f`` of the final bracket
+    (below the answer ``p``) is checked with ``epsilon_at`` unless ``settled(p, f)`` says the bracket
+    holds for the accountant already, and where the accountant passes at ``f`` the search goes on
+    from it with ``epsilon_at``. The limit's check uses ``epsilon_at``.
     """
     if limit is not None:
         check_limit(epsilon_at, target, limit, callback=callback)
     search = functools.partial(smallest_noise, target_epsilon=target, rel_tol=rel_tol, callback=callback, secant=secant)
     found = search(epsilon_at if steer_at is None else steer_at, initial=initial)
-    if steer_at is not None and not found.at_floor and (exact_at or epsilon_at)(found.value) < steer_at(found.value):
-        below = [x for x, e in found.trace if e > target and x < found.value]
-        if below and not epsilon_at(max(below)) > target:
+    below = [x for x, e in found.trace if e > target and x < found.value]
+    if steer_at is not None and not found.at_floor and below:
+        if not (settled is not None and settled(found.value, max(below))) and not epsilon_at(max(below)) > target:
             found = search(epsilon_at, initial=max(below))
     return found.value, report_at(found.value)

@@ -560,15 +560,17 @@ def noise_and_report(
     # The search steers by cheaper sets of the same members, each a bound at least the accountant's (a
     # noise where one passes passes the accountant): at its first noise (far above the answer: the
     # unamplified noise or a closed form's), the moving-average member alone (Reductions.steering,
-    # without the ring tables; where it fails there, the accountant is evaluated); after the
-    # accountant's first evaluation, its contenders -- the members that came out finite there
+    # without the ring tables; where it fails there, the accountant is evaluated); once the accountant
+    # has failed at a noise and passed at a larger one (so near the answer: members that win far above
+    # it, as the moving average on the README's `dpmf calibrate` pair, often lose there), the
+    # contenders of its last evaluation -- the members that came out finite there
     # (Reductions.contenders; the others were searched below the best and could not win). Near the
     # answer those are the accountant's own epsilons, bit for bit (on the README pairs: the moving
     # average and one anchored ring; the ring family and the plain chains, ~half of an evaluation,
     # are left out), so the path is the accountant's; each steering evaluation leaves out the members
-    # that lost in it too; the report at the answer is the accountant's,
-    # and where it is below the contenders' there, the bracket's failing end is checked
-    # (smallest_noise_and_report's steer_at).
+    # that lost in it too; the report at the answer is the accountant's, and unless the steering set
+    # evaluated the answer too and was the accountant there, the bracket's failing end is checked
+    # (smallest_noise_and_report's steer_at, `settled`).
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
     lead: list = []  # the contenders of the accountant's last evaluation (None: all of its members)
@@ -583,12 +585,16 @@ def noise_and_report(
             lead[:] = [None if groups is None else groups.contenders(seen[s])]
         return seen[s]
 
+    def bracketed() -> bool:  # (the accountant has failed at a noise and passed at a larger one)
+        fails = [x for x, out in seen.items() if out["epsilon"] > target]
+        return bool(fails) and any(x > min(fails) and out["epsilon"] <= target for x, out in seen.items())
+
     def bound(s: float) -> float:  # (a steering set's epsilon where one was evaluated, else the accountant's)
         if s in seen and s not in bounds:
             return seen[s]["epsilon"]
         if s not in bounds:
-            if lead:  # (after the accountant's first evaluation: its contenders; None: all of its members)
-                if lead[0] is None:
+            if lead:  # (once the accountant has failed and passed: its contenders; None: all of its members)
+                if lead[0] is None or not bracketed():
                     return full(s)["epsilon"]
                 with one_blas_thread():
                     out = _epsilon(strategy, scheme, lead[0], s, d, accuracy, max_points)
@@ -607,6 +613,14 @@ def noise_and_report(
         e = bound(s)
         return e if e <= target else full(s)["epsilon"]
 
+    def settled(passing: float, failing: float) -> bool:
+        """Whether the bracket holds for the accountant as it stands: the failure is its own, or the
+        steering set that failed there was the accountant at the answer, a passing noise it evaluated
+        too (the members it leaves out lost there, and every epsilon grows as the noise falls)."""
+        if failing in seen:
+            return True
+        return passing in bounds and full(passing)["epsilon"] == bounds[passing]["epsilon"]
+
     def report_at(s: float) -> PrivacyReport:  # (at a steered pass the accountant's epsilon is at most the bound's)
         return dataclasses.replace(_report(strategy, scheme, groups, s, d, full(s), accuracy, max_points),
                                    options=recorded_options(options))
@@ -615,4 +629,4 @@ def noise_and_report(
     # halving took 6-7, to the same contract -- a passing noise within rel_tol of a failing one)
     costly = groups is not None and bool(groups.markov or groups.composed_markov)
     return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit,
-                                     secant=costly, steer_at=bound, exact_at=lambda s: full(s)["epsilon"])
+                                     secant=costly, steer_at=bound, settled=settled)
