@@ -616,7 +616,9 @@ def noise_and_report(
     def settled(passing: float, failing: float) -> bool:
         """Whether the bracket holds for the accountant as it stands: the failure is its own, or the
         steering set that failed there was the accountant at the answer, a passing noise it evaluated
-        too (the members it leaves out lost there, and every epsilon grows as the noise falls)."""
+        too -- the members it leaves out lost at the answer, by more than the ``rel_tol`` step below
+        it is taken to change (only the answer's nearness rests on this, as on the search's premise
+        that epsilon grows as the noise falls; the answer is always a pass of the accountant)."""
         if failing in seen:
             return True
         return passing in bounds and full(passing)["epsilon"] == bounds[passing]["epsilon"]
