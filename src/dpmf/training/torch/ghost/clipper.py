@@ -78,7 +78,6 @@ from dpmf.training.torch.ghost.registry import (
     LayerCall,
     LayerGradients,
     apply_rule,
-    call_batch,
     rule_for,
 )
 from dpmf.training.torch.ghost.sequence import F64, gamma, gram_norms, per_example_norms, per_example_sums, step_cache
@@ -117,6 +116,7 @@ class _Unit:
     capture: Any = None  # the tracked parameters of the call in progress
     flat_weights: Any = None  # a torch RNN's list of its weights, while the call in progress runs detached
     own: Any = None  # the rule's own backward for the call in progress (its rule's ``own_backward``)
+    batch_of: Any = None  # registry.CALL_BATCH's function for its type, where it has a rule (registry.call_batch)
 
 
 @dataclass
@@ -242,6 +242,7 @@ class GhostClipper(Clipper):
         self._in_model = 0  # inside the model's own forward (nesting depth)
         self._detach_ok = True
         _ATTACHED.setdefault(module, weakref.WeakSet()).add(self)
+        self._alone = True  # this is the model's only clipper (read at each forward's start: _model_pre_hook)
         self._touched: set[int] = set()
         self._direct = None  # the forward in progress: reads of rule layers' parameters (DirectReads)
         self._direct_pending: list = []  # forwards finished, their backward to come
@@ -295,6 +296,7 @@ class GhostClipper(Clipper):
             unit.detachable = (rule is not None and getattr(rule, "detachable", False)
                                and all(m._parameters.get(n) is p for n, p in own.items()))
             unit.tracked, unit.bias_table = rule is None and not whole, broadcast.is_bias_table(name, m)
+            unit.batch_of = CALL_BATCH.get(type(m)) if rule_for(m) is not None else None
             units.append(unit)
         return units
 
@@ -332,6 +334,7 @@ class GhostClipper(Clipper):
         for u in self.units:  # a forward that raised inside a layer left its parameters detached
             self._restore(u)
         self._in_model += 1
+        self._alone = len(_ATTACHED.get(self.module, ())) == 1
         if not self._capturing():
             return
         tensors = [t for t in flat_tensors((args, kwargs)) if t.ndim >= 1]
@@ -353,7 +356,7 @@ class GhostClipper(Clipper):
         self._drop_direct()
         if self._direct_places:
             self._direct = d = broadcast.DirectReads(batch)
-            if self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:  # (the layers run detached)
+            if self._detach_ok and self._alone:  # (the layers run detached)
                 d.install_all([e for e in self._direct_entries if e[0] not in self._lazy_direct])
                 d.watch(self._lazy_groups)
             else:
@@ -381,7 +384,7 @@ class GhostClipper(Clipper):
         expand an input shared by the batch (:meth:`_expand`)."""
         if not self._capturing() or not (self._in_model or self._recomputing()):
             return None
-        if unit.detachable and unit.swapped is None and self._detach_ok and len(_ATTACHED.get(self.module, ())) == 1:
+        if unit.detachable and unit.swapped is None and self._detach_ok and self._alone:
             own = getattr(unit.rule, "own_backward", None)  # (a rule with one detaches only where it applies)
             got = None if own is None else own(module, args, kwargs)
             if own is None or got is not None:
@@ -393,7 +396,7 @@ class GhostClipper(Clipper):
                 param_of(module._parameters.get(n))[0] is not None for n in unit.trainable):
             self._detach(unit, detach=False)  # its own call on the parameters, not on the aliases of direct reads
         if (unit.tracked and unit.swapped is None and self._model_batch
-                and len(_ATTACHED.get(self.module, ())) == 1):  # (two clippers would swap each other's)
+                and self._alone):  # (two clippers would swap each other's)
             unit.capture = broadcast.ParamCapture(unit.trainable, self._model_batch)
             unit.swapped = unit.capture.swap(module)
         return None if unit.bias_table else self._expand(unit, module, args, kwargs)
@@ -411,7 +414,7 @@ class GhostClipper(Clipper):
         for n, p in unit.trainable.items():
             unit.swapped[n] = dict.__getitem__(held, n)
             held[n] = p.detach() if detach else p
-        names = getattr(unit.module, "_flat_weights_names", None)
+        names = unit.module.__dict__.get("_flat_weights_names")  # (no Module.__getattr__ miss per call)
         if names is not None:  # torch's RNNs run on this list of their weights (and its weak references)
             m = unit.module
             unit.flat_weights = (m._flat_weights, m._flat_weight_refs)
@@ -485,21 +488,26 @@ class GhostClipper(Clipper):
         if self._recomputing():
             self._recomputed(unit)
             return output if detached else None
-        if any(m.training for m in self._batchnorms):
+        if self._batchnorms and any(m.training for m in self._batchnorms):
             raise UnsupportedConfigurationError(
                 "BatchNorm in training mode mixes examples, so per-example gradients do not exist; "
                 "replace it (e.g. torch.nn.GroupNorm) or put it in eval mode"
             )
-        det = lambda v: v.detach() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        args = tuple(det(a) for a in args)
-        kwargs = {k: det(v) for k, v in kwargs.items()}
-        first = flat_tensors((args, kwargs))
+        Tensor = torch.Tensor
+        args = tuple([a.detach() if isinstance(a, Tensor) else a for a in args])
+        if kwargs:
+            kwargs = {k: v.detach() if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+            first = flat_tensors((args, kwargs))
+        else:
+            kwargs = {}
+            first = flat_tensors(args)
         if any(_wrapped(t) for t in first):
             return  # inside a torch.func transform (another clipper's vmap): not this backward's forward
         if not detached:
             self._undetached.update(unit.index.values())
-        batch = call_batch(module, args, kwargs, first[0].shape[0] if first and first[0].ndim >= 1 else 0,
-                           name=unit.name, model_batch=self._model_batch)
+        batch = first[0].shape[0] if first and first[0].ndim >= 1 else 0
+        if unit.batch_of is not None:  # (registry.call_batch: a layer with its own batch convention)
+            batch = unit.batch_of(module, args, kwargs, name=unit.name, model_batch=self._model_batch)
         model_batch = self._model_batch
         shared = (capture is None and unit.rule is not None and model_batch and type(module) not in CALL_BATCH
                   and (unit.bias_table or batch != model_batch) and broadcast.OutputCapture.trackable(output))
