@@ -246,6 +246,7 @@ def test_parameters_are_put_back_after_a_forward_and_after_one_that_raised():
         model(_ids())
     handle.remove()
     assert all(p is params[n] for n, p in model.named_parameters())
+    assert all(type(m._parameters) is dict for m in model.modules())  # (the first-read watch ended too)
     clipper.discard()
     clipper.close()
 
