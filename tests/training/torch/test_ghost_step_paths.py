@@ -248,3 +248,5 @@ def test_copied_sums_are_copies():
         for c in copies:
             c.add_(1.0)
         assert torch.equal(held, before)  # writing the copies leaves the rule's tensor alone
+    flat, copies = _copied([held, held.to_sparse()], True)  # a sparse sum: one tensor each
+    assert flat is None and copies[1].layout == torch.sparse_coo and torch.equal(copies[1].to_dense(), held)

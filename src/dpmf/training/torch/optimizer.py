@@ -209,10 +209,12 @@ class DPOptimizer(torch.optim.Optimizer):
 def _copied(grads, flat_ok: bool) -> tuple:
     """``(buffer, copies)``: copies of the clipped sums ``grads`` (one per parameter, in order), as views of
     one new contiguous buffer when ``flat_ok`` (the noise is laid out as the parameters) and they share a
-    dtype and device -- the noise is then added and scaled in two elementwise passes over the buffer, the
+    dtype and device (dense tensors) -- the noise is then added and scaled in two elementwise passes over the buffer, the
     same numbers as per parameter (issue 52) --, else ``(None, clones)``."""
     gs = [g.detach() for g in grads]
-    if flat_ok and len(gs) > 1 and all(g.dtype == gs[0].dtype and g.device == gs[0].device for g in gs):
+    first = gs[0] if gs else None
+    if flat_ok and len(gs) > 1 and all(g.dtype == first.dtype and g.device == first.device and g.layout == torch.strided
+                                       for g in gs):
         flat = torch._C._nn.flatten_dense_tensors(gs)  # (a new tensor: torch.cat of two or more)
         return flat, list(torch._C._nn.unflatten_dense_tensors(flat, gs))
     return None, [g.clone() for g in gs]
