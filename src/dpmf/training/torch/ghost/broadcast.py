@@ -243,11 +243,12 @@ class DirectReads:
             self._watched.append((module, own))
 
     def unwatch(self) -> None:
-        """Each layer's own ``_parameters`` back, with what was set in the stand-in meanwhile (the aliases
-        once :meth:`uninstall` put back what they replaced)."""
+        """Each layer's own ``_parameters`` back, holding what the stand-in holds (what was set or removed in it
+        meanwhile; the aliases are gone once :meth:`uninstall` put back what they replaced)."""
         for module, own in self._watched:
             stand_in = module.__dict__["_parameters"]
             if isinstance(stand_in, _ReadWatch):
+                own.clear()
                 own.update(dict.items(stand_in))
             module.__dict__["_parameters"] = own
         self._watched = []
