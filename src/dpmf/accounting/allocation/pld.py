@@ -565,15 +565,15 @@ def noise_and_report(
     # it, as the moving average on the README's `dpmf calibrate` pair, often lose there), the
     # contenders of its last evaluation -- the members that came out finite there
     # (Reductions.contenders; the others were searched below the best and could not win). Near the
-    # answer those are the accountant's own epsilons, bit for bit (on the README pairs: the moving
-    # average and one anchored ring; the ring family and the plain chains, ~half of an evaluation,
+    # answer those are the accountant's own epsilons, bit for bit (on the README snippet's pair: the
+    # moving average and one anchored ring; the ring family and the plain chains, ~half of an evaluation,
     # are left out), so the path is the accountant's; each steering evaluation leaves out the members
     # that lost in it too; the report at the answer is the accountant's, and unless the steering set
     # evaluated the answer too and was the accountant there, the bracket's failing end is checked
     # (smallest_noise_and_report's steer_at, `settled`).
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
-    lead: list = []  # the contenders of the accountant's last evaluation (None: all of its members)
+    lead: list = []  # the steering set: the contenders of the last evaluation, narrowed by each steering one (None: all)
 
     # (every evaluation with BLAS on one thread, as account_allocation_pld's: a threaded OpenBLAS's worker and
     # the waits for it -- the MA's `weights @ V`, the put tables' `w0 @ P` -- cost the README snippet's
