@@ -18,6 +18,7 @@ from dpmf.accounting import dispatch
 from dpmf.accounting.allocation import account_allocation, calibrate_allocation
 from dpmf.accounting.allocation import pld as allocation_pld
 from dpmf.accounting.allocation.accountant import noise_and_report
+from dpmf.accounting.report import PrivacyReport
 from dpmf.memo import BoundedMemo
 from dpmf.privacy.calibration import NoiseLimitExceeded, smallest_noise
 from dpmf.sampling import BallsInBinsSampling
@@ -106,7 +107,7 @@ def _fake_pld(monkeypatch, threshold: float, target: float) -> list[float]:
 
     monkeypatch.setattr(allocation_pld, "_epsilon", fake)
     # (the fake has no cheaper bound to steer a search by: every evaluation is the accountant's)
-    monkeypatch.setattr(allocation_pld, "_steering_epsilon", lambda *args: None)
+    monkeypatch.setattr(allocation_pld, "_steering_set", lambda *args, **kw: None)
     return calls
 
 
@@ -266,8 +267,8 @@ def test_the_steering_bound_is_at_least_the_accountant_per_direction():
 def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_accountant(monkeypatch):
     """The first noise of ``allocation_pld``'s calibration (its limit check, far above the answer) is
     evaluated by the moving average alone when that passes there (a certified pass: the accountant is
-    at most that bound); the next ones by the accountant until it has failed at a noise and passed at
-    a larger one; every later one by the contenders of the last evaluation (the members that came out
+    at most that bound); the next ones by the accountant (no ring family on this pair: nothing to steer
+    by on the way down) until it has failed at a noise and passed at a larger one; every later one by the contenders of the last evaluation (the members that came out
     finite there), bit for bit the accountant's numbers where
     the members left out lose again -- so the answer is the one of a search by the accountant at every
     noise (negative control: ``contenders`` disabled), the report is ``account_allocation_pld``'s, and
@@ -303,8 +304,8 @@ def test_a_calibration_is_steered_by_cheaper_member_sets_and_reports_the_account
         m.setattr(Reductions, "contenders", lambda self, out: None)
         assert calibrate()[0] == sigma and not any(steering for _, steering in calls[1:])
     # negative control: a target the steering bound misses at the start -> the accountant there too
-    high = allocation_pld._steering_epsilon(strategy, scheme, allocation_pld._reductions(strategy, scheme), 1.0, DELTA,
-                                             allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
+    high = allocation_pld._epsilon(strategy, scheme, allocation_pld._reductions(strategy, scheme).steering(), 1.0,
+                                   DELTA, allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
     calls = _recording_pld(monkeypatch)
     with pytest.raises(NoiseLimitExceeded):
         allocation_pld.noise_and_report(strategy, scheme, 0.5 * high["epsilon"], DELTA, limit=1.0)
@@ -377,3 +378,120 @@ def test_contenders_keep_the_members_finite_in_an_evaluation_and_give_its_number
     again = allocation_pld._epsilon(strategy, scheme, kept, 1.3, *opts)
     assert again["epsilon_by_direction"] == out["epsilon_by_direction"]
     assert kept.contenders(again) is None  # (every member kept is finite again)
+
+
+#: bsr(24, 4) over 2 epochs: 11 Markov members, a ring family the tenth; the family wins at sigma 1.6
+#: (2.976 against 2.997 for the members before it) and loses at 1.4 (both 3.679)
+FAMILY_PAIR = (bsr(24, 4), BallsInBinsSampling(epochs=2, steps=24))
+
+
+def test_the_members_before_the_first_family_are_a_prefix_computed_as_in_the_whole_set():
+    """``Reductions.before_families()``: the Markov members before the first ring family, in their order;
+    evaluated alone, each of its rows is the whole set's, bit for bit (the same members with the same
+    bounds to search below), so its epsilon is at least the accountant's in each direction -- above it
+    where the family wins (sigma 1.6), equal where it loses (1.4). ``None`` where there is no family."""
+    from dpmf.accounting.allocation.surrogates.markov_ring import SurrogateFamily
+
+    strategy, scheme = FAMILY_PAIR
+    groups = allocation_pld._reductions(strategy, scheme)
+    first = next(i for i, m in enumerate(groups.markov) if isinstance(m[1], SurrogateFamily))
+    prefix = groups.before_families()
+    assert 0 < first < len(groups.markov) - 1 and prefix.markov == groups.markov[:first]
+    opts = (DELTA, allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
+    above = equal = 0
+    for sigma in (1.4, 1.6):
+        whole = allocation_pld._epsilon(strategy, scheme, groups, sigma, *opts)
+        part = allocation_pld._epsilon(strategy, scheme, prefix, sigma, *opts)
+        kept = len(part["reductions"])
+        assert part["reductions"] == whole["reductions"][:kept]  # (the identity-pair members, then the prefix)
+        for d in ("remove", "add"):
+            assert part["epsilon_by_direction"][d] >= whole["epsilon_by_direction"][d], (sigma, d)
+        above += part["epsilon"] > whole["epsilon"]
+        equal += part["epsilon"] == whole["epsilon"]
+    assert above == 1 and equal == 1
+    assert allocation_pld._reductions(bsr(20, 4), BallsInBinsSampling(epochs=2, steps=20)).before_families() is None
+
+
+def _recording_members(monkeypatch) -> list:
+    """Record ``(sigma, number of Markov members)`` of every ``allocation_pld`` evaluation on fresh memos."""
+    from dpmf.accounting.allocation.surrogates import markov_programs
+
+    monkeypatch.setattr(allocation_pld, "_MEMO", BoundedMemo(256))
+    monkeypatch.setattr(markov_programs, "_RESULTS", BoundedMemo(256))
+    real, calls = allocation_pld._epsilon, []
+    monkeypatch.setattr(allocation_pld, "_epsilon", lambda s, sc, groups, sigma, *rest: calls.append(
+        (sigma, len(groups.markov))) or real(s, sc, groups, sigma, *rest))
+    return calls
+
+
+def test_a_calibration_steers_by_the_members_before_the_family_on_its_way_down(monkeypatch):
+    """On a pair with a ring family, the noises between the first one (the moving average alone) and the
+    accountant's first failure are evaluated by the members before the family: where they pass, the
+    accountant is not evaluated there (a prefix's pass is its pass); where they first fail, the
+    accountant is evaluated at that noise, so the bracket's failing end is its own. The answer passes
+    (the report is ``account_allocation_pld``'s), a noise within rel_tol below it fails for the
+    accountant, and a search by the accountant at every noise (no steering) lands within rel_tol of it."""
+    from dpmf.privacy.calibration import search_hint
+
+    strategy, scheme = FAMILY_PAIR
+    target, start = 3.6, 2.2
+    groups = allocation_pld._reductions(strategy, scheme)
+    whole, prefix = len(groups.markov), len(groups.before_families().markov)
+
+    def calibrate():
+        with search_hint(start):
+            return allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=start)
+
+    calls = _recording_members(monkeypatch)
+    sigma, report = calibrate()
+    calls = list(calls)
+    assert calls[0] == (start, 1)  # (the limit: the moving average alone passes there)
+    down = [i for i, (_, n) in enumerate(calls) if n == prefix]
+    assert down and calls[down[0] - 1][1] == 1  # (the members before the family right after the first noise)
+    passed = [calls[i][0] for i in down if i + 1 == len(calls) or calls[i + 1] != (calls[i][0], whole)]
+    failed = [calls[i][0] for i in down if i + 1 < len(calls) and calls[i + 1] == (calls[i][0], whole)]
+    assert passed and len(failed) == 1  # (passes steer alone; the first failure is the accountant's too)
+    for s in passed:  # (certified: the accountant passes where the prefix passed)
+        assert allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon <= target
+    assert allocation_pld.account_allocation_pld(strategy, scheme, failed[0], DELTA).epsilon > target
+    assert calls[-1] == (sigma, whole) and report.epsilon == allocation_pld.account_allocation_pld(
+        strategy, scheme, sigma, DELTA).epsilon <= target
+    below = [s for s, _ in calls if s < sigma <= s * (1 + 1e-4)]
+    assert below and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > target
+                         for s in below)
+    monkeypatch.setattr(allocation_pld, "_steering_set", lambda *args, **kw: None)
+    plain = calibrate()[0]
+    assert abs(sigma - plain) <= 1e-4 * max(sigma, plain)
+
+
+def test_a_steered_answer_the_accountant_does_not_confirm_is_searched_on_by_the_accountant(monkeypatch):
+    """Should a steering set pass where the accountant fails (impossible for a prefix of its members; the
+    contenders are the accountant's only where the members they leave out lose again), the search goes on
+    from that answer by the accountant alone, so the answer is always one of its passes. Forced here:
+    ``allocation_pld`` replaced by ``epsilon = target (threshold / sigma)^2`` for the accountant and 3%
+    less for every smaller member set (an optimistic steering bound, at every noise), the contenders the
+    moving average alone."""
+    strategy, scheme = FAMILY_PAIR
+    target, threshold = 3.0, 1.5
+    total = len(allocation_pld._reductions(strategy, scheme).markov)
+    calls: list = []
+
+    def fake(strategy, scheme, groups, sigma, d, accuracy, max_points):
+        whole = len(groups.markov) == total
+        calls.append((sigma, whole))
+        eps = target * (threshold / sigma) ** 2 * (1.0 if whole else 0.97)
+        return {"epsilon": eps, "epsilon_by_direction": {"remove": eps, "add": eps}}
+
+    from dpmf.accounting.allocation.correlated import Reductions
+
+    monkeypatch.setattr(allocation_pld, "_epsilon", fake)
+    monkeypatch.setattr(Reductions, "contenders", lambda self, out: self.steering())  # (the fake has no rows)
+    monkeypatch.setattr(allocation_pld, "_report", lambda strategy, scheme, groups, s, d, out, *rest: PrivacyReport(
+        epsilon=out["epsilon"], delta=d, noise_multiplier=s, method="allocation_pld", certified=True,
+        epsilon_by_direction=out["epsilon_by_direction"], strategy="bsr(24, 4)", scheme="balls-in-bins"))
+    sigma, report = allocation_pld.noise_and_report(strategy, scheme, target, DELTA, limit=3.0)
+    assert report.epsilon <= target and threshold <= sigma <= threshold * (1 + 1e-4)
+    below = [s for s, whole in calls if whole and s < sigma <= s * (1 + 1e-4)]
+    assert below  # (the bracket's failing end is the accountant's own)
+    steered = [s for s, whole in calls if not whole and target * (threshold / s) ** 2 * 0.97 <= target < target * (threshold / s) ** 2]
+    assert steered  # (the steering sets did pass where the accountant fails: the test would notice no fallback)

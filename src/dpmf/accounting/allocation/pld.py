@@ -314,11 +314,15 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
                      copy_out=True)
 
 
-def _steering_epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict | None:
-    """:func:`_epsilon` of the steering reductions (``Reductions.steering``: the moving-average member
-    alone, an epsilon at least the accountant's, per direction), or ``None`` where there are none."""
-    cheap = None if groups is None else groups.steering()
-    return None if cheap is None else _epsilon(strategy, scheme, cheap, sigma, d, accuracy, max_points)
+def _steering_set(groups, first: bool):
+    """The cheaper member set a calibration steers by on its way down to the answer (:func:`noise_and_report`):
+    at its ``first`` noise the moving average alone (``Reductions.steering``), at the next ones the
+    members before the first ring family (``Reductions.before_families``) -- each a prefix of the members,
+    computed as in the whole set, so an epsilon at least the accountant's, per direction -- or ``None``
+    where there is none (the identity; no such member)."""
+    if groups is None:
+        return None
+    return groups.steering() if first else groups.before_families()
 
 
 def _epsilon_of(strategy, scheme, groups, sigma: float, d: float, accuracy, max_points) -> dict:
@@ -558,19 +562,25 @@ def noise_and_report(
     with one_blas_thread():  # (as account_allocation_pld: the fits' small Grams)
         groups = _reductions(strategy, scheme)
     # The search steers by cheaper sets of the same members, each a bound at least the accountant's (a
-    # noise where one passes passes the accountant): at its first noise (far above the answer: the
-    # unamplified noise or a closed form's), the moving-average member alone (Reductions.steering,
-    # without the ring tables; where it fails there, the accountant is evaluated); once the accountant
-    # has failed at a noise and passed at a larger one (so near the answer: members that win far above
-    # it, as the moving average on the README's `dpmf calibrate` pair, often lose there), the
-    # contenders of its last evaluation -- the members that came out finite there
-    # (Reductions.contenders; the others were searched below the best and could not win). Near the
-    # answer those are the accountant's own epsilons, bit for bit (on the README snippet's pair: the
-    # moving average and one anchored ring; the ring family and the plain chains, ~half of an evaluation,
-    # are left out), so the path is the accountant's; each steering evaluation leaves out the members
-    # that lost in it too; the report at the answer is the accountant's, and unless the steering set
-    # evaluated the answer too and was the accountant there, the bracket's failing end is checked
-    # (smallest_noise_and_report's steer_at, `settled`).
+    # noise where one passes passes the accountant; _steering_set):
+    # - at its first noise (far above the answer: the unamplified noise or a closed form's), the
+    #   moving-average member alone (Reductions.steering, without the ring tables);
+    # - on its way down to the answer, the members before the first ring family
+    #   (Reductions.before_families: a family's coarse ranking and run are ~40% of an evaluation on the
+    #   README snippet's pair; on it and on the README's `dpmf calibrate` pair a family won only at or
+    #   below the answer's neighbourhood, by 0.06% and 2.4%);
+    # - where one of these fails, the accountant itself (its members before a family are memoized), so
+    #   the first failure is the accountant's;
+    # - once the accountant has failed at a noise and passed at a larger one (near the answer, where
+    #   members that win far above it, as the moving average on the `dpmf calibrate` pair, often lose),
+    #   the contenders of its last evaluation -- the members that came out finite there
+    #   (Reductions.contenders; the others were searched below the best and could not win), narrowed by
+    #   each steering evaluation. Near the answer those are the accountant's own epsilons, bit for bit (on
+    #   the README snippet's pair: the moving average and one anchored ring; the ring family and the
+    #   plain chains, ~half of an evaluation, are left out).
+    # The report at the answer is the accountant's, and unless the steering set evaluated the answer too
+    # and was the accountant there, the bracket's failing end is checked (smallest_noise_and_report's
+    # steer_at, `settled`).
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
     lead: list = []  # the steering set: the contenders of the last evaluation, narrowed by each steering one (None: all)
@@ -585,27 +595,28 @@ def noise_and_report(
             lead[:] = [None if groups is None else groups.contenders(seen[s])]
         return seen[s]
 
-    def bracketed() -> bool:  # (the accountant has failed at a noise and passed at a larger one)
+    def bracketed() -> bool:  # (the accountant has failed at a noise and passed at a larger one: a steering pass is its pass)
         fails = [x for x, out in seen.items() if out["epsilon"] > target]
-        return bool(fails) and any(x > min(fails) and out["epsilon"] <= target for x, out in seen.items())
+        return bool(fails) and any(x > min(fails) and out["epsilon"] <= target for x, out in (*seen.items(), *bounds.items()))
 
     def bound(s: float) -> float:  # (a steering set's epsilon where one was evaluated, else the accountant's)
         if s in seen and s not in bounds:
             return seen[s]["epsilon"]
         if s not in bounds:
-            if lead:  # (once the accountant has failed and passed: its contenders; None: all of its members)
-                if lead[0] is None or not bracketed():
+            if bracketed():  # (near the answer: the contenders of the accountant's last evaluation; None: all)
+                if lead[0] is None:
                     return full(s)["epsilon"]
                 with one_blas_thread():
                     out = _epsilon(strategy, scheme, lead[0], s, d, accuracy, max_points)
                 lead[:] = [lead[0].contenders(out) or lead[0]]  # (those that lost here are left out next)
-            elif not bounds:  # (the first noise: the moving average alone where it passes, else the accountant)
-                with one_blas_thread():
-                    out = _steering_epsilon(strategy, scheme, groups, s, d, accuracy, max_points)
-                if out is None or out["epsilon"] > target:
+            else:  # (on the way down; where the steering set fails, the accountant)
+                steer = _steering_set(groups, first=not (seen or bounds))
+                if steer is None:
                     return full(s)["epsilon"]
-            else:
-                return full(s)["epsilon"]
+                with one_blas_thread():
+                    out = _epsilon(strategy, scheme, steer, s, d, accuracy, max_points)
+                if out["epsilon"] > target:
+                    return full(s)["epsilon"]
             bounds[s] = out
         return bounds[s]["epsilon"]
 
@@ -630,5 +641,13 @@ def noise_and_report(
     # (an evaluation with Markov members costs seconds: the search's secant steps take ~5 of them where
     # halving took 6-7, to the same contract -- a passing noise within rel_tol of a failing one)
     costly = groups is not None and bool(groups.markov or groups.composed_markov)
-    return smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback, limit=limit,
-                                     secant=costly, steer_at=bound, settled=settled)
+    sigma, report = smallest_noise_and_report(eps_of, report_at, target, rel_tol=rel_tol, callback=callback,
+                                              limit=limit, secant=costly, steer_at=bound, settled=settled)
+    if report.epsilon > target:  # (never seen outside a test: a contenders' pass the accountant does not confirm)
+        # (a prefix of the members is the accountant's bound wherever it passes; the contenders are not a
+        # prefix, and are its epsilon only where the members they leave out lose again -- a member that won
+        # at the answer would have changed the grids of the ones after it. The search goes on from there by
+        # the accountant alone, so the answer is always one of its passes.)
+        sigma, report = smallest_noise_and_report(lambda s: full(s)["epsilon"], report_at, target, rel_tol=rel_tol,
+                                                  callback=callback, initial=sigma, secant=costly)
+    return sigma, report
