@@ -495,3 +495,39 @@ def test_a_steered_answer_the_accountant_does_not_confirm_is_searched_on_by_the_
     assert below  # (the bracket's failing end is the accountant's own)
     steered = [s for s, whole in calls if not whole and target * (threshold / s) ** 2 * 0.97 <= target < target * (threshold / s) ** 2]
     assert steered  # (the steering sets did pass where the accountant fails: the test would notice no fallback)
+
+
+def _family_wins_calibration(monkeypatch) -> tuple[float, list]:
+    """bsr(24, 4) over 2 epochs to epsilon 2.98 from 2.6: near the answer (sigma ~1.599) the ring family
+    wins by 0.7%, so the members before it steer the way down with epsilons above the accountant's."""
+    from dpmf.privacy.calibration import search_hint
+
+    strategy, scheme = FAMILY_PAIR
+    calls = _recording_members(monkeypatch)
+    with search_hint(2.6):
+        sigma, report = allocation_pld.noise_and_report(strategy, scheme, 2.98, DELTA, limit=2.6)
+    assert report.epsilon == allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA).epsilon <= 2.98
+    below = [s for s, _ in calls if s < sigma <= s * (1 + 1e-4)]
+    assert below and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > 2.98
+                         for s in below)
+    return sigma, list(calls)
+
+
+def test_where_the_family_wins_near_the_answer_the_steps_read_the_prefix_rescaled(monkeypatch):
+    """Where the accountant, run where the members before the family failed, comes out below them (the
+    family won there), the search's steps read their other epsilons times that ratio (``revised``): the
+    calibration keeps its contract in 10 evaluations (the members before the family on their own: 22,
+    their chords across two sets of members; the accountant at every noise: 7)."""
+    sigma, calls = _family_wins_calibration(monkeypatch)
+    assert len(calls) <= 12, calls
+
+
+@pytest.mark.slow
+def test_where_the_family_wins_near_the_answer_unrescaled_chords_take_more_steps(monkeypatch):
+    """Negative control of the test above: without ``revised`` the same calibration keeps its contract in
+    more evaluations."""
+    real = allocation_pld.smallest_noise_and_report
+    monkeypatch.setattr(allocation_pld, "smallest_noise_and_report",
+                        lambda *a, revised=None, **kw: real(*a, **kw))
+    sigma, calls = _family_wins_calibration(monkeypatch)
+    assert len(calls) > 12, calls

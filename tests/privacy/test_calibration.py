@@ -63,6 +63,34 @@ def test_secant_search_keeps_the_contract_in_fewer_evaluations(target, initial, 
         assert fast.value == pytest.approx(plain.value, rel=1e-4)
 
 
+def test_secant_search_reads_revised_epsilons_for_its_steps_only():
+    """``revised``: the secant steps read its epsilon in place of the one evaluated (``nan``: the point
+    left out), the verdicts stay the evaluations'. Oracle: an accountant that reads 1% high at one noise
+    above the answer (a cheaper bound steering there) bends the steps; ``revised`` giving the true
+    epsilon there restores the path of the accountant read truly everywhere, step for step, and leaving
+    the point out also keeps the contract; with ``revised=None`` the trace is read as evaluated
+    (negative control: a different path)."""
+    true = _allocation_like
+    high = {}
+
+    def biased(s: float) -> float:  # (1% high at the second noise, 13% above the answer 1.6368)
+        e = true(s)
+        if 1.850 <= s <= 1.852:
+            high[s] = e
+            return e * 1.01
+        return e
+
+    exact = smallest_noise(true, 2.0, initial=3.44, rel_tol=1e-4, secant=True)
+    bent = smallest_noise(biased, 2.0, initial=3.44, rel_tol=1e-4, secant=True)
+    fixed = smallest_noise(biased, 2.0, initial=3.44, rel_tol=1e-4, secant=True, revised=lambda s: high.get(s))
+    assert high and [x for x, _ in fixed.trace] == [x for x, _ in exact.trace] != [x for x, _ in bent.trace]
+    left_out = smallest_noise(biased, 2.0, initial=3.44, rel_tol=1e-4, secant=True,
+                              revised=lambda s: math.nan if s in high else None)
+    for res in (fixed, left_out):
+        assert res.epsilon == biased(res.value) <= 2.0
+        assert any(res.value * (1 - 1e-4) <= x < res.value and e > 2.0 for x, e in res.trace)
+
+
 def test_smallest_noise_calls_callback_for_every_evaluation():
     calls = []
     res = smallest_noise(gaussian_accountant(2.0), 1.0, callback=lambda s, e: calls.append((s, e)))

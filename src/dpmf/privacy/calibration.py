@@ -97,6 +97,7 @@ def smallest_noise(
     limit: float | None = None,
     callback: ProgressCallback | None = None,
     secant: bool = False,
+    revised: Callable[[float], float | None] | None = None,
 ) -> CalibrationResult:
     """Smallest ``sigma`` (to relative ``rel_tol``) with ``epsilon_of(sigma) <= target_epsilon``.
 
@@ -123,6 +124,9 @@ def smallest_noise(
     side of the end farther from it, then just below the passing end (:func:`_secant_bracket`), so
     two or three steps that land where aimed close it. The answer is still an evaluated, passing noise within ``rel_tol`` of
     an evaluated, failing one -- possibly another one of that window than the default path's.
+    ``revised(sigma)``: a truer epsilon at an evaluated noise learned since (``None``: the one read;
+    ``nan``: none, the point is left out), for the secant's steps only (a calibration that read a cheaper
+    bound first, :mod:`dpmf.accounting.allocation.pld`); the bracket itself keeps the epsilons read.
     """
     target = _v.positive("target_epsilon", target_epsilon)
     near = initial is None and _HINT.get() is not None and _NEAR.get()
@@ -196,14 +200,14 @@ def smallest_noise(
             if hi <= floor[0]:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace), at_floor=True)
             if secant:
-                lo = hi * _secant_factor(trace, target)
+                lo = hi * _secant_factor(trace, target, revised)
             else:
                 lo = hi * (_near_factor(eps_lo, target) if near else _shrink_factor(eps_lo, target))
             if lo < 1e-6 and not floor[0]:
                 return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
             lo, eps_lo = ev_at_least(lo)
     if secant:
-        hi, eps_hi = _secant_bracket(ev, trace, lo, hi, eps_hi, target, rel_tol)
+        hi, eps_hi = _secant_bracket(ev, trace, lo, hi, eps_hi, target, rel_tol, revised)
         return CalibrationResult(hi, eps_hi, len(trace), tuple(trace))
     # Illinois (modified regula falsi) on log(epsilon) vs log(sigma), with bisection safeguards.
     # The bracket invariant: epsilon(lo) > target >= epsilon(hi); hi is always a passing point.
@@ -293,24 +297,37 @@ def _log_points(trace, target: float) -> list[tuple[float, float]]:
     return [(math.log(x), math.log(e) - math.log(target)) for x, e in trace if x > 0 and 0 < e < math.inf]
 
 
-def _secant_factor(trace, target: float) -> float:
+def _revise(trace, revised) -> list[tuple[float, float]]:
+    """The trace with each epsilon ``revised(sigma)`` gives in its place (``None``: kept; ``nan``: the point
+    left out of the chords, :func:`_log_points` and :func:`_secant_factor` skip it)."""
+    if revised is None:
+        return list(trace)
+    return [(x, e if revised(x) is None else revised(x)) for x, e in trace]
+
+
+def _secant_factor(trace, target: float, revised=None) -> float:
     """:func:`smallest_noise`'s ``secant`` step below its last passing noise ``x_b`` (the previous
     passing one ``x_a``): with ``p = log(e_b / e_a) / log(x_a / x_b)`` (epsilon ``~ sigma^-p`` between
     them) the root is near ``r = x_b (e_b / target)^(1/p)``, where the step aims: on random allocation
     epsilon steepens in ``log sigma`` as sigma falls, so the chord's ``r`` lies a little below the root
     (0.1% on the README snippet) and the step most likely fails there, bracketing the root tightly
     (if it passes, the next chord is far shorter). Never more than 8x at once, always below ``x_b``;
-    without a usable slope, :func:`_near_factor`."""
+    without a usable slope, :func:`_near_factor`. ``revised``: as :func:`smallest_noise`'s (the slope from
+    the last two passing points it leaves, scaled to the last passing noise ``hi``)."""
     passing = [(x, e) for x, e in trace if e <= target]
-    (xa, ea), (xb, eb) = passing[-2], passing[-1]
-    if xa > xb and 0 < ea < eb < math.inf:
-        p = math.log(eb / ea) / math.log(xa / xb)
-        if p > 0.25:
-            return min(0.995, max(0.125, (eb / target) ** (1.0 / p)))
-    return _near_factor(eb, target)
+    hi = passing[-1][0]
+    pts = [(x, e) for x, e in _revise(passing, revised) if e == e]  # (a nan: left out)
+    if len(pts) >= 2:
+        (xa, ea), (xb, eb) = pts[-2], pts[-1]
+        if xa > xb and 0 < ea < eb < math.inf:
+            p = math.log(eb / ea) / math.log(xa / xb)
+            if p > 0.25:
+                root = (eb / target) ** (1.0 / p)
+                return min(0.995, max(0.125, root if xb == hi else xb * root / hi))
+    return _near_factor(pts[-1][1] if pts else passing[-1][1], target)
 
 
-def _secant_bracket(ev, trace, lo: float, hi: float, eps_hi: float, target: float, rel_tol: float):
+def _secant_bracket(ev, trace, lo: float, hi: float, eps_hi: float, target: float, rel_tol: float, revised=None):
     """Close the bracket ``epsilon(lo) > target >= epsilon(hi)`` to ``hi - lo <= rel_tol hi`` (the
     ``secant`` search of :func:`smallest_noise`); ``(hi, epsilon(hi))``.
 
@@ -322,13 +339,14 @@ def _secant_bracket(ev, trace, lo: float, hi: float, eps_hi: float, target: floa
     ``rel_tol`` of the root; once the passing end is within ``0.9 rel_tol`` above ``r`` the step is
     ``0.9 rel_tol`` below it (it most likely fails, and then closes the bracket). Safeguards: each
     step lies strictly inside the bracket (by 0.1% of its width), and after three steps in a row that
-    did not halve the width the next one bisects (so the search always ends)."""
+    did not halve the width the next one bisects (so the search always ends). ``revised``: as
+    :func:`smallest_noise`'s, for the chords."""
     slow = 0
     step = math.log1p(rel_tol)
     while hi - lo > rel_tol * hi:
         x_lo, x_hi = math.log(lo), math.log(hi)
         width = x_hi - x_lo
-        root = _secant_root(_log_points(trace, target), 20 * step) if slow < 3 else None
+        root = _secant_root(_log_points(_revise(trace, revised), target), 20 * step) if slow < 3 else None
         if root is None:
             guess = 0.5 * (x_lo + x_hi)
         elif x_hi - root <= 0.9 * step:

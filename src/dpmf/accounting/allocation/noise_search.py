@@ -27,6 +27,7 @@ def smallest_noise_and_report(
     secant: bool = False,
     steer_at: Callable[[float], float] | None = None,
     settled: Callable[[float, float], bool] | None = None,
+    revised: Callable[[float], float | None] | None = None,
 ) -> tuple[float, R]:
     """``(sigma, report_at(sigma))`` for the smallest ``sigma`` (to relative ``rel_tol``, searched
     by :func:`~dpmf.privacy.calibration.smallest_noise` from ``initial`` or the active
@@ -45,12 +46,14 @@ def smallest_noise_and_report(
     agree, on the same path. Its failures only steer: the failing end ``f`` of the final bracket
     (below the answer ``p``) is checked with ``epsilon_at`` unless ``settled(p, f)`` says the bracket
     holds for the accountant already, and where the accountant passes at ``f`` the search goes on
-    from it with ``epsilon_at``. The limit's check uses ``epsilon_at``.
+    from it with ``epsilon_at``. The limit's check uses ``epsilon_at``. ``revised``: the accountant's
+    epsilon at a noise where ``steer_at``'s was read first, once known (else ``None``), for the secant's
+    chords (:func:`~dpmf.privacy.calibration.smallest_noise`).
     """
     if limit is not None:
         check_limit(epsilon_at, target, limit, callback=callback)
     search = functools.partial(smallest_noise, target_epsilon=target, rel_tol=rel_tol, callback=callback, secant=secant)
-    found = search(epsilon_at if steer_at is None else steer_at, initial=initial)
+    found = search(epsilon_at if steer_at is None else steer_at, initial=initial, revised=revised)
     below = [x for x, e in found.trace if e > target and x < found.value]
     if steer_at is not None and not found.at_floor and below:
         if not (settled is not None and settled(found.value, max(below))) and not epsilon_at(max(below)) > target:
