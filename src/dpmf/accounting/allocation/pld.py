@@ -567,8 +567,9 @@ def noise_and_report(
     #   moving-average member alone (Reductions.steering, without the ring tables);
     # - on its way down to the answer, the members before the first ring family
     #   (Reductions.before_families: a family's coarse ranking and run are ~40% of an evaluation on the
-    #   README snippet's pair; on it and on the README's `dpmf calibrate` pair a family won only at or
-    #   below the answer's neighbourhood, by 0.06% and 2.4%);
+    #   README snippet's pair). Where a family wins, their pass is still the accountant's pass, and their
+    #   epsilon is above the accountant's by the family's lead (on the README snippet's pair 0.06% at
+    #   sigma 1.37; on the README's `dpmf calibrate` pair 2.4% at sigma 1.40);
     # - where one of these fails, the accountant itself (its members before a family are memoized), so
     #   the first failure is the accountant's;
     # - once the accountant has failed at a noise and passed at a larger one (near the answer, where
@@ -582,10 +583,10 @@ def noise_and_report(
     # and was the accountant there, the bracket's failing end is checked (smallest_noise_and_report's
     # steer_at, `settled`). Where the accountant, run where the members before the family failed, comes
     # out below them (the family won there), their epsilons nearby are left out of the search's chords
-    # (`revised`). Measured (CPU-s, fresh processes): the README snippet's calibration 5.05 -> 4.58 and the
-    # `dpmf calibrate` pair 21.4 -> 20.8 against the accountant at every noise but the first; on seven
-    # more bsr pairs (24-40 slots, epsilon 2-3.6) the same in all (38.5 against 38.9): faster where the
-    # family loses near the answer, up to a fifth slower where it wins (bsr(24, 4) to 2.98, 6.2 against 5.0).
+    # (`revised`). Measured against the accountant at every noise but the first (benchmarks/README.md, "the
+    # way down steered by the members before the ring family"): both README calibrations 0.91-0.92x the CPU
+    # time; seven more bsr pairs the same in all -- faster where the family loses near the answer, by one
+    # or two evaluations slower where it wins there.
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
     read_by_prefix: dict[float, float] = {}  # the epsilons of the members before the family, where they steered
