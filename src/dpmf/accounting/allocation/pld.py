@@ -585,8 +585,8 @@ def noise_and_report(
     # out below them (the family won there), their epsilons nearby are left out of the search's chords
     # (`revised`). Measured against the accountant at every noise but the first (benchmarks/README.md, "the
     # way down steered by the members before the ring family"): both README calibrations 0.91-0.92x the CPU
-    # time; seven more bsr pairs the same in all -- faster where the family loses near the answer, by one
-    # or two evaluations slower where it wins there.
+    # time; 17 more bsr pairs (bench_allocation_calibration_grid.py) the same in all -- faster where the
+    # family loses near the answer, by one or two evaluations slower where it wins there.
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
     read_by_prefix: dict[float, float] = {}  # the epsilons of the members before the family, where they steered
