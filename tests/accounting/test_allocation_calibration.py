@@ -513,17 +513,17 @@ def _family_wins_calibration(monkeypatch) -> tuple[float, list]:
     return sigma, list(calls)
 
 
-def test_where_the_family_wins_near_the_answer_the_steps_read_the_prefix_rescaled(monkeypatch):
+def test_where_the_family_wins_near_the_answer_the_steps_leave_the_prefix_out_nearby(monkeypatch):
     """Where the accountant, run where the members before the family failed, comes out below them (the
-    family won there), the search's steps read their other epsilons times that ratio (``revised``): the
-    calibration keeps its contract in 10 evaluations (the members before the family on their own: 22,
-    their chords across two sets of members; the accountant at every noise: 7)."""
+    family won there), the search's steps leave their epsilons within 2% of that noise out of the chords
+    (``revised``): the calibration keeps its contract in 10 evaluations (with the chords across the two sets
+    of members: 22; the accountant at every noise: 7)."""
     sigma, calls = _family_wins_calibration(monkeypatch)
     assert len(calls) <= 12, calls
 
 
 @pytest.mark.slow
-def test_where_the_family_wins_near_the_answer_unrescaled_chords_take_more_steps(monkeypatch):
+def test_where_the_family_wins_near_the_answer_chords_across_the_two_sets_take_more_steps(monkeypatch):
     """Negative control of the test above: without ``revised`` the same calibration keeps its contract in
     more evaluations."""
     real = allocation_pld.smallest_noise_and_report
