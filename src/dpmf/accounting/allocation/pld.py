@@ -627,9 +627,10 @@ def noise_and_report(
                 if not first:
                     read_by_prefix[s] = out["epsilon"]
                 if out["epsilon"] > target:
-                    if full(s)["epsilon"] < out["epsilon"]:
+                    own = full(s)["epsilon"]
+                    if not first and own < out["epsilon"]:  # (the prefix failed where the family won)
                         family.append(s)
-                    return full(s)["epsilon"]
+                    return own
             bounds[s] = out
         return bounds[s]["epsilon"]
 
