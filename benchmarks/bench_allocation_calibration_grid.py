@@ -8,7 +8,10 @@ of ``allocation_pld`` evaluations (every member set the search ran, steering set
 seconds (``time.process_time``, every thread) of the call; the last line the totals.
 
     git worktree add /tmp/before df856f4
-    python benchmarks/bench_allocation_calibration_grid.py --before /tmp/before/src [--rounds 2] [--quick]
+    python benchmarks/bench_allocation_calibration_grid.py [--before /tmp/before/src] [--rounds 2] [--quick]
+
+Each cell also prints today's up-front cost estimate (``dpmf.accounting.cost.accounting_cost``) over its
+measured CPU time, and the last line their range (issue 50 item 6: within 2x).
 
 Why a grid: the calibration steers by cheaper member sets whose gain depends on the pair (where the
 ring family wins near the answer, a steering set's epsilons are above the accountant's): a change is
@@ -54,8 +57,11 @@ pld._epsilon = counted
 t0 = time.process_time()
 cal = dpmf.calibrate(bsr(n, bands), BallsInBinsSampling(epochs, n), target, 1e-5)
 cpu = time.process_time() - t0
+from dpmf.accounting.cost import accounting_cost
+est = accounting_cost(bsr(n, bands), BallsInBinsSampling(epochs, n), calibrate=True, target_epsilon=target,
+                      delta=1e-5).seconds
 print("@@" + json.dumps({{"sigma": cal.noise_multiplier, "epsilon": cal.report.epsilon, "method": cal.report.method,
-                         "evaluations": count[0], "cpu": cpu}}))
+                         "evaluations": count[0], "cpu": cpu, "estimate": est}}))
 """
 
 
@@ -74,14 +80,16 @@ def run_cell(cell: tuple, src: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="src directory of the code before (a git worktree)")
+    parser.add_argument("--before", help="src directory of the code before (a git worktree); without it, today's "
+                        "code alone (its noises, evaluations, CPU-s and cost estimates)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per side and cell (CPU-s: the median)")
     parser.add_argument("--quick", action="store_true", help="eight cells of about 3-7 CPU-s each")
     args = parser.parse_args(argv)
-    if not Path(args.before, "dpmf").is_dir():
+    if args.before is not None and not Path(args.before, "dpmf").is_dir():
         parser.error(f"no dpmf under {args.before}")
-    sides = {"before": args.before, "after": str(ROOT / "src")}
+    sides = {"after": str(ROOT / "src")} if args.before is None else {"before": args.before, "after": str(ROOT / "src")}
     totals = {side: 0.0 for side in sides}
+    ratios = []  # today's cost estimate over its measured CPU time, per cell
     for cell in QUICK if args.quick else GRID:
         runs: dict[str, list] = {side: [] for side in sides}
         for _ in range(args.rounds):
@@ -90,13 +98,26 @@ def main(argv: list[str] | None = None) -> int:
         cpu = {side: sorted(r["cpu"] for r in runs[side])[len(runs[side]) // 2] for side in sides}
         for side in sides:
             totals[side] += cpu[side]
-        b, a = runs["before"][0], runs["after"][0]
+        a = runs["after"][0]
+        ratios.append(a["estimate"] / cpu["after"])
+        est = f"estimate {a['estimate']:.1f} s = {ratios[-1]:.2f}x measured"
+        name = f"bsr({cell[0]}, {cell[1]}) x {cell[2]} epochs to {cell[3]:g}"
+        if "before" not in sides:
+            print(f"{name}: sigma {a['sigma']:.8g}, evaluations {a['evaluations']}, CPU-s {cpu['after']:.2f}, {est}",
+                  flush=True)
+            continue
+        b = runs["before"][0]
         shift = a["sigma"] / b["sigma"] - 1
-        print(f"bsr({cell[0]}, {cell[1]}) x {cell[2]} epochs to {cell[3]:g}: sigma {b['sigma']:.8g} -> {a['sigma']:.8g} "
+        print(f"{name}: sigma {b['sigma']:.8g} -> {a['sigma']:.8g} "
               f"({shift:+.1e}), evaluations {b['evaluations']} -> {a['evaluations']}, "
-              f"CPU-s {cpu['before']:.2f} -> {cpu['after']:.2f} ({cpu['after'] / cpu['before']:.2f}x)", flush=True)
-    print(f"total CPU-s: before {totals['before']:.1f}, after {totals['after']:.1f} "
-          f"({totals['after'] / totals['before']:.3f}x)")
+              f"CPU-s {cpu['before']:.2f} -> {cpu['after']:.2f} ({cpu['after'] / cpu['before']:.2f}x), {est}", flush=True)
+    if "before" in sides:
+        print(f"total CPU-s: before {totals['before']:.1f}, after {totals['after']:.1f} "
+              f"({totals['after'] / totals['before']:.3f}x)")
+    else:
+        print(f"total CPU-s: {totals['after']:.1f}")
+    print(f"cost estimate / measured CPU time: {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} cells "
+          "(issue 50 item 6: within 2x)")
     return 0
 
 

@@ -406,68 +406,93 @@ def _allocation_part(strategy, scheme) -> tuple[float, float]:
 #: the Markov members (groups, fits: 0.3-0.8 s on bsr(32/100, 4)), s.
 _ALLOCATION_PLD_BASE = 1.0
 #: Seconds per slot of an epoch of the Markov members of ``allocation_pld`` for a correlated C, per
-#: evaluation, CPU seconds on 2 shared cores, re-measured after the early exits of the ring members and
-#: the compiled envelopes (issue 50; benchmarks/README.md, bench_accounting_speed.py): one reused epoch
-#: (bsr(64, 4) at sigma 1 and 2: 6.6-7.2 CPU-s, most of it the band's moving average), several reused
-#: epochs (ring members and the ranked family: bsr(32, 4) / bsr(100, 4) over 2 epochs, ~1.6 / ~5.9 s of
-#: 16 / 50 slots; one evaluation 2.5-3.3 / 8.3-8.9 CPU-s with the moving average), fresh slots (members
-#: modulo 1 and 2, 8 tables each, plus their fits: 5 fresh epochs of 64 at sigma 2, 9.5 CPU-s). Were
-#: 0.08 / 0.10 / 0.2 (1.6-1.8x high after the kernels vectorized). Ring 0.11 -> 0.08 and fresh 0.13 ->
-#: 0.10 after the chain step's closed forms vectorized (2026-12-02, load 8: bsr(32, 4) at sigma 1.2679
-#: 3.05 CPU-s, 5 fresh epochs of 64 at sigma 2 5.6 CPU-s).
-#: Re-measured 2026-12-02 evening (load 5-7, after the moving average's threads, the chain step's runs of
-#: closed forms and the ranked family's bounds): bsr(32, 4) / bsr(100, 4) over 2 epochs one evaluation
-#: ~1.05-1.15 / ~3.3-3.6 CPU-s, bsr(64, 4) one epoch 1.9 (sigma 1) / 3.4 (sigma 2) CPU-s, 5 fresh epochs
-#: of 64 at sigma 2 4.2 CPU-s: reused 0.04 -> 0.02, ring 0.08 -> 0.045, fresh 0.10 -> 0.08, with a base
-#: of :data:`_MARKOV_BASE` instead of :data:`_ALLOCATION_PLD_BASE`.
-_MARKOV_SECONDS_PER_SLOT = {"reused": 0.02, "ring": 0.045, "fresh": 0.08}
-#: The part of an evaluation with Markov members outside them (the identity pair's members, the fits'
-#: share), s.
-_MARKOV_BASE = 0.3
+#: evaluation (CPU seconds on 2 shared cores; the history in benchmarks/README.md). Refit 2026-12-03 on
+#: the 19 BandMF pairs of ``bench_allocation_calibration_grid.py`` (one evaluation each at its answer, in a
+#: process whose kernels were loaded; 12-56 slots, 1-3 epochs, 2-4 bands) and three fresh-slot cases:
+#: - ``"reused"``, one epoch: the plain chains only (bsr(32 / 56, 4): 0.16 / 0.27 CPU-s besides the band's
+#:   moving average);
+#: - ``"ring"``, reused slots over several epochs, by the band's order ``w = bands - 1``: the rings and the
+#:   ranked ring family (w = 3: 0.058-0.078 per slot over 2 epochs, bsr(24..100, 4); w = 2: 0.06; w = 1:
+#:   0.021), half that from three epochs on (:data:`_RING_MANY_EPOCHS`: 3 epochs of 11 / 12 slots 0.011 /
+#:   0.043 per slot);
+#: - ``"fresh"``: the members modulo 1 and 2 (8 tables each) and their fits: 0.054-0.055 per slot at 32-64
+#:   slots (5 fresh epochs of 64 at sigma 2: 4.2 CPU-s in a fresh process).
+#: Was reused 0.02, ring 0.045 (2026-12-02 evening): 1.7-2.9x high on the small bands and three epochs.
+_MARKOV_SECONDS_PER_SLOT = {"reused": 0.006, "ring": {1: 0.02, 2: 0.06, 3: 0.065}, "fresh": 0.055}
+#: ... the ring rate's share from three epochs on
+_RING_MANY_EPOCHS = 0.5
+#: The part of an evaluation with Markov members outside them (the identity pair's members, the report), s.
+_MARKOV_BASE = 0.05
+#: Once per call with Markov members: numba's first kernel load (its import and its target's registries,
+#: ~0.4-0.6 CPU-s in a new process) and the members' fits (0.05-0.3 s), s.
+_MARKOV_FIRST = 0.5
 #: ... plus, for reused slots and a band of order ``w = bands - 1 <= 3``, the band's own moving
-#: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`: both tables, ``m^w`` states; bsr(256, 4)
-#: over 4 epochs of 64 slots: ~5 s; order 3 0.08 -> 0.05 after its call step's closed form vectorized:
-#: bsr(32, 4)'s 16-slot table 1.5 -> 0.9 CPU-s; 0.05 -> 0.02 after its steps ran on threads and summed
-#: the closed forms per run: the 16-slot call table ~0.21 CPU-s, the 50-slot one ~0.84).
-_BAND_SECONDS_PER_SLOT = {1: 0.005, 2: 0.03, 3: 0.02}
+#: average (:mod:`~dpmf.accounting.allocation.surrogates.moving_average`, ``m^w`` states; measured with
+#: the identity pair's members, 2026-12-03: w = 3 0.019-0.03 per slot at 10-56 slots, w = 2 0.008-0.01,
+#: w = 1 0.004; was 0.02 / 0.03 / 0.005).
+_BAND_SECONDS_PER_SLOT = {1: 0.004, 2: 0.01, 3: 0.025}
 #: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
-#: with 3-4 epochs; bench_allocation_fresh_correlated.py: +3 to +7 s per evaluation).
-_BAND_FRESH_SECONDS = 6.0
-#: Evaluations of ``dpmf.calibrate`` with the Markov members, measured (allocation_pld searched first,
-#: the Renyi accountant probed once): 6 (README snippet, bsr(32, 4) over 2 epochs), 7 (README CLI example,
-#: bsr(100, 4)), 9 cheaper ones after the fits (5 fresh epochs of 64 slots); was 10. With the secant
-#: steps (``smallest_noise(secant=True)``): 5 (snippet) and 6 (CLI example), plus the Renyi probe; since
-#: the first of them is steered by the moving average alone (``Reductions.steering``, ~1/4 of one): 5.
-_MARKOV_CALIBRATION_EVALS = 5
-#: ... and in ``dpmf plan``, which calibrates its best row (the default plan's bsr-4 fresh row: 12
-#: evaluations, measured 2026-11-26; not re-measured since).
-_PLAN_MARKOV_EVALS = 12
+#: with 3-4 epochs; 2 fresh epochs of 32 at sigma 2: 7.6 CPU-s in a new process, 5.1 of it the band's).
+_BAND_FRESH_SECONDS = 5.0
+#: A calibration with the Markov members, in evaluations' worth of one at its answer (besides
+#: :data:`_MARKOV_FIRST`): reused slots 4.7 -- five noises, the first steered by the moving average
+#: alone, the way down by the members before the ring family, the bracket by its contenders, then the
+#: report's rest (``pld.noise_and_report``; fit on the grid above: every estimate 0.65-1.55x the
+#: measured CPU time, where one count of 5 and a Renyi search counted three times gave 0.75-2.9x);
+#: fresh slots 9 (composed members: every noise a whole evaluation, 8-9 of them; 2 fresh epochs of 32 to
+#: epsilon 3, 5 fresh epochs of 32 / 100 to 3 / 2: 65 / 70 / 50 CPU-s, 9-10 / 9 evaluations' worth).
+_MARKOV_CALIBRATION_EVALS = {"reused": 4.7, "fresh": 9.0}
+#: ... where the Renyi accountant is only probed at allocation_pld's noise, and that probe ends on a lower
+#: bound (``dispatch._probe_bound``): everything outside allocation_pld's search measured 0.04-0.19 CPU-s
+#: (32-100 steps), s and s per step.
+_RENYI_PROBE_SECONDS = (0.1, 1e-3)
 
 
-def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
-    """Random allocation PLD: for the identity 0.01-1.2 s for t = 8..10^4 (benchmarks/README.md);
-    for a correlated C under one slot per epoch, plus the Markov members (skipped above
-    :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` slots per epoch; k of t has none);
-    memory ``O(max_points)`` (a few 10^5 grid points, a few arrays of them)."""
+def _markov_kind(strategy, scheme) -> str | None:
+    """``"reused"`` (one epoch), ``"ring"`` (several reused epochs) or ``"fresh"``: the Markov members
+    ``allocation_pld`` runs for ``strategy`` under ``scheme``; ``None`` when it runs none (C = I, not
+    balls-in-bins, k of t, or more than
+    :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` slots per epoch)."""
     from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
     from dpmf.sampling.schemes import BallsInBinsSampling
     from dpmf.strategies.identity import Identity
 
-    mem = 16 * 8.0 * 400_000
     if isinstance(strategy, Identity) or not isinstance(scheme, BallsInBinsSampling) or scheme.num_selected > 1:
-        return _ALLOCATION_PLD_BASE, mem
-    b = scheme.steps // scheme.epochs
-    if b > MAX_SLOTS:
-        return _ALLOCATION_PLD_BASE, mem
-    kind = "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")
-    w = _bandwidth(strategy) - 1
+        return None
+    if scheme.steps // scheme.epochs > MAX_SLOTS:
+        return None
+    return "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")
+
+
+def _markov_seconds(kind: str, b: int, w: int, epochs: int) -> float:
+    """One evaluation of ``allocation_pld`` with Markov members of ``kind`` (:func:`_markov_kind`), ``b``
+    slots per epoch, a band of order ``w``, ``epochs`` epochs: :data:`_MARKOV_BASE` plus the members' and
+    the band's rates per slot."""
+    rate = _MARKOV_SECONDS_PER_SLOT[kind]
+    if kind == "ring":
+        rate = rate.get(min(max(w, 1), 3), rate[3]) * (_RING_MANY_EPOCHS if epochs >= 3 else 1.0)
     if kind == "fresh":  # (offered with <= 32 slots per epoch: 8-16 tables, 3-7 s at 8-16 slots)
         band = _BAND_FRESH_SECONDS if 1 <= w <= 3 and b <= 32 else 0.0
     else:
         band = _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
-    if band:  # (three tables of m^w states x 400 partial sums alive at once)
+    return _MARKOV_BASE + rate * b + band
+
+
+def _allocation_pld_part(strategy, scheme) -> tuple[float, float]:
+    """Random allocation PLD, one evaluation: for the identity 0.01-1.2 s for t = 8..10^4
+    (benchmarks/README.md); for a correlated C under one slot per epoch, the Markov members instead
+    (:func:`_markov_seconds`; skipped above
+    :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` slots per epoch; k of t has none);
+    memory ``O(max_points)`` (a few 10^5 grid points, a few arrays of them)."""
+    mem = 16 * 8.0 * 400_000
+    kind = _markov_kind(strategy, scheme)
+    if kind is None:
+        return _ALLOCATION_PLD_BASE, mem
+    b = scheme.steps // scheme.epochs
+    w = _bandwidth(strategy) - 1
+    if 1 <= w <= 3 and (kind != "fresh" or b <= 32):  # (the band's: three tables of m^w states x 400 partial sums)
         mem = max(mem, 3 * 8.0 * 400 * {1: 96, 2: 40**2, 3: 20**3}[w])
-    return _MARKOV_BASE + _MARKOV_SECONDS_PER_SLOT[kind] * b + band, mem
+    return _markov_seconds(kind, b, w, scheme.epochs), mem
 
 
 #: Monte Carlo CPU time per sample and direction: ``n (a + b w) + c`` ns (``n`` steps, ``w`` bands),
@@ -559,6 +584,7 @@ def accounting_cost(
     the smallest noise it evaluates, where one evaluation takes up to a minute)."""
     total = CostEstimate(0.0, 0.0)
     evals = 3.0 if calibrate else 1.0
+    markov = _markov_kind(strategy, scheme)  # (allocation_pld's Markov members: searched first, the Renyi probed once)
     sigma = 1.0
     if not calibrate and isinstance(noise_multiplier, (int, float)) and 0 < noise_multiplier < math.inf:
         sigma = float(noise_multiplier)  # (a bad value is the accountant's to refuse, by name)
@@ -577,10 +603,13 @@ def accounting_cost(
             secs /= evals  # calibrated in closed form from one sensitivity
         elif m == "allocation":
             secs, mem = _allocation_part(strategy, scheme)
+            if calibrate and markov is not None:  # (one probe at allocation_pld's noise, ending on a lower bound)
+                secs = (_RENYI_PROBE_SECONDS[0] + _RENYI_PROBE_SECONDS[1] * strategy.n) / evals
         elif m == "allocation_pld":
             secs, mem = _allocation_pld_part(strategy, scheme)
-            if calibrate and secs != _ALLOCATION_PLD_BASE:  # (the Markov members' searches run longer)
-                secs *= _MARKOV_CALIBRATION_EVALS / evals
+            if markov is not None:  # (the first kernel load and the fits once; a calibration's evaluations' worth)
+                runs = _MARKOV_CALIBRATION_EVALS["fresh" if markov == "fresh" else "reused"] if calibrate else 1.0
+                secs = (_MARKOV_FIRST + runs * secs) / evals
         elif m == "montecarlo":  # (calibrate: Algorithm 5's pilot and verifications, whole)
             secs, mem = _montecarlo_part(strategy, scheme, num_samples, calibrate=calibrate, delta=delta)
             secs /= evals
@@ -596,14 +625,20 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
 
     Measured (``benchmarks/bench_plan.py``, README example: 1000 steps, 10 epochs, every default on,
     2 shared cores): 29.7 s wall (41 s CPU) and 1.1 GiB peak, of which the MMCC check of the binary
-    tree under Poisson sampling is 24 s (one MMCC evaluation at n = 1000), the banded MMCC checks
+    tree under Poisson sampling was 24 s (one MMCC evaluation at n = 1000), the banded MMCC checks
     3.7 s, and the closed forms, PLD, cyclic Poisson and allocation rows 2.6 s (3.5 s for the whole
-    command with ``--no-mmcc``). The optimal factorization is usually pruned by its closed-form bound
-    (0 s); when it is the best row it is built to a 1% duality gap (~0.3 of a full optimization).
+    command with ``--no-mmcc``). Since MMCC's compiled rows (issue 50: ~10x) its rows are counted at a
+    tenth of that: ``--thorough`` with and without ``--no-mmcc``, cold cache, 2026-12-03, 40.7 / 41.2
+    CPU-s (README example) and 49.0 / 47.3 (the default plan) -- the MMCC rows within the runs' noise.
+    The optimal factorization is usually pruned by its closed-form bound (0 s); when it is the best row
+    it is built to a 1% duality gap (~0.3 of a full optimization).
     With at most :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` steps per epoch the banded-MF
-    balls-in-bins rows run ``allocation_pld``'s Markov members: the default plan (100 steps per epoch,
-    5 epochs) took 3 min 51 s, 3.5 min of it calibrating its best row (bsr-4, fresh slots, 12
-    evaluations); counted as one such calibration and one check of the reused row."""
+    balls-in-bins rows run ``allocation_pld``'s Markov members, counted as one calibration of the
+    fresh-slot row (its best row: bsr-4, fresh slots) and one check of the reused one (bands of order 3).
+    ``--thorough`` with a cold cache, 2026-12-03: the default plan (500 steps, 5 epochs of 100) 35.8 s
+    wall, 49.0 CPU-s, estimated 59.7 s (123 s before this refit: 2.5x); the README example 31.8 s wall,
+    40.7 CPU-s, estimated 67.2 s (149 s before: 3.7x). The default plan took 3 min 51 s on 2026-11-26,
+    before the members' speed-ups."""
     steps = _size(steps)
     base = 2.0 + 2.0 * (steps / 1000) ** 1.5
     optimal = 0.3 * strategy_build_cost("optimal", steps, epochs=1).seconds if steps <= 1024 else 0.0
@@ -612,7 +647,7 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
     if optimal >= 1:
         parts.append(("optimal factorization (unless pruned)", optimal, 12 * 8.0 * min(steps, 1024) ** 2))
     if mmcc and steps <= 2048:  # one check each, mostly: the tree and the banded sweep under Poisson
-        m = 24.0 * (steps / 1000) ** 1.9 + 4.0 * (steps / 1000) ** 1.5
+        m = 2.4 * (steps / 1000) ** 1.9 + 0.4 * (steps / 1000) ** 1.5
         parts.append(("MMCC rows", m, 0.35 * _GIB + 0.8 * _GIB * (steps / 1000) ** 2))
     if montecarlo_samples:
         parts.append(("Monte Carlo rows", 12 * (0.5 + 4e-9 * montecarlo_samples * steps * 64), 8.0 * 10_000 * steps))
@@ -620,9 +655,9 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
 
     per_epoch = steps // max(int(epochs), 1)
     if per_epoch <= MAX_SLOTS:  # banded MF under balls-in-bins: the fresh-slot row calibrated, the reused one checked
-        m = _MARKOV_SECONDS_PER_SLOT
-        secs = _PLAN_MARKOV_EVALS * (_ALLOCATION_PLD_BASE + m["fresh"] * per_epoch) + (
-            m["ring"] if epochs > 1 else m["reused"]) * per_epoch
+        fresh = _markov_seconds("fresh", per_epoch, 3, epochs)
+        reused = _markov_seconds("ring" if epochs > 1 else "reused", per_epoch, 3, epochs)
+        secs = _MARKOV_FIRST + _MARKOV_CALIBRATION_EVALS["fresh"] * fresh + reused
         parts.append(("banded MF under balls-in-bins (Markov members)", secs, 16 * 8.0 * 400_000))
     out = CostEstimate(0.0, 0.0)
     for p in parts:
