@@ -531,3 +531,86 @@ def test_where_the_family_wins_near_the_answer_chords_across_the_two_sets_take_m
                         lambda *a, revised=None, **kw: real(*a, **kw))
     sigma, calls = _family_wins_calibration(monkeypatch)
     assert len(calls) > 12, calls
+
+
+#: a pair with fresh slots (composed members, no prefix to steer by): bsr(80, 4) over 2 fresh epochs of 40
+FRESH_PAIR = (bsr(80, 4), BallsInBinsSampling(epochs=2, steps=80, fresh_slots=True))
+
+
+def test_composed_contenders_keep_the_binding_winners_and_give_the_whole_sets_epsilon(monkeypatch):
+    """With fresh slots ``Reductions.contenders(out)`` keeps the composed members whose row attains
+    ``out``'s binding direction (and no spectral group where one of them attains it); evaluated at the
+    same noise, its epsilon is the whole set's, bit for bit, its rows are the kept members' rows of the
+    whole set, and no member is computed twice (each is computed on its own, memoized by member and
+    noise). At another noise it is a bound at least the whole set's in each direction."""
+    from dpmf.accounting.allocation import fresh_correlated
+
+    strategy, scheme = FRESH_PAIR
+    groups = allocation_pld._reductions(strategy, scheme)
+    opts = (DELTA, allocation_pld.DEFAULT_REL_TOL, allocation_pld.DEFAULT_MAX_POINTS)
+    monkeypatch.setattr(fresh_correlated, "_COMPOSED", BoundedMemo(256))
+    real, computed = fresh_correlated._composed_row, []
+    monkeypatch.setattr(fresh_correlated, "_composed_row",
+                        lambda member, *args: computed.append(member) or real(member, *args))
+    out = allocation_pld._epsilon_of(strategy, scheme, groups, 1.3, *opts)
+    rows = out["reductions"][-len(groups.composed_markov):]
+    binding = max(out["epsilon_by_direction"], key=out["epsilon_by_direction"].get)
+    winners = [m for m, row in zip(groups.composed_markov, rows)
+               if row["epsilon_by_direction"][binding] == out["epsilon_by_direction"][binding]]
+    kept = groups.contenders(out)
+    assert kept is not None and list(kept.composed_markov) == winners and kept.spectral == ()
+    assert 0 < len(winners) < len(groups.composed_markov) and len(computed) == len(groups.composed_markov)
+    again = allocation_pld._epsilon_of(strategy, scheme, kept, 1.3, *opts)
+    assert len(computed) == len(groups.composed_markov)  # (memoized: nothing computed again)
+    assert again["epsilon"] == out["epsilon"]
+    assert again["reductions"] == [row for m, row in zip(groups.composed_markov, rows) if m in winners]
+    steer = allocation_pld._epsilon_of(strategy, scheme, kept, 1.6, *opts)["epsilon_by_direction"]
+    whole = allocation_pld._epsilon_of(strategy, scheme, groups, 1.6, *opts)["epsilon_by_direction"]
+    assert all(steer[d] >= whole[d] for d in whole)
+
+
+def _fresh_calibration(monkeypatch, target: float) -> tuple:
+    """``(sigma, report, calls)`` of ``allocation_pld``'s calibration of :data:`FRESH_PAIR` on a fresh memo,
+    ``calls`` the ``(sigma, steering)`` of every evaluation (``steering``: fewer members than the whole set)."""
+    strategy, scheme = FRESH_PAIR
+    whole = allocation_pld._reductions(strategy, scheme)
+    size = (len(whole.spectral), len(whole.composed_markov))
+    monkeypatch.setattr(allocation_pld, "_MEMO", BoundedMemo(256))
+    real, calls = allocation_pld._epsilon, []
+
+    def recording(strategy, scheme, groups, sigma, *rest):
+        calls.append((sigma, (len(groups.spectral), len(groups.composed_markov)) != size))
+        return real(strategy, scheme, groups, sigma, *rest)
+
+    monkeypatch.setattr(allocation_pld, "_epsilon", recording)
+    sigma, report = allocation_pld.noise_and_report(strategy, scheme, target, DELTA)
+    return sigma, report, list(calls)
+
+
+def test_a_fresh_slot_calibration_steers_by_the_last_contenders_and_reports_the_accountant(monkeypatch):
+    """With fresh slots the calibration's first noise is the accountant's; from then on the contenders of
+    the last evaluation steer it (a pass of theirs is the accountant's: the minimum over fewer of the same
+    members), and the accountant runs where they fail on the way down. The answer passes with the
+    accountant's own report, and a noise within rel_tol below it fails *for the accountant*."""
+    strategy, scheme = FRESH_PAIR
+    sigma, report, calls = _fresh_calibration(monkeypatch, 3.0)
+    assert calls[0][1] is False and sum(s for _, s in calls) >= 3 and calls[-1] == (sigma, False)
+    assert report.epsilon == allocation_pld.account_allocation_pld(strategy, scheme, sigma, DELTA).epsilon <= 3.0
+    below = [s for s, _ in calls if s < sigma <= s * (1 + 1e-4)]
+    assert below and all(allocation_pld.account_allocation_pld(strategy, scheme, s, DELTA).epsilon > 3.0
+                         for s in below)
+
+
+@pytest.mark.slow
+def test_a_fresh_slot_calibration_lands_where_the_accountant_at_every_noise_does(monkeypatch):
+    """Negative control of the steering: with ``contenders`` disabled (the accountant at every noise, every
+    evaluation whole) the answer is within rel_tol of the steered one."""
+    from dpmf.accounting.allocation.correlated import Reductions
+
+    sigma, _, calls = _fresh_calibration(monkeypatch, 3.0)
+    assert any(s for _, s in calls)
+    with monkeypatch.context() as m:
+        m.setattr(Reductions, "contenders", lambda self, out: None)
+        plain, _, calls = _fresh_calibration(monkeypatch, 3.0)
+    assert not any(s for _, s in calls)
+    assert abs(sigma - plain) <= 1e-4 * max(sigma, plain)

@@ -283,8 +283,14 @@ class Reductions:
         minimum over fewer of the same members). Where the members left out come out ``inf`` again
         (searched below the best so far: they cannot win), it *is* this set's, bit for bit: a member that
         is ``inf`` never lowers the bound the later members are searched below, so every member kept
-        is computed as in the whole set. A calibration steers its search by it near the answer (:mod:`.pld`)."""
-        if self.composed_markov or not self.markov:
+        is computed as in the whole set. A calibration steers its search by it near the answer (:mod:`.pld`).
+
+        With composed (fresh-slot) members, which are computed each on its own (no bound from the others):
+        the composed members that attain ``out``'s binding direction, and the identity pair's members only
+        where none of them does (:meth:`_composed_contenders`)."""
+        if self.composed_markov:
+            return self._composed_contenders(out)
+        if not self.markov:
             return None
         rows = out.get("reductions", [])[-len(self.markov):]
         if len(rows) != len(self.markov):  # pragma: no cover - every member has its row
@@ -292,6 +298,25 @@ class Reductions:
         keep = tuple(m for m, row in zip(self.markov, rows)
                      if any(math.isfinite(v) for v in row.get("epsilon_by_direction", {}).values()))
         return None if len(keep) == len(self.markov) else dataclasses.replace(self, markov=keep)
+
+    def _composed_contenders(self, out: dict) -> "Reductions | None":
+        """:meth:`contenders` with composed members: the members whose row attains ``out``'s epsilon in
+        its binding direction (the larger; ties kept), and the spectral groups (every one) only where no
+        composed member attains it. Every member is computed on its own, so the set's epsilon per
+        direction is the minimum over the same rows: at least this whole set's, and its epsilon (the
+        larger direction) equal to the whole set's where the members left out lose again there and the
+        other direction stays the smaller. ``None`` when that is all of them."""
+        rows = out.get("reductions", [])[-len(self.composed_markov):]
+        if len(rows) != len(self.composed_markov) or self.markov:  # pragma: no cover - every member has its row
+            return None
+        best = {d: v for d, v in out["epsilon_by_direction"].items() if v >= out["epsilon"]}
+        keep = tuple(m for m, row in zip(self.composed_markov, rows)
+                     if any(row["epsilon_by_direction"].get(d) == v for d, v in best.items()))
+        covered = all(any(row["epsilon_by_direction"].get(d) == v for row in rows) for d, v in best.items())
+        spectral = () if covered else self.spectral
+        if len(keep) == len(self.composed_markov) and len(spectral) == len(self.spectral):
+            return None
+        return dataclasses.replace(self, spectral=spectral, composed_markov=keep)
 
     def candidates(self) -> list[tuple[str, int, float]]:
         """``(label, slots, noise scale squared)`` of every member, orthogonal groups first (none
@@ -480,6 +505,8 @@ def reduced_epsilon(reductions: Reductions, noise_multiplier: float, delta: floa
         rows[i]["epsilon"] = out["epsilon"]
         if best is None or out["epsilon"] < best[1]["epsilon"]:
             best = (label, out)
+    if best is None:  # (a calibration's steering set of composed members alone, Reductions.contenders)
+        best = ("none", {"epsilon": math.inf, "epsilon_by_direction": {"remove": math.inf, "add": math.inf}})
     label, out = best
     out = dict(out)
     out["bound"] = label

@@ -280,34 +280,49 @@ def _profiles(sur: Surrogate, parts, sigma: float, eps_top: float, delta: float 
     return {"remove": (d_remove, -max(5.0, eps_top), eps_top), "add": (d_add, -math.log(max(_PUT_REACHES)), eps_top)}
 
 
+def _composed_row(member, sigma: float, delta: float, epochs: int, profiles: dict) -> dict:
+    """One composed Markov member's row (its label, slots and epsilon per direction): its chains' one-epoch
+    profiles (``profiles``: shared by the members of one evaluation) composed over the epochs."""
+    q, chains, parts = member
+    budget = pld_compose.BUDGET * delta / (4 * max(1, math.ceil(math.log2(epochs + 1))) + 4)
+    if len(chains) == 1:
+        label = chains[0][0].describe()
+    else:
+        label = "; ".join(f"epochs {', '.join(str(e + 1) for e in eps)}: {sur.describe()}" for sur, eps in chains)
+    label += (f" on residue classes mod {q}" if q > 1 else "") + f", composed over {epochs} epochs"
+    for sur, _ in chains:
+        if id(sur) not in profiles:
+            # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's
+            # squared norm) bounds the epoch's curve by ``budget`` beyond it (tightness only)
+            top_var = max(float(np.max(sur.variances(n))) for n, _ in parts) * (1 + 1e-9)
+            eps_top = gaussian_epsilon(sigma / math.sqrt(top_var), budget)
+            profiles[id(sur)] = _profiles(sur, parts, sigma, eps_top, budget)
+    comp = pld_compose.profiles_composition_epsilon([(profiles[id(sur)], len(eps)) for sur, eps in chains], delta)
+    return {"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],
+            "epsilon_by_direction": comp["epsilon_by_direction"]}
+
+
+#: Composed members' rows by (member, noise, delta, epochs): each member is computed on its own (no
+#: bound from the others), so a calibration that steers by some of them (:meth:`Reductions.contenders`,
+#: :mod:`.pld`) and then runs all of them at the same noise computes each once, bit for bit the same.
+_COMPOSED = BoundedMemo(256)
+
+
 def add_markov_compositions(out: dict, reductions: Reductions, sigma: float, delta: float, epochs: int) -> None:
     """Offer the Markov members composed over the epochs (step 2'): each direction's epsilon is the
     smallest over the spectral result ``out`` and the members; their rows are appended to
     ``out["reductions"]``."""
     if not reductions.composed_markov:
         return
-    budget = pld_compose.BUDGET * delta / (4 * max(1, math.ceil(math.log2(epochs + 1))) + 4)
     by_dir, names = dict(out["epsilon_by_direction"]), {d: out["bound"] for d in out["epsilon_by_direction"]}
     profiles = {}  # (a chain shared by several members is tabulated once)
-    for q, chains, parts in reductions.composed_markov:
-        if len(chains) == 1:
-            label = chains[0][0].describe()
-        else:
-            label = "; ".join(f"epochs {', '.join(str(e + 1) for e in eps)}: {sur.describe()}" for sur, eps in chains)
-        label += (f" on residue classes mod {q}" if q > 1 else "") + f", composed over {epochs} epochs"
-        for sur, _ in chains:
-            if id(sur) not in profiles:
-                # the tables' reach: the Gaussian mechanism at the chain's variance (>= every mean's
-                # squared norm) bounds the epoch's curve by ``budget`` beyond it (tightness only)
-                top_var = max(float(np.max(sur.variances(n))) for n, _ in parts) * (1 + 1e-9)
-                eps_top = gaussian_epsilon(sigma / math.sqrt(top_var), budget)
-                profiles[id(sur)] = _profiles(sur, parts, sigma, eps_top, budget)
-        comp = pld_compose.profiles_composition_epsilon([(profiles[id(sur)], len(eps)) for sur, eps in chains], delta)
-        out["reductions"].append({"bound": label, "slots": max(n for n, _ in parts), "epsilon": comp["epsilon"],
-                                  "epsilon_by_direction": comp["epsilon_by_direction"]})
-        for d, v in comp["epsilon_by_direction"].items():
+    for member in reductions.composed_markov:
+        row = _COMPOSED.get((member, float(sigma), float(delta), int(epochs)),
+                            lambda: _composed_row(member, sigma, delta, epochs, profiles), copy_out=True)
+        out["reductions"].append(row)
+        for d, v in row["epsilon_by_direction"].items():
             if v < by_dir[d]:
-                by_dir[d], names[d] = v, label
+                by_dir[d], names[d] = v, row["bound"]
     if max(by_dir.values()) < out["epsilon"] or any(names[d] != out["bound"] for d in names):
         kinds = set(names.values())
         out["bound"] = kinds.pop() if len(kinds) == 1 else "; ".join(f"{d}: {n}" for d, n in names.items())

@@ -579,6 +579,11 @@ def noise_and_report(
     #   each steering evaluation. Near the answer those are the accountant's own epsilons, bit for bit (on
     #   the README snippet's pair: the moving average and one anchored ring; the ring family and the
     #   plain chains, ~half of an evaluation, are left out).
+    # - with fresh slots (composed members, each computed on its own and memoized by member and noise:
+    #   no prefix to steer by), from the second noise on the contenders of the last evaluation -- the
+    #   composed members attaining its binding direction, the spectral groups only where none does; on
+    #   the default plan's costly row (bsr(500, 4), 5 fresh epochs of 100, epsilon 2 at delta 1e-6) a
+    #   steering evaluation is one member, ~1.3 of ~5.5 CPU-s (benchmarks/README.md, "fresh slots steered").
     # The report at the answer is the accountant's, and unless the steering set evaluated the answer too
     # and was the accountant there, the bracket's failing end is checked (smallest_noise_and_report's
     # steer_at, `settled`). Where the accountant, run where the members before the family failed, comes
@@ -620,6 +625,8 @@ def noise_and_report(
             else:  # (on the way down; where the steering set fails, the accountant)
                 first = not (seen or bounds)
                 steer = _steering_set(groups, first=first)
+                if steer is None and groups is not None and groups.composed_markov and lead:
+                    steer = lead[0]  # (fresh slots: no prefix to steer by; the last evaluation's contenders)
                 if steer is None:
                     return full(s)["epsilon"]
                 with one_blas_thread():
