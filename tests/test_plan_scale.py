@@ -359,10 +359,10 @@ def test_readme_plan_is_estimated_under_the_limit():
     from dpmf.accounting.cost import plan_cost
 
     est = plan_cost(1000, epochs=10)
-    # measured --thorough with a cold cache: 40.7 CPU-s, 31.8 s wall (2026-12-03; 83 CPU-s beside another
+    # measured --thorough with a cold cache: 36.8 CPU-s, 27.4 s wall (2026-12-03; 83 CPU-s beside another
     # job on 2026-12-02, 3 min 24 s on 2026-11-26 before the allocation speed-ups); the estimate is
     # pessimistic, within 2x (issue 50 item 6), and far under the 10-minute refusal
-    assert 40.7 < est.seconds < 2 * 40.7
+    assert 36.8 < est.seconds < 2 * 36.8
     assert math.isfinite(est.memory_bytes)
 
 

@@ -431,17 +431,22 @@ _MARKOV_FIRST = 0.5
 #: the identity pair's members, 2026-12-03: w = 3 0.019-0.03 per slot at 10-56 slots, w = 2 0.008-0.01,
 #: w = 1 0.004; was 0.02 / 0.03 / 0.005).
 _BAND_SECONDS_PER_SLOT = {1: 0.004, 2: 0.01, 3: 0.025}
-#: ... and with fresh slots (at most 32 slots per epoch: 8 tables per member, the outer / middle split
-#: with 3-4 epochs; 2 fresh epochs of 32 at sigma 2: 7.6 CPU-s in a new process, 5.1 of it the band's).
-_BAND_FRESH_SECONDS = 5.0
+#: ... and with fresh slots (at most 32 slots per epoch, 8 tables per member; one evaluation in a process
+#: whose kernels were loaded, 2026-12-03: 2 / 5 fresh epochs of 32 8.9 / 8.4 CPU-s, of which the other
+#: members' ~1.8).
+_BAND_FRESH_SECONDS = 7.0
+#: ... and with 3 or 4 fresh epochs of at most 32 slots, the outer / middle split's three more members
+#: (``fresh_correlated._SPLIT_EPOCHS``: 3 / 4 epochs of 32 19.8 / 20.7 CPU-s an evaluation).
+_SPLIT_FRESH_SECONDS = 12.0
 #: A calibration with the Markov members, in evaluations' worth of one at its answer (besides
 #: :data:`_MARKOV_FIRST`): reused slots 4.7 -- five noises, the first steered by the moving average
 #: alone, the way down by the members before the ring family, the bracket by its contenders, then the
 #: report's rest (``pld.noise_and_report``; fit on the grid above: every estimate 0.65-1.55x the
 #: measured CPU time, where one count of 5 and a Renyi search counted three times gave 0.75-2.9x);
-#: fresh slots 9 (composed members: every noise a whole evaluation, 8-9 of them; 2 fresh epochs of 32 to
-#: epsilon 3, 5 fresh epochs of 32 / 100 to 3 / 2: 65 / 70 / 50 CPU-s, 9-10 / 9 evaluations' worth).
-_MARKOV_CALIBRATION_EVALS = {"reused": 4.7, "fresh": 9.0}
+#: fresh slots 5: the first noise whole, then steered by the last evaluation's contenders, one composed
+#: member each (``Reductions.contenders``); 8 fresh pairs (32-100 slots, 2-5 epochs, 19-135 CPU-s): every
+#: estimate 0.53-1.95x the measured CPU time (9 whole evaluations' worth before the steering).
+_MARKOV_CALIBRATION_EVALS = {"reused": 4.7, "fresh": 5.0}
 #: ... where the Renyi accountant is only probed at allocation_pld's noise, and that probe ends on a lower
 #: bound (``dispatch._probe_bound``): everything outside allocation_pld's search measured 0.04-0.19 CPU-s
 #: (32-100 steps), s and s per step.
@@ -472,7 +477,8 @@ def _markov_seconds(kind: str, b: int, w: int, epochs: int) -> float:
     if kind == "ring":
         rate = rate.get(min(max(w, 1), 3), rate[3]) * (_RING_MANY_EPOCHS if epochs >= 3 else 1.0)
     if kind == "fresh":  # (offered with <= 32 slots per epoch: 8-16 tables, 3-7 s at 8-16 slots)
-        band = _BAND_FRESH_SECONDS if 1 <= w <= 3 and b <= 32 else 0.0
+        band = (_BAND_FRESH_SECONDS if 1 <= w <= 3 and b <= 32 else 0.0) + (
+            _SPLIT_FRESH_SECONDS if epochs in (3, 4) and b <= 32 else 0.0)
     else:
         band = _BAND_SECONDS_PER_SLOT.get(w, 0.0) * b
     return _MARKOV_BASE + rate * b + band
@@ -635,10 +641,10 @@ def plan_cost(steps: int, *, epochs: int = 1, mmcc: bool = True, montecarlo_samp
     With at most :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` steps per epoch the banded-MF
     balls-in-bins rows run ``allocation_pld``'s Markov members, counted as one calibration of the
     fresh-slot row (its best row: bsr-4, fresh slots) and one check of the reused one (bands of order 3).
-    ``--thorough`` with a cold cache, 2026-12-03: the default plan (500 steps, 5 epochs of 100) 35.8 s
-    wall, 49.0 CPU-s, estimated 59.7 s (123 s before this refit: 2.5x); the README example 31.8 s wall,
-    40.7 CPU-s, estimated 67.2 s (149 s before: 3.7x). The default plan took 3 min 51 s on 2026-11-26,
-    before the members' speed-ups."""
+    ``--thorough`` with a cold cache, 2026-12-03, after the fresh-slot calibration's steering: the default
+    plan (500 steps, 5 epochs of 100) 34.3 s wall, 47.1 CPU-s, estimated 37.5 s (123 s before this refit);
+    the README example 27.4 s wall, 36.8 CPU-s, estimated 45.1 s (149 s before). The default plan took
+    3 min 51 s on 2026-11-26, before the members' speed-ups."""
     steps = _size(steps)
     base = 2.0 + 2.0 * (steps / 1000) ** 1.5
     optimal = 0.3 * strategy_build_cost("optimal", steps, epochs=1).seconds if steps <= 1024 else 0.0
