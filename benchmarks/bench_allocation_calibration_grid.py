@@ -8,7 +8,7 @@ of ``allocation_pld`` evaluations (every member set the search ran, steering set
 seconds (``time.process_time``, every thread) of the call; the last line the totals.
 
     git worktree add /tmp/before df856f4
-    python benchmarks/bench_allocation_calibration_grid.py [--before /tmp/before/src] [--rounds 2] [--quick]
+    python benchmarks/bench_allocation_calibration_grid.py [--before /tmp/before/src] [--rounds 2] [--quick | --fresh]
 
 Each cell also prints today's up-front cost estimate (``dpmf.accounting.cost.accounting_cost``) over its
 measured CPU time, and the last line their range (issue 50 item 6: within 2x).
@@ -40,6 +40,12 @@ GRID = [
     (33, 4, 3, 5.0), (20, 4, 2, 1.5), (56, 4, 1, 2.0), (32, 2, 2, 3.0), (40, 4, 2, 6.0),
 ]
 QUICK = GRID[:1] + GRID[2:9]  # (without the 20-CPU-s `dpmf calibrate` pair and the last ten)
+#: ``--fresh``: (slots n, bands, epochs, target epsilon, delta), a fresh slot each epoch (composed members);
+#: the last is the default ``dpmf plan``'s costly row (bsr-4, 5 fresh epochs of 100, epsilon 2 at 1e-6)
+FRESH_GRID = [
+    (64, 4, 2, 3.0, 1e-5), (128, 4, 2, 2.0, 1e-5), (96, 4, 3, 2.5, 1e-5), (320, 4, 5, 3.0, 1e-5),
+    (48, 4, 2, 4.0, 1e-5), (200, 4, 4, 2.0, 1e-5), (160, 4, 5, 3.0, 1e-5), (500, 4, 5, 2.0, 1e-6),
+]
 
 _CHILD = """
 import json, time
@@ -47,7 +53,9 @@ import dpmf
 from dpmf.accounting.allocation import pld
 from dpmf.sampling import BallsInBinsSampling
 from dpmf.strategies import bsr
-n, bands, epochs, target = {cell!r}
+n, bands, epochs, target, *rest = {cell!r}
+delta = rest[0] if rest else 1e-5
+scheme = BallsInBinsSampling(epochs, n, fresh_slots=bool(rest))
 count = [0]
 real = pld._epsilon
 def counted(*args):
@@ -55,11 +63,10 @@ def counted(*args):
     return real(*args)
 pld._epsilon = counted
 t0 = time.process_time()
-cal = dpmf.calibrate(bsr(n, bands), BallsInBinsSampling(epochs, n), target, 1e-5)
+cal = dpmf.calibrate(bsr(n, bands), scheme, target, delta)
 cpu = time.process_time() - t0
 from dpmf.accounting.cost import accounting_cost
-est = accounting_cost(bsr(n, bands), BallsInBinsSampling(epochs, n), calibrate=True, target_epsilon=target,
-                      delta=1e-5).seconds
+est = accounting_cost(bsr(n, bands), scheme, calibrate=True, target_epsilon=target, delta=delta).seconds
 print("@@" + json.dumps({{"sigma": cal.noise_multiplier, "epsilon": cal.report.epsilon, "method": cal.report.method,
                          "evaluations": count[0], "cpu": cpu, "estimate": est}}))
 """
@@ -84,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                         "code alone (its noises, evaluations, CPU-s and cost estimates)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per side and cell (CPU-s: the median)")
     parser.add_argument("--quick", action="store_true", help="eight cells of about 3-7 CPU-s each")
+    parser.add_argument("--fresh", action="store_true", help="the fresh-slot grid instead (8 cells, 20-190 CPU-s each)")
     args = parser.parse_args(argv)
     if args.before is not None and not Path(args.before, "dpmf").is_dir():
         parser.error(f"no dpmf under {args.before}")
     sides = {"after": str(ROOT / "src")} if args.before is None else {"before": args.before, "after": str(ROOT / "src")}
     totals = {side: 0.0 for side in sides}
     ratios = []  # today's cost estimate over its measured CPU time, per cell
-    for cell in QUICK if args.quick else GRID:
+    for cell in FRESH_GRID if args.fresh else QUICK if args.quick else GRID:
         runs: dict[str, list] = {side: [] for side in sides}
         for _ in range(args.rounds):
             for side, src in sides.items():
@@ -101,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         a = runs["after"][0]
         ratios.append(a["estimate"] / cpu["after"])
         est = f"estimate {a['estimate']:.1f} s = {ratios[-1]:.2f}x measured"
-        name = f"bsr({cell[0]}, {cell[1]}) x {cell[2]} epochs to {cell[3]:g}"
+        name = f"bsr({cell[0]}, {cell[1]}) x {cell[2]} {'fresh ' if len(cell) > 4 else ''}epochs to {cell[3]:g}" + (
+            f" at delta {cell[4]:g}" if len(cell) > 4 else "")
         if "before" not in sides:
             print(f"{name}: sigma {a['sigma']:.8g}, evaluations {a['evaluations']}, CPU-s {cpu['after']:.2f}, {est}",
                   flush=True)
