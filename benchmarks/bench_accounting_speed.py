@@ -227,6 +227,16 @@ def measure(case: SpeedCase, before: str, rounds: int | None = None) -> dict:
             "rounds": len(times["after"]), "samples": case.samples, "rel": case.rel or REL}
 
 
+def compiled_sources(*srcs: str) -> None:
+    """Byte-compile each side's ``dpmf`` once, as an installed package is: with ``PYTHONDONTWRITEBYTECODE``
+    set (as on this machine) a module never imported without it has no ``.pyc`` and is compiled from source
+    in every child (measured: 51 modules, 0.13 CPU-s of the README snippet's call)."""
+    import compileall
+
+    for src in srcs:
+        compileall.compile_dir(str(Path(src, "dpmf")), quiet=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=BEFORE_SRC, help="src directory of the code before (a git worktree)")
@@ -236,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.before, "dpmf").is_dir():
         parser.error(f"no dpmf under {args.before}: git worktree add /tmp/before 2cb94a5")
+    compiled_sources(args.before, str(ROOT / "src"))
     ok = True
     for case in CASES:
         if (args.quick and case.slow) or (args.only and args.only not in case.name):

@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.before is not None and not Path(args.before, "dpmf").is_dir():
         parser.error(f"no dpmf under {args.before}")
     sides = {"after": str(ROOT / "src")} if args.before is None else {"before": args.before, "after": str(ROOT / "src")}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_accounting_speed import compiled_sources
+
+    compiled_sources(*sides.values())
     totals = {side: 0.0 for side in sides}
     ratios = []  # today's cost estimate over its measured CPU time, per cell
     for cell in FRESH_GRID if args.fresh else QUICK if args.quick else GRID:
