@@ -433,8 +433,8 @@ _MARKOV_FIRST = 0.5
 _BAND_SECONDS_PER_SLOT = {1: 0.004, 2: 0.01, 3: 0.025}
 #: ... and with fresh slots (at most 32 slots per epoch, 8 tables per member; one evaluation in a process
 #: whose kernels were loaded, 2026-12-03: 2 / 5 fresh epochs of 32 8.9 / 8.4 CPU-s, of which the other
-#: members' ~1.8).
-_BAND_FRESH_SECONDS = 7.0
+#: members' ~1.8; counted as 6: a steered calibration's later noises mostly leave it out).
+_BAND_FRESH_SECONDS = 6.0
 #: ... and with 3 or 4 fresh epochs of at most 32 slots, the outer / middle split's three more members
 #: (``fresh_correlated._SPLIT_EPOCHS``: 3 / 4 epochs of 32 19.8 / 20.7 CPU-s an evaluation).
 _SPLIT_FRESH_SECONDS = 12.0
@@ -444,8 +444,9 @@ _SPLIT_FRESH_SECONDS = 12.0
 #: report's rest (``pld.noise_and_report``; fit on the grid above: every estimate 0.65-1.55x the
 #: measured CPU time, where one count of 5 and a Renyi search counted three times gave 0.75-2.9x);
 #: fresh slots 5: the first noise whole, then steered by the last evaluation's contenders, one composed
-#: member each (``Reductions.contenders``); 8 fresh pairs (32-100 slots, 2-5 epochs, 19-135 CPU-s): every
-#: estimate 0.53-1.95x the measured CPU time (9 whole evaluations' worth before the steering).
+#: member each (``Reductions.contenders``); the 8 fresh pairs of ``bench_allocation_calibration_grid.py
+#: --fresh`` (24-100 slots, 2-5 epochs, 17-125 CPU-s): every estimate 0.52-1.78x the measured CPU time (9
+#: whole evaluations' worth before the steering).
 _MARKOV_CALIBRATION_EVALS = {"reused": 4.7, "fresh": 5.0}
 #: ... where the Renyi accountant is only probed at allocation_pld's noise, and that probe ends on a lower
 #: bound (``dispatch._probe_bound``): everything outside allocation_pld's search measured 0.04-0.19 CPU-s
