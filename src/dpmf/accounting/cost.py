@@ -459,12 +459,13 @@ def _markov_kind(strategy, scheme) -> str | None:
     ``allocation_pld`` runs for ``strategy`` under ``scheme``; ``None`` when it runs none (C = I, not
     balls-in-bins, k of t, or more than
     :data:`~dpmf.accounting.allocation.surrogates.markov_chain.MAX_SLOTS` slots per epoch)."""
-    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
     from dpmf.sampling.schemes import BallsInBinsSampling
     from dpmf.strategies.identity import Identity
 
     if isinstance(strategy, Identity) or not isinstance(scheme, BallsInBinsSampling) or scheme.num_selected > 1:
-        return None
+        return None  # (before importing the allocation package: an MMCC or DP-SGD run does not load it)
+    from dpmf.accounting.allocation.surrogates.markov_chain import MAX_SLOTS
+
     if scheme.steps // scheme.epochs > MAX_SLOTS:
         return None
     return "fresh" if scheme.fresh_slots else ("ring" if scheme.epochs > 1 else "reused")

@@ -532,6 +532,38 @@ def calibrate_allocation_pld(
                             accuracy=accuracy, max_points=max_points)[0]
 
 
+# How noise_and_report's search steers (the function's own notes, kept here to keep it short).
+# The search steers by cheaper sets of the same members, each a bound at least the accountant's (a
+# noise where one passes passes the accountant; _steering_set):
+# - at its first noise (far above the answer: the unamplified noise or a closed form's), the
+#   moving-average member alone (Reductions.steering, without the ring tables);
+# - on its way down to the answer, the members before the first ring family
+#   (Reductions.before_families: a family's coarse ranking and run are ~40% of an evaluation on the
+#   README snippet's pair). Where a family wins, their pass is still the accountant's pass, and their
+#   epsilon is above the accountant's by the family's lead (on the README snippet's pair 0.06% at
+#   sigma 1.37; on the README's `dpmf calibrate` pair 2.4% at sigma 1.40);
+# - where one of these fails, the accountant itself (its members before a family are memoized), so
+#   the first failure is the accountant's;
+# - once the accountant has failed at a noise and passed at a larger one (near the answer, where
+#   members that win far above it, as the moving average on the `dpmf calibrate` pair, often lose),
+#   the contenders of its last evaluation -- the members that came out finite there
+#   (Reductions.contenders; the others were searched below the best and could not win), narrowed by
+#   each steering evaluation. Near the answer those are the accountant's own epsilons, bit for bit (on
+#   the README snippet's pair: the moving average and one anchored ring; the ring family and the
+#   plain chains, ~half of an evaluation, are left out).
+# - with fresh slots (composed members, each computed on its own and memoized by member and noise:
+#   no prefix to steer by), from the second noise on the contenders of the last evaluation -- the
+#   composed members attaining its binding direction, the spectral groups only where none does; on
+#   the default plan's costly row (bsr(500, 4), 5 fresh epochs of 100, epsilon 2 at delta 1e-6) a
+#   steering evaluation is one member, ~1.3 of ~5.5 CPU-s (benchmarks/README.md, "fresh slots steered").
+# The report at the answer is the accountant's, and unless the steering set evaluated the answer too
+# and was the accountant there, the bracket's failing end is checked (smallest_noise_and_report's
+# steer_at, `settled`). Where the accountant, run where the members before the family failed, comes
+# out below them (the family won there), their epsilons nearby are left out of the search's chords
+# (`revised`). Measured against the accountant at every noise but the first (benchmarks/README.md, "the
+# way down steered by the members before the ring family"): both README calibrations 0.91-0.92x the CPU
+# time; 17 more bsr pairs (bench_allocation_calibration_grid.py) the same in all -- faster where the
+# family loses near the answer, by one or two evaluations slower where it wins there.
 def noise_and_report(
     strategy,
     scheme,
@@ -561,37 +593,7 @@ def noise_and_report(
     accuracy, max_points = options.get("accuracy", DEFAULT_REL_TOL), options.get("max_points", DEFAULT_MAX_POINTS)
     with one_blas_thread():  # (as account_allocation_pld: the fits' small Grams)
         groups = _reductions(strategy, scheme)
-    # The search steers by cheaper sets of the same members, each a bound at least the accountant's (a
-    # noise where one passes passes the accountant; _steering_set):
-    # - at its first noise (far above the answer: the unamplified noise or a closed form's), the
-    #   moving-average member alone (Reductions.steering, without the ring tables);
-    # - on its way down to the answer, the members before the first ring family
-    #   (Reductions.before_families: a family's coarse ranking and run are ~40% of an evaluation on the
-    #   README snippet's pair). Where a family wins, their pass is still the accountant's pass, and their
-    #   epsilon is above the accountant's by the family's lead (on the README snippet's pair 0.06% at
-    #   sigma 1.37; on the README's `dpmf calibrate` pair 2.4% at sigma 1.40);
-    # - where one of these fails, the accountant itself (its members before a family are memoized), so
-    #   the first failure is the accountant's;
-    # - once the accountant has failed at a noise and passed at a larger one (near the answer, where
-    #   members that win far above it, as the moving average on the `dpmf calibrate` pair, often lose),
-    #   the contenders of its last evaluation -- the members that came out finite there
-    #   (Reductions.contenders; the others were searched below the best and could not win), narrowed by
-    #   each steering evaluation. Near the answer those are the accountant's own epsilons, bit for bit (on
-    #   the README snippet's pair: the moving average and one anchored ring; the ring family and the
-    #   plain chains, ~half of an evaluation, are left out).
-    # - with fresh slots (composed members, each computed on its own and memoized by member and noise:
-    #   no prefix to steer by), from the second noise on the contenders of the last evaluation -- the
-    #   composed members attaining its binding direction, the spectral groups only where none does; on
-    #   the default plan's costly row (bsr(500, 4), 5 fresh epochs of 100, epsilon 2 at delta 1e-6) a
-    #   steering evaluation is one member, ~1.3 of ~5.5 CPU-s (benchmarks/README.md, "fresh slots steered").
-    # The report at the answer is the accountant's, and unless the steering set evaluated the answer too
-    # and was the accountant there, the bracket's failing end is checked (smallest_noise_and_report's
-    # steer_at, `settled`). Where the accountant, run where the members before the family failed, comes
-    # out below them (the family won there), their epsilons nearby are left out of the search's chords
-    # (`revised`). Measured against the accountant at every noise but the first (benchmarks/README.md, "the
-    # way down steered by the members before the ring family"): both README calibrations 0.91-0.92x the CPU
-    # time; 17 more bsr pairs (bench_allocation_calibration_grid.py) the same in all -- faster where the
-    # family loses near the answer, by one or two evaluations slower where it wins there.
+    # (how the search steers: the comment above this function)
     seen: dict[float, dict] = {}  # the accountant's own evaluations
     bounds: dict[float, dict] = {}  # the steering sets'
     read_by_prefix: dict[float, float] = {}  # the epsilons of the members before the family, where they steered
