@@ -310,10 +310,9 @@ class Reductions:
         if len(rows) != len(self.composed_markov) or self.markov:  # pragma: no cover - every member has its row
             return None
         best = {d: v for d, v in out["epsilon_by_direction"].items() if v >= out["epsilon"]}
-        keep = tuple(m for m, row in zip(self.composed_markov, rows)
-                     if any(row["epsilon_by_direction"].get(d) == v for d, v in best.items()))
-        covered = all(any(row["epsilon_by_direction"].get(d) == v for row in rows) for d, v in best.items())
-        spectral = () if covered else self.spectral
+        won = [{d for d, v in best.items() if row["epsilon_by_direction"].get(d) == v} for row in rows]
+        keep = tuple(m for m, w in zip(self.composed_markov, won) if w)
+        spectral = () if set().union(*won) == set(best) else self.spectral
         if len(keep) == len(self.composed_markov) and len(spectral) == len(self.spectral):
             return None
         return dataclasses.replace(self, spectral=spectral, composed_markov=keep)

@@ -314,14 +314,17 @@ def _epsilon(strategy, scheme, groups, sigma: float, d: float, accuracy, max_poi
                      copy_out=True)
 
 
-def _steering_set(groups, first: bool):
+def _steering_set(groups, first: bool, last=None):
     """The cheaper member set a calibration steers by on its way down to the answer (:func:`noise_and_report`):
     at its ``first`` noise the moving average alone (``Reductions.steering``), at the next ones the
     members before the first ring family (``Reductions.before_families``) -- each a prefix of the members,
-    computed as in the whole set, so an epsilon at least the accountant's, per direction -- or ``None``
-    where there is none (the identity; no such member)."""
+    computed as in the whole set, so an epsilon at least the accountant's, per direction; with fresh slots
+    (composed members, no prefix) ``last``, the contenders of the last evaluation (``Reductions.contenders``);
+    ``None`` where there is none (the identity; no such member; no evaluation yet)."""
     if groups is None:
         return None
+    if groups.composed_markov:
+        return last
     return groups.steering() if first else groups.before_families()
 
 
@@ -626,9 +629,7 @@ def noise_and_report(
                 lead[:] = [lead[0].contenders(out) or lead[0]]  # (those that lost here are left out next)
             else:  # (on the way down; where the steering set fails, the accountant)
                 first = not (seen or bounds)
-                steer = _steering_set(groups, first=first)
-                if steer is None and groups is not None and groups.composed_markov and lead:
-                    steer = lead[0]  # (fresh slots: no prefix to steer by; the last evaluation's contenders)
+                steer = _steering_set(groups, first=first, last=lead[0] if lead else None)
                 if steer is None:
                     return full(s)["epsilon"]
                 with one_blas_thread():
